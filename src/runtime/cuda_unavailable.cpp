@@ -1,0 +1,19 @@
+// Entry points of the CUDA backend for builds without CUDA: they say so clearly instead of failing to link.
+#ifndef ANVIL_WITH_CUDA
+#include "kernels/ops.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil {
+
+bool cuda_available() { return false; }
+
+std::unique_ptr<Device> make_cuda_device(int) {
+  ANVIL_THROW("--device cuda: this Anvil was built without CUDA (configure with a CUDA toolkit and ANVIL_CUDA=ON)");
+}
+
+std::unique_ptr<Ops> make_cuda_ops(Device&, bool, void*, size_t) {
+  ANVIL_THROW("the CUDA backend is not available: this Anvil was built without CUDA");
+}
+
+}  // namespace anvil
+#endif

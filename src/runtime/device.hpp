@@ -1,0 +1,100 @@
+// A compute device: memory, copies and ordering. The CPU device is plain host memory; the CUDA device
+// owns a compute stream and a copy stream (host-to-device batch copies overlap compute on it).
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "anvil/tensor.hpp"
+
+namespace anvil {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;  // e.g. "cpu (2 threads)" or "NVIDIA H100 80GB HBM3"
+
+  // Device memory. Only the arena and start-up code call these: never inside the step loop.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  // Page-locked host memory for staging batches (plain aligned memory on the CPU device).
+  virtual void* alloc_host_pinned(size_t bytes) = 0;
+  virtual void free_host_pinned(void* p) = 0;
+
+  // Synchronous copies (ordered after all work queued on the compute stream).
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;  // async on compute stream
+  virtual void fill_zero(void* dst, size_t bytes) = 0;                          // async on compute stream
+
+  // Host-to-device copy on the copy stream; `src` must be pinned. The next call of
+  // wait_for_copies() makes later compute work wait for every copy queued so far.
+  virtual void copy_to_device_async(void* dst, const void* src, size_t bytes) = 0;
+  virtual void wait_for_copies() = 0;
+  // Blocks until the host buffer of the last async copy may be reused.
+  virtual void sync_copies() = 0;
+
+  virtual void synchronize() = 0;  // wait for all queued work
+
+  // Bytes of device memory in use by this process as the driver sees it (0 on the CPU).
+  virtual size_t driver_used_bytes() const = 0;
+  virtual size_t total_memory_bytes() const = 0;
+};
+
+std::unique_ptr<Device> make_cpu_device();
+// Throws anvil::Error when Anvil was built without CUDA or no GPU is visible.
+std::unique_ptr<Device> make_cuda_device(int ordinal = 0);
+bool cuda_available();  // built with CUDA and at least one GPU visible
+
+// RAII owner of one allocation from a Device.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device& dev, size_t bytes) : dev_(&dev), bytes_(bytes), ptr_(bytes ? dev.alloc(bytes) : nullptr) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      dev_ = o.dev_, bytes_ = o.bytes_, ptr_ = o.ptr_;
+      o.ptr_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void reset() {
+    if (ptr_) dev_->free(ptr_);
+    ptr_ = nullptr, bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  Device* dev_ = nullptr;
+  size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+// RAII owner of pinned host memory.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(Device& dev, size_t bytes) : dev_(&dev), bytes_(bytes), ptr_(dev.alloc_host_pinned(bytes)) {}
+  ~PinnedBuffer() {
+    if (ptr_) dev_->free_host_pinned(ptr_);
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : dev_(o.dev_), bytes_(o.bytes_), ptr_(o.ptr_) { o.ptr_ = nullptr; }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  Device* dev_ = nullptr;
+  size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+}  // namespace anvil
