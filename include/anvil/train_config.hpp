@@ -1,0 +1,79 @@
+// TrainConfig: the single source of truth for a run (DESIGN principle 5). JSON config files and
+// command-line overrides (named like Hugging Face TrainingArguments) are importers into it; every
+// derived value is computed once and validated with errors that name the key and the value.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "anvil/model_config.hpp"
+
+namespace anvil {
+
+struct TrainConfig {
+  // Model: a preset name ("tiny", "d12", ...) or an explicit shape; or weights to start from.
+  TransformerConfig model = TransformerConfig::preset("tiny");
+  std::string model_preset = "tiny";  // "" when the shape was given explicitly
+  std::string init_from;              // Hugging Face model directory or Anvil checkpoint to start from
+
+  // Data: token shards (see docs/data.md).
+  std::string train_data;
+  std::string val_data;
+
+  int per_device_train_batch_size = 8;
+  int per_device_eval_batch_size = 0;  // 0: same as train
+  int gradient_accumulation_steps = 1;
+  int max_seq_length = 0;              // 0: the model's block_size
+  int64_t max_steps = -1;              // > 0 overrides num_train_epochs
+  double num_train_epochs = 1.0;
+
+  double learning_rate = 5e-5;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  int64_t warmup_steps = 0;
+  std::string lr_scheduler_type = "linear";
+  double max_grad_norm = 1.0;  // 0 disables clipping
+
+  uint64_t seed = 42;
+  std::string output_dir = "runs/default";
+  int64_t logging_steps = 1;
+  int64_t save_steps = 0;  // 0: save only at the end
+  int64_t eval_steps = 0;  // 0: evaluate only at the end (if val_data is set)
+  int64_t max_eval_batches = 20;
+  bool tf32 = false;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string resume_from_checkpoint;
+
+  // A sample generated from the trained model at the end of training ("" disables).
+  std::string sample_prompt;
+  int sample_max_new_tokens = 200;
+  double sample_temperature = 0.8;
+  int sample_top_k = 40;
+
+  // Parses a config object; `source` names it in errors (e.g. the file path). Unknown keys are errors
+  // that suggest the nearest valid key.
+  static TrainConfig from_json(const nlohmann::json& j, const std::string& source);
+  static TrainConfig from_file(const std::string& path);
+  nlohmann::json to_json() const;
+  static std::vector<std::string> keys();
+
+  // Derived values.
+  int seq_len() const { return max_seq_length > 0 ? max_seq_length : model.block_size; }
+  int eval_batch_size() const { return per_device_eval_batch_size > 0 ? per_device_eval_batch_size : per_device_train_batch_size; }
+  int64_t tokens_per_step() const {
+    return int64_t(per_device_train_batch_size) * gradient_accumulation_steps * seq_len();
+  }
+
+  void validate(const std::string& source) const;
+};
+
+// Sets `key` (a TrainConfig key) in `j` from a command-line string: numbers and true/false are typed,
+// anything else is a string.
+void set_config_override(nlohmann::json& j, const std::string& key, const std::string& value);
+
+// The valid key nearest to `key` by edit distance ("" if nothing is close).
+std::string nearest_key(const std::string& key, const std::vector<std::string>& valid);
+
+}  // namespace anvil

@@ -1,0 +1,28 @@
+// The training loop: one call runs a whole training job described by a TrainConfig.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "anvil/train_config.hpp"
+
+namespace anvil {
+
+struct TrainSummary {
+  int64_t global_step = 0;
+  double train_runtime = 0;             // seconds, this process
+  double train_samples_per_second = 0;  // sequences per second
+  double train_steps_per_second = 0;
+  double train_tokens_per_second = 0;
+  double train_loss = 0;                // mean loss over the optimizer steps of this run
+  double eval_loss = -1;                // last evaluation (-1: none)
+  size_t peak_memory_bytes = 0;         // the arena (planned) plus, on CUDA, what the driver reports in use
+  std::string device;
+  std::string last_checkpoint;
+  std::string sample;                   // generated text (if sample_prompt was set)
+};
+
+// Runs training as configured: prints the plan, one progress line per logging step, evaluation and
+// checkpoints; writes metrics.jsonl and summary.json into output_dir. Throws anvil::Error on bad input.
+TrainSummary train(const TrainConfig& cfg);
+
+}  // namespace anvil

@@ -1,0 +1,109 @@
+// The training data loader: cuts a token shard into fixed-length windows, groups them into
+// (optionally shuffled) batches, and assembles batches ahead of time on a background thread into
+// pinned host buffers ready for an asynchronous copy to the device.
+//
+// Windows: window w covers tokens [w*T, w*T + T + 1); its inputs are the first T of them and its
+// targets the last T (next-token prediction). num_windows = (size - 1) / T; an epoch has
+// num_windows / B batches (the last partial batch is dropped). Epoch e takes windows in a
+// Fisher-Yates permutation drawn from an Rng seeded by (seed, e), or in order without shuffling.
+// What a batch contains is a pure function of (shard, batch_size, seq_len, seed, shuffle, position),
+// so seeking to a saved position reproduces a run exactly.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "data/token_shard.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil::data {
+
+struct LoaderConfig {
+  int batch_size = 0;
+  int seq_len = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  int prefetch = 4;  // batches assembled ahead of the consumer
+};
+
+// Identifies a batch: the batch index within an epoch. Saved in checkpoints for resume.
+struct LoaderPosition {
+  uint64_t epoch = 0;
+  uint64_t batch = 0;
+  bool operator==(const LoaderPosition&) const = default;
+};
+
+struct HostBatch {
+  const int32_t* inputs;   // [batch_size, seq_len], row-major, pinned host memory
+  const int32_t* targets;  // [batch_size, seq_len]: inputs shifted by one token
+  int batch_size;
+  int seq_len;
+  LoaderPosition pos;  // the position this batch was produced for
+};
+
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<const TokenShard> shard, LoaderConfig cfg, Device& dev);
+  ~DataLoader();  // stops and joins the prefetch thread
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // Blocks until the batch at position() is ready and returns it. The returned batch (struct and
+  // buffers) stays valid and unchanged until next() has been called twice more, so the caller may
+  // copy batch k to the device asynchronously while it asks for batch k+1. Rethrows an exception
+  // raised while the batch was being assembled.
+  const HostBatch& next();
+  LoaderPosition position() const;  // the position of the batch the next call of next() returns
+  // Discards prefetched batches and restarts production at p (for resume). Batches already returned
+  // stay valid as documented for next(). Throws anvil::Error if p.batch >= batches_per_epoch().
+  void seek(LoaderPosition p);
+
+  uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+  uint64_t num_windows() const { return num_windows_; }
+  double wait_seconds() const;  // total time next() spent blocked waiting for the prefetch thread
+
+ private:
+  struct Slot {
+    HostBatch batch;
+    int32_t* inputs;
+    int32_t* targets;
+  };
+
+  void producer_loop();
+  void fill(Slot& slot, LoaderPosition pos);
+  void ensure_permutation(uint64_t epoch);  // producer thread only
+  LoaderPosition advance(LoaderPosition p) const;
+  Slot& slot_for(uint64_t sequence) { return slots_[sequence % slots_.size()]; }
+
+  std::shared_ptr<const TokenShard> shard_;
+  LoaderConfig cfg_;
+  uint64_t num_windows_ = 0;
+  uint64_t batches_per_epoch_ = 0;
+
+  PinnedBuffer staging_;               // every slot's inputs and targets, allocated once
+  std::vector<Slot> slots_;            // ring indexed by batch sequence number (count of batches produced)
+  std::vector<uint64_t> permutation_;  // producer thread only: window order of permutation_epoch_
+  uint64_t permutation_epoch_ = UINT64_MAX;
+
+  // Everything below is guarded by mutex_. Sequence numbers count batches handed out since
+  // construction; they keep counting across seeks so slots the caller still holds are never reused.
+  mutable std::mutex mutex_;
+  std::condition_variable producer_cv_, consumer_cv_;
+  uint64_t produced_ = 0;        // batches [consumed_, produced_) are ready
+  uint64_t consumed_ = 0;        // batches returned by next()
+  uint64_t released_ = 0;        // batches whose slots the caller has given up (may be overwritten)
+  uint64_t generation_ = 0;      // bumped by seek(): a batch assembled for an older generation is dropped
+  LoaderPosition produce_pos_;   // position of batch sequence produced_
+  LoaderPosition consumer_pos_;  // position of batch sequence consumed_
+  std::exception_ptr error_;     // raised while assembling batch sequence produced_
+  bool stop_ = false;
+  double wait_seconds_ = 0.0;
+
+  std::thread thread_;  // last member: started once everything above is initialised
+};
+
+}  // namespace anvil::data

@@ -1,0 +1,196 @@
+#include "io/checkpoint.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "io/atomic_dir.hpp"
+#include "io/safetensors.hpp"
+
+namespace anvil::io {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Hugging Face shape of a parameter, and the number of rows of Anvil's tensor it covers (the padded
+// vocabulary rows of wte are not exported).
+std::vector<int64_t> hf_shape(const ParamTensor& t, const TransformerConfig& cfg) {
+  if (t.name == "transformer.wte.weight") return {cfg.vocab_size, cfg.n_embd};
+  if (t.hf_transposed) return {t.shape[1], t.shape[0]};
+  std::vector<int64_t> s(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.ndim);
+  return s;
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      uint32_t m = mant;
+      do {
+        ++e;
+        m <<= 1;
+      } while (!(m & 0x400));
+      bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+void to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path) {
+  const size_t n = size_t(info.numel());
+  switch (info.dtype) {
+    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t bits = uint32_t(static_cast<const uint16_t*>(src)[i]) << 16;
+        std::memcpy(dst + i, &bits, 4);
+      }
+      return;
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(static_cast<const uint16_t*>(src)[i]);
+      return;
+    default:
+      ANVIL_THROW("{}: tensor '{}' has dtype {}; only F32, F16 and BF16 weights can be loaded", path, info.name,
+                  dtype_name(info.dtype));
+  }
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+}  // namespace
+
+TransformerConfig read_model_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  ANVIL_REQUIRE(fs::exists(path), "{}: no config.json (is '{}' a model or checkpoint directory?)", path, dir);
+  json j;
+  try {
+    j = json::parse(read_text_file(path));
+  } catch (const json::parse_error& e) {
+    ANVIL_THROW("{}: not valid JSON: {}", path, e.what());
+  }
+  return TransformerConfig::from_hf_json(j, path);
+}
+
+void save_model(const std::string& dir, const GptModel& model, Device& dev) {
+  const ParamLayout& layout = model.layout();
+  const TransformerConfig& cfg = model.config();
+  std::vector<float> host(layout.total_numel());
+  dev.copy_to_host(host.data(), model.params(), host.size() * sizeof(float));
+  SafeTensorsWriter w;
+  w.set_metadata("format", "pt");
+  std::vector<float> tmp;
+  for (const ParamTensor& t : layout.tensors()) {
+    const float* src = host.data() + t.offset;
+    const std::vector<int64_t> shape = hf_shape(t, cfg);
+    if (t.hf_transposed) {
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      tmp.resize(size_t(rows * cols));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) tmp[size_t(c * rows + r)] = src[r * cols + c];
+      src = tmp.data();
+    }
+    w.add(t.name, DType::F32, shape, src);
+  }
+  w.write(dir + "/model.safetensors");
+  write_text_file_synced(dir + "/config.json", cfg.to_hf_json().dump(2) + "\n");
+}
+
+void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
+  const std::string path = dir + "/model.safetensors";
+  ANVIL_REQUIRE(fs::exists(path), "{}: not found (expected the model weights in '{}')", path, dir);
+  SafeTensorsReader reader(path);
+  const ParamLayout& layout = model.layout();
+  const TransformerConfig& cfg = model.config();
+  std::vector<float> host(layout.total_numel(), 0.0f);
+  std::vector<float> tmp;
+  for (const ParamTensor& t : layout.tensors()) {
+    const SafeTensorInfo* info = reader.find(t.name);
+    if (!info && t.name.rfind("transformer.", 0) == 0) info = reader.find(t.name.substr(12));
+    ANVIL_REQUIRE(info, "{}: tensor '{}' is missing", path, t.name);
+    const std::vector<int64_t> want = hf_shape(t, cfg);
+    ANVIL_REQUIRE(info->shape == want, "{}: tensor '{}' has shape {} but the model config (config.json) needs {}",
+                  path, info->name, shape_str(info->shape), shape_str(want));
+    float* dst = host.data() + t.offset;
+    if (t.hf_transposed) {
+      tmp.resize(size_t(info->numel()));
+      to_f32(*info, reader.data(*info), tmp.data(), path);
+      const int64_t rows = t.shape[0], cols = t.shape[1];  // Anvil [out, in]; file [in, out]
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = tmp[size_t(c * rows + r)];
+    } else {
+      to_f32(*info, reader.data(*info), dst, path);
+    }
+  }
+  for (const SafeTensorInfo& info : reader.tensors()) {
+    const std::string& n = info.name;
+    const bool known = layout.find(n) || layout.find("transformer." + n) || n == "lm_head.weight" ||
+                       n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
+    ANVIL_REQUIRE(known, "{}: unexpected tensor '{}' (not part of a GPT-2 model with this config)", path, n);
+  }
+  dev.copy_to_device(model.params(), host.data(), host.size() * sizeof(float));
+}
+
+void save_optimizer(const std::string& path, const AdamW& opt, const ParamLayout& layout, Device& dev) {
+  std::vector<float> m(opt.numel()), v(opt.numel());
+  dev.copy_to_host(m.data(), opt.m(), m.size() * sizeof(float));
+  dev.copy_to_host(v.data(), opt.v(), v.size() * sizeof(float));
+  SafeTensorsWriter w;
+  w.set_metadata("optimizer", "adamw");
+  for (const ParamUnit& u : layout.units()) {
+    w.add("exp_avg." + u.name, DType::F32, {int64_t(u.numel)}, m.data() + u.offset);
+    w.add("exp_avg_sq." + u.name, DType::F32, {int64_t(u.numel)}, v.data() + u.offset);
+  }
+  w.write(path);
+}
+
+void load_optimizer(const std::string& path, AdamW& opt, const ParamLayout& layout, Device& dev) {
+  SafeTensorsReader reader(path);
+  std::vector<float> m(opt.numel()), v(opt.numel());
+  for (const ParamUnit& u : layout.units()) {
+    for (auto [prefix, dst] : {std::pair{"exp_avg.", m.data()}, std::pair{"exp_avg_sq.", v.data()}}) {
+      const SafeTensorInfo& info = reader.at(prefix + u.name);
+      ANVIL_REQUIRE(info.dtype == DType::F32 && info.shape == std::vector<int64_t>{int64_t(u.numel)},
+                    "{}: tensor '{}' has shape {} but the model needs [{}] F32", path, info.name,
+                    shape_str(info.shape), u.numel);
+      std::memcpy(dst + u.offset, reader.data(info), u.numel * sizeof(float));
+    }
+  }
+  dev.copy_to_device(opt.m(), m.data(), m.size() * sizeof(float));
+  dev.copy_to_device(opt.v(), v.data(), v.size() * sizeof(float));
+}
+
+void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt, const json& state,
+                     Device& dev) {
+  AtomicDirectory out(dir);
+  save_model(out.path(), model, dev);
+  save_optimizer(out.file("optimizer.safetensors"), opt, model.layout(), dev);
+  write_text_file_synced(out.file("trainer_state.json"), state.dump(2) + "\n");
+  out.commit();
+}
+
+json read_trainer_state(const std::string& dir) {
+  const std::string path = dir + "/trainer_state.json";
+  ANVIL_REQUIRE(fs::exists(path), "{}: not found ('{}' is not an Anvil checkpoint)", path, dir);
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::parse_error& e) {
+    ANVIL_THROW("{}: not valid JSON: {}", path, e.what());
+  }
+}
+
+}  // namespace anvil::io

@@ -1,0 +1,37 @@
+// Checkpoints and Hugging Face model directories.
+//
+// A checkpoint directory (written atomically through AtomicDirectory) holds:
+//   model.safetensors     weights with Hugging Face GPT-2 names and shapes (loads in transformers)
+//   config.json           Hugging Face GPT2Config fields
+//   optimizer.safetensors AdamW exp_avg / exp_avg_sq per unit, in Anvil's flat layout ("exp_avg.<unit>")
+//   trainer_state.json    global step, data position, RNG state, schedule, the full training config
+// A Hugging Face model directory needs only config.json and model.safetensors.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/gpt_model.hpp"
+#include "optim/adamw.hpp"
+
+namespace anvil::io {
+
+// Reads <dir>/config.json as a GPT2Config.
+TransformerConfig read_model_config(const std::string& dir);
+
+// Writes model.safetensors and config.json into `dir` (an existing directory).
+void save_model(const std::string& dir, const GptModel& model, Device& dev);
+// Loads <dir>/model.safetensors into the model's parameters. Accepts names with or without the
+// "transformer." prefix, F32/F16/BF16 tensors, ignores the tied lm_head and attention-mask buffers;
+// a missing tensor or a shape that disagrees with the config is an error naming both.
+void load_model_weights(const std::string& dir, GptModel& model, Device& dev);
+
+void save_optimizer(const std::string& path, const AdamW& opt, const ParamLayout& layout, Device& dev);
+void load_optimizer(const std::string& path, AdamW& opt, const ParamLayout& layout, Device& dev);
+
+// Writes a whole checkpoint directory atomically.
+void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt, const nlohmann::json& state,
+                     Device& dev);
+nlohmann::json read_trainer_state(const std::string& dir);
+
+}  // namespace anvil::io

@@ -1,0 +1,222 @@
+// GEMMs through cuBLASLt, and the bias-gradient column reduction.
+//
+// Row-major to column-major: a row-major matrix X[r,c] occupies the same memory as the column-major
+// matrix X^T[c,r] with leading dimension c. So the row-major product C = op(A) op(B) is computed as the
+// column-major product C^T = op(B)^T op(A)^T, i.e. cuBLAS's first operand is our B and its second is our A,
+// each keeping its own transpose flag, with cuBLAS dimensions (m, n, k) = (N, M, K). A bias over C's
+// columns becomes a bias over C^T's rows, which is exactly what CUBLASLT_EPILOGUE_BIAS adds.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/kernel_utils.cuh"
+#include "runtime/cuda/cuda_check.hpp"
+
+namespace anvil::cuda {
+namespace {
+
+void warn_cublas(const char* what, cublasStatus_t status) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    std::fprintf(stderr, "anvil: warning: %s failed: %s\n", what, cublasGetStatusName(status));
+}
+
+struct MatmulDescDestroyer {
+  void operator()(cublasLtMatmulDesc_t d) const noexcept {
+    warn_cublas("cublasLtMatmulDescDestroy", cublasLtMatmulDescDestroy(d));
+  }
+};
+struct LayoutDestroyer {
+  void operator()(cublasLtMatrixLayout_t l) const noexcept {
+    warn_cublas("cublasLtMatrixLayoutDestroy", cublasLtMatrixLayoutDestroy(l));
+  }
+};
+struct PreferenceDestroyer {
+  void operator()(cublasLtMatmulPreference_t p) const noexcept {
+    warn_cublas("cublasLtMatmulPreferenceDestroy", cublasLtMatmulPreferenceDestroy(p));
+  }
+};
+using MatmulDescHandle = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, MatmulDescDestroyer>;
+using LayoutHandle = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutDestroyer>;
+using PreferenceHandle =
+    std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDestroyer>;
+
+// Column-major fp32 layout of a stored `rows` x `cols` matrix, contiguous (ld = rows), optionally batched.
+LayoutHandle make_layout(int64_t rows, int64_t cols, int batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, static_cast<uint64_t>(rows),
+                                                static_cast<uint64_t>(cols), rows));
+  LayoutHandle owned(layout);
+  if (batch > 1) {
+    const int32_t count = batch;
+    ANVIL_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                        &stride, sizeof(stride)));
+  }
+  return owned;
+}
+
+// Largest power of two (4..256) dividing the address of every batch's matrix. cuBLASLt's heuristic assumes
+// 256-byte aligned operands unless told otherwise, and attention's per-head matrices and odd shapes are not.
+uint32_t alignment_bytes(const void* p, int batch, int64_t stride_elems) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(p);
+  if (batch > 1) bits |= static_cast<uint64_t>(stride_elems) * sizeof(float);
+  uint32_t align = 256;
+  while (align > 4 && bits % align != 0) align /= 2;
+  return align;
+}
+
+[[noreturn]] void gemm_error(const std::string& msg) {
+  detail::raise_at(__FILE__, __LINE__, msg);
+}
+
+std::string describe(const GemmArgs& g) {
+  return "M=" + std::to_string(g.m) + " N=" + std::to_string(g.n) + " K=" + std::to_string(g.k) +
+         " batch=" + std::to_string(g.batch) + (g.trans_a ? " A^T" : "") + (g.trans_b ? " B^T" : "") +
+         (g.bias ? " +bias" : "");
+}
+
+}  // namespace
+
+struct Gemm::Plan {
+  MatmulDescHandle desc;
+  LayoutHandle layout_first;   // cuBLAS's A: our B
+  LayoutHandle layout_second;  // cuBLAS's B: our A
+  LayoutHandle layout_out;     // C and D (in place)
+  cublasLtMatmulAlgo_t algo{};
+};
+
+void Gemm::HandleDestroyer::operator()(cublasLtHandle_t h) const noexcept {
+  warn_cublas("cublasLtDestroy", cublasLtDestroy(h));
+}
+
+Gemm::Gemm(bool tf32, void* workspace, size_t workspace_bytes)
+    : tf32_(tf32), workspace_(workspace), workspace_bytes_(workspace ? workspace_bytes : 0) {
+  cublasLtHandle_t h = nullptr;
+  ANVIL_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_.reset(h);
+}
+
+Gemm::~Gemm() = default;
+
+Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
+  const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a);
+  const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b);
+  const uint32_t align_c = alignment_bytes(g.c, g.batch, g.stride_c);
+  const uint32_t align_bias = g.bias ? alignment_bytes(g.bias, 1, 0) : 0;
+  const PlanKey key{g.trans_a, g.trans_b,  g.m,        g.n,        g.k,
+                    g.batch,   g.stride_a, g.stride_b, g.stride_c, g.beta != 0.f,
+                    align_a,   align_b,    align_c,    align_bias, g.bias != nullptr};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  auto plan = std::make_unique<Plan>();
+  cublasLtMatmulDesc_t desc = nullptr;
+  const cublasComputeType_t compute = tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+  plan->desc.reset(desc);
+  // cuBLAS's first operand is our B (op = trans_b), its second our A (op = trans_a); see the file comment.
+  const cublasOperation_t op_first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ANVIL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+  ANVIL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  if (g.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    ANVIL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // The heuristic reads the pointer's alignment; run() sets the real pointer before every call.
+    ANVIL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  }
+
+  // Stored (pre-op) column-major shapes. Row-major B is [K,N] (or [N,K] if trans_b) = column-major
+  // [N,K] (or [K,N]); row-major A is [M,K] (or [K,M]) = column-major [K,M] (or [M,K]); C^T is [N,M].
+  plan->layout_first =
+      g.trans_b ? make_layout(g.k, g.n, g.batch, g.stride_b) : make_layout(g.n, g.k, g.batch, g.stride_b);
+  plan->layout_second =
+      g.trans_a ? make_layout(g.m, g.k, g.batch, g.stride_a) : make_layout(g.k, g.m, g.batch, g.stride_a);
+  plan->layout_out = make_layout(g.n, g.m, g.batch, g.stride_c);
+
+  cublasLtMatmulPreference_t pref_raw = nullptr;
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
+  PreferenceHandle pref(pref_raw);
+  const uint64_t max_workspace = workspace_bytes_;
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &max_workspace, sizeof(max_workspace)));
+  const uint32_t align_first = align_b, align_second = align_a;
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_first, sizeof(align_first)));
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_second, sizeof(align_second)));
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  ANVIL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc, plan->layout_first.get(),
+                                                    plan->layout_second.get(), plan->layout_out.get(),
+                                                    plan->layout_out.get(), pref_raw, 1, &result, &found));
+  if (found == 0) gemm_error("cuBLASLt found no algorithm for the GEMM " + describe(g));
+  plan->algo = result.algo;
+  return *plans_.emplace(key, std::move(plan)).first->second;
+}
+
+void Gemm::run(cudaStream_t stream, const GemmArgs& g) {
+  if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
+  if (g.k <= 0) gemm_error("GEMM with an empty inner dimension: " + describe(g));
+  if (g.bias && g.batch != 1) gemm_error("GEMM bias epilogue is only supported unbatched: " + describe(g));
+  Plan& plan = plan_for(g);
+  if (g.bias)
+    ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &g.bias, sizeof(g.bias)));
+  // C and D are the same buffer with the same layout: beta = 1 accumulates in place.
+  ANVIL_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), plan.desc.get(), &g.alpha, g.b, plan.layout_first.get(),
+                                    g.a, plan.layout_second.get(), &g.beta, g.c, plan.layout_out.get(), g.c,
+                                    plan.layout_out.get(), &plan.algo, workspace_, workspace_bytes_, stream));
+}
+
+// --- dbias: column sums ----------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kColumnTile = 32;  // columns per block: one warp-wide, coalesced row segment
+constexpr int kRowThreads = 8;   // threads down the rows per block
+constexpr int kMinRowsPerBlock = 256;
+
+// Block (32, 8) sums a 32-column tile over its chunk of rows, then adds its partial with one atomic per
+// column; the chunks make enough blocks to fill the GPU when there are few columns.
+__global__ void column_sums_kernel(float* dst, const float* src, int rows, int cols, int rows_per_block) {
+  __shared__ float partial[kRowThreads][kColumnTile + 1];
+  const int col = blockIdx.x * kColumnTile + threadIdx.x;
+  const int row_begin = blockIdx.y * rows_per_block;
+  const int row_end = min(rows, row_begin + rows_per_block);
+  float acc = 0.f;
+  if (col < cols)
+    for (int r = row_begin + threadIdx.y; r < row_end; r += kRowThreads)
+      acc += src[static_cast<size_t>(r) * cols + col];
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = 0.f;
+    for (int i = 0; i < kRowThreads; ++i) total += partial[i][threadIdx.x];
+    atomicAdd(&dst[col], total);
+  }
+}
+
+}  // namespace
+
+void column_sums_accumulate(cudaStream_t stream, float* dst, const float* src, int rows, int cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const int rows_per_block = std::max(kMinRowsPerBlock, (rows + 65534) / 65535);  // gridDim.y <= 65535
+  const dim3 grid((cols + kColumnTile - 1) / kColumnTile, (rows + rows_per_block - 1) / rows_per_block);
+  column_sums_kernel<<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(dst, src, rows, cols,
+                                                                          rows_per_block);
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+}  // namespace anvil::cuda

@@ -1,0 +1,175 @@
+#include "model/gpt_model.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "anvil/rng.hpp"
+
+namespace anvil {
+
+GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training)
+    : cfg_(std::move(cfg)), layout_(ParamLayout::gpt2(cfg_)), B_(max_batch), T_(max_seq), training_(training) {
+  cfg_.validate();
+  wte_off_ = layout_.get("transformer.wte.weight").offset;
+  wpe_off_ = layout_.get("transformer.wpe.weight").offset;
+  lnfw_off_ = layout_.get("transformer.ln_f.weight").offset;
+  lnfb_off_ = layout_.get("transformer.ln_f.bias").offset;
+  ANVIL_REQUIRE(max_batch >= 1, "batch size must be >= 1, got {}", max_batch);
+  ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
+                "sequence length {} must be between 1 and the model's block_size {}", max_seq, cfg_.block_size);
+}
+
+void GptModel::plan_memory(MemoryPlan& plan, const Ops& ops) {
+  using M = MemoryCategory;
+  const size_t f = sizeof(float);
+  const size_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, BT = size_t(B_) * T_;
+  i_params_ = plan.add("parameters", M::Weights, layout_.total_numel() * f);
+  if (training_) i_grads_ = plan.add("gradients", M::Gradients, layout_.total_numel() * f);
+  i_encoded_ = plan.add("embedding output", M::Activations, BT * C * f);
+  i_ln1_ = plan.add("ln_1 output", M::Activations, L * BT * C * f);
+  i_ln1_stats_ = plan.add("ln_1 mean/rstd", M::Activations, L * 2 * BT * f);
+  i_qkv_ = plan.add("qkv", M::Activations, L * BT * 3 * C * f);
+  i_atty_ = plan.add("attention output", M::Activations, L * BT * C * f);
+  i_probs_ = plan.add("attention probs", M::Activations, L * size_t(B_) * NH * T_ * T_ * f);
+  i_res2_ = plan.add("residual after attn", M::Activations, L * BT * C * f);
+  i_ln2_ = plan.add("ln_2 output", M::Activations, L * BT * C * f);
+  i_ln2_stats_ = plan.add("ln_2 mean/rstd", M::Activations, L * 2 * BT * f);
+  i_fch_ = plan.add("mlp pre-activation", M::Activations, L * BT * 4 * C * f);
+  i_fch_gelu_ = plan.add("mlp activation", M::Activations, L * BT * 4 * C * f);
+  i_res3_ = plan.add("block output", M::Activations, L * BT * C * f);
+  i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * f);
+  i_lnf_stats_ = plan.add("ln_f mean/rstd", M::Activations, 2 * BT * f);
+  i_logits_ = plan.add("logits", M::Activations, BT * cfg_.padded_vocab_size() * f);
+  i_losses_ = plan.add("losses", M::Activations, BT * f);
+  i_tmp_c_ = plan.add("projection scratch", M::Workspace, BT * C * f);
+  i_attn_scratch_ =
+      plan.add("attention scratch", M::Workspace, ops.attention_scratch_floats(B_, T_, int(C), int(NH)) * f);
+  if (training_) {
+    i_dres_ = plan.add("residual gradient", M::Workspace, BT * C * f);
+    i_d4c_ = plan.add("mlp gradient", M::Workspace, BT * 4 * C * f);
+    i_dqkv_ = plan.add("qkv gradient", M::Workspace, BT * 3 * C * f);
+  }
+}
+
+void GptModel::bind(const Arena& a) {
+  params_ = a.get(i_params_);
+  encoded_ = a.get(i_encoded_), ln1_ = a.get(i_ln1_), ln1_stats_ = a.get(i_ln1_stats_), qkv_ = a.get(i_qkv_);
+  atty_ = a.get(i_atty_), probs_ = a.get(i_probs_), res2_ = a.get(i_res2_), ln2_ = a.get(i_ln2_);
+  ln2_stats_ = a.get(i_ln2_stats_), fch_ = a.get(i_fch_), fch_gelu_ = a.get(i_fch_gelu_), res3_ = a.get(i_res3_);
+  lnf_ = a.get(i_lnf_), lnf_stats_ = a.get(i_lnf_stats_), logits_ = a.get(i_logits_), losses_ = a.get(i_losses_);
+  tmp_c_ = a.get(i_tmp_c_), attn_scratch_ = a.get(i_attn_scratch_);
+  if (training_) {
+    grads_ = a.get(i_grads_), dres_ = a.get(i_dres_), d4c_ = a.get(i_d4c_), dqkv_ = a.get(i_dqkv_);
+  }
+}
+
+void GptModel::init_weights(uint64_t seed, Device& dev) const {
+  std::vector<float> host(layout_.total_numel(), 0.0f);
+  Rng rng(seed);
+  const float std_resid = 0.02f / std::sqrt(2.0f * cfg_.n_layer);
+  for (const ParamTensor& t : layout_.tensors()) {
+    float* p = host.data() + t.offset;
+    size_t n = t.numel();
+    if (t.name == "transformer.wte.weight") n = size_t(cfg_.vocab_size) * cfg_.n_embd;  // padded rows stay 0
+    switch (t.init) {
+      case ParamTensor::Init::Normal:
+        for (size_t i = 0; i < n; ++i) p[i] = 0.02f * rng.normal();
+        break;
+      case ParamTensor::Init::NormalResidual:
+        for (size_t i = 0; i < n; ++i) p[i] = std_resid * rng.normal();
+        break;
+      case ParamTensor::Init::Ones:
+        for (size_t i = 0; i < n; ++i) p[i] = 1.0f;
+        break;
+      case ParamTensor::Init::Zeros: break;
+    }
+  }
+  dev.copy_to_device(params_, host.data(), host.size() * sizeof(float));
+}
+
+GptModel::LayerParams GptModel::layer_params(const float* base, int l) const {
+  // Offsets come from the layout of block l; every block has the same shape, so block 0's relative
+  // offsets apply to all.
+  const ParamUnit& u = layout_.units()[1 + l];
+  auto at = [&](size_t k) { return base + layout_.tensors()[u.tensors[k]].offset; };
+  return {at(4), at(5), at(0), at(6), at(1), at(7), at(8), at(9), at(2), at(10), at(3), at(11)};
+}
+
+void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T, float grad_scale,
+                       bool write_grad) {
+  ANVIL_ASSERT(B <= B_ && T <= T_, "forward shape {}x{} exceeds planned {}x{}", B, T, B_, T_);
+  ANVIL_ASSERT(!write_grad || (training_ && targets), "write_grad needs a training model and targets");
+  const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size();
+  const int N = B * T;
+  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_, sProbs = size_t(B_) * NH * T_ * T_;
+  const float* wte = params_ + wte_off_;
+  const float* wpe = params_ + wpe_off_;
+
+  ops.embedding_fwd(encoded_, tokens, wte, wpe, B, T, C);
+  for (int l = 0; l < L; ++l) {
+    const LayerParams p = layer_params(params_, l);
+    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
+    float* ln1 = ln1_ + l * sBTC;
+    float* ln1_mean = ln1_stats_ + l * 2 * sBT;
+    float* qkv = qkv_ + l * 3 * sBTC;
+    float* atty = atty_ + l * sBTC;
+    float* res2 = res2_ + l * sBTC;
+    float* ln2 = ln2_ + l * sBTC;
+    float* ln2_mean = ln2_stats_ + l * 2 * sBT;
+    float* fch = fch_ + l * 4 * sBTC;
+    float* fch_gelu = fch_gelu_ + l * 4 * sBTC;
+    ops.layernorm_fwd(ln1, ln1_mean, ln1_mean + sBT, x, p.ln1w, p.ln1b, N, C);
+    ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+    ops.attention_fwd(atty, probs_ + l * sProbs, qkv, attn_scratch_, B, T, C, NH);
+    ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, C, C);
+    ops.residual_fwd(res2, x, tmp_c_, size_t(N) * C);
+    ops.layernorm_fwd(ln2, ln2_mean, ln2_mean + sBT, res2, p.ln2w, p.ln2b, N, C);
+    ops.matmul_fwd(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    ops.gelu_fwd(fch_gelu, fch, size_t(N) * 4 * C);
+    ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+    ops.residual_fwd(res3_ + l * sBTC, res2, tmp_c_, size_t(N) * C);
+  }
+  const float* lnfw = params_ + lnfw_off_;
+  const float* lnfb = params_ + lnfb_off_;
+  ops.layernorm_fwd(lnf_, lnf_stats_, lnf_stats_ + sBT, res3_ + (L - 1) * sBTC, lnfw, lnfb, N, C);
+  ops.matmul_fwd(logits_, lnf_, wte, nullptr, N, C, Vp);
+  if (targets) ops.softmax_xent_fwd_bwd(losses_, logits_, targets, N, V, Vp, grad_scale, write_grad);
+}
+
+void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
+  ANVIL_ASSERT(training_, "backward on a model planned without gradients");
+  const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, Vp = cfg_.padded_vocab_size();
+  const int N = B * T;
+  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_, sProbs = size_t(B_) * NH * T_ * T_;
+  const float* wte = params_ + wte_off_;
+
+  // Head (tied to wte) and final norm. dlogits already sits in the logits buffer.
+  ops.matmul_bwd(tmp_c_, grads_ + wte_off_, nullptr, logits_, lnf_, wte, N, C, Vp);
+  ops.device().fill_zero(dres_, size_t(N) * C * sizeof(float));
+  ops.layernorm_bwd(dres_, grads_ + lnfw_off_, grads_ + lnfb_off_, tmp_c_,
+                    res3_ + (L - 1) * sBTC, params_ + lnfw_off_, lnf_stats_,
+                    lnf_stats_ + sBT, N, C);
+
+  for (int l = L - 1; l >= 0; --l) {
+    const LayerParams p = layer_params(params_, l);
+    const LayerParams g = layer_params(grads_, l);
+    auto mut = [](const float* q) { return const_cast<float*>(q); };
+    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
+    const float* ln1_mean = ln1_stats_ + l * 2 * sBT;
+    const float* ln2_mean = ln2_stats_ + l * 2 * sBT;
+    // MLP: out = res2 + gelu(ln2 Wfc^T + bfc) Wproj^T + bproj; dres_ holds dout.
+    ops.matmul_bwd(d4c_, mut(g.fcprojw), mut(g.fcprojb), dres_, fch_gelu_ + l * 4 * sBTC, p.fcprojw, N, 4 * C, C);
+    ops.gelu_bwd(d4c_, fch_ + l * 4 * sBTC, d4c_, size_t(N) * 4 * C);
+    ops.matmul_bwd(tmp_c_, mut(g.fcw), mut(g.fcb), d4c_, ln2_ + l * sBTC, p.fcw, N, C, 4 * C);
+    ops.layernorm_bwd(dres_, mut(g.ln2w), mut(g.ln2b), tmp_c_, res2_ + l * sBTC, p.ln2w, ln2_mean, ln2_mean + sBT,
+                      N, C);
+    // Attention: res2 = x + attn(ln1(x)) Wo^T + bo; dres_ now holds d(res2).
+    ops.matmul_bwd(tmp_c_, mut(g.attprojw), mut(g.attprojb), dres_, atty_ + l * sBTC, p.attprojw, N, C, C);
+    ops.attention_bwd(dqkv_, tmp_c_, qkv_ + l * 3 * sBTC, probs_ + l * sProbs, attn_scratch_, B, T, C, NH);
+    ops.matmul_bwd(tmp_c_, mut(g.qkvw), mut(g.qkvb), dqkv_, ln1_ + l * sBTC, p.qkvw, N, C, 3 * C);
+    ops.layernorm_bwd(dres_, mut(g.ln1w), mut(g.ln1b), tmp_c_, x, p.ln1w, ln1_mean, ln1_mean + sBT, N, C);
+  }
+  ops.embedding_bwd(grads_ + wte_off_, grads_ + wpe_off_, dres_, tokens, B, T, C);
+}
+
+}  // namespace anvil

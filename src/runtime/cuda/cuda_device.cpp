@@ -1,0 +1,179 @@
+// The CUDA device: one compute stream for all kernels and synchronous copies, one copy stream for
+// host-to-device batch uploads that overlap compute, and an event that orders the two.
+#include "runtime/cuda/cuda_device.hpp"
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <type_traits>
+
+#include "runtime/cuda/cuda_check.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil {
+namespace {
+
+struct StreamDestroyer {
+  void operator()(cudaStream_t s) const noexcept { ANVIL_CUDA_WARN(cudaStreamDestroy(s)); }
+};
+using StreamHandle = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDestroyer>;
+
+struct EventDestroyer {
+  void operator()(cudaEvent_t e) const noexcept { ANVIL_CUDA_WARN(cudaEventDestroy(e)); }
+};
+using EventHandle = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDestroyer>;
+
+StreamHandle make_stream() {
+  cudaStream_t s = nullptr;
+  // Non-blocking: no implicit ordering with the legacy default stream, which nothing here uses.
+  ANVIL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return StreamHandle(s);
+}
+
+EventHandle make_event() {
+  cudaEvent_t e = nullptr;
+  ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return EventHandle(e);
+}
+
+int visible_gpu_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error so later calls don't report it
+    return 0;
+  }
+  return count;
+}
+
+// Sets the device current on construction; the streams, event and all later calls belong to it.
+struct CurrentDevice {
+  explicit CurrentDevice(int ordinal) { ANVIL_CUDA_CHECK(cudaSetDevice(ordinal)); }
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal)
+      : ordinal_(ordinal),
+        current_(ordinal),
+        compute_(make_stream()),
+        copy_(make_stream()),
+        copies_done_(make_event()) {
+    ANVIL_CUDA_CHECK(cudaGetDeviceProperties(&props_, ordinal));
+  }
+
+  ~CudaDevice() override {
+    // Let queued work finish before the streams go away; errors here can only be reported.
+    ANVIL_CUDA_WARN(cudaStreamSynchronize(copy_.get()));
+    ANVIL_CUDA_WARN(cudaStreamSynchronize(compute_.get()));
+  }
+
+  DeviceKind kind() const override { return DeviceKind::CUDA; }
+  std::string name() const override { return props_.name; }
+
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    if (bytes == 0) return nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // out-of-memory is not sticky; clear it
+      ANVIL_THROW("out of GPU memory on {}: cudaMalloc of {} bytes failed: {} ({} bytes in use)", name(),
+                  bytes, cudaGetErrorString(err), driver_used_bytes());
+    }
+    return p;
+  }
+  // Never throws: it runs from DeviceBuffer's destructor.
+  void free(void* p) override {
+    if (p) ANVIL_CUDA_WARN(cudaFree(p));
+  }
+  void* alloc_host_pinned(size_t bytes) override {
+    void* p = nullptr;
+    if (bytes == 0) return nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      ANVIL_THROW("cudaHostAlloc of {} bytes of pinned host memory failed: {}", bytes,
+                  cudaGetErrorString(err));
+    }
+    return p;
+  }
+  void free_host_pinned(void* p) override {
+    if (p) ANVIL_CUDA_WARN(cudaFreeHost(p));
+  }
+
+  // Queued on the compute stream so they are ordered after the kernels that produce/consume the data.
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    copy_sync(dst, src, bytes, cudaMemcpyHostToDevice);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    copy_sync(dst, src, bytes, cudaMemcpyDeviceToHost);
+  }
+  void copy_on_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) ANVIL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_.get()));
+  }
+  void fill_zero(void* dst, size_t bytes) override {
+    if (bytes) ANVIL_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute_.get()));
+  }
+
+  void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
+    if (bytes) ANVIL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_.get()));
+  }
+  void wait_for_copies() override {
+    ANVIL_CUDA_CHECK(cudaEventRecord(copies_done_.get(), copy_.get()));
+    ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), copies_done_.get(), 0));
+  }
+  void sync_copies() override { ANVIL_CUDA_CHECK(cudaStreamSynchronize(copy_.get())); }
+
+  void synchronize() override {
+    ANVIL_CUDA_CHECK(cudaStreamSynchronize(copy_.get()));
+    ANVIL_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+  }
+
+  size_t driver_used_bytes() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    ANVIL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+  }
+  size_t total_memory_bytes() const override { return props_.totalGlobalMem; }
+
+  cudaStream_t compute_stream() const { return compute_.get(); }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  void copy_sync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    if (!bytes) return;
+    ANVIL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, compute_.get()));
+    ANVIL_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
+  }
+
+  int ordinal_;
+  CurrentDevice current_;  // before the streams: they are created on this device
+  cudaDeviceProp props_{};
+  StreamHandle compute_;
+  StreamHandle copy_;
+  EventHandle copies_done_;
+};
+
+}  // namespace
+
+bool cuda_available() {
+  return visible_gpu_count() > 0;
+}
+
+std::unique_ptr<Device> make_cuda_device(int ordinal) {
+  const int count = visible_gpu_count();
+  if (count == 0)
+    ANVIL_THROW("--device cuda: no CUDA GPU is visible (check the driver and CUDA_VISIBLE_DEVICES)");
+  if (ordinal < 0 || ordinal >= count)
+    ANVIL_THROW("--device cuda: GPU ordinal {} is out of range: {} GPU(s) visible", ordinal, count);
+  return std::make_unique<CudaDevice>(ordinal);
+}
+
+cudaStream_t cuda_compute_stream(Device& dev) {
+  auto* cuda_dev = dynamic_cast<CudaDevice*>(&dev);
+  if (!cuda_dev)
+    ANVIL_THROW("the CUDA ops need a CUDA device, got the {} device '{}'", device_name(dev.kind()),
+                dev.name());
+  return cuda_dev->compute_stream();
+}
+
+}  // namespace anvil

@@ -1,0 +1,52 @@
+// Everything one device needs to run a model: the device, its ops, the memory plan and the arena
+// carved from it, the model and (for training) the optimizer, plus double-buffered token buffers.
+#pragma once
+#include <memory>
+#include <optional>
+
+#include "kernels/ops.hpp"
+#include "model/gpt_model.hpp"
+#include "optim/adamw.hpp"
+#include "runtime/arena.hpp"
+
+namespace anvil {
+
+struct EngineOptions {
+  DeviceKind device = DeviceKind::CPU;
+  int batch_size = 1;
+  int seq_len = 1;
+  bool training = false;
+  bool tf32 = false;
+  AdamWHyper adamw;
+};
+
+// Resolves "auto" | "cpu" | "cuda" to a device kind ("auto": CUDA when a GPU is visible).
+DeviceKind resolve_device(const std::string& name);
+
+// The memory plan of a run, without allocating anything (what `anvil estimate` prints).
+MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o);
+
+class Engine {
+ public:
+  Engine(const TransformerConfig& cfg, const EngineOptions& o);
+
+  Device& device() { return *device_; }
+  Ops& ops() { return *ops_; }
+  GptModel& model() { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  bool training() const { return optimizer_.has_value(); }
+  const MemoryPlan& plan() const { return arena_->plan(); }
+  // Device token buffers [B, T]; two of each so the next batch's copy overlaps this batch's compute.
+  int32_t* tokens(int slot) const { return arena_->get<int32_t>(i_tokens_[slot]); }
+  int32_t* targets(int slot) const { return arena_->get<int32_t>(i_targets_[slot]); }
+
+ private:
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<GptModel> model_;
+  std::optional<AdamW> optimizer_;
+  std::unique_ptr<Arena> arena_;
+  size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {0, 0};
+};
+
+}  // namespace anvil

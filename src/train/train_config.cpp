@@ -1,0 +1,299 @@
+#include "anvil/train_config.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "anvil/error.hpp"
+
+namespace anvil {
+namespace {
+
+using json = nlohmann::json;
+
+std::string type_name(const json& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  return "null";
+}
+
+struct Reader {
+  const std::string& source;
+  void expect(bool ok, const std::string& key, const json& v, const char* want) const {
+    ANVIL_REQUIRE(ok, "{}: '{}' must be {}, got {} ({})", source, key, want, type_name(v), v.dump());
+  }
+  int64_t integer(const std::string& key, const json& v) const {
+    expect(v.is_number_integer() || (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))),
+           key, v, "an integer");
+    return v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
+  }
+  double number(const std::string& key, const json& v) const {
+    expect(v.is_number(), key, v, "a number");
+    return v.get<double>();
+  }
+  bool boolean(const std::string& key, const json& v) const {
+    expect(v.is_boolean(), key, v, "true or false");
+    return v.get<bool>();
+  }
+  std::string string(const std::string& key, const json& v) const {
+    expect(v.is_string(), key, v, "a string");
+    return v.get<std::string>();
+  }
+};
+
+using Setter = std::function<void(TrainConfig&, const Reader&, const std::string&, const json&)>;
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> table = [] {
+    std::map<std::string, Setter> t;
+    auto int_field = [&](const char* k, auto member) {
+      t[k] = [member](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+        c.*member = static_cast<std::remove_reference_t<decltype(c.*member)>>(r.integer(key, v));
+      };
+    };
+    auto num_field = [&](const char* k, double TrainConfig::*member) {
+      t[k] = [member](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+        c.*member = r.number(key, v);
+      };
+    };
+    auto str_field = [&](const char* k, std::string TrainConfig::*member) {
+      t[k] = [member](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+        c.*member = r.string(key, v);
+      };
+    };
+    t["model"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+      if (v.is_string()) {
+        c.model = TransformerConfig::preset(v.get<std::string>());
+        c.model_preset = v.get<std::string>();
+        return;
+      }
+      r.expect(v.is_object(), key, v, "a preset name or an object");
+      TransformerConfig m = TransformerConfig::preset("tiny");
+      static const std::vector<std::string> model_keys = {"family",     "n_layer",    "n_head",      "n_embd",
+                                                          "vocab_size", "block_size", "eos_token_id"};
+      for (auto& [k, val] : v.items()) {
+        const std::string full = "model." + k;
+        if (k == "family") m.family = r.string(full, val);
+        else if (k == "n_layer") m.n_layer = int(r.integer(full, val));
+        else if (k == "n_head") m.n_head = int(r.integer(full, val));
+        else if (k == "n_embd") m.n_embd = int(r.integer(full, val));
+        else if (k == "vocab_size") m.vocab_size = int(r.integer(full, val));
+        else if (k == "block_size") m.block_size = int(r.integer(full, val));
+        else if (k == "eos_token_id") m.eos_token_id = int(r.integer(full, val));
+        else {
+          const std::string near = nearest_key(k, model_keys);
+          ANVIL_THROW("{}: unknown key '{}'{}", r.source, full, near.empty() ? "" : " (did you mean 'model." + near + "'?)");
+        }
+      }
+      m.validate(r.source + ": model");
+      c.model = m;
+      c.model_preset.clear();
+    };
+    str_field("init_from", &TrainConfig::init_from);
+    str_field("train_data", &TrainConfig::train_data);
+    str_field("val_data", &TrainConfig::val_data);
+    int_field("per_device_train_batch_size", &TrainConfig::per_device_train_batch_size);
+    int_field("per_device_eval_batch_size", &TrainConfig::per_device_eval_batch_size);
+    int_field("gradient_accumulation_steps", &TrainConfig::gradient_accumulation_steps);
+    int_field("max_seq_length", &TrainConfig::max_seq_length);
+    int_field("max_steps", &TrainConfig::max_steps);
+    num_field("num_train_epochs", &TrainConfig::num_train_epochs);
+    num_field("learning_rate", &TrainConfig::learning_rate);
+    num_field("weight_decay", &TrainConfig::weight_decay);
+    num_field("adam_beta1", &TrainConfig::adam_beta1);
+    num_field("adam_beta2", &TrainConfig::adam_beta2);
+    num_field("adam_epsilon", &TrainConfig::adam_epsilon);
+    int_field("warmup_steps", &TrainConfig::warmup_steps);
+    str_field("lr_scheduler_type", &TrainConfig::lr_scheduler_type);
+    num_field("max_grad_norm", &TrainConfig::max_grad_norm);
+    t["seed"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+      const int64_t s = r.integer(key, v);
+      ANVIL_REQUIRE(s >= 0, "{}: 'seed' must be >= 0, got {}", r.source, s);
+      c.seed = uint64_t(s);
+    };
+    str_field("output_dir", &TrainConfig::output_dir);
+    int_field("logging_steps", &TrainConfig::logging_steps);
+    int_field("save_steps", &TrainConfig::save_steps);
+    int_field("eval_steps", &TrainConfig::eval_steps);
+    int_field("max_eval_batches", &TrainConfig::max_eval_batches);
+    t["tf32"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) { c.tf32 = r.boolean(key, v); };
+    str_field("device", &TrainConfig::device);
+    str_field("resume_from_checkpoint", &TrainConfig::resume_from_checkpoint);
+    str_field("sample_prompt", &TrainConfig::sample_prompt);
+    int_field("sample_max_new_tokens", &TrainConfig::sample_max_new_tokens);
+    num_field("sample_temperature", &TrainConfig::sample_temperature);
+    int_field("sample_top_k", &TrainConfig::sample_top_k);
+    return t;
+  }();
+  return table;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::string nearest_key(const std::string& key, const std::vector<std::string>& valid) {
+  std::string best;
+  size_t best_d = std::max<size_t>(3, key.size() / 3) + 1;
+  for (const auto& k : valid) {
+    const size_t d = edit_distance(key, k);
+    if (d < best_d) best_d = d, best = k;
+  }
+  return best;
+}
+
+std::vector<std::string> TrainConfig::keys() {
+  std::vector<std::string> k;
+  for (const auto& [name, _] : setters()) k.push_back(name);
+  return k;
+}
+
+TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
+  ANVIL_REQUIRE(j.is_object(), "{}: the config must be a JSON object, got {}", source, type_name(j));
+  TrainConfig c;
+  const Reader r{source};
+  const auto& table = setters();
+  // "model" first, so that keys depending on it (e.g. max_seq_length) validate against the right shape.
+  if (j.contains("model")) table.at("model")(c, r, "model", j["model"]);
+  for (auto& [key, value] : j.items()) {
+    if (key == "model") continue;
+    auto it = table.find(key);
+    if (it == table.end()) {
+      const std::string near = nearest_key(key, keys());
+      ANVIL_THROW("{}: unknown key '{}'{}", source, key, near.empty() ? "" : " (did you mean '" + near + "'?)");
+    }
+    it->second(c, r, key, value);
+  }
+  c.validate(source);
+  return c;
+}
+
+TrainConfig TrainConfig::from_file(const std::string& path) {
+  std::ifstream f(path);
+  ANVIL_REQUIRE(f.good(), "config file '{}' not found or not readable", path);
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::parse_error& e) {
+    ANVIL_THROW("{}: not valid JSON: {}", path, e.what());
+  }
+  return from_json(j, path);
+}
+
+void TrainConfig::validate(const std::string& s) const {
+  model.validate(s + ": model");
+  ANVIL_REQUIRE(per_device_train_batch_size >= 1, "{}: per_device_train_batch_size must be >= 1, got {}", s,
+                per_device_train_batch_size);
+  ANVIL_REQUIRE(per_device_eval_batch_size >= 0, "{}: per_device_eval_batch_size must be >= 0, got {}", s,
+                per_device_eval_batch_size);
+  ANVIL_REQUIRE(gradient_accumulation_steps >= 1, "{}: gradient_accumulation_steps must be >= 1, got {}", s,
+                gradient_accumulation_steps);
+  ANVIL_REQUIRE(max_seq_length >= 0 && max_seq_length <= model.block_size,
+                "{}: max_seq_length must be between 1 and the model's block_size {}, got {}", s, model.block_size,
+                max_seq_length);
+  ANVIL_REQUIRE(max_steps == -1 || max_steps >= 1, "{}: max_steps must be >= 1 (or -1 to use num_train_epochs), got {}",
+                s, max_steps);
+  ANVIL_REQUIRE(num_train_epochs > 0, "{}: num_train_epochs must be > 0, got {}", s, num_train_epochs);
+  ANVIL_REQUIRE(learning_rate >= 0 && learning_rate < 10, "{}: learning_rate must be in [0, 10), got {}", s,
+                learning_rate);
+  ANVIL_REQUIRE(weight_decay >= 0, "{}: weight_decay must be >= 0, got {}", s, weight_decay);
+  ANVIL_REQUIRE(adam_beta1 >= 0 && adam_beta1 < 1, "{}: adam_beta1 must be in [0, 1), got {}", s, adam_beta1);
+  ANVIL_REQUIRE(adam_beta2 >= 0 && adam_beta2 < 1, "{}: adam_beta2 must be in [0, 1), got {}", s, adam_beta2);
+  ANVIL_REQUIRE(adam_epsilon > 0, "{}: adam_epsilon must be > 0, got {}", s, adam_epsilon);
+  ANVIL_REQUIRE(warmup_steps >= 0, "{}: warmup_steps must be >= 0, got {}", s, warmup_steps);
+  ANVIL_REQUIRE(lr_scheduler_type == "constant" || lr_scheduler_type == "constant_with_warmup" ||
+                    lr_scheduler_type == "linear" || lr_scheduler_type == "cosine",
+                "{}: lr_scheduler_type '{}' is not supported (constant, constant_with_warmup, linear, cosine)", s,
+                lr_scheduler_type);
+  ANVIL_REQUIRE(max_grad_norm >= 0, "{}: max_grad_norm must be >= 0 (0 disables clipping), got {}", s, max_grad_norm);
+  ANVIL_REQUIRE(logging_steps >= 1, "{}: logging_steps must be >= 1, got {}", s, logging_steps);
+  ANVIL_REQUIRE(save_steps >= 0, "{}: save_steps must be >= 0, got {}", s, save_steps);
+  ANVIL_REQUIRE(eval_steps >= 0, "{}: eval_steps must be >= 0, got {}", s, eval_steps);
+  ANVIL_REQUIRE(max_eval_batches >= 1, "{}: max_eval_batches must be >= 1, got {}", s, max_eval_batches);
+  ANVIL_REQUIRE(device == "auto" || device == "cpu" || device == "cuda", "{}: device must be auto, cpu or cuda, got '{}'",
+                s, device);
+  ANVIL_REQUIRE(!output_dir.empty(), "{}: output_dir must not be empty", s);
+  ANVIL_REQUIRE(sample_max_new_tokens >= 0, "{}: sample_max_new_tokens must be >= 0, got {}", s, sample_max_new_tokens);
+  ANVIL_REQUIRE(sample_temperature >= 0, "{}: sample_temperature must be >= 0, got {}", s, sample_temperature);
+  ANVIL_REQUIRE(sample_top_k >= 0, "{}: sample_top_k must be >= 0, got {}", s, sample_top_k);
+}
+
+json TrainConfig::to_json() const {
+  json m;
+  if (!model_preset.empty()) {
+    m = model_preset;
+  } else {
+    m = {{"family", model.family},         {"n_layer", model.n_layer},       {"n_head", model.n_head},
+         {"n_embd", model.n_embd},         {"vocab_size", model.vocab_size}, {"block_size", model.block_size},
+         {"eos_token_id", model.eos_token_id}};
+  }
+  return {{"model", m},
+          {"init_from", init_from},
+          {"train_data", train_data},
+          {"val_data", val_data},
+          {"per_device_train_batch_size", per_device_train_batch_size},
+          {"per_device_eval_batch_size", per_device_eval_batch_size},
+          {"gradient_accumulation_steps", gradient_accumulation_steps},
+          {"max_seq_length", max_seq_length},
+          {"max_steps", max_steps},
+          {"num_train_epochs", num_train_epochs},
+          {"learning_rate", learning_rate},
+          {"weight_decay", weight_decay},
+          {"adam_beta1", adam_beta1},
+          {"adam_beta2", adam_beta2},
+          {"adam_epsilon", adam_epsilon},
+          {"warmup_steps", warmup_steps},
+          {"lr_scheduler_type", lr_scheduler_type},
+          {"max_grad_norm", max_grad_norm},
+          {"seed", seed},
+          {"output_dir", output_dir},
+          {"logging_steps", logging_steps},
+          {"save_steps", save_steps},
+          {"eval_steps", eval_steps},
+          {"max_eval_batches", max_eval_batches},
+          {"tf32", tf32},
+          {"device", device},
+          {"resume_from_checkpoint", resume_from_checkpoint},
+          {"sample_prompt", sample_prompt},
+          {"sample_max_new_tokens", sample_max_new_tokens},
+          {"sample_temperature", sample_temperature},
+          {"sample_top_k", sample_top_k}};
+}
+
+void set_config_override(json& j, const std::string& key, const std::string& value) {
+  json v;
+  if (value == "true" || value == "false") {
+    v = value == "true";
+  } else {
+    try {
+      size_t pos = 0;
+      const long long iv = std::stoll(value, &pos);
+      if (pos == value.size()) {
+        v = iv;
+      } else {
+        const double dv = std::stod(value, &pos);
+        v = pos == value.size() ? json(dv) : json(value);
+      }
+    } catch (const std::exception&) {
+      v = value;
+    }
+  }
+  j[key] = v;
+}
+
+}  // namespace anvil

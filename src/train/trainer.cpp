@@ -1,0 +1,326 @@
+#include "anvil/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "anvil/rng.hpp"
+#include "data/byte_corpus.hpp"
+#include "data/loader.hpp"
+#include "data/token_shard.hpp"
+#include "io/atomic_dir.hpp"
+#include "io/checkpoint.hpp"
+#include "optim/lr_schedule.hpp"
+#include "train/engine.hpp"
+#include "train/sampler.hpp"
+
+namespace anvil {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::shared_ptr<data::TokenShard> open_shard(const std::string& path, const char* key, const TransformerConfig& m) {
+  ANVIL_REQUIRE(!path.empty(), "{} is not set: give the token shard to train on (see `anvil prepare-data`)", key);
+  auto shard = std::make_shared<data::TokenShard>(path);
+  ANVIL_REQUIRE(shard->vocab_size() <= uint64_t(m.vocab_size),
+                "{} '{}': its vocabulary has {} tokens but the model's vocab_size is {}", key, path,
+                shard->vocab_size(), m.vocab_size);
+  return shard;
+}
+
+std::string checkpoint_dir(const TrainConfig& cfg, int64_t step) {
+  return (fs::path(cfg.output_dir) / ("checkpoint-" + std::to_string(step))).string();
+}
+
+class Run {
+ public:
+  explicit Run(const TrainConfig& cfg) : cfg_(cfg) {}
+  TrainSummary go();
+
+ private:
+  double evaluate(int slot);
+  void save(int64_t step);
+  void log_json(const json& j) {
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+
+  const TrainConfig& cfg_;
+  TransformerConfig model_cfg_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<data::DataLoader> train_loader_, val_loader_;
+  std::shared_ptr<data::TokenShard> val_shard_;
+  std::ofstream metrics_;
+  Rng rng_{0};
+  int64_t total_steps_ = 0;
+  double loss_sum_before_ = 0;  // sum of step losses before a resume (for train_loss)
+  int64_t steps_before_ = 0;
+  data::LoaderPosition resume_pos_;  // the first batch not yet consumed by a finished step
+};
+
+// Byte-level decoding that shows ids outside the byte range (possible with a larger vocabulary) as <|id|>.
+std::string decode_bytes(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (int32_t id : ids) out += id >= 0 && id < 256 ? std::string(1, char(id)) : fmt::format("<|{}|>", id);
+  return out;
+}
+
+// Uses the device token buffers of `slot`, which must not hold a staged training batch.
+double Run::evaluate(int slot) {
+  Engine& e = *engine_;
+  if (!val_loader_) return -1;
+  val_loader_->seek({});
+  const int64_t n = std::min<int64_t>(cfg_.max_eval_batches, int64_t(val_loader_->batches_per_epoch()));
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const data::HostBatch& b = val_loader_->next();
+    const size_t bt = size_t(b.batch_size) * b.seq_len;
+    e.device().copy_to_device(e.tokens(slot), b.inputs, bt * sizeof(int32_t));
+    e.device().copy_to_device(e.targets(slot), b.targets, bt * sizeof(int32_t));
+    e.model().forward(e.ops(), e.tokens(slot), e.targets(slot), b.batch_size, b.seq_len, 0.0f, false);
+    sum += e.ops().sum(e.model().losses(), bt);
+    count += int64_t(bt);
+  }
+  return sum / double(count);
+}
+
+void Run::save(int64_t step) {
+  json state = {{"global_step", step},
+                {"total_steps", total_steps_},
+                {"loader", {{"epoch", resume_pos_.epoch}, {"batch", resume_pos_.batch}}},
+                {"rng_state", rng_.state()},
+                {"train_loss_sum", loss_sum_before_},
+                {"train_loss_steps", steps_before_},
+                {"lr_scheduler_type", cfg_.lr_scheduler_type},
+                {"learning_rate", cfg_.learning_rate},
+                {"warmup_steps", cfg_.warmup_steps},
+                {"config", cfg_.to_json()}};
+  const std::string dir = checkpoint_dir(cfg_, step);
+  io::save_checkpoint(dir, engine_->model(), engine_->optimizer(), state, engine_->device());
+  fmt::print("saved checkpoint {}\n", dir);
+}
+
+TrainSummary Run::go() {
+  // --- model shape and starting point ---------------------------------------------------------
+  model_cfg_ = cfg_.model;
+  std::string weights_from;
+  json resume_state;
+  if (!cfg_.resume_from_checkpoint.empty()) {
+    resume_state = io::read_trainer_state(cfg_.resume_from_checkpoint);
+    const TransformerConfig ck = io::read_model_config(cfg_.resume_from_checkpoint);
+    model_cfg_ = ck;
+    weights_from = cfg_.resume_from_checkpoint;
+  } else if (!cfg_.init_from.empty()) {
+    model_cfg_ = io::read_model_config(cfg_.init_from);
+    weights_from = cfg_.init_from;
+  }
+  const int T = cfg_.seq_len();
+  ANVIL_REQUIRE(T <= model_cfg_.block_size, "max_seq_length {} exceeds the model's block_size {}", T,
+                model_cfg_.block_size);
+  const int B = cfg_.per_device_train_batch_size;
+
+  // --- data ------------------------------------------------------------------------------------
+  auto train_shard = open_shard(cfg_.train_data, "train_data", model_cfg_);
+  if (!cfg_.val_data.empty()) val_shard_ = open_shard(cfg_.val_data, "val_data", model_cfg_);
+
+  // --- engine: plan, arena, model, optimizer --------------------------------------------------
+  EngineOptions eo;
+  eo.device = resolve_device(cfg_.device);
+  eo.batch_size = std::max(B, val_shard_ ? cfg_.eval_batch_size() : 1);
+  eo.seq_len = T;
+  eo.training = true;
+  eo.tf32 = cfg_.tf32;
+  eo.adamw = {float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_epsilon), float(cfg_.weight_decay)};
+  engine_ = std::make_unique<Engine>(model_cfg_, eo);
+  Engine& e = *engine_;
+  Device& dev = e.device();
+
+  train_loader_ = std::make_unique<data::DataLoader>(train_shard, data::LoaderConfig{B, T, cfg_.seed, true, 4}, dev);
+  if (val_shard_)
+    val_loader_ = std::make_unique<data::DataLoader>(
+        val_shard_, data::LoaderConfig{cfg_.eval_batch_size(), T, cfg_.seed, false, 2}, dev);
+
+  const int accum = cfg_.gradient_accumulation_steps;
+  total_steps_ = cfg_.max_steps > 0
+                     ? cfg_.max_steps
+                     : std::max<int64_t>(1, int64_t(std::ceil(cfg_.num_train_epochs *
+                                                              double(train_loader_->batches_per_epoch()) / accum)));
+  const LrSchedule schedule = parse_lr_schedule(cfg_.lr_scheduler_type);
+
+  int64_t start_step = 0;
+  rng_.set_state(cfg_.seed);
+  if (!weights_from.empty()) {
+    io::load_model_weights(weights_from, e.model(), dev);
+  } else {
+    e.model().init_weights(cfg_.seed, dev);
+  }
+  if (!resume_state.is_null()) {
+    try {
+      start_step = resume_state.at("global_step").get<int64_t>();
+      train_loader_->seek({resume_state.at("loader").at("epoch").get<uint64_t>(),
+                           resume_state.at("loader").at("batch").get<uint64_t>()});
+      rng_.set_state(resume_state.at("rng_state").get<uint64_t>());
+      loss_sum_before_ = resume_state.value("train_loss_sum", 0.0);
+      steps_before_ = resume_state.value("train_loss_steps", int64_t(0));
+    } catch (const json::exception& ex) {
+      ANVIL_THROW("{}/trainer_state.json: missing or malformed field ({})", cfg_.resume_from_checkpoint, ex.what());
+    }
+    io::load_optimizer(cfg_.resume_from_checkpoint + "/optimizer.safetensors", e.optimizer(), e.model().layout(), dev);
+    ANVIL_REQUIRE(start_step < total_steps_, "{}: the checkpoint is at step {} but the run has only {} steps",
+                  cfg_.resume_from_checkpoint, start_step, total_steps_);
+  }
+
+  fs::create_directories(cfg_.output_dir);
+  metrics_.open(fs::path(cfg_.output_dir) / "metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
+  ANVIL_REQUIRE(metrics_.good(), "{}: cannot write metrics.jsonl", cfg_.output_dir);
+  io::write_text_file_synced((fs::path(cfg_.output_dir) / "train_config.json").string(), cfg_.to_json().dump(2) + "\n");
+
+  fmt::print("anvil train: {} on {}\n", cfg_.model_preset.empty() ? "gpt2 (custom shape)" : "gpt2 " + cfg_.model_preset,
+             dev.name());
+  fmt::print("  model: {} layers, {} heads, {} dims, vocab {} (padded {}), context {}: {:.2f}M parameters\n",
+             model_cfg_.n_layer, model_cfg_.n_head, model_cfg_.n_embd, model_cfg_.vocab_size,
+             model_cfg_.padded_vocab_size(), model_cfg_.block_size, model_cfg_.num_parameters() / 1e6);
+  fmt::print("  data: {} tokens in {} ({} batches/epoch)\n", train_shard->size(), cfg_.train_data,
+             train_loader_->batches_per_epoch());
+  fmt::print("  batch: {} x {} tokens x {} accumulation = {} tokens/step; {} steps ({}), lr {} {} warmup {}\n", B, T,
+             accum, cfg_.tokens_per_step(), total_steps_, start_step ? fmt::format("resuming at {}", start_step) : "from scratch",
+             cfg_.learning_rate, cfg_.lr_scheduler_type, cfg_.warmup_steps);
+  fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
+
+  // --- the loop ----------------------------------------------------------------------------------
+  GptModel& model = e.model();
+  const size_t nparams = model.layout().total_numel();
+  const size_t bt = size_t(B) * T;
+  const auto t0 = Clock::now();
+  double loss_sum = 0, eval_loss = -1;
+  size_t peak_driver = 0;
+  int64_t step = start_step;
+  std::string last_ckpt;
+
+  // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute ends.
+  int slot = 0;
+  auto stage = [&](int s) {
+    dev.sync_copies();  // the host slot handed out two calls ago may now be reused by the loader
+    const data::HostBatch& b = train_loader_->next();
+    resume_pos_ = b.pos;
+    dev.copy_to_device_async(e.tokens(s), b.inputs, bt * sizeof(int32_t));
+    dev.copy_to_device_async(e.targets(s), b.targets, bt * sizeof(int32_t));
+  };
+  stage(slot);
+  for (; step < total_steps_; ++step) {
+    const auto ts = Clock::now();
+    dev.fill_zero(model.grads(), nparams * sizeof(float));
+    double step_loss = 0;
+    for (int micro = 0; micro < accum; ++micro) {
+      dev.wait_for_copies();
+      const bool last_batch = step + 1 == total_steps_ && micro + 1 == accum;
+      // Every position of a packed LM window is a real target, so the mean over the window's tokens
+      // and the accumulation steps is the mean over all tokens of the step.
+      const float grad_scale = 1.0f / float(bt * accum);
+      model.forward(e.ops(), e.tokens(slot), e.targets(slot), B, T, grad_scale, true);
+      if (!last_batch) {
+        stage(slot ^ 1);
+      } else {
+        resume_pos_ = train_loader_->position();
+      }
+      model.backward(e.ops(), e.tokens(slot), B, T);
+      step_loss += e.ops().sum(model.losses(), bt) / double(bt) / accum;
+      slot ^= 1;
+    }
+    const double grad_norm = std::sqrt(e.ops().sum_squares(model.grads(), nparams));
+    ANVIL_REQUIRE(std::isfinite(step_loss) && std::isfinite(grad_norm),
+                  "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate", step + 1,
+                  step_loss, grad_norm);
+    const float clip = cfg_.max_grad_norm > 0 && grad_norm > cfg_.max_grad_norm
+                           ? float(cfg_.max_grad_norm / (grad_norm + 1e-6))
+                           : 1.0f;
+    const double lr = lr_at(schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
+    e.optimizer().step(e.ops(), model.params(), model.grads(), float(lr), step + 1, clip);
+    dev.synchronize();
+    loss_sum += step_loss;
+    peak_driver = std::max(peak_driver, dev.driver_used_bytes());
+    const double step_time = seconds_since(ts);
+    const double elapsed = seconds_since(t0);
+    const size_t peak = std::max(e.plan().total_bytes(), peak_driver);
+    if ((step + 1) % cfg_.logging_steps == 0 || step + 1 == total_steps_ || step == start_step) {
+      const double tps = double(cfg_.tokens_per_step()) / step_time;
+      fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:>9.0f} tok/s | {:7.1f}s | peak {}\n",
+                 step + 1, total_steps_, step_loss, lr, grad_norm, tps, elapsed, format_bytes(peak));
+      std::fflush(stdout);
+      log_json({{"step", step + 1},
+                {"loss", step_loss},
+                {"learning_rate", lr},
+                {"grad_norm", grad_norm},
+                {"tokens_per_second", tps},
+                {"step_time", step_time},
+                {"elapsed", elapsed},
+                {"data_wait_seconds", train_loader_->wait_seconds()},
+                {"peak_memory_bytes", peak}});
+    }
+    const bool last = step + 1 == total_steps_;
+    if (val_loader_ && ((cfg_.eval_steps > 0 && (step + 1) % cfg_.eval_steps == 0) || last)) {
+      eval_loss = evaluate(slot ^ 1);  // `slot` may hold the staged next batch
+      fmt::print("eval  {:>5}/{} | eval_loss {:.4f} | perplexity {:.2f}\n", step + 1, total_steps_, eval_loss,
+                 std::exp(eval_loss));
+      log_json({{"step", step + 1}, {"eval_loss", eval_loss}});
+    }
+    if ((cfg_.save_steps > 0 && (step + 1) % cfg_.save_steps == 0) || last) {
+      loss_sum_before_ += loss_sum, steps_before_ += step + 1 - start_step;
+      save(step + 1);
+      loss_sum_before_ -= loss_sum, steps_before_ -= step + 1 - start_step;
+      last_ckpt = checkpoint_dir(cfg_, step + 1);
+    }
+  }
+  const double runtime = seconds_since(t0);
+
+  TrainSummary s;
+  const int64_t steps_run = total_steps_ - start_step;
+  s.global_step = total_steps_;
+  s.train_runtime = runtime;
+  s.train_steps_per_second = steps_run / runtime;
+  s.train_samples_per_second = double(steps_run) * B * accum / runtime;
+  s.train_tokens_per_second = double(steps_run) * cfg_.tokens_per_step() / runtime;
+  s.train_loss = (loss_sum + loss_sum_before_) / double(std::max<int64_t>(1, steps_run + steps_before_));
+  s.eval_loss = eval_loss;
+  s.peak_memory_bytes = std::max(e.plan().total_bytes(), peak_driver);
+  s.device = dev.name();
+  s.last_checkpoint = last_ckpt;
+
+  if (!cfg_.sample_prompt.empty() && cfg_.sample_max_new_tokens > 0) {
+    SampleOptions so{cfg_.sample_max_new_tokens, float(cfg_.sample_temperature), cfg_.sample_top_k};
+    std::vector<int32_t> prompt;
+    for (uint32_t id : data::byte_encode(cfg_.sample_prompt)) prompt.push_back(int32_t(id));
+    const std::vector<int32_t> ids = generate(e, prompt, so, rng_);
+    s.sample = cfg_.sample_prompt + decode_bytes(ids);
+  }
+
+  const json summary = {{"train_runtime", s.train_runtime},
+                        {"train_samples_per_second", s.train_samples_per_second},
+                        {"train_steps_per_second", s.train_steps_per_second},
+                        {"train_tokens_per_second", s.train_tokens_per_second},
+                        {"train_loss", s.train_loss},
+                        {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
+                        {"peak_memory_bytes", s.peak_memory_bytes},
+                        {"planned_memory_bytes", e.plan().total_bytes()},
+                        {"global_step", s.global_step},
+                        {"device", s.device},
+                        {"last_checkpoint", s.last_checkpoint}};
+  io::write_text_file_synced((fs::path(cfg_.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
+  return s;
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& cfg) {
+  Run run(cfg);
+  return run.go();
+}
+
+}  // namespace anvil

@@ -1,0 +1,186 @@
+#include "io/atomic_dir.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "anvil/error.hpp"
+
+namespace fs = std::filesystem;
+using anvil::io::AtomicDirectory;
+using anvil::io::read_text_file;
+using anvil::io::write_text_file_synced;
+
+namespace {
+
+// A fresh directory per test (pid + test name), removed afterwards.
+class AtomicDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = fs::temp_directory_path() / fmt::format("anvil-atomicdir-{}-{}", ::getpid(), info->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  std::string under_root(const std::string& name) const { return (root_ / name).string(); }
+  // Names in root_, to check that no temporary or old directories are left next to the checkpoint.
+  std::vector<std::string> root_entries() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(root_)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path root_;
+};
+
+template <class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const anvil::Error& e) {
+    return e.what();
+  }
+  return "<no anvil::Error thrown>";
+}
+
+}  // namespace
+
+TEST_F(AtomicDirTest, CommitProducesFinalDirectoryWithFiles) {
+  const std::string final_path = under_root("ckpt");
+  AtomicDirectory dir(final_path);
+  EXPECT_NE(dir.path(), final_path);
+  EXPECT_TRUE(fs::is_directory(dir.path()));
+  EXPECT_FALSE(fs::exists(final_path));
+  EXPECT_EQ(dir.file("a.txt"), dir.path() + "/a.txt");
+
+  write_text_file_synced(dir.file("a.txt"), "alpha");
+  fs::create_directory(dir.file("sub"));
+  write_text_file_synced(dir.file("sub/b.json"), "{\"b\": 1}\n");
+  dir.commit();
+
+  EXPECT_TRUE(fs::is_directory(final_path));
+  EXPECT_EQ(read_text_file(final_path + "/a.txt"), "alpha");
+  EXPECT_EQ(read_text_file(final_path + "/sub/b.json"), "{\"b\": 1}\n");
+  EXPECT_FALSE(fs::exists(dir.path()));
+  EXPECT_EQ(root_entries(), std::vector<std::string>{"ckpt"});
+}
+
+TEST_F(AtomicDirTest, ExceptionBeforeCommitLeavesNothing) {
+  const std::string final_path = under_root("ckpt");
+  std::string temp_path;
+  try {
+    AtomicDirectory dir(final_path);
+    temp_path = dir.path();
+    write_text_file_synced(dir.file("weights.bin"), "partial");
+    throw std::runtime_error("simulated failure during save");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_FALSE(temp_path.empty());
+  EXPECT_FALSE(fs::exists(temp_path));
+  EXPECT_FALSE(fs::exists(final_path));
+  EXPECT_TRUE(root_entries().empty());
+}
+
+TEST_F(AtomicDirTest, FailedSaveKeepsPreviousCheckpoint) {
+  const std::string final_path = under_root("ckpt");
+  {
+    AtomicDirectory dir(final_path);
+    write_text_file_synced(dir.file("step.txt"), "100");
+    dir.commit();
+  }
+  {
+    AtomicDirectory dir(final_path);
+    write_text_file_synced(dir.file("step.txt"), "200");
+    // destroyed without commit
+  }
+  EXPECT_EQ(read_text_file(final_path + "/step.txt"), "100");
+  EXPECT_EQ(root_entries(), std::vector<std::string>{"ckpt"});
+}
+
+TEST_F(AtomicDirTest, CommitReplacesExistingCheckpoint) {
+  const std::string final_path = under_root("ckpt");
+  {
+    AtomicDirectory dir(final_path);
+    write_text_file_synced(dir.file("only_in_old.txt"), "old");
+    write_text_file_synced(dir.file("step.txt"), "100");
+    dir.commit();
+  }
+  {
+    AtomicDirectory dir(final_path);
+    write_text_file_synced(dir.file("only_in_new.txt"), "new");
+    write_text_file_synced(dir.file("step.txt"), "200");
+    dir.commit();
+  }
+  EXPECT_EQ(read_text_file(final_path + "/step.txt"), "200");
+  EXPECT_EQ(read_text_file(final_path + "/only_in_new.txt"), "new");
+  EXPECT_FALSE(fs::exists(final_path + "/only_in_old.txt"));
+  EXPECT_EQ(root_entries(), std::vector<std::string>{"ckpt"});  // no .old-<pid> or .tmp-<pid> left
+}
+
+TEST_F(AtomicDirTest, CreatesParentsAndIgnoresTrailingSlash) {
+  const std::string final_path = under_root("runs/exp1/step-10");
+  AtomicDirectory dir(final_path + "/");
+  EXPECT_EQ(dir.final_path(), final_path);
+  EXPECT_EQ(dir.path(), fmt::format("{}.tmp-{}", final_path, ::getpid()));
+  write_text_file_synced(dir.file("x"), "1");
+  dir.commit();
+  EXPECT_EQ(read_text_file(final_path + "/x"), "1");
+}
+
+TEST_F(AtomicDirTest, StaleTemporaryDirectoryIsCleared) {
+  const std::string final_path = under_root("ckpt");
+  const std::string stale = fmt::format("{}.tmp-{}", final_path, ::getpid());
+  fs::create_directories(stale);
+  write_text_file_synced(stale + "/junk.txt", "from a crashed run");
+  AtomicDirectory dir(final_path);
+  write_text_file_synced(dir.file("a.txt"), "a");
+  dir.commit();
+  EXPECT_FALSE(fs::exists(final_path + "/junk.txt"));
+  EXPECT_TRUE(fs::exists(final_path + "/a.txt"));
+}
+
+TEST_F(AtomicDirTest, RefusesToReplaceAPlainFile) {
+  const std::string final_path = under_root("not_a_dir");
+  write_text_file_synced(final_path, "precious");
+  std::string msg = error_message([&] { AtomicDirectory dir(final_path); });
+  EXPECT_NE(msg.find(final_path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a directory"), std::string::npos) << msg;
+  EXPECT_EQ(read_text_file(final_path), "precious");
+}
+
+TEST_F(AtomicDirTest, UncreatableParentNamesPath) {
+  const std::string blocker = under_root("file");
+  write_text_file_synced(blocker, "x");
+  const std::string final_path = blocker + "/ckpt";  // parent is a file, so it cannot be created
+  std::string msg = error_message([&] { AtomicDirectory dir(final_path); });
+  EXPECT_NE(msg.find(final_path), std::string::npos) << msg;
+}
+
+TEST_F(AtomicDirTest, TextFileRoundTripAndErrors) {
+  const std::string path = under_root("note.txt");
+  write_text_file_synced(path, std::string("line1\nline2\0binary", 18));
+  EXPECT_EQ(read_text_file(path), std::string("line1\nline2\0binary", 18));
+  write_text_file_synced(path, "short");  // truncates
+  EXPECT_EQ(read_text_file(path), "short");
+
+  const std::string missing = under_root("missing.txt");
+  std::string msg = error_message([&] { read_text_file(missing); });
+  EXPECT_NE(msg.find(missing + ": cannot read ("), std::string::npos) << msg;
+
+  const std::string unwritable = under_root("no/such/dir/file.txt");
+  msg = error_message([&] { write_text_file_synced(unwritable, "x"); });
+  EXPECT_NE(msg.find(unwritable), std::string::npos) << msg;
+
+  msg = error_message([&] { read_text_file(root_.string()); });  // a directory
+  EXPECT_NE(msg.find(root_.string() + ": cannot read ("), std::string::npos) << msg;
+}
