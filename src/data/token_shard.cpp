@@ -25,6 +25,7 @@ namespace {
 
 constexpr char kMagic[8] = {'A', 'N', 'V', 'I', 'L', 'T', 'O', 'K'};
 constexpr size_t kWriteBufferBytes = size_t{1} << 20;
+constexpr size_t kAppendChunkTokens = size_t{1} << 16;  // validated and encoded at a time
 
 constexpr size_t token_width(TokenDType t) {
   return t == TokenDType::U16 ? 2 : 4;
@@ -86,7 +87,7 @@ TokenShardWriter::TokenShardWriter(std::string path, uint64_t vocab_size)
                 "token shard '{}': vocab_size {} is outside [1, 2^32]", path_, vocab_size);
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) ANVIL_THROW("token shard '{}': cannot create '{}': {}", path_, tmp_path_, errno_text());
-  buffer_.reserve(kWriteBufferBytes);
+  buffer_.reserve(kWriteBufferBytes + kAppendChunkTokens * sizeof(uint32_t));
 }
 
 TokenShardWriter::~TokenShardWriter() {
@@ -97,16 +98,16 @@ TokenShardWriter::~TokenShardWriter() {
 void TokenShardWriter::append(std::span<const uint32_t> tokens) {
   ANVIL_REQUIRE(!committed_, "token shard '{}': append after commit", path_);
   const size_t width = token_width(dtype_);
-  constexpr size_t kChunkTokens = size_t{1} << 16;
-  for (size_t start = 0; start < tokens.size(); start += kChunkTokens) {
-    const std::span<const uint32_t> chunk = tokens.subspan(start, std::min(kChunkTokens, tokens.size() - start));
+  for (size_t start = 0; start < tokens.size(); start += kAppendChunkTokens) {
+    const std::span<const uint32_t> chunk =
+        tokens.subspan(start, std::min(kAppendChunkTokens, tokens.size() - start));
     // Validate with a vectorisable max first; only a chunk with a bad id is searched for it.
     uint32_t chunk_max = 0;
     for (uint32_t id : chunk) chunk_max = std::max(chunk_max, id);
     if (chunk_max >= vocab_size_) {
       for (size_t i = 0; i < chunk.size(); ++i) {
-        ANVIL_REQUIRE(chunk[i] < vocab_size_, "token shard '{}': token {} at position {} is >= vocab_size {}", path_,
-                      chunk[i], count_ + start + i, vocab_size_);
+        ANVIL_REQUIRE(chunk[i] < vocab_size_, "token shard '{}': token {} at position {} is >= vocab_size {}",
+                      path_, chunk[i], count_ + i, vocab_size_);
       }
     }
     const size_t offset = buffer_.size();
@@ -120,9 +121,9 @@ void TokenShardWriter::append(std::span<const uint32_t> tokens) {
     } else {
       std::memcpy(out, chunk.data(), chunk.size() * 4);
     }
+    count_ += chunk.size();  // per chunk, so a rejected chunk leaves count() matching the buffered tokens
     if (buffer_.size() >= kWriteBufferBytes) flush();
   }
-  count_ += tokens.size();
 }
 
 void TokenShardWriter::write_all(const void* data, size_t bytes, uint64_t offset) {

@@ -367,7 +367,9 @@ TEST_F(ParityTest, SoftmaxCrossEntropy) {
     EXPECT_TRUE(same("softmax_xent grad", logits, kElementwiseTol));
     const std::vector<float> gpu_losses = read_gpu(losses2), gpu_grad = read_gpu(logits);
     for (int i = 0; i < s.N; ++i) {
-      if (targets_host[i] == kIgnoreIndex) EXPECT_EQ(gpu_losses[i], 0.f) << "ignored row " << i;
+      if (targets_host[i] == kIgnoreIndex) {
+        EXPECT_EQ(gpu_losses[i], 0.f) << "ignored row " << i;
+      }
       for (int j = 0; j < s.Vp; ++j) {
         const bool must_be_zero = targets_host[i] == kIgnoreIndex || j >= s.V;
         if (must_be_zero && gpu_grad[size_t(i) * s.Vp + j] != 0.f) {

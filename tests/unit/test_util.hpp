@@ -1,0 +1,79 @@
+// Shared helpers for the unit tests: temporary directories, running the CLI, small corpora.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+
+namespace anvil::test {
+
+// A fresh directory under the system temp dir, removed when the object goes away.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string("anvil_") + (info ? std::string(info->test_suite_name()) + "_" + info->name() : "t");
+    path_ = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(std::random_device{}()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string str() const { return path_.string(); }
+  std::string operator/(const std::string& rel) const { return (path_ / rel).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the `anvil` binary built alongside the tests with the given arguments.
+inline CommandResult run_anvil(const std::string& args) {
+  const std::string cmd = std::string(ANVIL_BINARY) + " " + args + " 2>&1";
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A small, learnable text: a few verses repeated with variations.
+inline std::string small_corpus(size_t approx_bytes) {
+  const char* lines[] = {"To be, or not to be, that is the question:\n",
+                         "Whether 'tis nobler in the mind to suffer\n",
+                         "The slings and arrows of outrageous fortune,\n",
+                         "Or to take arms against a sea of troubles\n",
+                         "And by opposing end them. To die: to sleep;\n"};
+  std::string s;
+  std::mt19937 rng(7);
+  while (s.size() < approx_bytes) s += lines[rng() % 5];
+  return s;
+}
+
+}  // namespace anvil::test
