@@ -1,12 +1,13 @@
 // Parity of the CUDA ops with the CPU reference ops: each test makes fresh random inputs (seeded from
 // std::random_device, or from ANVIL_PARITY_SEED to replay a failure), runs both backends on the same
 // data and compares. Errors are measured relative to the largest |value| of the CPU result. Skipped when
-// no GPU is visible.
+// no GPU is visible. ANVIL_PARITY_VERBOSE=1 prints every comparison's error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -110,6 +111,8 @@ class ParityTest : public ::testing::Test {
       max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
     }
     const double rel = max_err / std::max(max_ref, 1e-30);
+    if (std::getenv("ANVIL_PARITY_VERBOSE"))
+      std::printf("  %-40s relative error %.3g (tolerance %.3g)\n", what.c_str(), rel, tol);
     if (rel <= tol) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
            << what << ": max |cpu - cuda| = " << max_err << " at [" << worst << "] (cpu " << ref[worst]

@@ -1,0 +1,375 @@
+// Finite-difference gradient checks of every CPU op that has a backward (the reference the CUDA
+// backend is compared against, so its gradients must be right on their own terms).
+//
+// Method: L = sum(out * R) for a fixed random R (the loss op: L = grad_scale * sum(losses)). The analytic
+// gradient of L comes from the backward op; the numeric one from central differences of L, evaluated
+// in fp32 and differenced in double. Because fp32 noise swamps single-element differences of large
+// sums, most probes are directional derivatives along random unit directions, plus a few coordinates.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "anvil/rng.hpp"
+#include "kernels/ops.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil {
+namespace {
+
+using Loss = std::function<double()>;
+
+std::vector<float> randn(Rng& rng, size_t n, float stddev = 1.0f, float mean = 0.0f) {
+  std::vector<float> v(n);
+  for (float& x : v) x = mean + stddev * rng.normal();
+  return v;
+}
+
+double dot(std::span<const float> a, std::span<const float> b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+// Central difference of `loss` along `dir` at x (restored afterwards), next to the analytic
+// prediction. x + eps*dir is rounded to fp32, so the prediction uses the steps actually taken:
+// the comparison then sees only the loss's own rounding and the O(eps^2) truncation.
+struct Probe {
+  double analytic, numeric;
+};
+Probe probe(const Loss& loss, std::span<float> x, std::span<const float> g, const std::vector<double>& dir,
+            double eps) {
+  const std::vector<float> x0(x.begin(), x.end());
+  double predicted = 0, lp = 0, lm = 0;
+  for (int sign : {1, -1}) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = float(x0[i] + sign * eps * dir[i]);
+      predicted += sign * double(g[i]) * (double(x[i]) - x0[i]);
+    }
+    (sign > 0 ? lp : lm) = loss();
+  }
+  std::copy(x0.begin(), x0.end(), x.begin());
+  return {predicted / (2 * eps), (lp - lm) / (2 * eps)};
+}
+
+struct CheckOptions {
+  double eps = 1e-2;
+  int directions = 4;
+  int coordinates = 6;
+  uint64_t seed = 1;
+};
+
+// A relative tolerance of 1e-2 on derivatives: fp32 rounding plus truncation stay below ~3e-4 here,
+// while a gradient 10% off fails (the negative control below checks that it does).
+constexpr double kRtol = 1e-2;
+
+// Compares the analytic gradient g of `loss` w.r.t. x with central differences along random unit
+// directions and at random single coordinates; fails naming the worst probe. Directions whose
+// analytic derivative is accidentally small next to the typical |g|/sqrt(n) are redrawn, so rounding
+// does not dominate their relative error; a coordinate's error is relative to max(|derivative|,
+// 0.1 * rms(g)) for the same reason.
+::testing::AssertionResult gradient_matches(const Loss& loss, std::span<float> x, std::span<const float> g,
+                                            const CheckOptions& o) {
+  const size_t n = x.size();
+  const double typical = std::sqrt(dot(g, g) / double(n));
+  Rng rng(o.seed);
+  double worst = 0;
+  std::string worst_what = "no probe";
+  auto account = [&](const Probe& p, double floor, const std::string& what) {
+    const double err = std::abs(p.analytic - p.numeric) / std::max({std::abs(p.analytic), floor, 1e-30});
+    if (err >= worst)
+      worst = err,
+      worst_what = fmt::format("{}: analytic {:.8g}, numeric {:.8g}", what, p.analytic, p.numeric);
+  };
+  std::vector<double> dir(n);
+  for (int k = 0; k < o.directions; ++k) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      double norm = 0;
+      for (double& d : dir) {
+        d = rng.normal();
+        norm += d * d;
+      }
+      double gd = 0;
+      for (size_t i = 0; i < n; ++i) gd += g[i] * (dir[i] /= std::sqrt(norm));
+      if (std::abs(gd) >= 0.5 * typical) break;
+    }
+    account(probe(loss, x, g, dir, o.eps), 0.0, fmt::format("direction {}", k));
+  }
+  for (int k = 0; k < o.coordinates; ++k) {
+    std::fill(dir.begin(), dir.end(), 0.0);
+    const size_t i = rng.below(n);
+    dir[i] = 1.0;
+    account(probe(loss, x, g, dir, o.eps), 0.1 * typical, fmt::format("coordinate {}", i));
+  }
+  if (worst < kRtol) return ::testing::AssertionSuccess() << "worst relative error " << worst;
+  return ::testing::AssertionFailure()
+         << "relative error " << worst << " > " << kRtol << " at " << worst_what;
+}
+
+std::vector<float> scaled(std::span<const float> g, float s) {
+  std::vector<float> out(g.begin(), g.end());
+  for (float& v : out) v *= s;
+  return out;
+}
+
+std::vector<float> plus(std::span<const float> a, std::span<const float> b) {
+  std::vector<float> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+void expect_near_all(std::span<const float> actual, std::span<const float> expected, double tol,
+                     const char* what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i)
+    ASSERT_NEAR(actual[i], expected[i], tol * (1 + std::abs(expected[i]))) << what << " at " << i;
+}
+
+class GradCheckOps : public ::testing::Test {
+ protected:
+  std::unique_ptr<Device> dev_ = make_cpu_device();
+  std::unique_ptr<Ops> ops_ = make_cpu_ops(*dev_);
+  Rng rng_{12345};
+};
+
+TEST_F(GradCheckOps, Embedding) {
+  const int B = 2, T = 5, C = 6, V = 7, maxT = 8;
+  // Repeated tokens: their rows of dwte must sum the contributions of every position.
+  const std::vector<int32_t> tokens = {3, 1, 3, 0, 6, 1, 1, 5, 3, 2};
+  std::vector<float> wte = randn(rng_, size_t(V) * C), wpe = randn(rng_, size_t(maxT) * C);
+  const std::vector<float> R = randn(rng_, size_t(B) * T * C);
+  std::vector<float> out(R.size());
+  const Loss loss = [&] {
+    ops_->embedding_fwd(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    return dot(out, R);
+  };
+  std::vector<float> dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
+  ops_->embedding_bwd(dwte.data(), dwpe.data(), R.data(), tokens.data(), B, T, C);
+  EXPECT_TRUE(gradient_matches(loss, wte, dwte, {.eps = 1e-2}));
+  EXPECT_TRUE(gradient_matches(loss, wpe, dwpe, {.eps = 1e-2}));
+  // Token 4 never occurs and positions >= T are never used: their gradients are exactly zero.
+  for (int c = 0; c < C; ++c) EXPECT_EQ(dwte[4 * C + c], 0.0f);
+  for (int t = T; t < maxT; ++t)
+    for (int c = 0; c < C; ++c) EXPECT_EQ(dwpe[t * C + c], 0.0f);
+
+  // Both gradients accumulate into what the buffers held.
+  const std::vector<float> pte = randn(rng_, dwte.size()), ppe = randn(rng_, dwpe.size());
+  std::vector<float> acc_te = pte, acc_pe = ppe;
+  ops_->embedding_bwd(acc_te.data(), acc_pe.data(), R.data(), tokens.data(), B, T, C);
+  expect_near_all(acc_te, plus(pte, dwte), 1e-6, "dwte");
+  expect_near_all(acc_pe, plus(ppe, dwpe), 1e-6, "dwpe");
+}
+
+TEST_F(GradCheckOps, LayerNorm) {
+  const int N = 5, C = 24;
+  // A non-zero mean and a non-unit scale, so the mean and variance terms of the gradient matter.
+  std::vector<float> inp = randn(rng_, size_t(N) * C, 2.0f, 0.5f);
+  std::vector<float> w = randn(rng_, C, 0.3f, 1.0f), b = randn(rng_, C, 0.3f);
+  const std::vector<float> R = randn(rng_, inp.size());
+  std::vector<float> out(inp.size()), mean(N), rstd(N);
+  const Loss loss = [&] {
+    ops_->layernorm_fwd(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+    return dot(out, R);
+  };
+  loss();  // fills mean/rstd for the backward
+  std::vector<float> dinp(inp.size(), 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  ops_->layernorm_bwd(dinp.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(), mean.data(),
+                      rstd.data(), N, C);
+  EXPECT_TRUE(gradient_matches(loss, inp, dinp, {.eps = 1e-2, .seed = 2}));
+  EXPECT_TRUE(gradient_matches(loss, w, dw, {.eps = 1e-2, .seed = 3}));
+  EXPECT_TRUE(gradient_matches(loss, b, db, {.eps = 1e-2, .seed = 4}));
+
+  // dinp (the residual stream's gradient), dw and db all accumulate.
+  const std::vector<float> pi = randn(rng_, dinp.size()), pw = randn(rng_, C), pb = randn(rng_, C);
+  std::vector<float> ai = pi, aw = pw, ab = pb;
+  ops_->layernorm_bwd(ai.data(), aw.data(), ab.data(), R.data(), inp.data(), w.data(), mean.data(),
+                      rstd.data(), N, C);
+  expect_near_all(ai, plus(pi, dinp), 1e-5, "dinp");
+  expect_near_all(aw, plus(pw, dw), 1e-5, "dw");
+  expect_near_all(ab, plus(pb, db), 1e-5, "db");
+}
+
+TEST_F(GradCheckOps, Matmul) {
+  const int N = 6, K = 10, OC = 7;
+  std::vector<float> inp = randn(rng_, size_t(N) * K), w = randn(rng_, size_t(OC) * K),
+                     bias = randn(rng_, OC);
+  const std::vector<float> R = randn(rng_, size_t(N) * OC);
+  std::vector<float> out(R.size());
+  const Loss loss = [&] {
+    ops_->matmul_fwd(out.data(), inp.data(), w.data(), bias.data(), N, K, OC);
+    return dot(out, R);
+  };
+  // dinp is overwritten: stale contents must not leak into it.
+  std::vector<float> dinp(inp.size(), 123.0f), dw(w.size(), 0.0f), db(OC, 0.0f);
+  ops_->matmul_bwd(dinp.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(), N, K, OC);
+  EXPECT_TRUE(gradient_matches(loss, inp, dinp, {.eps = 1e-2, .seed = 5}));
+  EXPECT_TRUE(gradient_matches(loss, w, dw, {.eps = 1e-2, .seed = 6}));
+  EXPECT_TRUE(gradient_matches(loss, bias, db, {.eps = 1e-2, .seed = 7}));
+
+  // dw and dbias accumulate; dinp is overwritten (same result whatever it held).
+  const std::vector<float> pw = randn(rng_, dw.size()), pb = randn(rng_, OC);
+  std::vector<float> ai = randn(rng_, dinp.size()), aw = pw, ab = pb;
+  ops_->matmul_bwd(ai.data(), aw.data(), ab.data(), R.data(), inp.data(), w.data(), N, K, OC);
+  expect_near_all(ai, dinp, 1e-6, "dinp");
+  expect_near_all(aw, plus(pw, dw), 1e-5, "dw");
+  expect_near_all(ab, plus(pb, db), 1e-5, "dbias");
+
+  // Null dinp and null dbias are skipped; dw is still right. Without bias, the forward adds nothing.
+  std::vector<float> dw2(w.size(), 0.0f);
+  ops_->matmul_bwd(nullptr, dw2.data(), nullptr, R.data(), inp.data(), w.data(), N, K, OC);
+  expect_near_all(dw2, dw, 1e-6, "dw without dinp/dbias");
+  std::vector<float> nobias(out.size());
+  ops_->matmul_fwd(nobias.data(), inp.data(), w.data(), nullptr, N, K, OC);
+  ops_->matmul_fwd(out.data(), inp.data(), w.data(), bias.data(), N, K, OC);
+  for (int r = 0; r < N; ++r)
+    for (int o = 0; o < OC; ++o) EXPECT_NEAR(out[r * OC + o] - nobias[r * OC + o], bias[o], 1e-5);
+}
+
+TEST_F(GradCheckOps, Attention) {
+  const int B = 2, T = 5, C = 8, NH = 2;
+  // Unit-variance q and k give q.k/sqrt(HS) of order 1: the softmax is far from uniform.
+  std::vector<float> qkv = randn(rng_, size_t(B) * T * 3 * C);
+  const std::vector<float> R = randn(rng_, size_t(B) * T * C);
+  std::vector<float> out(R.size()), probs(size_t(B) * NH * T * T);
+  std::vector<float> scratch(std::max<size_t>(1, ops_->attention_scratch_floats(B, T, C, NH)));
+  const Loss loss = [&] {
+    ops_->attention_fwd(out.data(), probs.data(), qkv.data(), scratch.data(), B, T, C, NH);
+    return dot(out, R);
+  };
+  loss();                                       // fills probs for the backward
+  std::vector<float> dqkv(qkv.size(), 123.0f);  // overwritten
+  ops_->attention_bwd(dqkv.data(), R.data(), qkv.data(), probs.data(), scratch.data(), B, T, C, NH);
+  EXPECT_TRUE(
+      gradient_matches(loss, qkv, dqkv, {.eps = 1e-2, .directions = 6, .coordinates = 10, .seed = 8}));
+
+  // Causality: output 0 depends on q, k, v at position 0 only, so with dout nonzero only at t = 0
+  // every later row of dqkv is exactly zero.
+  std::vector<float> d0(R.size(), 0.0f);
+  for (int b = 0; b < B; ++b)
+    for (int c = 0; c < C; ++c) d0[size_t(b) * T * C + c] = R[size_t(b) * T * C + c];
+  ops_->attention_bwd(dqkv.data(), d0.data(), qkv.data(), probs.data(), scratch.data(), B, T, C, NH);
+  for (int b = 0; b < B; ++b)
+    for (int t = 1; t < T; ++t)
+      for (int j = 0; j < 3 * C; ++j) EXPECT_EQ(dqkv[(size_t(b) * T + t) * 3 * C + j], 0.0f) << b << "," << t;
+}
+
+TEST_F(GradCheckOps, Gelu) {
+  const size_t n = 64;
+  // Spread over [-6, 6]: both tails and the curved middle.
+  std::vector<float> inp = randn(rng_, n, 2.0f);
+  const std::vector<float> R = randn(rng_, n);
+  std::vector<float> out(n);
+  const Loss loss = [&] {
+    ops_->gelu_fwd(out.data(), inp.data(), n);
+    return dot(out, R);
+  };
+  std::vector<float> dinp(n, 123.0f);
+  ops_->gelu_bwd(dinp.data(), inp.data(), R.data(), n);
+  EXPECT_TRUE(gradient_matches(loss, inp, dinp, {.eps = 1e-3, .coordinates = 10, .seed = 9}));
+  // In place (dinp aliasing dout), as the model uses it.
+  std::vector<float> inplace = R;
+  ops_->gelu_bwd(inplace.data(), inp.data(), inplace.data(), n);
+  EXPECT_EQ(inplace, dinp);
+}
+
+TEST_F(GradCheckOps, SoftmaxCrossEntropy) {
+  const int N = 6, V = 11, Vp = 16;
+  const float grad_scale = 0.37f;
+  const std::vector<int32_t> targets = {4, kIgnoreIndex, 0, 10, kIgnoreIndex, 7};
+  std::vector<float> logits = randn(rng_, size_t(N) * Vp, 2.0f);
+  // Padded columns hold large junk: it must neither enter the loss nor receive gradient.
+  for (int r = 0; r < N; ++r)
+    for (int j = V; j < Vp; ++j) logits[r * Vp + j] = 50.0f + j;
+  std::vector<float> losses(N);
+  const Loss loss = [&] {
+    ops_->softmax_xent_fwd_bwd(losses.data(), logits.data(), targets.data(), N, V, Vp, grad_scale, false);
+    double s = 0;
+    for (float l : losses) s += l;
+    return grad_scale * s;
+  };
+  const std::vector<float> logits0 = logits;
+  loss();
+  EXPECT_EQ(logits, logits0) << "without write_grad the logits must be left alone";
+  // The forward against a double-precision log-sum-exp over the real columns.
+  for (int r = 0; r < N; ++r) {
+    if (targets[r] == kIgnoreIndex) {
+      EXPECT_EQ(losses[r], 0.0f);
+      continue;
+    }
+    double s = 0;
+    for (int j = 0; j < V; ++j) s += std::exp(double(logits[r * Vp + j]));
+    EXPECT_NEAR(losses[r], std::log(s) - logits[r * Vp + targets[r]], 1e-5);
+  }
+
+  std::vector<float> grad = logits;
+  ops_->softmax_xent_fwd_bwd(losses.data(), grad.data(), targets.data(), N, V, Vp, grad_scale, true);
+  for (int r = 0; r < N; ++r) {
+    for (int j = 0; j < Vp; ++j) {
+      if (targets[r] == kIgnoreIndex || j >= V) {
+        EXPECT_EQ(grad[r * Vp + j], 0.0f) << r << "," << j;
+      }
+    }
+  }
+  EXPECT_TRUE(gradient_matches(loss, logits, grad, {.eps = 1e-2, .coordinates = 10, .seed = 10}));
+}
+
+TEST_F(GradCheckOps, Residual) {
+  // No backward op: the model passes dout through to both inputs, so that is the analytic gradient.
+  const size_t n = 40;
+  std::vector<float> a = randn(rng_, n), b = randn(rng_, n);
+  const std::vector<float> R = randn(rng_, n);
+  std::vector<float> out(n);
+  const Loss loss = [&] {
+    ops_->residual_fwd(out.data(), a.data(), b.data(), n);
+    return dot(out, R);
+  };
+  EXPECT_TRUE(gradient_matches(loss, a, R, {.eps = 1e-2, .seed = 11}));
+  EXPECT_TRUE(gradient_matches(loss, b, R, {.eps = 1e-2, .seed = 12}));
+  // out may alias an input.
+  loss();
+  std::vector<float> alias = a;
+  ops_->residual_fwd(alias.data(), alias.data(), b.data(), n);
+  EXPECT_EQ(alias, out);
+}
+
+// Negative controls: a gradient that is 10% off must fail the same comparison, for a linear op
+// (exact differences) and a nonlinear one (differences with truncation error), so the tolerance
+// above is shown to discriminate.
+TEST_F(GradCheckOps, NegativeControlWrongGradientFails) {
+  const int N = 5, C = 24;
+  std::vector<float> inp = randn(rng_, size_t(N) * C, 2.0f, 0.5f);
+  const std::vector<float> w = randn(rng_, C, 0.3f, 1.0f), b = randn(rng_, C, 0.3f);
+  const std::vector<float> R = randn(rng_, inp.size());
+  std::vector<float> out(inp.size()), mean(N), rstd(N);
+  const Loss loss = [&] {
+    ops_->layernorm_fwd(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+    return dot(out, R);
+  };
+  loss();
+  std::vector<float> dinp(inp.size(), 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  ops_->layernorm_bwd(dinp.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(), mean.data(),
+                      rstd.data(), N, C);
+  EXPECT_TRUE(gradient_matches(loss, inp, dinp, {.seed = 2}));
+  EXPECT_FALSE(gradient_matches(loss, inp, scaled(dinp, 1.1f), {.seed = 2}));
+  EXPECT_FALSE(gradient_matches(loss, inp, scaled(dinp, 0.9f), {.seed = 2}));
+
+  std::vector<float> gelu_in = randn(rng_, 64, 2.0f);
+  const std::vector<float> Rg = randn(rng_, 64);
+  std::vector<float> gelu_out(64), dgelu(64);
+  const Loss gelu_loss = [&] {
+    ops_->gelu_fwd(gelu_out.data(), gelu_in.data(), 64);
+    return dot(gelu_out, Rg);
+  };
+  ops_->gelu_bwd(dgelu.data(), gelu_in.data(), Rg.data(), 64);
+  EXPECT_FALSE(gradient_matches(gelu_loss, gelu_in, scaled(dgelu, 1.1f), {.eps = 1e-3, .seed = 9}));
+}
+
+}  // namespace
+}  // namespace anvil
