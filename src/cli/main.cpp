@@ -71,12 +71,12 @@ int run_train(ConfigFlags& flags) {
   return 0;
 }
 
-int run_estimate(ConfigFlags& flags, const std::string& device) {
+int run_estimate(ConfigFlags& flags) {
   const TrainConfig cfg = flags.resolve();
   TransformerConfig model = cfg.model;
   if (!cfg.init_from.empty()) model = io::read_model_config(cfg.init_from);
   EngineOptions o;
-  o.device = resolve_device(device.empty() ? cfg.device : device);
+  o.device = resolve_device(cfg.device);
   o.batch_size = cfg.per_device_train_batch_size;
   o.seq_len = cfg.seq_len();
   o.training = true;
@@ -132,7 +132,6 @@ int main(int argc, char** argv) {
   train_flags.add_to(train_cmd);
 
   ConfigFlags est_flags;
-  std::string est_device;
   CLI::App* est_cmd = app.add_subcommand("estimate", "print the memory plan of a training config without running it");
   est_flags.add_to(est_cmd);
 
@@ -161,7 +160,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*train_cmd) return run_train(train_flags);
-    if (*est_cmd) return run_estimate(est_flags, est_device);
+    if (*est_cmd) return run_estimate(est_flags);
     if (*prep_cmd) return run_prepare(prep_inputs, prep_out, prep_val);
     if (*gen_cmd) return run_generate(gen);
   } catch (const anvil::Error& e) {

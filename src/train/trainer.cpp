@@ -301,6 +301,9 @@ TrainSummary Run::go() {
     s.sample = cfg_.sample_prompt + decode_bytes(ids);
   }
 
+  json by_category = json::object();
+  for (int c = 0; c < kMemoryCategories; ++c)
+    by_category[memory_category_name(MemoryCategory(c))] = e.plan().bytes(MemoryCategory(c));
   const json summary = {{"train_runtime", s.train_runtime},
                         {"train_samples_per_second", s.train_samples_per_second},
                         {"train_steps_per_second", s.train_steps_per_second},
@@ -309,6 +312,7 @@ TrainSummary Run::go() {
                         {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
                         {"peak_memory_bytes", s.peak_memory_bytes},
                         {"planned_memory_bytes", e.plan().total_bytes()},
+                        {"planned_memory_by_category", by_category},
                         {"global_step", s.global_step},
                         {"device", s.device},
                         {"last_checkpoint", s.last_checkpoint}};

@@ -3,8 +3,8 @@
 //
 // Method: L = sum(out * R) for a fixed random R (the loss op: L = grad_scale * sum(losses)). The analytic
 // gradient of L comes from the backward op; the numeric one from central differences of L, evaluated
-// in fp32 and differenced in double. Because fp32 noise swamps single-element differences of large
-// sums, most probes are directional derivatives along random unit directions, plus a few coordinates.
+// in fp32 and differenced in double. Most probes are directional derivatives along random unit
+// directions (each one mixes every element of the gradient), plus a few single coordinates.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -84,9 +84,10 @@ constexpr double kRtol = 1e-2;
   std::string worst_what = "no probe";
   auto account = [&](const Probe& p, double floor, const std::string& what) {
     const double err = std::abs(p.analytic - p.numeric) / std::max({std::abs(p.analytic), floor, 1e-30});
-    if (err >= worst)
-      worst = err,
+    if (err >= worst) {
+      worst = err;
       worst_what = fmt::format("{}: analytic {:.8g}, numeric {:.8g}", what, p.analytic, p.numeric);
+    }
   };
   std::vector<double> dir(n);
   for (int k = 0; k < o.directions; ++k) {
