@@ -74,7 +74,7 @@ def run_hf(args, tokens, vocab):
     cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=C, n_layer=L, n_head=H, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(1)
-    model = GPT2LMHeadModel(cfg, attn_implementation="eager").cuda().float().train()
+    model = GPT2LMHeadModel._from_config(cfg, attn_implementation="eager").cuda().float().train()
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or ".ln_" in n]
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or ".ln_" in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],

@@ -29,7 +29,7 @@ def main(out: Path) -> None:
     cfg = GPT2Config(vocab_size=100, n_positions=16, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new", layer_norm_epsilon=1e-5,
                      bos_token_id=99, eos_token_id=99)
-    model = GPT2LMHeadModel(cfg, attn_implementation="eager").float().eval()  # eval: no dropout anyway
+    model = GPT2LMHeadModel._from_config(cfg, attn_implementation="eager").float().eval()
     # Non-trivial LayerNorm parameters and biases, so their gradients and updates are exercised.
     with torch.no_grad():
         for name, p in model.named_parameters():
