@@ -150,15 +150,19 @@ def main():
     print(f"  loss first -> last: anvil {anvil['losses'][0]:.3f} -> {anvil['losses'][-1]:.3f}, "
           f"HF {hf['losses'][0]:.3f} -> {hf['losses'][-1]:.3f}")
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = os.environ.get("ANVIL_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            pass
+    if len(commit) != 40:  # e.g. a copy of the tree without history
+        commit = "unknown"
     record = {
         "benchmark": "gpt2_train", "model": args.model, "batch": args.batch, "seq": args.seq, "steps": args.steps,
         "warmup": args.warmup, "precision": "tf32" if args.tf32 else "fp32", "device": hf["device"],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit or os.environ.get("ANVIL_COMMIT", ""), "torch": hf["torch"],
+        "commit": commit, "torch": hf["torch"],
         "anvil": anvil, "hf_eager": hf,
         "ratios": {"tokens_per_second": ratio_speed, "tensor_memory": ratio_mem, "device_memory": ratio_driver},
     }
