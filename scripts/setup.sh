@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev nlohmann-json3-dev
+apt_pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-openmp-dev nlohmann-json3-dev
           libcli11-dev libgtest-dev libbenchmark-dev libfmt-dev libomp-dev python3 python3-pip curl)
 missing=()
 for p in "${apt_pkgs[@]}"; do
