@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
-# On a GPU machine: builds (unless ANVIL_BUILD_DIR points at an existing build) and runs the CUDA-vs-CPU
-# parity suite, then a short CUDA training run of the default model. Prints the device it ran on.
+# On a GPU machine: the CUDA-vs-CPU parity suite, a short CUDA training run of the default model, and
+# (where transformers is installed) the check that transformers reproduces Anvil's eval loss from the
+# checkpoint. Uses .devcarry/ when present (scripts/pack_for_gpu.sh, for machines without package
+# access), else builds with scripts/build.sh. Results go to $OUT (or runs/gpu_check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${ANVIL_BUILD_DIR:-build}
-if [ ! -x "$build/anvil_parity_tests" ]; then
+out=${OUT:-runs/gpu_check}
+mkdir -p "$out"
+if [ -d .devcarry/bin ]; then
+  build=build-cuda
+  mkdir -p "$build" && cp .devcarry/bin/* "$build"/
+  tar xzf .devcarry/libs.tgz -C /tmp
+  export LD_LIBRARY_PATH=/tmp/anvil_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export ANVIL_COMMIT=$(cat .devcarry/commit)
+  mkdir -p data/shakespeare
+  [ -s data/shakespeare/shakespeare.txt ] || gunzip -c .devcarry/shakespeare.txt.gz > data/shakespeare/shakespeare.txt
+  # The test binaries look for the sources where they were built.
+  [ -e /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+else
+  build=${ANVIL_BUILD_DIR:-build}
   bash scripts/setup.sh
   bash scripts/build.sh
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-"$build/anvil_parity_tests" --gtest_color=no
+"$build/anvil_parity_tests" --gtest_color=no 2>&1 | tee "$out/parity.log"
 if [ ! -s data/shakespeare/train.bin ]; then
   "$build/anvil" prepare-data --input data/shakespeare/shakespeare.txt --output data/shakespeare --val_fraction 0.05
 fi
-"$build/anvil" train --config examples/tiny.json --device cuda --max_steps 100 --output_dir runs/gpu_check
+"$build/anvil" train --config examples/tiny.json --device cuda --output_dir /tmp/anvil_gpu_check | tee "$out/tiny_cuda.log"
+if python3 -c "import torch, transformers" 2>/dev/null; then
+  step=$(python3 -c "import json; print(json.load(open('/tmp/anvil_gpu_check/summary.json'))['global_step'])")
+  python3 tests/golden/check_hf_export.py /tmp/anvil_gpu_check/checkpoint-"$step" | tee "$out/hf_export_check.txt"
+fi

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Checks that an Anvil checkpoint loads in Hugging Face transformers and gives Anvil's numbers.
 
-Loads <checkpoint> with GPT2LMHeadModel.from_pretrained, evaluates the same validation windows Anvil's
-evaluation uses (the first N batches of non-overlapping windows of the token shard, in order) and compares
-the mean loss with the eval_loss Anvil recorded in <output_dir>/summary.json. Exits non-zero on a mismatch.
+Loads <output_dir>/checkpoint-<step> with GPT2LMHeadModel.from_pretrained, evaluates the same validation
+windows Anvil's evaluation uses (the first max_eval_batches batches of non-overlapping windows of val_data,
+in order; sizes from the checkpoint's trainer_state.json) and compares the mean loss with the eval_loss
+Anvil recorded in <output_dir>/summary.json. Exits non-zero on a mismatch.
 
-    python3 tests/golden/check_hf_export.py runs/tiny/checkpoint-300 data/shakespeare/val.bin \
-        --batch 16 --seq 128 --batches 10 --summary runs/tiny/summary.json
+    python3 tests/golden/check_hf_export.py runs/tiny/checkpoint-600
 """
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,21 +21,23 @@ from transformers import GPT2LMHeadModel
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint")
-    ap.add_argument("shard")
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--batches", type=int, required=True)
-    ap.add_argument("--summary", required=True)
     args = ap.parse_args()
+    ck = Path(args.checkpoint)
+    cfg = json.loads((ck / "trainer_state.json").read_text())["config"]
+    B = cfg["per_device_eval_batch_size"] or cfg["per_device_train_batch_size"]
+    T = cfg["max_seq_length"] or json.loads((ck / "config.json").read_text())["n_positions"]
+    summary = json.loads((ck.parent / "summary.json").read_text())
+    step = json.loads((ck / "trainer_state.json").read_text())["global_step"]
+    if step != summary["global_step"]:
+        sys.exit(f"{ck}: step {step} is not the run's last step ({summary['global_step']}), whose eval_loss summary.json holds")
 
-    raw = open(args.shard, "rb").read()
+    raw = open(cfg["val_data"], "rb").read()
     assert raw[:8] == b"ANVILTOK"
     dtype = np.uint16 if np.frombuffer(raw[12:16], np.uint32)[0] == 1 else np.uint32
     tokens = np.frombuffer(raw[64:], dtype=dtype).astype(np.int64)
     model = GPT2LMHeadModel.from_pretrained(args.checkpoint).float().eval()
-    B, T = args.batch, args.seq
     nwin = (len(tokens) - 1) // T
-    n = min(args.batches, nwin // B)
+    n = min(cfg["max_eval_batches"], nwin // B)
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(n):
@@ -46,7 +49,7 @@ def main():
                                                        reduction="sum").item()
             count += y.numel()
     hf_loss = total / count
-    anvil_loss = json.load(open(args.summary))["eval_loss"]
+    anvil_loss = summary["eval_loss"]
     rel = abs(hf_loss - anvil_loss) / anvil_loss
     print(json.dumps({"checkpoint": args.checkpoint, "hf_eval_loss": hf_loss, "anvil_eval_loss": anvil_loss,
                       "relative_difference": rel}))

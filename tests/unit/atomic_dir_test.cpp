@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "anvil/error.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using anvil::io::AtomicDirectory;
@@ -18,29 +19,19 @@ using anvil::io::write_text_file_synced;
 
 namespace {
 
-// A fresh directory per test (pid + test name), removed afterwards.
+// A fresh directory per test, removed afterwards.
 class AtomicDirTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() / fmt::format("anvil-atomicdir-{}-{}", ::getpid(), info->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  std::string under_root(const std::string& name) const { return (root_ / name).string(); }
+  std::string under_root(const std::string& name) const { return root_ / name; }
   // Names in root_, to check that no temporary or old directories are left next to the checkpoint.
   std::vector<std::string> root_entries() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(root_)) names.push_back(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(root_.path())) names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
   }
 
-  fs::path root_;
+  anvil::test::TempDir root_;
 };
 
 template <class F>
@@ -181,6 +172,6 @@ TEST_F(AtomicDirTest, TextFileRoundTripAndErrors) {
   msg = error_message([&] { write_text_file_synced(unwritable, "x"); });
   EXPECT_NE(msg.find(unwritable), std::string::npos) << msg;
 
-  msg = error_message([&] { read_text_file(root_.string()); });  // a directory
-  EXPECT_NE(msg.find(root_.string() + ": cannot read ("), std::string::npos) << msg;
+  msg = error_message([&] { read_text_file(root_.str()); });  // a directory
+  EXPECT_NE(msg.find(root_.str() + ": cannot read ("), std::string::npos) << msg;
 }

@@ -1,39 +1,31 @@
 #include "data/byte_corpus.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "anvil/error.hpp"
 #include "data/token_shard.hpp"
+#include "test_util.hpp"
 
 namespace anvil::data {
 namespace {
 
 namespace fs = std::filesystem;
 
+using test::expect_error;
+
 class ByteCorpusTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           fmt::format("anvil_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return dir_ / name; }
   std::string write_text(const std::string& name, const std::string& text) const {
-    const fs::path p = dir_ / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
+    const std::string p = path(name);
+    fs::create_directories(fs::path(p).parent_path());
+    test::write_file(p, text);
+    return p;
   }
   // Every output the preparation could have left behind, complete or temporary.
   bool any_output(const std::string& out_dir) const {
@@ -42,7 +34,7 @@ class ByteCorpusTest : public ::testing::Test {
     return false;
   }
 
-  fs::path dir_;
+  test::TempDir dir_;
 };
 
 std::string shard_text(const std::string& shard_path) {
@@ -51,16 +43,6 @@ std::string shard_text(const std::string& shard_path) {
   std::vector<int32_t> ids(shard.size());
   shard.read(0, ids.size(), ids.data());
   return byte_decode(ids);
-}
-
-void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected anvil::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& needle : needles) EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  }
 }
 
 std::string test_text(size_t n) {

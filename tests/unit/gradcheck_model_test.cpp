@@ -5,20 +5,18 @@
 // The loss is evaluated in fp32 and differenced in double. Random directions over the whole flat
 // parameter vector check the gradient as a whole; a direction and a few coordinates inside each tensor
 // check every tensor on its own (a small tensor's error would hide inside a whole-vector direction).
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "anvil/model_config.hpp"
 #include "anvil/rng.hpp"
+#include "gradcheck_util.hpp"
 #include "kernels/ops.hpp"
 #include "model/gpt_model.hpp"
 #include "train/engine.hpp"
@@ -26,86 +24,7 @@
 namespace anvil {
 namespace {
 
-using Loss = std::function<double()>;
-
-double dot(std::span<const float> a, std::span<const float> b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-  return s;
-}
-
-// Central difference of `loss` along `dir` at x (restored afterwards), next to the analytic
-// prediction. x + eps*dir is rounded to fp32, so the prediction uses the steps actually taken.
-struct Probe {
-  double analytic, numeric;
-};
-Probe probe(const Loss& loss, std::span<float> x, std::span<const float> g, const std::vector<double>& dir,
-            double eps) {
-  const std::vector<float> x0(x.begin(), x.end());
-  double predicted = 0, lp = 0, lm = 0;
-  for (int sign : {1, -1}) {
-    for (size_t i = 0; i < x.size(); ++i) {
-      x[i] = float(x0[i] + sign * eps * dir[i]);
-      predicted += sign * double(g[i]) * (double(x[i]) - x0[i]);
-    }
-    (sign > 0 ? lp : lm) = loss();
-  }
-  std::copy(x0.begin(), x0.end(), x.begin());
-  return {predicted / (2 * eps), (lp - lm) / (2 * eps)};
-}
-
-struct CheckOptions {
-  double eps = 1e-2;
-  int directions = 4;
-  int coordinates = 0;
-  uint64_t seed = 1;
-};
-
-// Observed errors stay below ~1e-3 (fp32 rounding through two blocks plus truncation); a gradient 10%
-// off fails (the negative controls below check that it does).
-constexpr double kRtol = 1e-2;
-
-// Analytic gradient g of `loss` w.r.t. x against central differences along random unit directions
-// (redrawn while the analytic derivative is accidentally small next to |g|/sqrt(n)) and at random
-// coordinates (error relative to max(|derivative|, 0.1 * rms(g))); fails naming the worst probe.
-::testing::AssertionResult gradient_matches(const Loss& loss, std::span<float> x, std::span<const float> g,
-                                            const CheckOptions& o) {
-  const size_t n = x.size();
-  const double typical = std::sqrt(dot(g, g) / double(n));
-  Rng rng(o.seed);
-  double worst = 0;
-  std::string worst_what = "no probe";
-  auto account = [&](const Probe& p, double floor, const std::string& what) {
-    const double err = std::abs(p.analytic - p.numeric) / std::max({std::abs(p.analytic), floor, 1e-30});
-    if (err >= worst) {
-      worst = err;
-      worst_what = fmt::format("{}: analytic {:.8g}, numeric {:.8g}", what, p.analytic, p.numeric);
-    }
-  };
-  std::vector<double> dir(n);
-  for (int k = 0; k < o.directions; ++k) {
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      double norm = 0;
-      for (double& d : dir) {
-        d = rng.normal();
-        norm += d * d;
-      }
-      double gd = 0;
-      for (size_t i = 0; i < n; ++i) gd += g[i] * (dir[i] /= std::sqrt(norm));
-      if (std::abs(gd) >= 0.5 * typical) break;
-    }
-    account(probe(loss, x, g, dir, o.eps), 0.0, fmt::format("direction {}", k));
-  }
-  for (int k = 0; k < o.coordinates; ++k) {
-    std::fill(dir.begin(), dir.end(), 0.0);
-    const size_t i = rng.below(n);
-    dir[i] = 1.0;
-    account(probe(loss, x, g, dir, o.eps), 0.1 * typical, fmt::format("coordinate {}", i));
-  }
-  if (worst < kRtol) return ::testing::AssertionSuccess() << "worst relative error " << worst;
-  return ::testing::AssertionFailure()
-         << "relative error " << worst << " > " << kRtol << " at " << worst_what;
-}
+using test::gradient_matches;
 
 class GradCheckModel : public ::testing::Test {
  protected:
@@ -179,7 +98,8 @@ class GradCheckModel : public ::testing::Test {
 TEST_F(GradCheckModel, WholeParameterVector) {
   forward_backward();
   const std::vector<float> g(grads().begin(), grads().end());
-  EXPECT_TRUE(gradient_matches([&] { return loss(); }, params(), g, {.eps = 1e-2, .directions = 6}));
+  EXPECT_TRUE(gradient_matches([&] { return loss(); }, params(), g,
+                               {.eps = 1e-2, .directions = 6, .coordinates = 0}));
 }
 
 TEST_F(GradCheckModel, EachTensor) {
@@ -222,7 +142,8 @@ TEST_F(GradCheckModel, NegativeControlWrongGradientFails) {
   forward_backward();
   std::vector<float> g(grads().begin(), grads().end());
   for (float& v : g) v *= 1.1f;
-  EXPECT_FALSE(gradient_matches([&] { return loss(); }, params(), g, {.eps = 1e-2, .directions = 6}));
+  EXPECT_FALSE(gradient_matches([&] { return loss(); }, params(), g,
+                                {.eps = 1e-2, .directions = 6, .coordinates = 0}));
 
   const ParamTensor& t = model().layout().get("transformer.ln_f.bias");
   std::vector<float> g_lnf(grads().begin() + t.offset, grads().begin() + t.offset + t.numel());

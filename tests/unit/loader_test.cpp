@@ -1,11 +1,9 @@
 #include "data/loader.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -15,11 +13,10 @@
 #include "anvil/error.hpp"
 #include "data/token_shard.hpp"
 #include "runtime/device.hpp"
+#include "test_util.hpp"
 
 namespace anvil::data {
 namespace {
-
-namespace fs = std::filesystem;
 
 // A copied batch, so it can be compared after the loader has reused its buffers.
 struct BatchCopy {
@@ -35,21 +32,13 @@ BatchCopy copy_of(const HostBatch& b) {
 
 class LoaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           fmt::format("anvil_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    dev_ = make_cpu_device();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { dev_ = make_cpu_device(); }
 
   // Token i is i itself, so a window's id can be read back from its first input token.
   std::shared_ptr<const TokenShard> counting_shard(uint64_t n, const std::string& name = "shard.bin") {
     std::vector<uint32_t> tokens(n);
     std::iota(tokens.begin(), tokens.end(), 0u);
-    const std::string path = (dir_ / name).string();
+    const std::string path = dir_ / name;
     write_token_shard(path, tokens, n);
     return std::make_shared<const TokenShard>(path);
   }
@@ -60,7 +49,7 @@ class LoaderTest : public ::testing::Test {
                                         *dev_);
   }
 
-  fs::path dir_;
+  test::TempDir dir_;
   std::unique_ptr<Device> dev_;
 };
 

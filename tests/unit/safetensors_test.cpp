@@ -1,18 +1,17 @@
 #include "io/safetensors.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "anvil/error.hpp"
 #include "io/atomic_dir.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using anvil::DType;
@@ -22,21 +21,13 @@ using anvil::io::SafeTensorsWriter;
 
 namespace {
 
+using anvil::test::write_file;
+
 class SafeTensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() / fmt::format("anvil-safetensors-{}-{}", ::getpid(), info->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
-  std::string file(const std::string& name) const { return (root_ / name).string(); }
+  std::string file(const std::string& name) const { return root_ / name; }
 
-  fs::path root_;
+  anvil::test::TempDir root_;
 };
 
 std::string le64(uint64_t v) {
@@ -52,11 +43,7 @@ void write_raw(const std::string& path, const std::string& header, size_t buffer
       le64(header_len_override >= 0 ? static_cast<uint64_t>(header_len_override) : header.size());
   bytes += header;
   bytes.append(buffer_size, '\x5a');
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
+  write_file(path, bytes);
 }
 
 std::string read_error(const std::string& path) {
@@ -184,7 +171,7 @@ TEST_F(SafeTensorsTest, ReadsUnpaddedHeaderAndUnalignedTensorsFromOtherWriters) 
   float f[2] = {1.25f, -2.5f};
   bytes.append(reinterpret_cast<const char*>(f), sizeof(f));
   const std::string path = file("unaligned.safetensors");
-  write_bytes(path, bytes);
+  write_file(path, bytes);
 
   SafeTensorsReader reader(path);
   ASSERT_EQ(reader.tensors().size(), 3u);
@@ -221,14 +208,14 @@ TEST_F(SafeTensorsTest, AtNamesPathAndTensor) {
 
 TEST_F(SafeTensorsTest, FileLevelErrorsNameThePath) {
   expect_read_error(file("does_not_exist.safetensors"), "cannot open");
-  expect_read_error(root_.string(), "not a regular file");
+  expect_read_error(root_.str(), "not a regular file");
 
   const std::string empty = file("empty.safetensors");
-  write_bytes(empty, "");
+  write_file(empty, "");
   expect_read_error(empty, "too short");
 
   const std::string short_file = file("short.safetensors");
-  write_bytes(short_file, std::string("\x10\0\0\0\0\0\0", 7));
+  write_file(short_file, std::string("\x10\0\0\0\0\0\0", 7));
   expect_read_error(short_file, "too short");
 
   const std::string long_header = file("long_header.safetensors");

@@ -6,9 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <string>
+
+#include "anvil/error.hpp"
 
 namespace anvil::test {
 
@@ -17,7 +21,8 @@ class TempDir {
  public:
   TempDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string("anvil_") + (info ? std::string(info->test_suite_name()) + "_" + info->name() : "t");
+    std::string name =
+        std::string("anvil_") + (info ? std::string(info->test_suite_name()) + "_" + info->name() : "t");
     path_ = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(std::random_device{}()));
     std::filesystem::create_directories(path_);
   }
@@ -25,6 +30,7 @@ class TempDir {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
+  const std::filesystem::path& path() const { return path_; }
   std::string str() const { return path_.string(); }
   std::string operator/(const std::string& rel) const { return (path_ / rel).string(); }
 
@@ -63,13 +69,23 @@ inline std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// Runs `fn`, which must throw anvil::Error with every one of `needles` in its message.
+inline void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected anvil::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& needle : needles) EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  }
+}
+
 // A small, learnable text: a few verses repeated with variations.
 inline std::string small_corpus(size_t approx_bytes) {
-  const char* lines[] = {"To be, or not to be, that is the question:\n",
-                         "Whether 'tis nobler in the mind to suffer\n",
-                         "The slings and arrows of outrageous fortune,\n",
-                         "Or to take arms against a sea of troubles\n",
-                         "And by opposing end them. To die: to sleep;\n"};
+  const char* lines[] = {
+      "To be, or not to be, that is the question:\n", "Whether 'tis nobler in the mind to suffer\n",
+      "The slings and arrows of outrageous fortune,\n", "Or to take arms against a sea of troubles\n",
+      "And by opposing end them. To die: to sleep;\n"};
   std::string s;
   std::mt19937 rng(7);
   while (s.size() < approx_bytes) s += lines[rng() % 5];

@@ -1,38 +1,32 @@
 #include "data/token_shard.hpp"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "anvil/error.hpp"
 #include "anvil/rng.hpp"
+#include "test_util.hpp"
 
 namespace anvil::data {
 namespace {
 
 namespace fs = std::filesystem;
 
+using test::expect_error;
+using test::write_file;
+
 // A fresh directory per test, removed afterwards.
 class TokenShardTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           fmt::format("anvil_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  std::string file(const std::string& name) const { return dir_ / name; }
 
-  fs::path dir_;
+  test::TempDir dir_;
 };
 
 std::vector<uint32_t> random_tokens(size_t n, uint64_t vocab_size, uint64_t seed) {
@@ -59,22 +53,6 @@ std::string u16_body(std::initializer_list<uint16_t> tokens) {
   size_t i = 0;
   for (uint16_t t : tokens) std::memcpy(body.data() + 2 * i++, &t, 2);
   return body;
-}
-
-void write_raw(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// Runs `fn`, which must throw anvil::Error with every one of `needles` in its message.
-void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected anvil::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& needle : needles) EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  }
 }
 
 void expect_open_error(const std::string& path, std::initializer_list<std::string> needles) {
@@ -183,37 +161,37 @@ TEST_F(TokenShardTest, MissingFile) {
 }
 
 TEST_F(TokenShardTest, ShorterThanHeader) {
-  write_raw(file("short.bin"), "ANVILTOK\x01");
+  write_file(file("short.bin"), "ANVILTOK\x01");
   expect_open_error(file("short.bin"), {"9 bytes", "header"});
 }
 
 TEST_F(TokenShardTest, BadMagic) {
-  write_raw(file("magic.bin"), header_bytes("NOTASHRD", 1, 1, 2, 10) + u16_body({1, 2}));
+  write_file(file("magic.bin"), header_bytes("NOTASHRD", 1, 1, 2, 10) + u16_body({1, 2}));
   expect_open_error(file("magic.bin"), {"magic", "NOTASHRD"});
 }
 
 TEST_F(TokenShardTest, UnsupportedVersion) {
-  write_raw(file("v.bin"), header_bytes("ANVILTOK", 7, 1, 2, 10) + u16_body({1, 2}));
+  write_file(file("v.bin"), header_bytes("ANVILTOK", 7, 1, 2, 10) + u16_body({1, 2}));
   expect_open_error(file("v.bin"), {"version 7"});
 }
 
 TEST_F(TokenShardTest, UnknownDtype) {
-  write_raw(file("d.bin"), header_bytes("ANVILTOK", 1, 3, 2, 10) + u16_body({1, 2}));
+  write_file(file("d.bin"), header_bytes("ANVILTOK", 1, 3, 2, 10) + u16_body({1, 2}));
   expect_open_error(file("d.bin"), {"dtype code 3"});
 }
 
 TEST_F(TokenShardTest, TruncatedBody) {
-  write_raw(file("t.bin"), header_bytes("ANVILTOK", 1, 1, 10, 100) + u16_body({1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  write_file(file("t.bin"), header_bytes("ANVILTOK", 1, 1, 10, 100) + u16_body({1, 2, 3, 4, 5, 6, 7, 8, 9}));
   expect_open_error(file("t.bin"), {"10 tokens", "18 bytes", "truncated"});
 }
 
 TEST_F(TokenShardTest, TrailingBytes) {
-  write_raw(file("x.bin"), header_bytes("ANVILTOK", 1, 1, 2, 100) + u16_body({1, 2}) + "z");
+  write_file(file("x.bin"), header_bytes("ANVILTOK", 1, 1, 2, 100) + u16_body({1, 2}) + "z");
   expect_open_error(file("x.bin"), {"2 tokens", "5 bytes", "trailing"});
 }
 
 TEST_F(TokenShardTest, TokenOutOfVocab) {
-  write_raw(file("o.bin"), header_bytes("ANVILTOK", 1, 1, 9, 100) + u16_body({1, 2, 3, 4, 5, 6, 7, 150, 9}));
+  write_file(file("o.bin"), header_bytes("ANVILTOK", 1, 1, 9, 100) + u16_body({1, 2, 3, 4, 5, 6, 7, 150, 9}));
   expect_open_error(file("o.bin"), {"token 150", "position 7", "vocab_size 100"});
 }
 

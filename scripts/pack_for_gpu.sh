@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine without package access needs into .devcarry/ (git-ignored): the CUDA build's
+# binaries, the shared libraries they use that such a machine lacks (OpenBLAS, fmt, gfortran, ...), and
+# the corpus. Build first with CUDA into build-cuda (or set ANVIL_BUILD_DIR). Then, on the GPU machine,
+# from the repository root: bash scripts/gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${ANVIL_BUILD_DIR:-build-cuda}
+[ -x "$build/anvil_parity_tests" ] || { echo "no CUDA build in $build (cmake -S . -B $build && cmake --build $build)" >&2; exit 1; }
+grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.devcarry/' >> .git/info/exclude; }
+rm -rf .devcarry && mkdir -p .devcarry/bin
+cp "$build"/anvil "$build"/anvil_parity_tests "$build"/anvil_unit_tests .devcarry/bin/
+libs=$(mktemp -d)
+trap 'rm -rf "$libs"' EXIT
+mkdir -p "$libs/anvil_libs"
+# Everything the binaries resolve outside glibc, libstdc++ and the CUDA libraries (present there).
+ldd .devcarry/bin/anvil .devcarry/bin/anvil_parity_tests | awk '/=> \//{print $3}' | sort -u |
+  grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libdl|libpthread|librt' |
+  while read -r lib; do cp -L "$lib" "$libs/anvil_libs/"; done
+tar czf .devcarry/libs.tgz -C "$libs" anvil_libs
+gzip -c data/shakespeare/shakespeare.txt > .devcarry/shakespeare.txt.gz
+git rev-parse HEAD > .devcarry/commit
+du -sh .devcarry
