@@ -14,6 +14,14 @@ GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool train
   wpe_off_ = layout_.get("transformer.wpe.weight").offset;
   lnfw_off_ = layout_.get("transformer.ln_f.weight").offset;
   lnfb_off_ = layout_.get("transformer.ln_f.bias").offset;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l) + ".";
+    auto at = [&](const char* name) { return layout_.get(p + name).offset; };
+    layer_offsets_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"), at("attn.c_attn.bias"),
+                              at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
+                              at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"),
+                              at("mlp.c_proj.bias")});
+  }
   ANVIL_REQUIRE(max_batch >= 1, "batch size must be >= 1, got {}", max_batch);
   ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
                 "sequence length {} must be between 1 and the model's block_size {}", max_seq, cfg_.block_size);
@@ -87,12 +95,10 @@ void GptModel::init_weights(uint64_t seed, Device& dev) const {
   dev.copy_to_device(params_, host.data(), host.size() * sizeof(float));
 }
 
-GptModel::LayerParams GptModel::layer_params(const float* base, int l) const {
-  // Offsets come from the layout of block l; every block has the same shape, so block 0's relative
-  // offsets apply to all.
-  const ParamUnit& u = layout_.units()[1 + l];
-  auto at = [&](size_t k) { return base + layout_.tensors()[u.tensors[k]].offset; };
-  return {at(4), at(5), at(0), at(6), at(1), at(7), at(8), at(9), at(2), at(10), at(3), at(11)};
+GptModel::LayerParams GptModel::layer_params(float* base, int l) const {
+  const LayerTensors<size_t>& o = layer_offsets_[l];
+  return {base + o.ln1w,     base + o.ln1b,     base + o.qkvw, base + o.qkvb, base + o.attprojw, base + o.attprojb,
+          base + o.ln2w,     base + o.ln2b,     base + o.fcw,  base + o.fcb,  base + o.fcprojw,  base + o.fcprojb};
 }
 
 void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T, float grad_scale,
@@ -153,21 +159,20 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   for (int l = L - 1; l >= 0; --l) {
     const LayerParams p = layer_params(params_, l);
     const LayerParams g = layer_params(grads_, l);
-    auto mut = [](const float* q) { return const_cast<float*>(q); };
     const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
     const float* ln1_mean = ln1_stats_ + l * 2 * sBT;
     const float* ln2_mean = ln2_stats_ + l * 2 * sBT;
     // MLP: out = res2 + gelu(ln2 Wfc^T + bfc) Wproj^T + bproj; dres_ holds dout.
-    ops.matmul_bwd(d4c_, mut(g.fcprojw), mut(g.fcprojb), dres_, fch_gelu_ + l * 4 * sBTC, p.fcprojw, N, 4 * C, C);
+    ops.matmul_bwd(d4c_, g.fcprojw, g.fcprojb, dres_, fch_gelu_ + l * 4 * sBTC, p.fcprojw, N, 4 * C, C);
     ops.gelu_bwd(d4c_, fch_ + l * 4 * sBTC, d4c_, size_t(N) * 4 * C);
-    ops.matmul_bwd(tmp_c_, mut(g.fcw), mut(g.fcb), d4c_, ln2_ + l * sBTC, p.fcw, N, C, 4 * C);
-    ops.layernorm_bwd(dres_, mut(g.ln2w), mut(g.ln2b), tmp_c_, res2_ + l * sBTC, p.ln2w, ln2_mean, ln2_mean + sBT,
+    ops.matmul_bwd(tmp_c_, g.fcw, g.fcb, d4c_, ln2_ + l * sBTC, p.fcw, N, C, 4 * C);
+    ops.layernorm_bwd(dres_, g.ln2w, g.ln2b, tmp_c_, res2_ + l * sBTC, p.ln2w, ln2_mean, ln2_mean + sBT,
                       N, C);
     // Attention: res2 = x + attn(ln1(x)) Wo^T + bo; dres_ now holds d(res2).
-    ops.matmul_bwd(tmp_c_, mut(g.attprojw), mut(g.attprojb), dres_, atty_ + l * sBTC, p.attprojw, N, C, C);
+    ops.matmul_bwd(tmp_c_, g.attprojw, g.attprojb, dres_, atty_ + l * sBTC, p.attprojw, N, C, C);
     ops.attention_bwd(dqkv_, tmp_c_, qkv_ + l * 3 * sBTC, probs_ + l * sProbs, attn_scratch_, B, T, C, NH);
-    ops.matmul_bwd(tmp_c_, mut(g.qkvw), mut(g.qkvb), dqkv_, ln1_ + l * sBTC, p.qkvw, N, C, 3 * C);
-    ops.layernorm_bwd(dres_, mut(g.ln1w), mut(g.ln1b), tmp_c_, x, p.ln1w, ln1_mean, ln1_mean + sBT, N, C);
+    ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, ln1_ + l * sBTC, p.qkvw, N, C, 3 * C);
+    ops.layernorm_bwd(dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, ln1_mean, ln1_mean + sBT, N, C);
   }
   ops.embedding_bwd(grads_ + wte_off_, grads_ + wpe_off_, dres_, tokens, B, T, C);
 }

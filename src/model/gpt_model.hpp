@@ -6,6 +6,7 @@
 // MLP activation, block output.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "anvil/memory_plan.hpp"
 #include "anvil/model_config.hpp"
@@ -45,10 +46,15 @@ class GptModel {
   void backward(Ops& ops, const int32_t* tokens, int B, int T);
 
  private:
-  struct LayerParams {
-    const float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  // The tensors of one block, as offsets into the flat buffer (looked up by name once) or as pointers
+  // into the parameters or the gradients.
+  template <class T>
+  struct LayerTensors {
+    T ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   };
-  LayerParams layer_params(const float* base, int l) const;
+  using LayerParams = LayerTensors<float*>;
+  LayerParams layer_params(float* base, int l) const;
+  std::vector<LayerTensors<size_t>> layer_offsets_;
 
   TransformerConfig cfg_;
   ParamLayout layout_;

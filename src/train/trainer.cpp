@@ -45,7 +45,8 @@ class Run {
 
  private:
   double evaluate(int slot);
-  void save(int64_t step);
+  // `loss_sum`/`loss_steps`: the running train-loss total over all steps so far (including before a resume).
+  void save(int64_t step, double loss_sum, int64_t loss_steps);
   void log_json(const json& j) {
     metrics_ << j.dump() << "\n";
     metrics_.flush();
@@ -91,13 +92,13 @@ double Run::evaluate(int slot) {
   return sum / double(count);
 }
 
-void Run::save(int64_t step) {
+void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
   json state = {{"global_step", step},
                 {"total_steps", total_steps_},
                 {"loader", {{"epoch", resume_pos_.epoch}, {"batch", resume_pos_.batch}}},
                 {"rng_state", rng_.state()},
-                {"train_loss_sum", loss_sum_before_},
-                {"train_loss_steps", steps_before_},
+                {"train_loss_sum", loss_sum},
+                {"train_loss_steps", loss_steps},
                 {"lr_scheduler_type", cfg_.lr_scheduler_type},
                 {"learning_rate", cfg_.learning_rate},
                 {"warmup_steps", cfg_.warmup_steps},
@@ -272,9 +273,7 @@ TrainSummary Run::go() {
       log_json({{"step", step + 1}, {"eval_loss", eval_loss}});
     }
     if ((cfg_.save_steps > 0 && (step + 1) % cfg_.save_steps == 0) || last) {
-      loss_sum_before_ += loss_sum, steps_before_ += step + 1 - start_step;
-      save(step + 1);
-      loss_sum_before_ -= loss_sum, steps_before_ -= step + 1 - start_step;
+      save(step + 1, loss_sum_before_ + loss_sum, steps_before_ + step + 1 - start_step);
       last_ckpt = checkpoint_dir(cfg_, step + 1);
     }
   }
