@@ -23,14 +23,15 @@ namespace detail {
 #define ANVIL_THROW(...) throw ::anvil::Error(::fmt::format(__VA_ARGS__))
 
 // A user-facing check.
-#define ANVIL_REQUIRE(cond, ...)                       \
-  do {                                                 \
+#define ANVIL_REQUIRE(cond, ...)                                   \
+  do {                                                             \
     if (!(cond)) throw ::anvil::Error(::fmt::format(__VA_ARGS__)); \
   } while (0)
 
 // An internal invariant: failing it is a bug in Anvil, so the message carries the source location.
-#define ANVIL_ASSERT(cond, ...)                                                                   \
-  do {                                                                                            \
-    if (!(cond))                                                                                  \
-      ::anvil::detail::raise_at(__FILE__, __LINE__, "internal error: " #cond ": " + ::fmt::format(__VA_ARGS__)); \
+#define ANVIL_ASSERT(cond, ...)                                                              \
+  do {                                                                                       \
+    if (!(cond))                                                                             \
+      ::anvil::detail::raise_at(__FILE__, __LINE__,                                          \
+                                "internal error: " #cond ": " + ::fmt::format(__VA_ARGS__)); \
   } while (0)

@@ -1,11 +1,10 @@
 // The shape of a transformer: TransformerConfig, GPT-2 presets, and the vocabulary padding rule.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace anvil {
 

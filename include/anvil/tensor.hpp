@@ -12,7 +12,9 @@ namespace anvil {
 
 enum class DeviceKind : uint8_t { CPU, CUDA };
 
-constexpr const char* device_name(DeviceKind d) { return d == DeviceKind::CPU ? "cpu" : "cuda"; }
+constexpr const char* device_name(DeviceKind d) {
+  return d == DeviceKind::CPU ? "cpu" : "cuda";
+}
 
 struct Shape {
   static constexpr int kMaxDims = 4;

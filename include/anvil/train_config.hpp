@@ -3,10 +3,9 @@
 // derived value is computed once and validated with errors that name the key and the value.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "anvil/model_config.hpp"
 
@@ -25,8 +24,8 @@ struct TrainConfig {
   int per_device_train_batch_size = 8;
   int per_device_eval_batch_size = 0;  // 0: same as train
   int gradient_accumulation_steps = 1;
-  int max_seq_length = 0;              // 0: the model's block_size
-  int64_t max_steps = -1;              // > 0 overrides num_train_epochs
+  int max_seq_length = 0;  // 0: the model's block_size
+  int64_t max_steps = -1;  // > 0 overrides num_train_epochs
   double num_train_epochs = 1.0;
 
   double learning_rate = 5e-5;
@@ -61,7 +60,9 @@ struct TrainConfig {
 
   // Derived values.
   int seq_len() const { return max_seq_length > 0 ? max_seq_length : model.block_size; }
-  int eval_batch_size() const { return per_device_eval_batch_size > 0 ? per_device_eval_batch_size : per_device_train_batch_size; }
+  int eval_batch_size() const {
+    return per_device_eval_batch_size > 0 ? per_device_eval_batch_size : per_device_train_batch_size;
+  }
   int64_t tokens_per_step() const {
     return int64_t(per_device_train_batch_size) * gradient_accumulation_steps * seq_len();
   }

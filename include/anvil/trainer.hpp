@@ -13,12 +13,12 @@ struct TrainSummary {
   double train_samples_per_second = 0;  // sequences per second
   double train_steps_per_second = 0;
   double train_tokens_per_second = 0;
-  double train_loss = 0;                // mean loss over the optimizer steps of this run
-  double eval_loss = -1;                // last evaluation (-1: none)
-  size_t peak_memory_bytes = 0;         // the arena (planned) plus, on CUDA, what the driver reports in use
+  double train_loss = 0;         // mean loss over the optimizer steps of this run
+  double eval_loss = -1;         // last evaluation (-1: none)
+  size_t peak_memory_bytes = 0;  // the arena (planned) plus, on CUDA, what the driver reports in use
   std::string device;
   std::string last_checkpoint;
-  std::string sample;                   // generated text (if sample_prompt was set)
+  std::string sample;  // generated text (if sample_prompt was set)
 };
 
 // Runs training as configured: prints the plan, one progress line per logging step, evaluation and

@@ -1,7 +1,7 @@
 // The `anvil` command: train, estimate, prepare-data, generate.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -89,8 +89,8 @@ int run_estimate(ConfigFlags& flags) {
 
 int run_prepare(const std::vector<std::string>& inputs, const std::string& out, double val_fraction) {
   const data::PrepareStats s = data::prepare_byte_corpus(inputs, out, val_fraction);
-  fmt::print("prepared {} bytes: {} train tokens -> {}, {} validation tokens -> {}\n", s.bytes_read, s.train_tokens,
-             s.train_path, s.val_tokens, s.val_path);
+  fmt::print("prepared {} bytes: {} train tokens -> {}, {} validation tokens -> {}\n", s.bytes_read,
+             s.train_tokens, s.train_path, s.val_tokens, s.val_path);
   return 0;
 }
 
@@ -132,24 +132,30 @@ int main(int argc, char** argv) {
   train_flags.add_to(train_cmd);
 
   ConfigFlags est_flags;
-  CLI::App* est_cmd = app.add_subcommand("estimate", "print the memory plan of a training config without running it");
+  CLI::App* est_cmd =
+      app.add_subcommand("estimate", "print the memory plan of a training config without running it");
   est_flags.add_to(est_cmd);
 
   std::vector<std::string> prep_inputs;
   std::string prep_out;
   double prep_val = 0.1;
-  CLI::App* prep_cmd = app.add_subcommand("prepare-data", "byte-level tokenise text files into train/val token shards");
+  CLI::App* prep_cmd =
+      app.add_subcommand("prepare-data", "byte-level tokenise text files into train/val token shards");
   prep_cmd->add_option("--input", prep_inputs, "text file(s) or directories")->required();
   prep_cmd->add_option("--output", prep_out, "output directory (train.bin, val.bin)")->required();
   prep_cmd->add_option("--val_fraction", prep_val, "fraction of the corpus (its end) kept for validation");
 
   GenerateArgs gen;
-  CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a checkpoint or Hugging Face GPT-2 directory");
+  CLI::App* gen_cmd =
+      app.add_subcommand("generate", "sample text from a checkpoint or Hugging Face GPT-2 directory");
   gen_cmd->add_option("--checkpoint", gen.checkpoint, "checkpoint or HF model directory")->required();
   gen_cmd->add_option("--prompt", gen.prompt, "text to continue");
-  gen_cmd->add_option("--max_new_tokens", gen.max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
-  gen_cmd->add_option("--temperature", gen.temperature, "sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
-  gen_cmd->add_option("--top_k", gen.top_k, "sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--max_new_tokens", gen.max_new_tokens, "tokens to generate")
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--temperature", gen.temperature, "sampling temperature (0 = greedy)")
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--top_k", gen.top_k, "sample among the k most likely tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   gen_cmd->add_option("--seed", gen.seed, "sampling seed");
   gen_cmd->add_option("--device", gen.device, "auto | cpu | cuda");
 

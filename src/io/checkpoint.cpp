@@ -50,7 +50,9 @@ float half_to_float(uint16_t h) {
 void to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path) {
   const size_t n = size_t(info.numel());
   switch (info.dtype) {
-    case DType::F32: std::memcpy(dst, src, n * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case DType::BF16:
       for (size_t i = 0; i < n; ++i) {
         const uint32_t bits = uint32_t(static_cast<const uint16_t*>(src)[i]) << 16;
@@ -61,8 +63,8 @@ void to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::
       for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(static_cast<const uint16_t*>(src)[i]);
       return;
     default:
-      ANVIL_THROW("{}: tensor '{}' has dtype {}; only F32, F16 and BF16 weights can be loaded", path, info.name,
-                  dtype_name(info.dtype));
+      ANVIL_THROW("{}: tensor '{}' has dtype {}; only F32, F16 and BF16 weights can be loaded", path,
+                  info.name, dtype_name(info.dtype));
   }
 }
 
@@ -123,8 +125,9 @@ void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
     if (!info && t.name.rfind("transformer.", 0) == 0) info = reader.find(t.name.substr(12));
     ANVIL_REQUIRE(info, "{}: tensor '{}' is missing", path, t.name);
     const std::vector<int64_t> want = hf_shape(t, cfg);
-    ANVIL_REQUIRE(info->shape == want, "{}: tensor '{}' has shape {} but the model config (config.json) needs {}",
-                  path, info->name, shape_str(info->shape), shape_str(want));
+    ANVIL_REQUIRE(info->shape == want,
+                  "{}: tensor '{}' has shape {} but the model config (config.json) needs {}", path,
+                  info->name, shape_str(info->shape), shape_str(want));
     float* dst = host.data() + t.offset;
     if (t.hf_transposed) {
       tmp.resize(size_t(info->numel()));

@@ -7,9 +7,8 @@
 //   trainer_state.json    global step, data position, RNG state, schedule, the full training config
 // A Hugging Face model directory needs only config.json and model.safetensors.
 #pragma once
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
@@ -30,8 +29,8 @@ void save_optimizer(const std::string& path, const AdamW& opt, const ParamLayout
 void load_optimizer(const std::string& path, AdamW& opt, const ParamLayout& layout, Device& dev);
 
 // Writes a whole checkpoint directory atomically.
-void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt, const nlohmann::json& state,
-                     Device& dev);
+void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt,
+                     const nlohmann::json& state, Device& dev);
 nlohmann::json read_trainer_state(const std::string& dir);
 
 }  // namespace anvil::io

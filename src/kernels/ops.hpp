@@ -38,8 +38,8 @@ class Ops {
 
   // --- embedding -------------------------------------------------------------------------------
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].   out [B,T,C], tokens [B,T], wte [V,C], wpe [maxT,C]
-  virtual void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                             int C) = 0;
+  virtual void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                             int T, int C) = 0;
   // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]   (both accumulate)
   virtual void embedding_bwd(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                              int C) = 0;
@@ -83,8 +83,8 @@ class Ops {
   // with targets[i] != kIgnoreIndex: losses[i] = logsumexp(logits[i,:V]) - logits[i,targets[i]];
   // ignored rows get losses[i] = 0. If write_grad, logits is overwritten by its gradient:
   // grad_scale * (softmax - onehot) on real columns of valid rows, 0 on padded columns and ignored rows.
-  virtual void softmax_xent_fwd_bwd(float* losses, float* logits, const int32_t* targets, int N, int V, int Vp,
-                                    float grad_scale, bool write_grad) = 0;
+  virtual void softmax_xent_fwd_bwd(float* losses, float* logits, const int32_t* targets, int N, int V,
+                                    int Vp, float grad_scale, bool write_grad) = 0;
 
   // --- reduction -------------------------------------------------------------------------------------
   // Sum over x[0..n) of x^2, accumulated in at least fp32 with a deterministic order on the CPU;
@@ -97,7 +97,8 @@ class Ops {
   // PyTorch AdamW (decoupled weight decay), per element, g = grad * a.grad_scale:
   //   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
   //   p -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
-  virtual void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& a) = 0;
+  virtual void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
+                          const AdamWArgs& a) = 0;
 };
 
 std::unique_ptr<Ops> make_cpu_ops(Device& dev);

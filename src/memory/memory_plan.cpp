@@ -6,12 +6,18 @@ namespace anvil {
 
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
-    case MemoryCategory::Weights: return "weights";
-    case MemoryCategory::Gradients: return "gradients";
-    case MemoryCategory::OptimizerState: return "optimizer state";
-    case MemoryCategory::Activations: return "activations";
-    case MemoryCategory::Workspace: return "workspace";
-    case MemoryCategory::Data: return "data";
+    case MemoryCategory::Weights:
+      return "weights";
+    case MemoryCategory::Gradients:
+      return "gradients";
+    case MemoryCategory::OptimizerState:
+      return "optimizer state";
+    case MemoryCategory::Activations:
+      return "activations";
+    case MemoryCategory::Workspace:
+      return "workspace";
+    case MemoryCategory::Data:
+      return "data";
   }
   return "?";
 }

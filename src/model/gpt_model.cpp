@@ -8,7 +8,11 @@
 namespace anvil {
 
 GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training)
-    : cfg_(std::move(cfg)), layout_(ParamLayout::gpt2(cfg_)), B_(max_batch), T_(max_seq), training_(training) {
+    : cfg_(std::move(cfg)),
+      layout_(ParamLayout::gpt2(cfg_)),
+      B_(max_batch),
+      T_(max_seq),
+      training_(training) {
   cfg_.validate();
   wte_off_ = layout_.get("transformer.wte.weight").offset;
   wpe_off_ = layout_.get("transformer.wpe.weight").offset;
@@ -17,14 +21,15 @@ GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool train
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const std::string p = "transformer.h." + std::to_string(l) + ".";
     auto at = [&](const char* name) { return layout_.get(p + name).offset; };
-    layer_offsets_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"), at("attn.c_attn.bias"),
-                              at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"), at("ln_2.bias"),
-                              at("mlp.c_fc.weight"), at("mlp.c_fc.bias"), at("mlp.c_proj.weight"),
-                              at("mlp.c_proj.bias")});
+    layer_offsets_.push_back({at("ln_1.weight"), at("ln_1.bias"), at("attn.c_attn.weight"),
+                              at("attn.c_attn.bias"), at("attn.c_proj.weight"), at("attn.c_proj.bias"),
+                              at("ln_2.weight"), at("ln_2.bias"), at("mlp.c_fc.weight"), at("mlp.c_fc.bias"),
+                              at("mlp.c_proj.weight"), at("mlp.c_proj.bias")});
   }
   ANVIL_REQUIRE(max_batch >= 1, "batch size must be >= 1, got {}", max_batch);
   ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
-                "sequence length {} must be between 1 and the model's block_size {}", max_seq, cfg_.block_size);
+                "sequence length {} must be between 1 and the model's block_size {}", max_seq,
+                cfg_.block_size);
 }
 
 void GptModel::plan_memory(MemoryPlan& plan, const Ops& ops) {
@@ -63,8 +68,10 @@ void GptModel::bind(const Arena& a) {
   params_ = a.get(i_params_);
   encoded_ = a.get(i_encoded_), ln1_ = a.get(i_ln1_), ln1_stats_ = a.get(i_ln1_stats_), qkv_ = a.get(i_qkv_);
   atty_ = a.get(i_atty_), probs_ = a.get(i_probs_), res2_ = a.get(i_res2_), ln2_ = a.get(i_ln2_);
-  ln2_stats_ = a.get(i_ln2_stats_), fch_ = a.get(i_fch_), fch_gelu_ = a.get(i_fch_gelu_), res3_ = a.get(i_res3_);
-  lnf_ = a.get(i_lnf_), lnf_stats_ = a.get(i_lnf_stats_), logits_ = a.get(i_logits_), losses_ = a.get(i_losses_);
+  ln2_stats_ = a.get(i_ln2_stats_), fch_ = a.get(i_fch_), fch_gelu_ = a.get(i_fch_gelu_),
+  res3_ = a.get(i_res3_);
+  lnf_ = a.get(i_lnf_), lnf_stats_ = a.get(i_lnf_stats_), logits_ = a.get(i_logits_),
+  losses_ = a.get(i_losses_);
   tmp_c_ = a.get(i_tmp_c_), attn_scratch_ = a.get(i_attn_scratch_);
   if (training_) {
     grads_ = a.get(i_grads_), dres_ = a.get(i_dres_), d4c_ = a.get(i_d4c_), dqkv_ = a.get(i_dqkv_);
@@ -89,7 +96,8 @@ void GptModel::init_weights(uint64_t seed, Device& dev) const {
       case ParamTensor::Init::Ones:
         for (size_t i = 0; i < n; ++i) p[i] = 1.0f;
         break;
-      case ParamTensor::Init::Zeros: break;
+      case ParamTensor::Init::Zeros:
+        break;
     }
   }
   dev.copy_to_device(params_, host.data(), host.size() * sizeof(float));
@@ -97,15 +105,16 @@ void GptModel::init_weights(uint64_t seed, Device& dev) const {
 
 GptModel::LayerParams GptModel::layer_params(float* base, int l) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
-  return {base + o.ln1w,     base + o.ln1b,     base + o.qkvw, base + o.qkvb, base + o.attprojw, base + o.attprojb,
-          base + o.ln2w,     base + o.ln2b,     base + o.fcw,  base + o.fcb,  base + o.fcprojw,  base + o.fcprojb};
+  return {base + o.ln1w, base + o.ln1b, base + o.qkvw, base + o.qkvb, base + o.attprojw, base + o.attprojb,
+          base + o.ln2w, base + o.ln2b, base + o.fcw,  base + o.fcb,  base + o.fcprojw,  base + o.fcprojb};
 }
 
-void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T, float grad_scale,
-                       bool write_grad) {
+void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T,
+                       float grad_scale, bool write_grad) {
   ANVIL_ASSERT(B <= B_ && T <= T_, "forward shape {}x{} exceeds planned {}x{}", B, T, B_, T_);
   ANVIL_ASSERT(!write_grad || (training_ && targets), "write_grad needs a training model and targets");
-  const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size();
+  const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, V = cfg_.vocab_size,
+            Vp = cfg_.padded_vocab_size();
   const int N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_, sProbs = size_t(B_) * NH * T_ * T_;
   const float* wte = params_ + wte_off_;
@@ -152,9 +161,8 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   // Head (tied to wte) and final norm. dlogits already sits in the logits buffer.
   ops.matmul_bwd(tmp_c_, grads_ + wte_off_, nullptr, logits_, lnf_, wte, N, C, Vp);
   ops.device().fill_zero(dres_, size_t(N) * C * sizeof(float));
-  ops.layernorm_bwd(dres_, grads_ + lnfw_off_, grads_ + lnfb_off_, tmp_c_,
-                    res3_ + (L - 1) * sBTC, params_ + lnfw_off_, lnf_stats_,
-                    lnf_stats_ + sBT, N, C);
+  ops.layernorm_bwd(dres_, grads_ + lnfw_off_, grads_ + lnfb_off_, tmp_c_, res3_ + (L - 1) * sBTC,
+                    params_ + lnfw_off_, lnf_stats_, lnf_stats_ + sBT, N, C);
 
   for (int l = L - 1; l >= 0; --l) {
     const LayerParams p = layer_params(params_, l);
@@ -166,8 +174,8 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
     ops.matmul_bwd(d4c_, g.fcprojw, g.fcprojb, dres_, fch_gelu_ + l * 4 * sBTC, p.fcprojw, N, 4 * C, C);
     ops.gelu_bwd(d4c_, fch_ + l * 4 * sBTC, d4c_, size_t(N) * 4 * C);
     ops.matmul_bwd(tmp_c_, g.fcw, g.fcb, d4c_, ln2_ + l * sBTC, p.fcw, N, C, 4 * C);
-    ops.layernorm_bwd(dres_, g.ln2w, g.ln2b, tmp_c_, res2_ + l * sBTC, p.ln2w, ln2_mean, ln2_mean + sBT,
-                      N, C);
+    ops.layernorm_bwd(dres_, g.ln2w, g.ln2b, tmp_c_, res2_ + l * sBTC, p.ln2w, ln2_mean, ln2_mean + sBT, N,
+                      C);
     // Attention: res2 = x + attn(ln1(x)) Wo^T + bo; dres_ now holds d(res2).
     ops.matmul_bwd(tmp_c_, g.attprojw, g.attprojb, dres_, atty_ + l * sBTC, p.attprojw, N, C, C);
     ops.attention_bwd(dqkv_, tmp_c_, qkv_ + l * 3 * sBTC, probs_ + l * sProbs, attn_scratch_, B, T, C, NH);

@@ -34,10 +34,10 @@ struct ParamTensor {
 };
 
 struct ParamUnit {
-  std::string name;    // "embedding", "block.3", "final"
-  size_t offset = 0;   // first float of the unit in the flat buffer
+  std::string name;   // "embedding", "block.3", "final"
+  size_t offset = 0;  // first float of the unit in the flat buffer
   size_t numel = 0;
-  size_t decay_numel = 0;  // the first decay_numel floats take weight decay
+  size_t decay_numel = 0;       // the first decay_numel floats take weight decay
   std::vector<size_t> tensors;  // indices into ParamLayout::tensors
 };
 

@@ -7,7 +7,8 @@ namespace anvil {
 
 int64_t TransformerConfig::num_parameters() const {
   const int64_t C = n_embd, L = n_layer;
-  const int64_t per_block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
+  const int64_t per_block =
+      2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C);
   return int64_t(vocab_size) * C + int64_t(block_size) * C + L * per_block + 2 * C;
 }
 
@@ -15,20 +16,23 @@ void TransformerConfig::validate(std::string_view where) const {
   ANVIL_REQUIRE(family == "gpt2", "{}: family '{}' is not supported (supported: gpt2)", where, family);
   ANVIL_REQUIRE(n_layer >= 1, "{}: n_layer must be >= 1, got {}", where, n_layer);
   ANVIL_REQUIRE(n_head >= 1, "{}: n_head must be >= 1, got {}", where, n_head);
-  ANVIL_REQUIRE(n_embd >= 1 && n_embd % n_head == 0, "{}: n_embd ({}) must be a positive multiple of n_head ({})",
-                where, n_embd, n_head);
+  ANVIL_REQUIRE(n_embd >= 1 && n_embd % n_head == 0,
+                "{}: n_embd ({}) must be a positive multiple of n_head ({})", where, n_embd, n_head);
   ANVIL_REQUIRE(vocab_size >= 2, "{}: vocab_size must be >= 2, got {}", where, vocab_size);
   ANVIL_REQUIRE(block_size >= 1, "{}: block_size must be >= 1, got {}", where, block_size);
   ANVIL_REQUIRE(eos_token_id < vocab_size, "{}: eos_token_id {} is outside the vocabulary (size {})", where,
                 eos_token_id, vocab_size);
 }
 
-std::vector<std::string> TransformerConfig::preset_names() { return {"tiny", "d12", "d24", "d36", "d48"}; }
+std::vector<std::string> TransformerConfig::preset_names() {
+  return {"tiny", "d12", "d24", "d36", "d48"};
+}
 
 TransformerConfig TransformerConfig::preset(std::string_view name) {
   TransformerConfig c;
   auto gpt2 = [&](int L, int H, int C) {
-    c.n_layer = L, c.n_head = H, c.n_embd = C, c.vocab_size = 50257, c.block_size = 1024, c.eos_token_id = 50256;
+    c.n_layer = L, c.n_head = H, c.n_embd = C, c.vocab_size = 50257, c.block_size = 1024,
+    c.eos_token_id = 50256;
     return c;
   };
   if (name == "tiny") {
@@ -45,7 +49,8 @@ TransformerConfig TransformerConfig::preset(std::string_view name) {
 namespace {
 int hf_int(const nlohmann::json& j, const char* key, std::string_view source) {
   ANVIL_REQUIRE(j.contains(key), "{}: missing field '{}'", source, key);
-  ANVIL_REQUIRE(j[key].is_number_integer(), "{}: field '{}' must be an integer, got {}", source, key, j[key].dump());
+  ANVIL_REQUIRE(j[key].is_number_integer(), "{}: field '{}' must be an integer, got {}", source, key,
+                j[key].dump());
   return j[key].get<int>();
 }
 }  // namespace
@@ -76,24 +81,15 @@ TransformerConfig TransformerConfig::from_hf_json(const nlohmann::json& j, std::
 }
 
 nlohmann::json TransformerConfig::to_hf_json() const {
-  nlohmann::json j = {{"model_type", "gpt2"},
-                      {"architectures", {"GPT2LMHeadModel"}},
-                      {"vocab_size", vocab_size},
-                      {"n_positions", block_size},
-                      {"n_ctx", block_size},
-                      {"n_embd", n_embd},
-                      {"n_layer", n_layer},
-                      {"n_head", n_head},
-                      {"n_inner", nullptr},
-                      {"activation_function", "gelu_new"},
-                      {"layer_norm_epsilon", 1e-5},
-                      {"resid_pdrop", 0.0},
-                      {"embd_pdrop", 0.0},
-                      {"attn_pdrop", 0.0},
-                      {"initializer_range", 0.02},
-                      {"scale_attn_weights", true},
-                      {"tie_word_embeddings", true},
-                      {"torch_dtype", "float32"}};
+  nlohmann::json j = {{"model_type", "gpt2"},        {"architectures", {"GPT2LMHeadModel"}},
+                      {"vocab_size", vocab_size},    {"n_positions", block_size},
+                      {"n_ctx", block_size},         {"n_embd", n_embd},
+                      {"n_layer", n_layer},          {"n_head", n_head},
+                      {"n_inner", nullptr},          {"activation_function", "gelu_new"},
+                      {"layer_norm_epsilon", 1e-5},  {"resid_pdrop", 0.0},
+                      {"embd_pdrop", 0.0},           {"attn_pdrop", 0.0},
+                      {"initializer_range", 0.02},   {"scale_attn_weights", true},
+                      {"tie_word_embeddings", true}, {"torch_dtype", "float32"}};
   if (eos_token_id >= 0) j["bos_token_id"] = eos_token_id, j["eos_token_id"] = eos_token_id;
   return j;
 }

@@ -12,15 +12,20 @@ LrSchedule parse_lr_schedule(std::string_view name) {
   if (name == "constant_with_warmup") return LrSchedule::ConstantWithWarmup;
   if (name == "linear") return LrSchedule::Linear;
   if (name == "cosine") return LrSchedule::Cosine;
-  ANVIL_THROW("lr_scheduler_type '{}' is not supported (constant, constant_with_warmup, linear, cosine)", name);
+  ANVIL_THROW("lr_scheduler_type '{}' is not supported (constant, constant_with_warmup, linear, cosine)",
+              name);
 }
 
 std::string lr_schedule_name(LrSchedule s) {
   switch (s) {
-    case LrSchedule::Constant: return "constant";
-    case LrSchedule::ConstantWithWarmup: return "constant_with_warmup";
-    case LrSchedule::Linear: return "linear";
-    case LrSchedule::Cosine: return "cosine";
+    case LrSchedule::Constant:
+      return "constant";
+    case LrSchedule::ConstantWithWarmup:
+      return "constant_with_warmup";
+    case LrSchedule::Linear:
+      return "linear";
+    case LrSchedule::Cosine:
+      return "cosine";
   }
   return "?";
 }

@@ -5,10 +5,13 @@
 
 namespace anvil {
 
-bool cuda_available() { return false; }
+bool cuda_available() {
+  return false;
+}
 
 std::unique_ptr<Device> make_cuda_device(int) {
-  ANVIL_THROW("--device cuda: this Anvil was built without CUDA (configure with a CUDA toolkit and ANVIL_CUDA=ON)");
+  ANVIL_THROW(
+      "--device cuda: this Anvil was built without CUDA (configure with a CUDA toolkit and ANVIL_CUDA=ON)");
 }
 
 std::unique_ptr<Ops> make_cuda_ops(Device&, bool, void*, size_t) {

@@ -26,7 +26,7 @@ class Device {
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;  // async on compute stream
-  virtual void fill_zero(void* dst, size_t bytes) = 0;                          // async on compute stream
+  virtual void fill_zero(void* dst, size_t bytes) = 0;                        // async on compute stream
 
   // Host-to-device copy on the copy stream; `src` must be pinned. The next call of
   // wait_for_copies() makes later compute work wait for every copy queued so far.
@@ -51,7 +51,8 @@ bool cuda_available();  // built with CUDA and at least one GPU visible
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Device& dev, size_t bytes) : dev_(&dev), bytes_(bytes), ptr_(bytes ? dev.alloc(bytes) : nullptr) {}
+  DeviceBuffer(Device& dev, size_t bytes)
+      : dev_(&dev), bytes_(bytes), ptr_(bytes ? dev.alloc(bytes) : nullptr) {}
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {

@@ -14,7 +14,8 @@ DeviceKind resolve_device(const std::string& name) {
 
 namespace {
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
-void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, const Ops& ops, const EngineOptions& o, size_t i_tokens[2], size_t i_targets[2], size_t* i_gemm_ws) {
+void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, const Ops& ops,
+              const EngineOptions& o, size_t i_tokens[2], size_t i_targets[2], size_t* i_gemm_ws) {
   model.plan_memory(plan, ops);
   if (opt) opt->plan_memory(plan);
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
@@ -29,7 +30,8 @@ void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, cons
 
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o) {
   std::unique_ptr<Device> dev = o.device == DeviceKind::CUDA ? make_cuda_device() : make_cpu_device();
-  std::unique_ptr<Ops> ops = o.device == DeviceKind::CUDA ? make_cuda_ops(*dev, o.tf32, nullptr, 0) : make_cpu_ops(*dev);
+  std::unique_ptr<Ops> ops =
+      o.device == DeviceKind::CUDA ? make_cuda_ops(*dev, o.tf32, nullptr, 0) : make_cpu_ops(*dev);
   GptModel model(cfg, o.batch_size, o.seq_len, o.training);
   std::optional<AdamW> opt;
   if (o.training) opt.emplace(model.layout(), o.adamw);

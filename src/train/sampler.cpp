@@ -13,8 +13,9 @@ int32_t sample_token(const float* logits, int V, const SampleOptions& o, Rng& rn
   int k = V;
   if (o.top_k > 0 && o.top_k < V) {
     k = o.top_k;
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
   }
   float maxv = -INFINITY;
   for (int i = 0; i < k; ++i) maxv = std::max(maxv, logits[ids[i]]);
@@ -29,13 +30,14 @@ int32_t sample_token(const float* logits, int V, const SampleOptions& o, Rng& rn
   return ids[k - 1];
 }
 
-std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt, const SampleOptions& o, Rng& rng) {
+std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt, const SampleOptions& o,
+                              Rng& rng) {
   GptModel& model = engine.model();
   const TransformerConfig& cfg = model.config();
   ANVIL_REQUIRE(!prompt.empty(), "generate: the prompt must contain at least one token");
   for (int32_t id : prompt)
-    ANVIL_REQUIRE(id >= 0 && id < cfg.vocab_size, "generate: prompt token {} is outside the vocabulary (size {})", id,
-                  cfg.vocab_size);
+    ANVIL_REQUIRE(id >= 0 && id < cfg.vocab_size,
+                  "generate: prompt token {} is outside the vocabulary (size {})", id, cfg.vocab_size);
   std::vector<int32_t> all = prompt, out;
   std::vector<float> row(cfg.padded_vocab_size());
   const int window = model.max_seq();

@@ -18,6 +18,7 @@ int32_t sample_token(const float* logits, int V, const SampleOptions& o, Rng& rn
 
 // Extends `prompt` by up to max_new_tokens ids, stopping early at the model's eos token. The context
 // is the last engine seq_len tokens. Returns only the new ids.
-std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt, const SampleOptions& o, Rng& rng);
+std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt, const SampleOptions& o,
+                              Rng& rng);
 
 }  // namespace anvil

@@ -28,8 +28,9 @@ struct Reader {
     ANVIL_REQUIRE(ok, "{}: '{}' must be {}, got {} ({})", source, key, want, type_name(v), v.dump());
   }
   int64_t integer(const std::string& key, const json& v) const {
-    expect(v.is_number_integer() || (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))),
-           key, v, "an integer");
+    expect(
+        v.is_number_integer() || (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))),
+        key, v, "an integer");
     return v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
   }
   double number(const std::string& key, const json& v) const {
@@ -78,16 +79,24 @@ const std::map<std::string, Setter>& setters() {
                                                           "vocab_size", "block_size", "eos_token_id"};
       for (auto& [k, val] : v.items()) {
         const std::string full = "model." + k;
-        if (k == "family") m.family = r.string(full, val);
-        else if (k == "n_layer") m.n_layer = int(r.integer(full, val));
-        else if (k == "n_head") m.n_head = int(r.integer(full, val));
-        else if (k == "n_embd") m.n_embd = int(r.integer(full, val));
-        else if (k == "vocab_size") m.vocab_size = int(r.integer(full, val));
-        else if (k == "block_size") m.block_size = int(r.integer(full, val));
-        else if (k == "eos_token_id") m.eos_token_id = int(r.integer(full, val));
+        if (k == "family")
+          m.family = r.string(full, val);
+        else if (k == "n_layer")
+          m.n_layer = int(r.integer(full, val));
+        else if (k == "n_head")
+          m.n_head = int(r.integer(full, val));
+        else if (k == "n_embd")
+          m.n_embd = int(r.integer(full, val));
+        else if (k == "vocab_size")
+          m.vocab_size = int(r.integer(full, val));
+        else if (k == "block_size")
+          m.block_size = int(r.integer(full, val));
+        else if (k == "eos_token_id")
+          m.eos_token_id = int(r.integer(full, val));
         else {
           const std::string near = nearest_key(k, model_keys);
-          ANVIL_THROW("{}: unknown key '{}'{}", r.source, full, near.empty() ? "" : " (did you mean 'model." + near + "'?)");
+          ANVIL_THROW("{}: unknown key '{}'{}", r.source, full,
+                      near.empty() ? "" : " (did you mean 'model." + near + "'?)");
         }
       }
       m.validate(r.source + ": model");
@@ -121,7 +130,9 @@ const std::map<std::string, Setter>& setters() {
     int_field("save_steps", &TrainConfig::save_steps);
     int_field("eval_steps", &TrainConfig::eval_steps);
     int_field("max_eval_batches", &TrainConfig::max_eval_batches);
-    t["tf32"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) { c.tf32 = r.boolean(key, v); };
+    t["tf32"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+      c.tf32 = r.boolean(key, v);
+    };
     str_field("device", &TrainConfig::device);
     str_field("resume_from_checkpoint", &TrainConfig::resume_from_checkpoint);
     str_field("sample_prompt", &TrainConfig::sample_prompt);
@@ -175,7 +186,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
     auto it = table.find(key);
     if (it == table.end()) {
       const std::string near = nearest_key(key, keys());
-      ANVIL_THROW("{}: unknown key '{}'{}", source, key, near.empty() ? "" : " (did you mean '" + near + "'?)");
+      ANVIL_THROW("{}: unknown key '{}'{}", source, key,
+                  near.empty() ? "" : " (did you mean '" + near + "'?)");
     }
     it->second(c, r, key, value);
   }
@@ -204,10 +216,10 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(gradient_accumulation_steps >= 1, "{}: gradient_accumulation_steps must be >= 1, got {}", s,
                 gradient_accumulation_steps);
   ANVIL_REQUIRE(max_seq_length >= 0 && max_seq_length <= model.block_size,
-                "{}: max_seq_length must be between 1 and the model's block_size {}, got {}", s, model.block_size,
-                max_seq_length);
-  ANVIL_REQUIRE(max_steps == -1 || max_steps >= 1, "{}: max_steps must be >= 1 (or -1 to use num_train_epochs), got {}",
-                s, max_steps);
+                "{}: max_seq_length must be between 1 and the model's block_size {}, got {}", s,
+                model.block_size, max_seq_length);
+  ANVIL_REQUIRE(max_steps == -1 || max_steps >= 1,
+                "{}: max_steps must be >= 1 (or -1 to use num_train_epochs), got {}", s, max_steps);
   ANVIL_REQUIRE(num_train_epochs > 0, "{}: num_train_epochs must be > 0, got {}", s, num_train_epochs);
   ANVIL_REQUIRE(learning_rate >= 0 && learning_rate < 10, "{}: learning_rate must be in [0, 10), got {}", s,
                 learning_rate);
@@ -216,20 +228,24 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(adam_beta2 >= 0 && adam_beta2 < 1, "{}: adam_beta2 must be in [0, 1), got {}", s, adam_beta2);
   ANVIL_REQUIRE(adam_epsilon > 0, "{}: adam_epsilon must be > 0, got {}", s, adam_epsilon);
   ANVIL_REQUIRE(warmup_steps >= 0, "{}: warmup_steps must be >= 0, got {}", s, warmup_steps);
-  ANVIL_REQUIRE(lr_scheduler_type == "constant" || lr_scheduler_type == "constant_with_warmup" ||
-                    lr_scheduler_type == "linear" || lr_scheduler_type == "cosine",
-                "{}: lr_scheduler_type '{}' is not supported (constant, constant_with_warmup, linear, cosine)", s,
-                lr_scheduler_type);
-  ANVIL_REQUIRE(max_grad_norm >= 0, "{}: max_grad_norm must be >= 0 (0 disables clipping), got {}", s, max_grad_norm);
+  ANVIL_REQUIRE(
+      lr_scheduler_type == "constant" || lr_scheduler_type == "constant_with_warmup" ||
+          lr_scheduler_type == "linear" || lr_scheduler_type == "cosine",
+      "{}: lr_scheduler_type '{}' is not supported (constant, constant_with_warmup, linear, cosine)", s,
+      lr_scheduler_type);
+  ANVIL_REQUIRE(max_grad_norm >= 0, "{}: max_grad_norm must be >= 0 (0 disables clipping), got {}", s,
+                max_grad_norm);
   ANVIL_REQUIRE(logging_steps >= 1, "{}: logging_steps must be >= 1, got {}", s, logging_steps);
   ANVIL_REQUIRE(save_steps >= 0, "{}: save_steps must be >= 0, got {}", s, save_steps);
   ANVIL_REQUIRE(eval_steps >= 0, "{}: eval_steps must be >= 0, got {}", s, eval_steps);
   ANVIL_REQUIRE(max_eval_batches >= 1, "{}: max_eval_batches must be >= 1, got {}", s, max_eval_batches);
-  ANVIL_REQUIRE(device == "auto" || device == "cpu" || device == "cuda", "{}: device must be auto, cpu or cuda, got '{}'",
-                s, device);
+  ANVIL_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
+                "{}: device must be auto, cpu or cuda, got '{}'", s, device);
   ANVIL_REQUIRE(!output_dir.empty(), "{}: output_dir must not be empty", s);
-  ANVIL_REQUIRE(sample_max_new_tokens >= 0, "{}: sample_max_new_tokens must be >= 0, got {}", s, sample_max_new_tokens);
-  ANVIL_REQUIRE(sample_temperature >= 0, "{}: sample_temperature must be >= 0, got {}", s, sample_temperature);
+  ANVIL_REQUIRE(sample_max_new_tokens >= 0, "{}: sample_max_new_tokens must be >= 0, got {}", s,
+                sample_max_new_tokens);
+  ANVIL_REQUIRE(sample_temperature >= 0, "{}: sample_temperature must be >= 0, got {}", s,
+                sample_temperature);
   ANVIL_REQUIRE(sample_top_k >= 0, "{}: sample_top_k must be >= 0, got {}", s, sample_top_k);
 }
 
@@ -238,8 +254,12 @@ json TrainConfig::to_json() const {
   if (!model_preset.empty()) {
     m = model_preset;
   } else {
-    m = {{"family", model.family},         {"n_layer", model.n_layer},       {"n_head", model.n_head},
-         {"n_embd", model.n_embd},         {"vocab_size", model.vocab_size}, {"block_size", model.block_size},
+    m = {{"family", model.family},
+         {"n_layer", model.n_layer},
+         {"n_head", model.n_head},
+         {"n_embd", model.n_embd},
+         {"vocab_size", model.vocab_size},
+         {"block_size", model.block_size},
          {"eos_token_id", model.eos_token_id}};
   }
   return {{"model", m},

@@ -23,10 +23,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
-std::shared_ptr<data::TokenShard> open_shard(const std::string& path, const char* key, const TransformerConfig& m) {
-  ANVIL_REQUIRE(!path.empty(), "{} is not set: give the token shard to train on (see `anvil prepare-data`)", key);
+std::shared_ptr<data::TokenShard> open_shard(const std::string& path, const char* key,
+                                             const TransformerConfig& m) {
+  ANVIL_REQUIRE(!path.empty(), "{} is not set: give the token shard to train on (see `anvil prepare-data`)",
+                key);
   auto shard = std::make_shared<data::TokenShard>(path);
   ANVIL_REQUIRE(shard->vocab_size() <= uint64_t(m.vocab_size),
                 "{} '{}': its vocabulary has {} tokens but the model's vocab_size is {}", key, path,
@@ -138,21 +142,24 @@ TrainSummary Run::go() {
   eo.seq_len = T;
   eo.training = true;
   eo.tf32 = cfg_.tf32;
-  eo.adamw = {float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_epsilon), float(cfg_.weight_decay)};
+  eo.adamw = {float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_epsilon),
+              float(cfg_.weight_decay)};
   engine_ = std::make_unique<Engine>(model_cfg_, eo);
   Engine& e = *engine_;
   Device& dev = e.device();
 
-  train_loader_ = std::make_unique<data::DataLoader>(train_shard, data::LoaderConfig{B, T, cfg_.seed, true, 4}, dev);
+  train_loader_ =
+      std::make_unique<data::DataLoader>(train_shard, data::LoaderConfig{B, T, cfg_.seed, true, 4}, dev);
   if (val_shard_)
     val_loader_ = std::make_unique<data::DataLoader>(
         val_shard_, data::LoaderConfig{cfg_.eval_batch_size(), T, cfg_.seed, false, 2}, dev);
 
   const int accum = cfg_.gradient_accumulation_steps;
-  total_steps_ = cfg_.max_steps > 0
-                     ? cfg_.max_steps
-                     : std::max<int64_t>(1, int64_t(std::ceil(cfg_.num_train_epochs *
-                                                              double(train_loader_->batches_per_epoch()) / accum)));
+  total_steps_ =
+      cfg_.max_steps > 0
+          ? cfg_.max_steps
+          : std::max<int64_t>(1, int64_t(std::ceil(cfg_.num_train_epochs *
+                                                   double(train_loader_->batches_per_epoch()) / accum)));
   const LrSchedule schedule = parse_lr_schedule(cfg_.lr_scheduler_type);
 
   int64_t start_step = 0;
@@ -171,28 +178,34 @@ TrainSummary Run::go() {
       loss_sum_before_ = resume_state.value("train_loss_sum", 0.0);
       steps_before_ = resume_state.value("train_loss_steps", int64_t(0));
     } catch (const json::exception& ex) {
-      ANVIL_THROW("{}/trainer_state.json: missing or malformed field ({})", cfg_.resume_from_checkpoint, ex.what());
+      ANVIL_THROW("{}/trainer_state.json: missing or malformed field ({})", cfg_.resume_from_checkpoint,
+                  ex.what());
     }
-    io::load_optimizer(cfg_.resume_from_checkpoint + "/optimizer.safetensors", e.optimizer(), e.model().layout(), dev);
+    io::load_optimizer(cfg_.resume_from_checkpoint + "/optimizer.safetensors", e.optimizer(),
+                       e.model().layout(), dev);
     ANVIL_REQUIRE(start_step < total_steps_, "{}: the checkpoint is at step {} but the run has only {} steps",
                   cfg_.resume_from_checkpoint, start_step, total_steps_);
   }
 
   fs::create_directories(cfg_.output_dir);
-  metrics_.open(fs::path(cfg_.output_dir) / "metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
+  metrics_.open(fs::path(cfg_.output_dir) / "metrics.jsonl",
+                start_step > 0 ? std::ios::app : std::ios::trunc);
   ANVIL_REQUIRE(metrics_.good(), "{}: cannot write metrics.jsonl", cfg_.output_dir);
-  io::write_text_file_synced((fs::path(cfg_.output_dir) / "train_config.json").string(), cfg_.to_json().dump(2) + "\n");
+  io::write_text_file_synced((fs::path(cfg_.output_dir) / "train_config.json").string(),
+                             cfg_.to_json().dump(2) + "\n");
 
-  fmt::print("anvil train: {} on {}\n", cfg_.model_preset.empty() ? "gpt2 (custom shape)" : "gpt2 " + cfg_.model_preset,
-             dev.name());
+  fmt::print("anvil train: {} on {}\n",
+             cfg_.model_preset.empty() ? "gpt2 (custom shape)" : "gpt2 " + cfg_.model_preset, dev.name());
   fmt::print("  model: {} layers, {} heads, {} dims, vocab {} (padded {}), context {}: {:.2f}M parameters\n",
              model_cfg_.n_layer, model_cfg_.n_head, model_cfg_.n_embd, model_cfg_.vocab_size,
              model_cfg_.padded_vocab_size(), model_cfg_.block_size, model_cfg_.num_parameters() / 1e6);
   fmt::print("  data: {} tokens in {} ({} batches/epoch)\n", train_shard->size(), cfg_.train_data,
              train_loader_->batches_per_epoch());
-  fmt::print("  batch: {} x {} tokens x {} accumulation = {} tokens/step; {} steps ({}), lr {} {} warmup {}\n", B, T,
-             accum, cfg_.tokens_per_step(), total_steps_, start_step ? fmt::format("resuming at {}", start_step) : "from scratch",
-             cfg_.learning_rate, cfg_.lr_scheduler_type, cfg_.warmup_steps);
+  fmt::print(
+      "  batch: {} x {} tokens x {} accumulation = {} tokens/step; {} steps ({}), lr {} {} warmup {}\n", B, T,
+      accum, cfg_.tokens_per_step(), total_steps_,
+      start_step ? fmt::format("resuming at {}", start_step) : "from scratch", cfg_.learning_rate,
+      cfg_.lr_scheduler_type, cfg_.warmup_steps);
   fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
 
   // --- the loop ----------------------------------------------------------------------------------
@@ -205,7 +218,8 @@ TrainSummary Run::go() {
   int64_t step = start_step;
   std::string last_ckpt;
 
-  // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute ends.
+  // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute
+  // ends.
   int slot = 0;
   auto stage = [&](int s) {
     dev.sync_copies();  // the host slot handed out two calls ago may now be reused by the loader
@@ -237,8 +251,8 @@ TrainSummary Run::go() {
     }
     const double grad_norm = std::sqrt(e.ops().sum_squares(model.grads(), nparams));
     ANVIL_REQUIRE(std::isfinite(step_loss) && std::isfinite(grad_norm),
-                  "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate", step + 1,
-                  step_loss, grad_norm);
+                  "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate",
+                  step + 1, step_loss, grad_norm);
     const float clip = cfg_.max_grad_norm > 0 && grad_norm > cfg_.max_grad_norm
                            ? float(cfg_.max_grad_norm / (grad_norm + 1e-6))
                            : 1.0f;
@@ -252,8 +266,10 @@ TrainSummary Run::go() {
     const size_t peak = std::max(e.plan().total_bytes(), peak_driver);
     if ((step + 1) % cfg_.logging_steps == 0 || step + 1 == total_steps_ || step == start_step) {
       const double tps = double(cfg_.tokens_per_step()) / step_time;
-      fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:>9.0f} tok/s | {:7.1f}s | peak {}\n",
-                 step + 1, total_steps_, step_loss, lr, grad_norm, tps, elapsed, format_bytes(peak));
+      fmt::print(
+          "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:>9.0f} tok/s | {:7.1f}s | peak "
+          "{}\n",
+          step + 1, total_steps_, step_loss, lr, grad_norm, tps, elapsed, format_bytes(peak));
       std::fflush(stdout);
       log_json({{"step", step + 1},
                 {"loss", step_loss},

@@ -67,7 +67,8 @@ void run_steps(bool tf32, double tol) {
       e.model().backward(e.ops(), e.tokens(0), B, T);
     }
     EXPECT_NEAR(loss[0], loss[1], tol * loss[0]) << "step " << step << " seed " << seed;
-    const std::vector<float> gc = to_host(cpu, cpu.model().grads(), n), gg = to_host(gpu, gpu.model().grads(), n);
+    const std::vector<float> gc = to_host(cpu, cpu.model().grads(), n),
+                             gg = to_host(gpu, gpu.model().grads(), n);
     for (const ParamTensor& t : cpu.model().layout().tensors()) {
       const std::vector<float> a(gc.begin() + t.offset, gc.begin() + t.offset + t.numel());
       const std::vector<float> b(gg.begin() + t.offset, gg.begin() + t.offset + t.numel());
@@ -76,11 +77,13 @@ void run_steps(bool tf32, double tol) {
     const double norm_c = std::sqrt(cpu.ops().sum_squares(cpu.model().grads(), n));
     const double norm_g = std::sqrt(gpu.ops().sum_squares(gpu.model().grads(), n));
     EXPECT_NEAR(norm_c, norm_g, tol * norm_c);
-    for (Engine* e : engines) e->optimizer().step(e->ops(), e->model().params(), e->model().grads(), 1e-3f, step, 0.7f);
+    for (Engine* e : engines)
+      e->optimizer().step(e->ops(), e->model().params(), e->model().grads(), 1e-3f, step, 0.7f);
     // Adam's update is lr * m / (sqrt(v) + eps): for entries whose gradient is within rounding of zero its
     // sign is not determined by fp32 math, so a few entries may differ by up to ~2 lr. Everything else
     // must agree closely.
-    const std::vector<float> pc = to_host(cpu, cpu.model().params(), n), pg = to_host(gpu, gpu.model().params(), n);
+    const std::vector<float> pc = to_host(cpu, cpu.model().params(), n),
+                             pg = to_host(gpu, gpu.model().params(), n);
     size_t off = 0;
     double worst = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -88,13 +91,18 @@ void run_steps(bool tf32, double tol) {
       worst = std::max(worst, d);
       off += d > (tf32 ? 2e-4 : 2e-5);
     }
-    EXPECT_LE(off, n / 1000) << off << " of " << n << " weights differ after step " << step << ", seed " << seed;
+    EXPECT_LE(off, n / 1000) << off << " of " << n << " weights differ after step " << step << ", seed "
+                             << seed;
     EXPECT_LE(worst, 2.5e-3 * step) << "after step " << step << ", seed " << seed;
   }
 }
 
-TEST(ParityModel, TrainingStepsFp32) { run_steps(false, 2e-3); }
-TEST(ParityModel, TrainingStepsTf32) { run_steps(true, 3e-2); }
+TEST(ParityModel, TrainingStepsFp32) {
+  run_steps(false, 2e-3);
+}
+TEST(ParityModel, TrainingStepsTf32) {
+  run_steps(true, 3e-2);
+}
 
 }  // namespace
 }  // namespace anvil

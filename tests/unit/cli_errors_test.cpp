@@ -19,8 +19,9 @@ class CliErrors : public ::testing::Test {
   void SetUp() override {
     test::write_file(dir / "corpus.txt", test::small_corpus(20000));
     data::prepare_byte_corpus({dir / "corpus.txt"}, dir / "data", 0.1);
-    model = "train --device cpu --model '{\"n_layer\":1,\"n_head\":2,\"n_embd\":16,\"block_size\":16}' "
-            "--per_device_train_batch_size 2 --max_steps 2 ";
+    model =
+        "train --device cpu --model '{\"n_layer\":1,\"n_head\":2,\"n_embd\":16,\"block_size\":16}' "
+        "--per_device_train_batch_size 2 --max_steps 2 ";
     base = with_data(dir / "data/train.bin");
   }
   // A small valid command line training on `train_data`, writing into out().
@@ -45,16 +46,22 @@ TEST_F(CliErrors, GoodRunSucceeds) {
   EXPECT_NE(r.output.find("Samples/second"), std::string::npos) << r.output;
 }
 
-TEST_F(CliErrors, MissingConfigFile) { expect_failure("train --config " + (dir / "none.json"), "none.json"); }
+TEST_F(CliErrors, MissingConfigFile) {
+  expect_failure("train --config " + (dir / "none.json"), "none.json");
+}
 
 TEST_F(CliErrors, UnknownConfigKey) {
   test::write_file(dir / "c.json", "{\"per_device_train_batch_sise\": 4}");
   expect_failure("train --config " + (dir / "c.json"), "did you mean 'per_device_train_batch_size'");
 }
 
-TEST_F(CliErrors, BadValueOnTheCommandLine) { expect_failure(base + " --learning_rate -3", "learning_rate"); }
+TEST_F(CliErrors, BadValueOnTheCommandLine) {
+  expect_failure(base + " --learning_rate -3", "learning_rate");
+}
 
-TEST_F(CliErrors, MissingTrainData) { expect_failure(with_data(dir / "nothing.bin"), "nothing.bin"); }
+TEST_F(CliErrors, MissingTrainData) {
+  expect_failure(with_data(dir / "nothing.bin"), "nothing.bin");
+}
 
 TEST_F(CliErrors, TokenFileWithBadMagic) {
   std::string bytes = test::read_file(dir / "data/train.bin");
@@ -101,7 +108,8 @@ TEST_F(CliErrors, ResumeFromSomethingThatIsNotACheckpoint) {
 }
 
 TEST_F(CliErrors, GenerateFromMissingCheckpoint) {
-  const test::CommandResult r = test::run_anvil("generate --checkpoint " + (dir / "nowhere") + " --device cpu");
+  const test::CommandResult r =
+      test::run_anvil("generate --checkpoint " + (dir / "nowhere") + " --device cpu");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("nowhere"), std::string::npos) << r.output;
 }

@@ -5,8 +5,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include "io/checkpoint.hpp"
@@ -27,7 +27,8 @@ std::vector<float> read_f32(const io::SafeTensorsReader& r, const std::string& n
 }
 
 // Max absolute difference relative to the reference's max magnitude; `skip` masks ill-conditioned entries.
-double rel_error(const std::vector<float>& got, const std::vector<float>& want, const std::vector<bool>* skip = nullptr) {
+double rel_error(const std::vector<float>& got, const std::vector<float>& want,
+                 const std::vector<bool>* skip = nullptr) {
   double max_ref = 0, max_diff = 0;
   for (size_t i = 0; i < want.size(); ++i) max_ref = std::max(max_ref, double(std::fabs(want[i])));
   for (size_t i = 0; i < want.size(); ++i)
@@ -36,7 +37,8 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want, 
 }
 
 // A tensor of the flat buffer in Hugging Face's shape (Conv1D weights transposed, real vocabulary rows).
-std::vector<float> hf_view(const std::vector<float>& flat, const ParamTensor& t, const TransformerConfig& cfg) {
+std::vector<float> hf_view(const std::vector<float>& flat, const ParamTensor& t,
+                           const TransformerConfig& cfg) {
   size_t n = t.numel();
   if (t.name == "transformer.wte.weight") n = size_t(cfg.vocab_size) * cfg.n_embd;
   std::vector<float> v(flat.begin() + t.offset, flat.begin() + t.offset + n);
@@ -111,7 +113,8 @@ TEST(GoldenGpt2, MatchesTransformers) {
   e.device().copy_to_host(params.data(), m.params(), n * sizeof(float));
   for (const ParamTensor& t : m.layout().tensors()) {
     const std::vector<float> want = read_f32(golden, "updated." + t.name);
-    EXPECT_LT(rel_error(hf_view(params, t, cfg), want, &ill_conditioned[t.name]), 1e-4) << "updated " << t.name;
+    EXPECT_LT(rel_error(hf_view(params, t, cfg), want, &ill_conditioned[t.name]), 1e-4)
+        << "updated " << t.name;
   }
 }
 

@@ -1,7 +1,8 @@
+#include "anvil/train_config.hpp"
+
 #include <gtest/gtest.h>
 
 #include "anvil/error.hpp"
-#include "anvil/train_config.hpp"
 #include "test_util.hpp"
 
 namespace anvil {
@@ -29,8 +30,8 @@ TEST(TrainConfig, DefaultsAndPresets) {
 }
 
 TEST(TrainConfig, ExplicitModelShape) {
-  const TrainConfig c =
-      TrainConfig::from_json({{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 64}}}}, "x");
+  const TrainConfig c = TrainConfig::from_json(
+      {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 64}}}}, "x");
   EXPECT_EQ(c.model.n_embd, 32);
   EXPECT_EQ(c.seq_len(), 64);
   EXPECT_TRUE(c.model_preset.empty());

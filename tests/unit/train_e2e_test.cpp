@@ -23,21 +23,22 @@ struct Corpus {
 };
 
 TrainConfig small_config(const Corpus& c, const std::string& out) {
-  json j = {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 256}, {"block_size", 32}}},
-            {"train_data", c.dir / "data/train.bin"},
-            {"val_data", c.dir / "data/val.bin"},
-            {"per_device_train_batch_size", 4},
-            {"max_steps", 40},
-            {"learning_rate", 3e-3},
-            {"warmup_steps", 5},
-            {"lr_scheduler_type", "cosine"},
-            {"weight_decay", 0.1},
-            {"logging_steps", 1},
-            {"eval_steps", 20},
-            {"max_eval_batches", 4},
-            {"device", "cpu"},
-            {"seed", 5},
-            {"output_dir", out}};
+  json j = {
+      {"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 256}, {"block_size", 32}}},
+      {"train_data", c.dir / "data/train.bin"},
+      {"val_data", c.dir / "data/val.bin"},
+      {"per_device_train_batch_size", 4},
+      {"max_steps", 40},
+      {"learning_rate", 3e-3},
+      {"warmup_steps", 5},
+      {"lr_scheduler_type", "cosine"},
+      {"weight_decay", 0.1},
+      {"logging_steps", 1},
+      {"eval_steps", 20},
+      {"max_eval_batches", 4},
+      {"device", "cpu"},
+      {"seed", 5},
+      {"output_dir", out}};
   return TrainConfig::from_json(j, "test");
 }
 

@@ -7,7 +7,9 @@
 
 namespace anvil::cpu {
 
-size_t attention_scratch_floats(int B, int T, int C, int NH) { return size_t(B) * NH * T; }
+size_t attention_scratch_floats(int B, int T, int C, int NH) {
+  return size_t(B) * NH * T;
+}
 
 void attention_fwd(float* out, float* probs, const float* qkv, int B, int T, int C, int NH) {
   const int HS = C / NH;
@@ -46,8 +48,8 @@ void attention_fwd(float* out, float* probs, const float* qkv, int B, int T, int
   }
 }
 
-void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* probs, float* scratch, int B,
-                   int T, int C, int NH) {
+void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* probs, float* scratch,
+                   int B, int T, int C, int NH) {
   const int HS = C / NH;
   const int64_t C3 = 3 * int64_t(C);
   const float scale = 1.0f / std::sqrt(float(HS));

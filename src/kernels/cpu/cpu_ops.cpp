@@ -21,26 +21,28 @@ class CpuOps final : public Ops {
                      int C) override {
     cpu::embedding_bwd(dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
-                     int C) override {
+  void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                     int N, int C) override {
     cpu::layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
   }
   void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                      const float* mean, const float* rstd, int N, int C) override {
     cpu::layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
-  void matmul_fwd(float* out, const float* inp, const float* w, const float* bias, int N, int K, int OC) override {
+  void matmul_fwd(float* out, const float* inp, const float* w, const float* bias, int N, int K,
+                  int OC) override {
     cpu::matmul_fwd(out, inp, w, bias, N, K, OC);
   }
-  void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int N,
-                  int K, int OC) override {
+  void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                  int N, int K, int OC) override {
     cpu::matmul_bwd(dinp, dw, dbias, dout, inp, w, N, K, OC);
   }
-  void attention_fwd(float* out, float* probs, const float* qkv, float*, int B, int T, int C, int NH) override {
+  void attention_fwd(float* out, float* probs, const float* qkv, float*, int B, int T, int C,
+                     int NH) override {
     cpu::attention_fwd(out, probs, qkv, B, T, C, NH);
   }
-  void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* probs, float* scratch, int B,
-                     int T, int C, int NH) override {
+  void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* probs, float* scratch,
+                     int B, int T, int C, int NH) override {
     cpu::attention_bwd(dqkv, dout, qkv, probs, scratch, B, T, C, NH);
   }
   void gelu_fwd(float* out, const float* inp, size_t n) override { cpu::gelu_fwd(out, inp, n); }
@@ -56,7 +58,8 @@ class CpuOps final : public Ops {
   }
   double sum_squares(const float* x, size_t n) override { return cpu::sum_squares(x, n); }
   double sum(const float* x, size_t n) override { return cpu::sum(x, n); }
-  void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& a) override {
+  void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
+                  const AdamWArgs& a) override {
     cpu::adamw_step(param, grad, m, v, n, a);
   }
 
@@ -66,6 +69,8 @@ class CpuOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(Device& dev) { return std::make_unique<CpuOps>(dev); }
+std::unique_ptr<Ops> make_cpu_ops(Device& dev) {
+  return std::make_unique<CpuOps>(dev);
+}
 
 }  // namespace anvil

@@ -4,7 +4,8 @@
 
 namespace anvil::cpu {
 
-void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                   int C) {
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
     const float* te = wte + int64_t(tokens[bt]) * C;

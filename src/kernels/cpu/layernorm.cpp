@@ -5,8 +5,8 @@
 
 namespace anvil::cpu {
 
-void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
-                   int C) {
+void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                   int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
     const float* x = inp + r * C;

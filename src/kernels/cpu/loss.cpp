@@ -1,5 +1,5 @@
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.hpp"
@@ -30,7 +30,8 @@ void softmax_xent_fwd_bwd(float* losses, float* logits, const int32_t* targets, 
     losses[r] = float(std::log(sum) + maxv - x[target]);
     if (!write_grad) continue;
     const float inv = float(1.0 / sum);
-    for (int j = 0; j < V; ++j) x[j] = grad_scale * (std::exp(x[j] - maxv) * inv - (j == target ? 1.0f : 0.0f));
+    for (int j = 0; j < V; ++j)
+      x[j] = grad_scale * (std::exp(x[j] - maxv) * inv - (j == target ? 1.0f : 0.0f));
     for (int j = V; j < Vp; ++j) x[j] = 0;
   }
   if (bad_row >= 0)

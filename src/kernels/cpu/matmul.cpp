@@ -14,9 +14,10 @@ void matmul_fwd(float* out, const float* inp, const float* w, const float* bias,
     for (int o = 0; o < OC; ++o) out[r * OC + o] += bias[o];
 }
 
-void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int N,
-                int K, int OC) {
-  if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, OC, 1.0f, dout, OC, w, K, 0.0f, dinp, K);
+void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                int N, int K, int OC) {
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, OC, 1.0f, dout, OC, w, K, 0.0f, dinp, K);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, N, 1.0f, dout, OC, inp, K, 1.0f, dw, K);
   if (!dbias) return;
   constexpr int kBlock = 32;

@@ -39,6 +39,8 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+std::unique_ptr<Device> make_cpu_device() {
+  return std::make_unique<CpuDevice>();
+}
 
 }  // namespace anvil
