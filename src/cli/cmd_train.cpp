@@ -1,0 +1,37 @@
+// anvil train: run a training job.
+#include <memory>
+
+#include "anvil/trainer.hpp"
+#include "cli/config_flags.hpp"
+
+namespace anvil::cli {
+namespace {
+
+void print_summary(const TrainSummary& s) {
+  fmt::print("\n***** train metrics *****\n");
+  fmt::print("  Time: {:.2f}\n", s.train_runtime);
+  fmt::print("  Samples/second: {:.2f}\n", s.train_samples_per_second);
+  fmt::print("  Tokens/second: {:.0f}\n", s.train_tokens_per_second);
+  fmt::print("  train_loss: {:.4f}\n", s.train_loss);
+  if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
+  fmt::print("  {} memory occupied: {} MB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",
+             s.peak_memory_bytes >> 20);
+  if (!s.last_checkpoint.empty()) fmt::print("  checkpoint: {}\n", s.last_checkpoint);
+  if (!s.sample.empty()) fmt::print("\n***** sample *****\n{}\n", s.sample);
+}
+
+Command make_train(CLI::App& parent) {
+  auto flags = std::make_shared<ConfigFlags>();
+  CLI::App* app = parent.add_subcommand("train", "train a model (config file + flag overrides)");
+  flags->add_to(app);
+  return {app, [flags] {
+            print_summary(train(flags->resolve()));
+            return 0;
+          }};
+}
+
+}  // namespace
+
+ANVIL_REGISTER_COMMAND(10, make_train);
+
+}  // namespace anvil::cli

@@ -1,0 +1,45 @@
+#include "cli/config_flags.hpp"
+
+#include <fstream>
+
+#include "anvil/error.hpp"
+
+namespace anvil::cli {
+
+using json = nlohmann::json;
+
+void ConfigFlags::add_to(CLI::App* cmd) {
+  cmd->add_option("--config", config_path, "JSON training config (see docs/config.md)");
+  for (const std::string& key : TrainConfig::keys())
+    cmd->add_option("--" + key, values[key], "override config key '" + key + "'");
+}
+
+TrainConfig ConfigFlags::resolve() {
+  json j = json::object();
+  std::string source = "command line";
+  if (!config_path.empty()) {
+    std::ifstream f(config_path);
+    ANVIL_REQUIRE(f.good(), "config file '{}' not found or not readable", config_path);
+    try {
+      j = json::parse(f);
+    } catch (const json::parse_error& e) {
+      ANVIL_THROW("{}: not valid JSON: {}", config_path, e.what());
+    }
+    ANVIL_REQUIRE(j.is_object(), "{}: the config must be a JSON object", config_path);
+    source = config_path;
+  }
+  for (const auto& [key, value] : values)
+    if (!value.empty()) set_config_override(j, key, value);
+  // --model '{"n_layer": 2, ...}' gives the shape as JSON.
+  const std::string& model = values["model"];
+  if (!model.empty() && model.front() == '{') {
+    try {
+      j["model"] = json::parse(model);
+    } catch (const json::parse_error& e) {
+      ANVIL_THROW("--model: not valid JSON: {}", e.what());
+    }
+  }
+  return TrainConfig::from_json(j, source);
+}
+
+}  // namespace anvil::cli
