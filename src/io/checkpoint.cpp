@@ -2,6 +2,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "io/atomic_dir.hpp"
@@ -112,18 +115,76 @@ void save_model(const std::string& dir, const GptModel& model, Device& dev) {
   write_text_file_synced(dir + "/config.json", cfg.to_hf_json().dump(2) + "\n");
 }
 
+namespace {
+
+// The weight files of a model directory: model.safetensors, or the shards that
+// model.safetensors.index.json lists (Hugging Face's layout for large models).
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& dir) {
+    const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
+    if (fs::exists(single)) {
+      readers_.push_back(std::make_unique<SafeTensorsReader>(single));
+      for (const SafeTensorInfo& t : readers_[0]->tensors()) where_[t.name] = 0;
+      return;
+    }
+    if (!fs::exists(index)) {
+      const bool bin = fs::exists(dir + "/pytorch_model.bin");
+      ANVIL_THROW(
+          "{}: no model.safetensors or model.safetensors.index.json{}", dir,
+          bin ? " (pytorch_model.bin is not supported: save the model with safe_serialization=True)" : "");
+    }
+    json j;
+    try {
+      j = json::parse(read_text_file(index));
+    } catch (const json::parse_error& e) {
+      ANVIL_THROW("{}: not valid JSON: {}", index, e.what());
+    }
+    ANVIL_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                  "{}: missing the 'weight_map' object", index);
+    std::map<std::string, size_t> file_index;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      ANVIL_REQUIRE(file.is_string(), "{}: weight_map['{}'] must be a file name", index, name);
+      const std::string f = file.get<std::string>();
+      ANVIL_REQUIRE(f.find('/') == std::string::npos, "{}: weight_map['{}'] = '{}' is not a file in '{}'",
+                    index, name, f, dir);
+      auto [it, fresh] = file_index.emplace(f, readers_.size());
+      if (fresh) readers_.push_back(std::make_unique<SafeTensorsReader>(dir + "/" + f));
+      ANVIL_REQUIRE(readers_[it->second]->find(name), "{}: tensor '{}' is listed in {} but not stored there",
+                    dir + "/" + f, name, index);
+      where_[name] = it->second;
+    }
+  }
+
+  // The tensor and the file holding it, or {nullptr, nullptr}.
+  std::pair<const SafeTensorsReader*, const SafeTensorInfo*> find(const std::string& name) const {
+    auto it = where_.find(name);
+    if (it == where_.end()) return {nullptr, nullptr};
+    const SafeTensorsReader* r = readers_[it->second].get();
+    return {r, r->find(name)};
+  }
+  const std::map<std::string, size_t>& names() const { return where_; }
+  std::string path_of(const std::string& name) const { return readers_[where_.at(name)]->path(); }
+
+ private:
+  std::vector<std::unique_ptr<SafeTensorsReader>> readers_;
+  std::map<std::string, size_t> where_;
+};
+
+}  // namespace
+
 void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
-  const std::string path = dir + "/model.safetensors";
-  ANVIL_REQUIRE(fs::exists(path), "{}: not found (expected the model weights in '{}')", path, dir);
-  SafeTensorsReader reader(path);
+  const WeightFiles files(dir);
   const ParamLayout& layout = model.layout();
   const TransformerConfig& cfg = model.config();
   std::vector<float> host(layout.total_numel(), 0.0f);
   std::vector<float> tmp;
   for (const ParamTensor& t : layout.tensors()) {
-    const SafeTensorInfo* info = reader.find(t.name);
-    if (!info && t.name.rfind("transformer.", 0) == 0) info = reader.find(t.name.substr(12));
-    ANVIL_REQUIRE(info, "{}: tensor '{}' is missing", path, t.name);
+    // GPT2Model checkpoints (e.g. the original "gpt2") name tensors without the "transformer." prefix.
+    auto [reader, info] = files.find(t.name);
+    if (!info && t.name.rfind("transformer.", 0) == 0) std::tie(reader, info) = files.find(t.name.substr(12));
+    ANVIL_REQUIRE(info, "{}: tensor '{}' is missing from the model weights", dir, t.name);
+    const std::string& path = reader->path();
     const std::vector<int64_t> want = hf_shape(t, cfg);
     ANVIL_REQUIRE(info->shape == want,
                   "{}: tensor '{}' has shape {} but the model config (config.json) needs {}", path,
@@ -131,19 +192,19 @@ void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
     float* dst = host.data() + t.offset;
     if (t.hf_transposed) {
       tmp.resize(size_t(info->numel()));
-      to_f32(*info, reader.data(*info), tmp.data(), path);
+      to_f32(*info, reader->data(*info), tmp.data(), path);
       const int64_t rows = t.shape[0], cols = t.shape[1];  // Anvil [out, in]; file [in, out]
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = tmp[size_t(c * rows + r)];
     } else {
-      to_f32(*info, reader.data(*info), dst, path);
+      to_f32(*info, reader->data(*info), dst, path);
     }
   }
-  for (const SafeTensorInfo& info : reader.tensors()) {
-    const std::string& n = info.name;
+  for (const auto& [n, _] : files.names()) {
     const bool known = layout.find(n) || layout.find("transformer." + n) || n == "lm_head.weight" ||
                        n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
-    ANVIL_REQUIRE(known, "{}: unexpected tensor '{}' (not part of a GPT-2 model with this config)", path, n);
+    ANVIL_REQUIRE(known, "{}: unexpected tensor '{}' (not part of a GPT-2 model with this config)",
+                  files.path_of(n), n);
   }
   dev.copy_to_device(model.params(), host.data(), host.size() * sizeof(float));
 }

@@ -1,0 +1,60 @@
+// anvil convert: a GPT-2 model directory (Hugging Face, possibly sharded or fp16/bf16, or an Anvil
+// checkpoint) -> a Hugging Face directory with one fp32 model.safetensors, config.json and the tokenizer
+// files, written atomically. The output loads in transformers and in Anvil (init_from, generate).
+#include <filesystem>
+#include <memory>
+
+#include "cli/command.hpp"
+#include "io/atomic_dir.hpp"
+#include "io/checkpoint.hpp"
+#include "train/engine.hpp"
+
+namespace anvil::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Files beside the weights that a Hugging Face directory carries and that convert keeps.
+constexpr const char* kSideFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "vocab.txt",      "generation_config.json"};
+
+struct ConvertArgs {
+  std::string input, output;
+};
+
+int run_convert(const ConvertArgs& a) {
+  ANVIL_REQUIRE(a.input != a.output, "convert: --output must differ from --input ('{}')", a.input);
+  const TransformerConfig cfg = io::read_model_config(a.input);
+  EngineOptions o;  // CPU, inference-sized activations: only the weights matter here
+  Engine engine(cfg, o);
+  io::load_model_weights(a.input, engine.model(), engine.device());
+  io::AtomicDirectory out(a.output);
+  io::save_model(out.path(), engine.model(), engine.device());
+  std::vector<std::string> copied;
+  for (const char* f : kSideFiles) {
+    const fs::path src = fs::path(a.input) / f;
+    if (!fs::exists(src)) continue;
+    io::write_text_file_synced(out.file(f), io::read_text_file(src.string()));
+    copied.push_back(f);
+  }
+  out.commit();
+  fmt::print("converted {} ({:.2f}M parameters) -> {}/model.safetensors + config.json{}{}\n", a.input,
+             cfg.num_parameters() / 1e6, a.output, copied.empty() ? "" : " + ", fmt::join(copied, ", "));
+  return 0;
+}
+
+Command make_convert(CLI::App& parent) {
+  auto a = std::make_shared<ConvertArgs>();
+  CLI::App* app = parent.add_subcommand(
+      "convert", "GPT-2 model directory (HF, sharded/fp16/bf16, or Anvil checkpoint) -> HF directory (fp32)");
+  app->add_option("--input", a->input, "model or checkpoint directory")->required();
+  app->add_option("--output", a->output, "output directory (replaced atomically)")->required();
+  return {app, [a] { return run_convert(*a); }};
+}
+
+}  // namespace
+
+ANVIL_REGISTER_COMMAND(50, make_convert);
+
+}  // namespace anvil::cli
