@@ -30,5 +30,5 @@ fi
 "$build/anvil" train --config examples/tiny.json --device cuda --output_dir /tmp/anvil_gpu_check | tee "$out/tiny_cuda.log"
 if python3 -c "import torch, transformers" 2>/dev/null; then
   step=$(python3 -c "import json; print(json.load(open('/tmp/anvil_gpu_check/summary.json'))['global_step'])")
-  python3 tests/golden/check_hf_export.py /tmp/anvil_gpu_check/checkpoint-"$step" | tee "$out/hf_export_check.txt"
+  python3 tests/golden/check_hf_export.py /tmp/anvil_gpu_check/checkpoint-"$step" --anvil "$build/anvil" --device cuda | tee "$out/hf_export_check.txt"
 fi
