@@ -40,12 +40,15 @@ int run_generate(const GenerateArgs& a) {
 
 Command make_generate(CLI::App& parent) {
   auto a = std::make_shared<GenerateArgs>();
-  CLI::App* app = parent.add_subcommand("generate", "sample text from a checkpoint or Hugging Face GPT-2 directory");
+  CLI::App* app =
+      parent.add_subcommand("generate", "sample text from a checkpoint or Hugging Face GPT-2 directory");
   app->add_option("--checkpoint", a->checkpoint, "checkpoint or HF model directory")->required();
   app->add_option("--prompt", a->prompt, "text to continue");
   app->add_option("--max_new_tokens", a->max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
-  app->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
-  app->add_option("--top_k", a->top_k, "sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  app->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--top_k", a->top_k, "sample among the k most likely tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--seed", a->seed, "sampling seed");
   app->add_option("--device", a->device, "auto | cpu | cuda");
   return {app, [a] { return run_generate(*a); }};
