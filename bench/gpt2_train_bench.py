@@ -61,6 +61,8 @@ def run_anvil(args, outdir):
         "losses": [r["loss"] for r in rows],
         "peak_memory_bytes_driver": summary["peak_memory_bytes"],
         "planned_arena_bytes": summary["planned_memory_bytes"],
+        "data_wait_seconds": summary["data_wait_seconds"],
+        "data_wait_fraction": summary["data_wait_fraction"],
     }
 
 
@@ -147,6 +149,7 @@ def main():
           f"{hf['max_memory_reserved'] / gib:12.2f} {ratio_mem:9.2f}")
     print(f"  {'device memory in use (GiB)':28} {anvil['peak_memory_bytes_driver'] / gib:12.2f} "
           f"{hf['peak_memory_bytes_driver'] / gib:12.2f} {ratio_driver:9.2f}")
+    print(f"  anvil data wait: {anvil['data_wait_seconds']:.4f}s = {100 * anvil['data_wait_fraction']:.3f}% of the run")
     print(f"  loss first -> last: anvil {anvil['losses'][0]:.3f} -> {anvil['losses'][-1]:.3f}, "
           f"HF {hf['losses'][0]:.3f} -> {hf['losses'][-1]:.3f}")
 

@@ -24,8 +24,10 @@ struct TrainConfig {
   int per_device_train_batch_size = 8;
   int per_device_eval_batch_size = 0;  // 0: same as train
   int gradient_accumulation_steps = 1;
-  int max_seq_length = 0;  // 0: the model's block_size
-  int64_t max_steps = -1;  // > 0 overrides num_train_epochs
+  int max_seq_length = 0;             // 0: the model's block_size
+  int dataloader_num_workers = 1;     // threads assembling batches in the background (0 counts as 1)
+  bool dataloader_pin_memory = true;  // page-locked staging buffers for truly asynchronous copies
+  int64_t max_steps = -1;             // > 0 overrides num_train_epochs
   double num_train_epochs = 1.0;
 
   double learning_rate = 5e-5;

@@ -15,6 +15,7 @@ struct TrainSummary {
   double train_tokens_per_second = 0;
   double train_loss = 0;         // mean loss over the optimizer steps of this run
   double eval_loss = -1;         // last evaluation (-1: none)
+  double data_wait_seconds = 0;  // time the step loop waited for the loader
   size_t peak_memory_bytes = 0;  // the arena (planned) plus, on CUDA, what the driver reports in use
   std::string device;
   std::string last_checkpoint;

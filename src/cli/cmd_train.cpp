@@ -13,6 +13,8 @@ void print_summary(const TrainSummary& s) {
   fmt::print("  Samples/second: {:.2f}\n", s.train_samples_per_second);
   fmt::print("  Tokens/second: {:.0f}\n", s.train_tokens_per_second);
   fmt::print("  train_loss: {:.4f}\n", s.train_loss);
+  fmt::print("  data wait: {:.3f}s ({:.2f}% of the time)\n", s.data_wait_seconds,
+             100.0 * s.data_wait_seconds / s.train_runtime);
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
   fmt::print("  {} memory occupied: {} MB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",
              s.peak_memory_bytes >> 20);

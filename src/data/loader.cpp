@@ -36,6 +36,9 @@ LoaderConfig validated(const std::shared_ptr<const TokenShard>& shard, const Loa
                 cfg.seq_len);
   ANVIL_REQUIRE(cfg.prefetch >= 1, "data loader for '{}': prefetch {} must be >= 1", shard->path(),
                 cfg.prefetch);
+  ANVIL_REQUIRE(cfg.num_workers >= 1 && cfg.num_workers <= 256,
+                "data loader for '{}': num_workers {} must be between 1 and 256", shard->path(),
+                cfg.num_workers);
   const uint64_t windows = count_windows(*shard, cfg.seq_len);
   ANVIL_REQUIRE(
       windows >= static_cast<uint64_t>(cfg.batch_size),
@@ -63,9 +66,12 @@ DataLoader::DataLoader(std::shared_ptr<const TokenShard> shard, LoaderConfig cfg
       cfg_(validated(shard_, cfg)),
       num_windows_(count_windows(*shard_, cfg_.seq_len)),
       batches_per_epoch_(num_windows_ / static_cast<uint64_t>(cfg_.batch_size)),
-      staging_(dev, ring_slots(cfg_) * 2 * tokens_per_batch(cfg_) * sizeof(int32_t)) {
+      pinned_staging_(cfg_.pin_memory
+                          ? PinnedBuffer(dev, ring_slots(cfg_) * 2 * tokens_per_batch(cfg_) * sizeof(int32_t))
+                          : PinnedBuffer()),
+      pageable_staging_(cfg_.pin_memory ? 0 : ring_slots(cfg_) * 2 * tokens_per_batch(cfg_)) {
   const size_t batch_tokens = tokens_per_batch(cfg_);
-  auto* base = static_cast<int32_t*>(staging_.get());
+  auto* base = cfg_.pin_memory ? static_cast<int32_t*>(pinned_staging_.get()) : pageable_staging_.data();
   slots_.resize(ring_slots(cfg_));
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
@@ -74,6 +80,7 @@ DataLoader::DataLoader(std::shared_ptr<const TokenShard> shard, LoaderConfig cfg
     slot.batch = HostBatch{slot.inputs, slot.targets, cfg_.batch_size, cfg_.seq_len, LoaderPosition{}};
   }
   if (cfg_.shuffle) permutation_.resize(num_windows_);
+  for (int k = 1; k < cfg_.num_workers; ++k) workers_.emplace_back(&DataLoader::worker_loop, this, k);
   thread_ = std::thread(&DataLoader::producer_loop, this);
 }
 
@@ -84,6 +91,12 @@ DataLoader::~DataLoader() {
   }
   producer_cv_.notify_all();
   thread_.join();
+  {
+    std::lock_guard lock(work_mutex_);
+    work_stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& w : workers_) w.join();
 }
 
 LoaderPosition DataLoader::advance(LoaderPosition p) const {
@@ -103,17 +116,66 @@ void DataLoader::ensure_permutation(uint64_t epoch) {
   permutation_epoch_ = epoch;
 }
 
-void DataLoader::fill(Slot& slot, LoaderPosition pos) {
-  if (cfg_.shuffle) ensure_permutation(pos.epoch);
+void DataLoader::fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin, uint64_t row_end) const {
   const auto seq_len = static_cast<uint64_t>(cfg_.seq_len);
   const auto batch_size = static_cast<uint64_t>(cfg_.batch_size);
-  for (uint64_t row = 0; row < batch_size; ++row) {
+  for (uint64_t row = row_begin; row < row_end; ++row) {
     const uint64_t index = pos.batch * batch_size + row;
     const uint64_t window = cfg_.shuffle ? permutation_[index] : index;
     shard_->read(window * seq_len, seq_len, slot.inputs + row * seq_len);
     shard_->read(window * seq_len + 1, seq_len, slot.targets + row * seq_len);
   }
+}
+
+void DataLoader::fill(Slot& slot, LoaderPosition pos) {
+  if (cfg_.shuffle) ensure_permutation(pos.epoch);
+  const auto B = static_cast<uint64_t>(cfg_.batch_size);
+  const auto W = static_cast<uint64_t>(cfg_.num_workers);
+  if (W > 1) {  // hand rows [B/W, B) to the helpers, assemble the first share here, then wait for them
+    {
+      std::lock_guard lock(work_mutex_);
+      work_slot_ = &slot, work_pos_ = pos, work_pending_ = int(W) - 1, work_error_ = nullptr;
+      ++work_round_;
+    }
+    work_cv_.notify_all();
+  }
+  std::exception_ptr error;
+  try {
+    fill_rows(slot, pos, 0, B / W);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (W > 1) {
+    std::unique_lock lock(work_mutex_);
+    done_cv_.wait(lock, [&] { return work_pending_ == 0; });
+    if (!error) error = work_error_;
+  }
+  if (error) std::rethrow_exception(error);
   slot.batch.pos = pos;
+}
+
+void DataLoader::worker_loop(int k) {
+  const auto B = static_cast<uint64_t>(cfg_.batch_size);
+  const auto W = static_cast<uint64_t>(cfg_.num_workers);
+  uint64_t seen = 0;
+  std::unique_lock lock(work_mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return work_stop_ || work_round_ != seen; });
+    if (work_stop_) return;
+    seen = work_round_;
+    Slot* slot = work_slot_;
+    const LoaderPosition pos = work_pos_;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      fill_rows(*slot, pos, B * k / W, B * (k + 1) / W);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error && !work_error_) work_error_ = error;
+    if (--work_pending_ == 0) done_cv_.notify_one();
+  }
 }
 
 void DataLoader::producer_loop() {

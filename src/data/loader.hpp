@@ -27,7 +27,9 @@ struct LoaderConfig {
   int seq_len = 0;
   uint64_t seed = 0;
   bool shuffle = true;
-  int prefetch = 4;  // batches assembled ahead of the consumer
+  int prefetch = 4;        // batches assembled ahead of the consumer
+  int num_workers = 1;     // threads assembling a batch (its rows are split among them)
+  bool pin_memory = true;  // stage batches in page-locked memory (fast, truly async device copies)
 };
 
 // Identifies a batch: the batch index within an epoch. Saved in checkpoints for resume.
@@ -84,7 +86,8 @@ class DataLoader {
   uint64_t num_windows_ = 0;
   uint64_t batches_per_epoch_ = 0;
 
-  PinnedBuffer staging_;               // every slot's inputs and targets, allocated once
+  PinnedBuffer pinned_staging_;            // every slot's inputs and targets (pin_memory), allocated once
+  std::vector<int32_t> pageable_staging_;  // the same without pin_memory
   std::vector<Slot> slots_;            // ring indexed by batch sequence number (count of batches produced)
   std::vector<uint64_t> permutation_;  // producer thread only: window order of permutation_epoch_
   uint64_t permutation_epoch_ = UINT64_MAX;
@@ -102,6 +105,20 @@ class DataLoader {
   std::exception_ptr error_;     // raised while assembling batch sequence produced_
   bool stop_ = false;
   double wait_seconds_ = 0.0;
+
+  // Helpers of the producer for num_workers > 1: each assembles rows [k*B/W, (k+1)*B/W) of the batch
+  // the producer hands out, then the producer joins them at a barrier.
+  void worker_loop(int k);
+  std::mutex work_mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  Slot* work_slot_ = nullptr;
+  LoaderPosition work_pos_;
+  uint64_t work_round_ = 0;
+  int work_pending_ = 0;
+  bool work_stop_ = false;
+  std::exception_ptr work_error_;
+  void fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin, uint64_t row_end) const;
+  std::vector<std::thread> workers_;
 
   std::thread thread_;  // last member: started once everything above is initialised
 };

@@ -110,6 +110,10 @@ const std::map<std::string, Setter>& setters() {
     int_field("per_device_eval_batch_size", &TrainConfig::per_device_eval_batch_size);
     int_field("gradient_accumulation_steps", &TrainConfig::gradient_accumulation_steps);
     int_field("max_seq_length", &TrainConfig::max_seq_length);
+    int_field("dataloader_num_workers", &TrainConfig::dataloader_num_workers);
+    t["dataloader_pin_memory"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+      c.dataloader_pin_memory = r.boolean(key, v);
+    };
     int_field("max_steps", &TrainConfig::max_steps);
     num_field("num_train_epochs", &TrainConfig::num_train_epochs);
     num_field("learning_rate", &TrainConfig::learning_rate);
@@ -218,6 +222,8 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(max_seq_length >= 0 && max_seq_length <= model.block_size,
                 "{}: max_seq_length must be between 1 and the model's block_size {}, got {}", s,
                 model.block_size, max_seq_length);
+  ANVIL_REQUIRE(dataloader_num_workers >= 0 && dataloader_num_workers <= 256,
+                "{}: dataloader_num_workers must be between 0 and 256, got {}", s, dataloader_num_workers);
   ANVIL_REQUIRE(max_steps == -1 || max_steps >= 1,
                 "{}: max_steps must be >= 1 (or -1 to use num_train_epochs), got {}", s, max_steps);
   ANVIL_REQUIRE(num_train_epochs > 0, "{}: num_train_epochs must be > 0, got {}", s, num_train_epochs);
@@ -270,6 +276,8 @@ json TrainConfig::to_json() const {
           {"per_device_eval_batch_size", per_device_eval_batch_size},
           {"gradient_accumulation_steps", gradient_accumulation_steps},
           {"max_seq_length", max_seq_length},
+          {"dataloader_num_workers", dataloader_num_workers},
+          {"dataloader_pin_memory", dataloader_pin_memory},
           {"max_steps", max_steps},
           {"num_train_epochs", num_train_epochs},
           {"learning_rate", learning_rate},

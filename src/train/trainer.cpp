@@ -148,11 +148,13 @@ TrainSummary Run::go() {
   Engine& e = *engine_;
   Device& dev = e.device();
 
-  train_loader_ =
-      std::make_unique<data::DataLoader>(train_shard, data::LoaderConfig{B, T, cfg_.seed, true, 4}, dev);
+  const int workers = std::max(1, cfg_.dataloader_num_workers);
+  const bool pin = cfg_.dataloader_pin_memory;
+  train_loader_ = std::make_unique<data::DataLoader>(
+      train_shard, data::LoaderConfig{B, T, cfg_.seed, true, 4, workers, pin}, dev);
   if (val_shard_)
     val_loader_ = std::make_unique<data::DataLoader>(
-        val_shard_, data::LoaderConfig{cfg_.eval_batch_size(), T, cfg_.seed, false, 2}, dev);
+        val_shard_, data::LoaderConfig{cfg_.eval_batch_size(), T, cfg_.seed, false, 2, workers, pin}, dev);
 
   const int accum = cfg_.gradient_accumulation_steps;
   total_steps_ =
@@ -305,6 +307,7 @@ TrainSummary Run::go() {
   s.train_loss = (loss_sum + loss_sum_before_) / double(std::max<int64_t>(1, steps_run + steps_before_));
   s.eval_loss = eval_loss;
   s.peak_memory_bytes = std::max(e.plan().total_bytes(), peak_driver);
+  s.data_wait_seconds = train_loader_->wait_seconds();
   s.device = dev.name();
   s.last_checkpoint = last_ckpt;
 
@@ -326,6 +329,8 @@ TrainSummary Run::go() {
                         {"train_loss", s.train_loss},
                         {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
                         {"peak_memory_bytes", s.peak_memory_bytes},
+                        {"data_wait_seconds", s.data_wait_seconds},
+                        {"data_wait_fraction", s.data_wait_seconds / runtime},
                         {"planned_memory_bytes", e.plan().total_bytes()},
                         {"planned_memory_by_category", by_category},
                         {"global_step", s.global_step},

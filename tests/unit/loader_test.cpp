@@ -259,3 +259,30 @@ TEST_F(LoaderTest, ShutsDownCleanlyWithPrefetchedBatchesAndTracksWaiting) {
 
 }  // namespace
 }  // namespace anvil::data
+
+namespace anvil::data {
+namespace {
+
+// Several assembling threads and pageable staging must not change a single token of any batch.
+TEST_F(LoaderTest, WorkersAndPageableMemoryGiveTheSameBatches) {
+  auto shard = counting_shard(9001);
+  auto reference = make_loader(shard, 7, 16, 3);
+  LoaderConfig cfg{7, 16, 3, true, 2};
+  cfg.num_workers = 3;
+  DataLoader workers(shard, cfg, *dev_);
+  cfg.num_workers = 8;  // more threads than rows: some get none
+  cfg.pin_memory = false;
+  DataLoader pageable(shard, cfg, *dev_);
+  const int n = 2 * static_cast<int>(reference->batches_per_epoch()) + 1;
+  const auto want = take(*reference, n);
+  EXPECT_EQ(take(workers, n), want);
+  EXPECT_EQ(take(pageable, n), want);
+  workers.seek({1, 2});
+  reference->seek({1, 2});
+  EXPECT_EQ(take(workers, 3), take(*reference, 3));
+  cfg.num_workers = 0;
+  EXPECT_THROW(DataLoader(shard, cfg, *dev_), Error);
+}
+
+}  // namespace
+}  // namespace anvil::data
