@@ -16,6 +16,11 @@ struct TrainConfig {
   TransformerConfig model = TransformerConfig::preset("tiny");
   std::string model_preset = "tiny";  // "" when the shape was given explicitly
   std::string init_from;              // Hugging Face model directory or Anvil checkpoint to start from
+  // "bytes" (vocab 256), or a tokenizer.json / vocab.txt. Used for the end-of-run sample and copied
+  // into checkpoints; "" means "bytes" (or the tokenizer a checkpoint being resumed carries).
+  std::string tokenizer;
+  // Derived: the model's vocab_size follows the tokenizer (a preset, or a shape without vocab_size).
+  bool vocab_from_tokenizer = true;
 
   // Data: token shards (see docs/data.md).
   std::string train_data;

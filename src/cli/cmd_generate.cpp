@@ -3,7 +3,7 @@
 
 #include "anvil/rng.hpp"
 #include "cli/command.hpp"
-#include "data/byte_corpus.hpp"
+#include "data/tokenizer.hpp"
 #include "io/checkpoint.hpp"
 #include "train/engine.hpp"
 #include "train/sampler.hpp"
@@ -12,7 +12,7 @@ namespace anvil::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string checkpoint, prompt = "\n", device = "auto";
+  std::string checkpoint, prompt = "\n", device = "auto", tokenizer;
   int max_new_tokens = 200, top_k = 40;
   double temperature = 0.8;
   uint64_t seed = 42;
@@ -26,15 +26,15 @@ int run_generate(const GenerateArgs& a) {
   o.seq_len = cfg.block_size;
   Engine engine(cfg, o);
   io::load_model_weights(a.checkpoint, engine.model(), engine.device());
+  std::string spec = a.tokenizer.empty() ? io::find_tokenizer_file(a.checkpoint) : a.tokenizer;
+  const auto tok = data::load_tokenizer(spec.empty() ? "bytes" : spec);
   std::vector<int32_t> prompt;
-  for (uint32_t id : data::byte_encode(a.prompt)) prompt.push_back(int32_t(id));
+  for (uint32_t id : tok->encode(a.prompt)) prompt.push_back(int32_t(id));
   ANVIL_REQUIRE(!prompt.empty(), "--prompt must not be empty");
   Rng rng(a.seed);
   const SampleOptions so{a.max_new_tokens, float(a.temperature), a.top_k};
   const std::vector<int32_t> ids = generate(engine, prompt, so, rng);
-  std::string text = a.prompt;
-  for (int32_t id : ids) text += id < 256 ? std::string(1, char(id)) : fmt::format("<|{}|>", id);
-  fmt::print("{}\n", text);
+  fmt::print("{}{}\n", a.prompt, decode_ids(*tok, ids));
   return 0;
 }
 
@@ -51,6 +51,8 @@ Command make_generate(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber);
   app->add_option("--seed", a->seed, "sampling seed");
   app->add_option("--device", a->device, "auto | cpu | cuda");
+  app->add_option("--tokenizer", a->tokenizer,
+                  "bytes, or a tokenizer.json / vocab.txt (default: the one in the checkpoint, else bytes)");
   return {app, [a] { return run_generate(*a); }};
 }
 

@@ -239,12 +239,24 @@ void load_optimizer(const std::string& path, AdamW& opt, const ParamLayout& layo
 }
 
 void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt, const json& state,
-                     Device& dev) {
+                     const std::string& tokenizer_file, Device& dev) {
   AtomicDirectory out(dir);
   save_model(out.path(), model, dev);
   save_optimizer(out.file("optimizer.safetensors"), opt, model.layout(), dev);
   write_text_file_synced(out.file("trainer_state.json"), state.dump(2) + "\n");
+  if (!tokenizer_file.empty())
+    write_text_file_synced(out.file(tokenizer_file_name(tokenizer_file)), read_text_file(tokenizer_file));
   out.commit();
+}
+
+std::string find_tokenizer_file(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "vocab.txt"})
+    if (fs::exists(fs::path(dir) / name)) return (fs::path(dir) / name).string();
+  return "";
+}
+
+std::string tokenizer_file_name(const std::string& path) {
+  return fs::path(path).extension() == ".txt" ? "vocab.txt" : "tokenizer.json";
 }
 
 json read_trainer_state(const std::string& dir) {

@@ -28,9 +28,15 @@ void load_model_weights(const std::string& dir, GptModel& model, Device& dev);
 void save_optimizer(const std::string& path, const AdamW& opt, const ParamLayout& layout, Device& dev);
 void load_optimizer(const std::string& path, AdamW& opt, const ParamLayout& layout, Device& dev);
 
-// Writes a whole checkpoint directory atomically.
+// Writes a whole checkpoint directory atomically. `tokenizer_file` (a tokenizer.json or vocab.txt, or
+// "" for none) is copied in under its Hugging Face name, so the checkpoint is self-contained.
 void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt,
-                     const nlohmann::json& state, Device& dev);
+                     const nlohmann::json& state, const std::string& tokenizer_file, Device& dev);
+
+// The tokenizer file a model directory carries (tokenizer.json, else vocab.txt), or "".
+std::string find_tokenizer_file(const std::string& dir);
+// The Hugging Face file name for a tokenizer file: vocab.txt for *.txt, else tokenizer.json.
+std::string tokenizer_file_name(const std::string& path);
 nlohmann::json read_trainer_state(const std::string& dir);
 
 }  // namespace anvil::io

@@ -55,4 +55,19 @@ std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt
   return out;
 }
 
+std::string decode_ids(const data::Tokenizer& tok, const std::vector<int32_t>& ids) {
+  std::string out;
+  std::vector<uint32_t> run;
+  for (int32_t id : ids) {
+    if (id >= 0 && uint64_t(id) < tok.vocab_size()) {
+      run.push_back(uint32_t(id));
+      continue;
+    }
+    out += tok.decode(run);
+    run.clear();
+    out += fmt::format("<|{}|>", id);
+  }
+  return out + tok.decode(run);
+}
+
 }  // namespace anvil

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "anvil/rng.hpp"
+#include "data/tokenizer.hpp"
 #include "train/engine.hpp"
 
 namespace anvil {
@@ -20,5 +21,9 @@ int32_t sample_token(const float* logits, int V, const SampleOptions& o, Rng& rn
 // is the last engine seq_len tokens. Returns only the new ids.
 std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt, const SampleOptions& o,
                               Rng& rng);
+
+// Decodes generated ids; ids the tokenizer does not know (a model vocabulary larger than the
+// tokenizer's) show as <|id|>.
+std::string decode_ids(const data::Tokenizer& tok, const std::vector<int32_t>& ids);
 
 }  // namespace anvil

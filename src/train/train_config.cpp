@@ -71,6 +71,7 @@ const std::map<std::string, Setter>& setters() {
       if (v.is_string()) {
         c.model = TransformerConfig::preset(v.get<std::string>());
         c.model_preset = v.get<std::string>();
+        c.vocab_from_tokenizer = true;
         return;
       }
       r.expect(v.is_object(), key, v, "a preset name or an object");
@@ -102,8 +103,10 @@ const std::map<std::string, Setter>& setters() {
       m.validate(r.source + ": model");
       c.model = m;
       c.model_preset.clear();
+      c.vocab_from_tokenizer = !v.contains("vocab_size");
     };
     str_field("init_from", &TrainConfig::init_from);
+    str_field("tokenizer", &TrainConfig::tokenizer);
     str_field("train_data", &TrainConfig::train_data);
     str_field("val_data", &TrainConfig::val_data);
     int_field("per_device_train_batch_size", &TrainConfig::per_device_train_batch_size);
@@ -270,6 +273,7 @@ json TrainConfig::to_json() const {
   }
   return {{"model", m},
           {"init_from", init_from},
+          {"tokenizer", tokenizer},
           {"train_data", train_data},
           {"val_data", val_data},
           {"per_device_train_batch_size", per_device_train_batch_size},

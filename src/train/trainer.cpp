@@ -7,9 +7,9 @@
 #include <memory>
 
 #include "anvil/rng.hpp"
-#include "data/byte_corpus.hpp"
 #include "data/loader.hpp"
 #include "data/token_shard.hpp"
+#include "data/tokenizer.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
 #include "optim/lr_schedule.hpp"
@@ -67,14 +67,9 @@ class Run {
   double loss_sum_before_ = 0;  // sum of step losses before a resume (for train_loss)
   int64_t steps_before_ = 0;
   data::LoaderPosition resume_pos_;  // the first batch not yet consumed by a finished step
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::string tokenizer_file_;  // copied into checkpoints ("" for the byte tokenizer)
 };
-
-// Byte-level decoding that shows ids outside the byte range (possible with a larger vocabulary) as <|id|>.
-std::string decode_bytes(const std::vector<int32_t>& ids) {
-  std::string out;
-  for (int32_t id : ids) out += id >= 0 && id < 256 ? std::string(1, char(id)) : fmt::format("<|{}|>", id);
-  return out;
-}
 
 // Uses the device token buffers of `slot`, which must not hold a staged training batch.
 double Run::evaluate(int slot) {
@@ -108,7 +103,7 @@ void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
                 {"warmup_steps", cfg_.warmup_steps},
                 {"config", cfg_.to_json()}};
   const std::string dir = checkpoint_dir(cfg_, step);
-  io::save_checkpoint(dir, engine_->model(), engine_->optimizer(), state, engine_->device());
+  io::save_checkpoint(dir, engine_->model(), engine_->optimizer(), state, tokenizer_file_, engine_->device());
   fmt::print("saved checkpoint {}\n", dir);
 }
 
@@ -126,6 +121,20 @@ TrainSummary Run::go() {
     model_cfg_ = io::read_model_config(cfg_.init_from);
     weights_from = cfg_.init_from;
   }
+
+  // --- tokenizer: given, or the one the starting checkpoint carries, or bytes ------------------------
+  tokenizer_file_ = cfg_.tokenizer == "bytes" ? "" : cfg_.tokenizer;
+  if (cfg_.tokenizer.empty() && !weights_from.empty())
+    tokenizer_file_ = io::find_tokenizer_file(weights_from);
+  tokenizer_ = data::load_tokenizer(tokenizer_file_.empty() ? "bytes" : tokenizer_file_);
+  const int tok_vocab = int(tokenizer_->vocab_size());
+  if (!cfg_.tokenizer.empty() && weights_from.empty() && cfg_.vocab_from_tokenizer) {
+    model_cfg_.vocab_size = tok_vocab;
+    model_cfg_.eos_token_id = tokenizer_->eos_id() ? int(*tokenizer_->eos_id()) : -1;
+  }
+  ANVIL_REQUIRE(tok_vocab <= model_cfg_.vocab_size,
+                "tokenizer '{}' has {} tokens but the model's vocab_size is {}",
+                tokenizer_file_.empty() ? "bytes" : tokenizer_file_, tok_vocab, model_cfg_.vocab_size);
   const int T = cfg_.seq_len();
   ANVIL_REQUIRE(T <= model_cfg_.block_size, "max_seq_length {} exceeds the model's block_size {}", T,
                 model_cfg_.block_size);
@@ -314,9 +323,9 @@ TrainSummary Run::go() {
   if (!cfg_.sample_prompt.empty() && cfg_.sample_max_new_tokens > 0) {
     SampleOptions so{cfg_.sample_max_new_tokens, float(cfg_.sample_temperature), cfg_.sample_top_k};
     std::vector<int32_t> prompt;
-    for (uint32_t id : data::byte_encode(cfg_.sample_prompt)) prompt.push_back(int32_t(id));
+    for (uint32_t id : tokenizer_->encode(cfg_.sample_prompt)) prompt.push_back(int32_t(id));
     const std::vector<int32_t> ids = generate(e, prompt, so, rng_);
-    s.sample = cfg_.sample_prompt + decode_bytes(ids);
+    s.sample = cfg_.sample_prompt + decode_ids(*tokenizer_, ids);
   }
 
   json by_category = json::object();
