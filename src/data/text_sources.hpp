@@ -66,11 +66,12 @@ class BufferedFile {
   bool eof_ = false;
 };
 
-// Cuts a text file into segments (units of tokenisation work; not documents). A cut goes after the
-// first newline at or past 1 MiB into the segment whose next byte is not whitespace (so tokenizers
-// see whole words and whitespace runs), else after the last newline within 2 MiB, else at the last
-// UTF-8 character start at or before 2 MiB. Cuts depend only on the content, never on how reads
-// happened to fall. An empty file gives one empty segment.
+// Cuts a text file into segments (units of tokenisation work; not documents), content-defined and
+// placed where tokenisers see a word boundary (before whitespace that follows an ASCII letter or
+// digit), so the ids of the segments are the ids of the whole text: preferably before the first
+// such newline at or past 1 MiB into the segment, else before any such whitespace, else (text with
+// no ASCII word end, e.g. unspaced CJK) at the last UTF-8 character start at or before 2 MiB. Cuts
+// never depend on how reads happened to fall. An empty file gives one empty segment.
 class TextSegmenter : public BufferedFile {
  public:
   static constexpr size_t kTargetBytes = size_t{1} << 20;
@@ -82,8 +83,9 @@ class TextSegmenter : public BufferedFile {
 
   struct Segment {
     std::string text;
-    bool before_cut = true;  // starts before the forced cut (or there is none)
-    bool last = false;       // the file's last segment
+    bool before_cut = true;    // starts before the forced cut (or there is none)
+    bool ends_at_cut = false;  // ends exactly at the forced cut
+    bool last = false;         // the file's last segment
   };
   bool next(Segment& segment);  // false after the last segment
 
@@ -97,7 +99,7 @@ class TextSegmenter : public BufferedFile {
 class LineReader : public BufferedFile {
  public:
   explicit LineReader(std::string path);
-  bool next(std::string& line);        // false at the end of the file
+  bool next(std::string& line);                   // false at the end of the file
   uint64_t line_number() const { return line_; }  // 1-based number of the last line returned
 
  private:
@@ -113,7 +115,7 @@ class CsvReader : public BufferedFile {
   static constexpr size_t kMaxRecordBytes = size_t{64} << 20;
 
   explicit CsvReader(std::string path);
-  bool next(std::vector<std::string>& fields);  // false at the end of the file
+  bool next(std::vector<std::string>& fields);           // false at the end of the file
   uint64_t record_line() const { return record_line_; }  // 1-based line where the last record started
 
  private:

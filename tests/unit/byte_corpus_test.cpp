@@ -115,6 +115,15 @@ TEST_F(ByteCorpusTest, ZeroValFractionWritesAnEmptyValidationShard) {
   EXPECT_EQ(TokenShard(stats.val_path).size(), 0u);
 }
 
+TEST_F(ByteCorpusTest, EveryInputIsReadAsTextAndASummaryIsWritten) {
+  // Byte-level preparation ignores extensions: a .csv or .jsonl file is just more text.
+  const std::string csv = write_text("in/a.csv", "text,label\n");
+  const std::string jsonl = write_text("in/b.jsonl", "{not json}\n");
+  const PrepareStats stats = prepare_byte_corpus({path("in")}, path("out"), 0.0);
+  EXPECT_EQ(shard_text(stats.train_path), "text,label\n{not json}\n");
+  EXPECT_TRUE(fs::exists(path("out/prepare_summary.json")));
+}
+
 TEST_F(ByteCorpusTest, MissingInputIsNamed) {
   const std::string missing = path("nope.txt");
   expect_error([&] { prepare_byte_corpus({missing}, path("out"), 0.1); }, {missing, "does not exist"});
