@@ -24,9 +24,7 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 "$build/anvil_parity_tests" --gtest_color=no 2>&1 | tee "$out/parity.log"
-if [ ! -s data/shakespeare/train.bin ]; then
-  "$build/anvil" prepare-data --input data/shakespeare/shakespeare.txt --output data/shakespeare --val_fraction 0.05
-fi
+bash scripts/prepare_default_data.sh "$build/anvil"
 "$build/anvil" train --config examples/tiny.json --device cuda --output_dir /tmp/anvil_gpu_check | tee "$out/tiny_cuda.log"
 if python3 -c "import torch, transformers" 2>/dev/null; then
   step=$(python3 -c "import json; print(json.load(open('/tmp/anvil_gpu_check/summary.json'))['global_step'])")
