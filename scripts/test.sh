@@ -3,6 +3,6 @@
 # runs the CPU test suite. The GPU parity suite is separate: scripts/gpu_check.sh on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 bash scripts/build.sh
 ctest --test-dir build --output-on-failure -L unit -j"$(nproc)" --timeout 600
