@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/build.sh --target anvil
 bash scripts/prepare_default_data.sh build/anvil
 ./build/anvil train --config examples/tiny.json "$@"
