@@ -8,8 +8,10 @@
 
 namespace anvil {
 
-enum class MemoryCategory { Weights, Gradients, OptimizerState, Activations, Workspace, Data };
-constexpr int kMemoryCategories = 6;
+// Saved activations are what backward reads; recompute buffers hold one checkpointed block's
+// activations while it is re-run before its backward.
+enum class MemoryCategory { Weights, Gradients, OptimizerState, Activations, Recompute, Workspace, Data };
+constexpr int kMemoryCategories = 7;
 const char* memory_category_name(MemoryCategory c);
 
 struct PlannedBuffer {

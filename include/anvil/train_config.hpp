@@ -29,6 +29,10 @@ struct TrainConfig {
   int per_device_train_batch_size = 8;
   int per_device_eval_batch_size = 0;  // 0: same as train
   int gradient_accumulation_steps = 1;
+  // Activation checkpointing (HF gradient_checkpointing): mode full | selective, every N-th block.
+  bool gradient_checkpointing = false;
+  std::string gradient_checkpointing_mode = "full";
+  int gradient_checkpointing_every = 1;
   int max_seq_length = 0;             // 0: the model's block_size
   int dataloader_num_workers = 1;     // threads assembling batches in the background (0 counts as 1)
   bool dataloader_pin_memory = true;  // page-locked staging buffers for truly asynchronous copies

@@ -2,8 +2,8 @@
 #include <memory>
 
 #include "cli/config_flags.hpp"
-#include "io/checkpoint.hpp"
 #include "train/engine.hpp"
+#include "train/run_model.hpp"
 
 namespace anvil::cli {
 namespace {
@@ -13,23 +13,19 @@ Command make_estimate(CLI::App& parent) {
   CLI::App* app =
       parent.add_subcommand("estimate", "print the memory plan of a training config without running it");
   flags->add_to(app);
-  return {
-      app, [flags] {
-        const TrainConfig cfg = flags->resolve();
-        TransformerConfig model = cfg.model;
-        if (!cfg.init_from.empty()) model = io::read_model_config(cfg.init_from);
-        EngineOptions o;
-        o.device = resolve_device(cfg.device);
-        o.batch_size = cfg.per_device_train_batch_size;
-        o.seq_len = cfg.seq_len();
-        o.training = true;
-        const MemoryPlan plan = plan_engine_memory(model, o);
-        fmt::print(
-            "Memory plan for training gpt2 ({:.2f}M parameters), batch {} x {} tokens, fp32 AdamW, on {}:\n",
-            model.num_parameters() / 1e6, o.batch_size, o.seq_len, device_name(o.device));
-        fmt::print("{}", plan.report(true));
-        return 0;
-      }};
+  return {app, [flags] {
+            const TrainConfig cfg = flags->resolve();
+            const TransformerConfig model = resolve_run_model(cfg).config;
+            const EngineOptions o = training_engine_options(cfg);
+            const MemoryPlan plan = plan_engine_memory(model, o);
+            fmt::print(
+                "Memory plan for training gpt2 ({:.2f}M parameters), batch {} x {} tokens, fp32 AdamW, "
+                "checkpointing {}, on {}:\n",
+                model.num_parameters() / 1e6, o.batch_size, o.seq_len,
+                checkpoint_mode_name(o.checkpointing.mode), device_name(o.device));
+            fmt::print("{}", plan.report(true));
+            return 0;
+          }};
 }
 
 }  // namespace

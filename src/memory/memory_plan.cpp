@@ -14,6 +14,8 @@ const char* memory_category_name(MemoryCategory c) {
       return "optimizer state";
     case MemoryCategory::Activations:
       return "activations";
+    case MemoryCategory::Recompute:
+      return "recompute";
     case MemoryCategory::Workspace:
       return "workspace";
     case MemoryCategory::Data:

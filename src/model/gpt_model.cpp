@@ -1,5 +1,6 @@
 #include "model/gpt_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -7,12 +8,16 @@
 
 namespace anvil {
 
-GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training)
+GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
+                   CheckpointPolicy checkpointing)
     : cfg_(std::move(cfg)),
       layout_(ParamLayout::gpt2(cfg_)),
       B_(max_batch),
       T_(max_seq),
-      training_(training) {
+      training_(training),
+      checkpointing_(checkpointing) {
+  ANVIL_REQUIRE(checkpointing.every >= 1, "gradient_checkpointing_every must be >= 1, got {}",
+                checkpointing.every);
   cfg_.validate();
   wte_off_ = layout_.get("transformer.wte.weight").offset;
   wpe_off_ = layout_.get("transformer.wpe.weight").offset;
@@ -39,16 +44,24 @@ void GptModel::plan_memory(MemoryPlan& plan, const Ops& ops) {
   i_params_ = plan.add("parameters", M::Weights, layout_.total_numel() * f);
   if (training_) i_grads_ = plan.add("gradients", M::Gradients, layout_.total_numel() * f);
   i_encoded_ = plan.add("embedding output", M::Activations, BT * C * f);
-  i_ln1_ = plan.add("ln_1 output", M::Activations, L * BT * C * f);
-  i_ln1_stats_ = plan.add("ln_1 mean/rstd", M::Activations, L * 2 * BT * f);
-  i_qkv_ = plan.add("qkv", M::Activations, L * BT * 3 * C * f);
-  i_atty_ = plan.add("attention output", M::Activations, L * BT * C * f);
-  i_probs_ = plan.add("attention probs", M::Activations, L * size_t(B_) * NH * T_ * T_ * f);
-  i_res2_ = plan.add("residual after attn", M::Activations, L * BT * C * f);
-  i_ln2_ = plan.add("ln_2 output", M::Activations, L * BT * C * f);
-  i_ln2_stats_ = plan.add("ln_2 mean/rstd", M::Activations, L * 2 * BT * f);
-  i_fch_ = plan.add("mlp pre-activation", M::Activations, L * BT * 4 * C * f);
-  i_fch_gelu_ = plan.add("mlp activation", M::Activations, L * BT * 4 * C * f);
+  // Per-layer saved activations: stored per layer, or (checkpointed blocks) in one recompute buffer.
+  static constexpr const char* kNames[kSavedKinds] = {
+      "ln_1 output",        "ln_1 mean/rstd",      "qkv",         "attention output",
+      "attention probs",    "residual after attn", "ln_2 output", "ln_2 mean/rstd",
+      "mlp pre-activation", "mlp activation"};
+  const size_t per_layer[kSavedKinds] = {BT * C, 2 * BT, 3 * BT * C, BT * C,     size_t(B_) * NH * T_ * T_,
+                                         BT * C, BT * C, 2 * BT,     4 * BT * C, 4 * BT * C};
+  for (int k = 0; k < kSavedKinds; ++k) {
+    SavedKind& sk = saved_[k];
+    sk.floats = per_layer[k];
+    sk.slot.assign(L, -1);
+    int stored = 0;
+    for (size_t l = 0; l < L; ++l)
+      if (!recomputed(k, int(l))) sk.slot[l] = stored++;
+    if (stored) sk.i_stored = plan.add(kNames[k], M::Activations, size_t(stored) * sk.floats * f);
+    if (stored < int(L))
+      sk.i_recompute = plan.add(std::string("recompute: ") + kNames[k], M::Recompute, sk.floats * f);
+  }
   i_res3_ = plan.add("block output", M::Activations, L * BT * C * f);
   i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * f);
   i_lnf_stats_ = plan.add("ln_f mean/rstd", M::Activations, 2 * BT * f);
@@ -66,10 +79,13 @@ void GptModel::plan_memory(MemoryPlan& plan, const Ops& ops) {
 
 void GptModel::bind(const Arena& a) {
   params_ = a.get(i_params_);
-  encoded_ = a.get(i_encoded_), ln1_ = a.get(i_ln1_), ln1_stats_ = a.get(i_ln1_stats_), qkv_ = a.get(i_qkv_);
-  atty_ = a.get(i_atty_), probs_ = a.get(i_probs_), res2_ = a.get(i_res2_), ln2_ = a.get(i_ln2_);
-  ln2_stats_ = a.get(i_ln2_stats_), fch_ = a.get(i_fch_), fch_gelu_ = a.get(i_fch_gelu_),
-  res3_ = a.get(i_res3_);
+  encoded_ = a.get(i_encoded_), res3_ = a.get(i_res3_);
+  for (SavedKind& sk : saved_) {
+    const bool any_stored = std::count(sk.slot.begin(), sk.slot.end(), -1) < int(sk.slot.size());
+    sk.stored = any_stored ? a.get(sk.i_stored) : nullptr;
+    sk.recompute =
+        any_stored && std::count(sk.slot.begin(), sk.slot.end(), -1) == 0 ? nullptr : a.get(sk.i_recompute);
+  }
   lnf_ = a.get(i_lnf_), lnf_stats_ = a.get(i_lnf_stats_), logits_ = a.get(i_logits_),
   losses_ = a.get(i_losses_);
   tmp_c_ = a.get(i_tmp_c_), attn_scratch_ = a.get(i_attn_scratch_);
@@ -109,45 +125,54 @@ GptModel::LayerParams GptModel::layer_params(float* base, int l) const {
           base + o.ln2w, base + o.ln2b, base + o.fcw,  base + o.fcb,  base + o.fcprojw,  base + o.fcprojb};
 }
 
+bool GptModel::recomputed(int kind, int layer) const {
+  if (!checkpointing_.checkpointed(layer)) return false;
+  if (checkpointing_.mode == CheckpointMode::Full) return true;
+  return kind != kQkv && kind != kAtty && kind != kProbs;  // selective keeps the attention tensors
+}
+
+float* GptModel::act(int kind, int layer) const {
+  const SavedKind& sk = saved_[kind];
+  const int slot = sk.slot[layer];
+  return slot < 0 ? sk.recompute : sk.stored + size_t(slot) * sk.floats;
+}
+
+void GptModel::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head, N = B * T;
+  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
+  const LayerParams p = layer_params(params_, l);
+  const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
+  float *ln1 = act(kLn1, l), *ln1_stats = act(kLn1Stats, l), *qkv = act(kQkv, l), *atty = act(kAtty, l);
+  float *res2 = act(kRes2, l), *ln2 = act(kLn2, l), *ln2_stats = act(kLn2Stats, l), *fch = act(kFch, l);
+  float* fch_gelu = act(kFchGelu, l);
+  auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
+  if (run(kLn1)) ops.layernorm_fwd(ln1, ln1_stats, ln1_stats + sBT, x, p.ln1w, p.ln1b, N, C);
+  if (run(kQkv)) ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+  if (run(kAtty)) ops.attention_fwd(atty, act(kProbs, l), qkv, attn_scratch_, B, T, C, NH);
+  if (run(kRes2)) {
+    ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, C, C);
+    ops.residual_fwd(res2, x, tmp_c_, size_t(N) * C);
+  }
+  if (run(kLn2)) ops.layernorm_fwd(ln2, ln2_stats, ln2_stats + sBT, res2, p.ln2w, p.ln2b, N, C);
+  if (run(kFch)) ops.matmul_fwd(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+  if (run(kFchGelu)) ops.gelu_fwd(fch_gelu, fch, size_t(N) * 4 * C);
+  if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
+  ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+  ops.residual_fwd(res3_ + l * sBTC, res2, tmp_c_, size_t(N) * C);
+}
+
 void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T,
                        float grad_scale, bool write_grad) {
   ANVIL_ASSERT(B <= B_ && T <= T_, "forward shape {}x{} exceeds planned {}x{}", B, T, B_, T_);
   ANVIL_ASSERT(!write_grad || (training_ && targets), "write_grad needs a training model and targets");
-  const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, V = cfg_.vocab_size,
-            Vp = cfg_.padded_vocab_size();
+  const int C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size();
   const int N = B * T;
-  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_, sProbs = size_t(B_) * NH * T_ * T_;
-  const float* wte = params_ + wte_off_;
-  const float* wpe = params_ + wpe_off_;
-
-  ops.embedding_fwd(encoded_, tokens, wte, wpe, B, T, C);
-  for (int l = 0; l < L; ++l) {
-    const LayerParams p = layer_params(params_, l);
-    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
-    float* ln1 = ln1_ + l * sBTC;
-    float* ln1_mean = ln1_stats_ + l * 2 * sBT;
-    float* qkv = qkv_ + l * 3 * sBTC;
-    float* atty = atty_ + l * sBTC;
-    float* res2 = res2_ + l * sBTC;
-    float* ln2 = ln2_ + l * sBTC;
-    float* ln2_mean = ln2_stats_ + l * 2 * sBT;
-    float* fch = fch_ + l * 4 * sBTC;
-    float* fch_gelu = fch_gelu_ + l * 4 * sBTC;
-    ops.layernorm_fwd(ln1, ln1_mean, ln1_mean + sBT, x, p.ln1w, p.ln1b, N, C);
-    ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
-    ops.attention_fwd(atty, probs_ + l * sProbs, qkv, attn_scratch_, B, T, C, NH);
-    ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, C, C);
-    ops.residual_fwd(res2, x, tmp_c_, size_t(N) * C);
-    ops.layernorm_fwd(ln2, ln2_mean, ln2_mean + sBT, res2, p.ln2w, p.ln2b, N, C);
-    ops.matmul_fwd(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
-    ops.gelu_fwd(fch_gelu, fch, size_t(N) * 4 * C);
-    ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
-    ops.residual_fwd(res3_ + l * sBTC, res2, tmp_c_, size_t(N) * C);
-  }
-  const float* lnfw = params_ + lnfw_off_;
-  const float* lnfb = params_ + lnfb_off_;
-  ops.layernorm_fwd(lnf_, lnf_stats_, lnf_stats_ + sBT, res3_ + (L - 1) * sBTC, lnfw, lnfb, N, C);
-  ops.matmul_fwd(logits_, lnf_, wte, nullptr, N, C, Vp);
+  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
+  ops.embedding_fwd(encoded_, tokens, params_ + wte_off_, params_ + wpe_off_, B, T, C);
+  for (int l = 0; l < L; ++l) block_forward(ops, l, B, T, false);
+  ops.layernorm_fwd(lnf_, lnf_stats_, lnf_stats_ + sBT, res3_ + (L - 1) * sBTC, params_ + lnfw_off_,
+                    params_ + lnfb_off_, N, C);
+  ops.matmul_fwd(logits_, lnf_, params_ + wte_off_, nullptr, N, C, Vp);
   if (targets) ops.softmax_xent_fwd_bwd(losses_, logits_, targets, N, V, Vp, grad_scale, write_grad);
 }
 
@@ -155,7 +180,7 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   ANVIL_ASSERT(training_, "backward on a model planned without gradients");
   const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, Vp = cfg_.padded_vocab_size();
   const int N = B * T;
-  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_, sProbs = size_t(B_) * NH * T_ * T_;
+  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
   const float* wte = params_ + wte_off_;
 
   // Head (tied to wte) and final norm. dlogits already sits in the logits buffer.
@@ -165,22 +190,22 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
                     params_ + lnfw_off_, lnf_stats_, lnf_stats_ + sBT, N, C);
 
   for (int l = L - 1; l >= 0; --l) {
+    if (checkpointing_.checkpointed(l)) block_forward(ops, l, B, T, true);
     const LayerParams p = layer_params(params_, l);
     const LayerParams g = layer_params(grads_, l);
     const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
-    const float* ln1_mean = ln1_stats_ + l * 2 * sBT;
-    const float* ln2_mean = ln2_stats_ + l * 2 * sBT;
+    const float* ln1_stats = act(kLn1Stats, l);
+    const float* ln2_stats = act(kLn2Stats, l);
     // MLP: out = res2 + gelu(ln2 Wfc^T + bfc) Wproj^T + bproj; dres_ holds dout.
-    ops.matmul_bwd(d4c_, g.fcprojw, g.fcprojb, dres_, fch_gelu_ + l * 4 * sBTC, p.fcprojw, N, 4 * C, C);
-    ops.gelu_bwd(d4c_, fch_ + l * 4 * sBTC, d4c_, size_t(N) * 4 * C);
-    ops.matmul_bwd(tmp_c_, g.fcw, g.fcb, d4c_, ln2_ + l * sBTC, p.fcw, N, C, 4 * C);
-    ops.layernorm_bwd(dres_, g.ln2w, g.ln2b, tmp_c_, res2_ + l * sBTC, p.ln2w, ln2_mean, ln2_mean + sBT, N,
-                      C);
+    ops.matmul_bwd(d4c_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, N, 4 * C, C);
+    ops.gelu_bwd(d4c_, act(kFch, l), d4c_, size_t(N) * 4 * C);
+    ops.matmul_bwd(tmp_c_, g.fcw, g.fcb, d4c_, act(kLn2, l), p.fcw, N, C, 4 * C);
+    ops.layernorm_bwd(dres_, g.ln2w, g.ln2b, tmp_c_, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N, C);
     // Attention: res2 = x + attn(ln1(x)) Wo^T + bo; dres_ now holds d(res2).
-    ops.matmul_bwd(tmp_c_, g.attprojw, g.attprojb, dres_, atty_ + l * sBTC, p.attprojw, N, C, C);
-    ops.attention_bwd(dqkv_, tmp_c_, qkv_ + l * 3 * sBTC, probs_ + l * sProbs, attn_scratch_, B, T, C, NH);
-    ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, ln1_ + l * sBTC, p.qkvw, N, C, 3 * C);
-    ops.layernorm_bwd(dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, ln1_mean, ln1_mean + sBT, N, C);
+    ops.matmul_bwd(tmp_c_, g.attprojw, g.attprojb, dres_, act(kAtty, l), p.attprojw, N, C, C);
+    ops.attention_bwd(dqkv_, tmp_c_, act(kQkv, l), act(kProbs, l), attn_scratch_, B, T, C, NH);
+    ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, act(kLn1, l), p.qkvw, N, C, 3 * C);
+    ops.layernorm_bwd(dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
   }
   ops.embedding_bwd(grads_ + wte_off_, grads_ + wpe_off_, dres_, tokens, B, T, C);
 }

@@ -3,7 +3,9 @@
 //
 // Saved activations per layer (what backward reads): ln1 out, ln1 mean/rstd, qkv, attention output,
 // attention probabilities, residual after attention, ln2 out, ln2 mean/rstd, MLP pre-activation,
-// MLP activation, block output.
+// MLP activation, and the block output (always stored: it is the next block's checkpoint). Under a
+// CheckpointPolicy, a checkpointed block's activations of the recomputed kinds go to shared recompute
+// buffers and are rebuilt by re-running the block's forward just before its backward.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "anvil/memory_plan.hpp"
 #include "anvil/model_config.hpp"
 #include "kernels/ops.hpp"
+#include "model/checkpointing.hpp"
 #include "model/param_layout.hpp"
 #include "runtime/arena.hpp"
 
@@ -20,7 +23,8 @@ class GptModel {
  public:
   // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
   // backward workspace are planned too.
-  GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training);
+  GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
+           CheckpointPolicy checkpointing = {});
 
   void plan_memory(MemoryPlan& plan, const Ops& ops);
   void bind(const Arena& arena);
@@ -56,22 +60,34 @@ class GptModel {
   LayerParams layer_params(float* base, int l) const;
   std::vector<LayerTensors<size_t>> layer_offsets_;
 
+  // The per-layer saved activations, by kind.
+  enum Saved { kLn1, kLn1Stats, kQkv, kAtty, kProbs, kRes2, kLn2, kLn2Stats, kFch, kFchGelu, kSavedKinds };
+  bool recomputed(int kind, int layer) const;  // kind's tensor of `layer` lives in the recompute buffer
+  float* act(int kind, int layer) const;       // where `layer` keeps (or recomputes) that tensor
+  // The block's forward; with `only_recomputed`, just the steps whose outputs are recomputed for it.
+  void block_forward(Ops& ops, int l, int B, int T, bool only_recomputed);
+  struct SavedKind {
+    size_t floats = 0;      // per layer, at the planned batch and sequence length
+    std::vector<int> slot;  // per layer: index in the stored buffer, or -1 (recompute buffer)
+    size_t i_stored = 0, i_recompute = 0;
+    float *stored = nullptr, *recompute = nullptr;
+  };
+  SavedKind saved_[kSavedKinds];
+
   TransformerConfig cfg_;
   ParamLayout layout_;
   size_t wte_off_, wpe_off_, lnfw_off_, lnfb_off_;  // offsets of the tensors outside the blocks
   int B_, T_;
   bool training_;
+  CheckpointPolicy checkpointing_;
 
   // Plan indices.
-  size_t i_params_ = 0, i_grads_ = 0, i_encoded_ = 0, i_ln1_ = 0, i_ln1_stats_ = 0, i_qkv_ = 0, i_atty_ = 0,
-         i_probs_ = 0, i_res2_ = 0, i_ln2_ = 0, i_ln2_stats_ = 0, i_fch_ = 0, i_fch_gelu_ = 0, i_res3_ = 0,
-         i_lnf_ = 0, i_lnf_stats_ = 0, i_logits_ = 0, i_losses_ = 0, i_tmp_c_ = 0, i_dres_ = 0, i_d4c_ = 0,
-         i_dqkv_ = 0, i_attn_scratch_ = 0;
+  size_t i_params_ = 0, i_grads_ = 0, i_encoded_ = 0, i_res3_ = 0, i_lnf_ = 0, i_lnf_stats_ = 0,
+         i_logits_ = 0, i_losses_ = 0, i_tmp_c_ = 0, i_dres_ = 0, i_d4c_ = 0, i_dqkv_ = 0,
+         i_attn_scratch_ = 0;
 
   float *params_ = nullptr, *grads_ = nullptr;
-  float *encoded_ = nullptr, *ln1_ = nullptr, *ln1_stats_ = nullptr, *qkv_ = nullptr, *atty_ = nullptr,
-        *probs_ = nullptr, *res2_ = nullptr, *ln2_ = nullptr, *ln2_stats_ = nullptr, *fch_ = nullptr,
-        *fch_gelu_ = nullptr, *res3_ = nullptr, *lnf_ = nullptr, *lnf_stats_ = nullptr, *logits_ = nullptr,
+  float *encoded_ = nullptr, *res3_ = nullptr, *lnf_ = nullptr, *lnf_stats_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *tmp_c_ = nullptr, *dres_ = nullptr, *d4c_ = nullptr, *dqkv_ = nullptr,
         *attn_scratch_ = nullptr;
 };

@@ -1,6 +1,22 @@
 #include "train/engine.hpp"
 
+#include <algorithm>
+
 namespace anvil {
+
+EngineOptions training_engine_options(const TrainConfig& cfg) {
+  EngineOptions o;
+  o.device = resolve_device(cfg.device);
+  o.batch_size = std::max(cfg.per_device_train_batch_size, cfg.val_data.empty() ? 1 : cfg.eval_batch_size());
+  o.seq_len = cfg.seq_len();
+  o.training = true;
+  o.tf32 = cfg.tf32;
+  if (cfg.gradient_checkpointing)
+    o.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
+                       cfg.gradient_checkpointing_every};
+  o.adamw = {float(cfg.adam_beta1), float(cfg.adam_beta2), float(cfg.adam_epsilon), float(cfg.weight_decay)};
+  return o;
+}
 
 DeviceKind resolve_device(const std::string& name) {
   if (name == "cpu") return DeviceKind::CPU;
@@ -32,7 +48,7 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   std::unique_ptr<Device> dev = o.device == DeviceKind::CUDA ? make_cuda_device() : make_cpu_device();
   std::unique_ptr<Ops> ops =
       o.device == DeviceKind::CUDA ? make_cuda_ops(*dev, o.tf32, nullptr, 0) : make_cpu_ops(*dev);
-  GptModel model(cfg, o.batch_size, o.seq_len, o.training);
+  GptModel model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing);
   std::optional<AdamW> opt;
   if (o.training) opt.emplace(model.layout(), o.adamw);
   MemoryPlan plan;
@@ -47,7 +63,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o) {
   // instance without workspace answers the sizing questions.
   std::unique_ptr<Ops> sizing =
       o.device == DeviceKind::CUDA ? make_cuda_ops(*device_, o.tf32, nullptr, 0) : make_cpu_ops(*device_);
-  model_ = std::make_unique<GptModel>(cfg, o.batch_size, o.seq_len, o.training);
+  model_ = std::make_unique<GptModel>(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing);
   if (o.training) optimizer_.emplace(model_->layout(), o.adamw);
   MemoryPlan plan;
   size_t i_ws = 0;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 
+#include "anvil/train_config.hpp"
 #include "kernels/ops.hpp"
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
@@ -17,8 +18,14 @@ struct EngineOptions {
   int seq_len = 1;
   bool training = false;
   bool tf32 = false;
+  CheckpointPolicy checkpointing;
   AdamWHyper adamw;
 };
+
+// The engine a training run of `cfg` uses (also what `anvil estimate` plans, so the two agree exactly):
+// the device, the larger of the train and (with val_data) eval batch, the sequence length, TF32,
+// checkpointing and AdamW settings.
+EngineOptions training_engine_options(const TrainConfig& cfg);
 
 // Resolves "auto" | "cpu" | "cuda" to a device kind ("auto": CUDA when a GPU is visible).
 DeviceKind resolve_device(const std::string& name);

@@ -112,6 +112,11 @@ const std::map<std::string, Setter>& setters() {
     int_field("per_device_train_batch_size", &TrainConfig::per_device_train_batch_size);
     int_field("per_device_eval_batch_size", &TrainConfig::per_device_eval_batch_size);
     int_field("gradient_accumulation_steps", &TrainConfig::gradient_accumulation_steps);
+    t["gradient_checkpointing"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+      c.gradient_checkpointing = r.boolean(key, v);
+    };
+    str_field("gradient_checkpointing_mode", &TrainConfig::gradient_checkpointing_mode);
+    int_field("gradient_checkpointing_every", &TrainConfig::gradient_checkpointing_every);
     int_field("max_seq_length", &TrainConfig::max_seq_length);
     int_field("dataloader_num_workers", &TrainConfig::dataloader_num_workers);
     t["dataloader_pin_memory"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
@@ -225,6 +230,11 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(max_seq_length >= 0 && max_seq_length <= model.block_size,
                 "{}: max_seq_length must be between 1 and the model's block_size {}, got {}", s,
                 model.block_size, max_seq_length);
+  ANVIL_REQUIRE(gradient_checkpointing_mode == "full" || gradient_checkpointing_mode == "selective",
+                "{}: gradient_checkpointing_mode must be full or selective, got '{}'", s,
+                gradient_checkpointing_mode);
+  ANVIL_REQUIRE(gradient_checkpointing_every >= 1, "{}: gradient_checkpointing_every must be >= 1, got {}", s,
+                gradient_checkpointing_every);
   ANVIL_REQUIRE(dataloader_num_workers >= 0 && dataloader_num_workers <= 256,
                 "{}: dataloader_num_workers must be between 0 and 256, got {}", s, dataloader_num_workers);
   ANVIL_REQUIRE(max_steps == -1 || max_steps >= 1,
@@ -279,6 +289,9 @@ json TrainConfig::to_json() const {
           {"per_device_train_batch_size", per_device_train_batch_size},
           {"per_device_eval_batch_size", per_device_eval_batch_size},
           {"gradient_accumulation_steps", gradient_accumulation_steps},
+          {"gradient_checkpointing", gradient_checkpointing},
+          {"gradient_checkpointing_mode", gradient_checkpointing_mode},
+          {"gradient_checkpointing_every", gradient_checkpointing_every},
           {"max_seq_length", max_seq_length},
           {"dataloader_num_workers", dataloader_num_workers},
           {"dataloader_pin_memory", dataloader_pin_memory},

@@ -1,5 +1,6 @@
 #include "anvil/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "io/checkpoint.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/engine.hpp"
+#include "train/run_model.hpp"
 #include "train/sampler.hpp"
 
 namespace anvil {
@@ -108,36 +110,16 @@ void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
 }
 
 TrainSummary Run::go() {
-  // --- model shape and starting point ---------------------------------------------------------
-  model_cfg_ = cfg_.model;
-  std::string weights_from;
+  // --- model shape, starting point and tokenizer ----------------------------------------------------
+  RunModel rm = resolve_run_model(cfg_);
+  model_cfg_ = rm.config;
+  const std::string weights_from = rm.weights_from;
+  tokenizer_file_ = rm.tokenizer_file;
+  tokenizer_ = std::move(rm.tokenizer);
   json resume_state;
-  if (!cfg_.resume_from_checkpoint.empty()) {
+  if (!cfg_.resume_from_checkpoint.empty())
     resume_state = io::read_trainer_state(cfg_.resume_from_checkpoint);
-    const TransformerConfig ck = io::read_model_config(cfg_.resume_from_checkpoint);
-    model_cfg_ = ck;
-    weights_from = cfg_.resume_from_checkpoint;
-  } else if (!cfg_.init_from.empty()) {
-    model_cfg_ = io::read_model_config(cfg_.init_from);
-    weights_from = cfg_.init_from;
-  }
-
-  // --- tokenizer: given, or the one the starting checkpoint carries, or bytes ------------------------
-  tokenizer_file_ = cfg_.tokenizer == "bytes" ? "" : cfg_.tokenizer;
-  if (cfg_.tokenizer.empty() && !weights_from.empty())
-    tokenizer_file_ = io::find_tokenizer_file(weights_from);
-  tokenizer_ = data::load_tokenizer(tokenizer_file_.empty() ? "bytes" : tokenizer_file_);
-  const int tok_vocab = int(tokenizer_->vocab_size());
-  if (!cfg_.tokenizer.empty() && weights_from.empty() && cfg_.vocab_from_tokenizer) {
-    model_cfg_.vocab_size = tok_vocab;
-    model_cfg_.eos_token_id = tokenizer_->eos_id() ? int(*tokenizer_->eos_id()) : -1;
-  }
-  ANVIL_REQUIRE(tok_vocab <= model_cfg_.vocab_size,
-                "tokenizer '{}' has {} tokens but the model's vocab_size is {}",
-                tokenizer_file_.empty() ? "bytes" : tokenizer_file_, tok_vocab, model_cfg_.vocab_size);
   const int T = cfg_.seq_len();
-  ANVIL_REQUIRE(T <= model_cfg_.block_size, "max_seq_length {} exceeds the model's block_size {}", T,
-                model_cfg_.block_size);
   const int B = cfg_.per_device_train_batch_size;
 
   // --- data ------------------------------------------------------------------------------------
@@ -145,15 +127,7 @@ TrainSummary Run::go() {
   if (!cfg_.val_data.empty()) val_shard_ = open_shard(cfg_.val_data, "val_data", model_cfg_);
 
   // --- engine: plan, arena, model, optimizer --------------------------------------------------
-  EngineOptions eo;
-  eo.device = resolve_device(cfg_.device);
-  eo.batch_size = std::max(B, val_shard_ ? cfg_.eval_batch_size() : 1);
-  eo.seq_len = T;
-  eo.training = true;
-  eo.tf32 = cfg_.tf32;
-  eo.adamw = {float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_epsilon),
-              float(cfg_.weight_decay)};
-  engine_ = std::make_unique<Engine>(model_cfg_, eo);
+  engine_ = std::make_unique<Engine>(model_cfg_, training_engine_options(cfg_));
   Engine& e = *engine_;
   Device& dev = e.device();
 
@@ -213,10 +187,15 @@ TrainSummary Run::go() {
   fmt::print("  data: {} tokens in {} ({} batches/epoch)\n", train_shard->size(), cfg_.train_data,
              train_loader_->batches_per_epoch());
   fmt::print(
-      "  batch: {} x {} tokens x {} accumulation = {} tokens/step; {} steps ({}), lr {} {} warmup {}\n", B, T,
-      accum, cfg_.tokens_per_step(), total_steps_,
+      "  batch: {} x {} tokens x {} accumulation = effective batch {} sequences, {} tokens/step; {} steps "
+      "({}), "
+      "lr {} {} warmup {}\n",
+      B, T, accum, B * accum, cfg_.tokens_per_step(), total_steps_,
       start_step ? fmt::format("resuming at {}", start_step) : "from scratch", cfg_.learning_rate,
       cfg_.lr_scheduler_type, cfg_.warmup_steps);
+  if (cfg_.gradient_checkpointing)
+    fmt::print("  activation checkpointing: {} every {} block(s)\n", cfg_.gradient_checkpointing_mode,
+               cfg_.gradient_checkpointing_every);
   fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
 
   // --- the loop ----------------------------------------------------------------------------------
@@ -232,10 +211,13 @@ TrainSummary Run::go() {
   // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute
   // ends.
   int slot = 0;
+  int64_t valid_targets[2] = {0, 0};  // target tokens (not ignore-index) of the batch staged in each slot
   auto stage = [&](int s) {
     dev.sync_copies();  // the host slot handed out two calls ago may now be reused by the loader
     const data::HostBatch& b = train_loader_->next();
     resume_pos_ = b.pos;
+    valid_targets[s] =
+        int64_t(std::count_if(b.targets, b.targets + bt, [](int32_t t) { return t != kIgnoreIndex; }));
     dev.copy_to_device_async(e.tokens(s), b.inputs, bt * sizeof(int32_t));
     dev.copy_to_device_async(e.targets(s), b.targets, bt * sizeof(int32_t));
   };
@@ -243,24 +225,29 @@ TrainSummary Run::go() {
   for (; step < total_steps_; ++step) {
     const auto ts = Clock::now();
     dev.fill_zero(model.grads(), nparams * sizeof(float));
-    double step_loss = 0;
+    // The loss of a step is the mean over every target token of all its micro-batches. Gradients are
+    // accumulated as sums (grad scale 1) and divided by the step's token count in the optimizer, so N
+    // micro-batches of B give the same update as one batch of N*B whatever the padding.
+    double loss_sum_step = 0;
+    int64_t step_targets = 0;
     for (int micro = 0; micro < accum; ++micro) {
       dev.wait_for_copies();
       const bool last_batch = step + 1 == total_steps_ && micro + 1 == accum;
-      // Every position of a packed LM window is a real target, so the mean over the window's tokens
-      // and the accumulation steps is the mean over all tokens of the step.
-      const float grad_scale = 1.0f / float(bt * accum);
-      model.forward(e.ops(), e.tokens(slot), e.targets(slot), B, T, grad_scale, true);
+      step_targets += valid_targets[slot];
+      model.forward(e.ops(), e.tokens(slot), e.targets(slot), B, T, 1.0f, true);
       if (!last_batch) {
         stage(slot ^ 1);
       } else {
         resume_pos_ = train_loader_->position();
       }
       model.backward(e.ops(), e.tokens(slot), B, T);
-      step_loss += e.ops().sum(model.losses(), bt) / double(bt) / accum;
+      loss_sum_step += e.ops().sum(model.losses(), bt);
       slot ^= 1;
     }
-    const double grad_norm = std::sqrt(e.ops().sum_squares(model.grads(), nparams));
+    ANVIL_REQUIRE(step_targets > 0, "step {}: its batches contain no target tokens (all are ignore-index {})",
+                  step + 1, kIgnoreIndex);
+    const double step_loss = loss_sum_step / double(step_targets);
+    const double grad_norm = std::sqrt(e.ops().sum_squares(model.grads(), nparams)) / double(step_targets);
     ANVIL_REQUIRE(std::isfinite(step_loss) && std::isfinite(grad_norm),
                   "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate",
                   step + 1, step_loss, grad_norm);
@@ -268,7 +255,8 @@ TrainSummary Run::go() {
                            ? float(cfg_.max_grad_norm / (grad_norm + 1e-6))
                            : 1.0f;
     const double lr = lr_at(schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
-    e.optimizer().step(e.ops(), model.params(), model.grads(), float(lr), step + 1, clip);
+    e.optimizer().step(e.ops(), model.params(), model.grads(), float(lr), step + 1,
+                       float(double(clip) / double(step_targets)));
     dev.synchronize();
     loss_sum += step_loss;
     peak_driver = std::max(peak_driver, dev.driver_used_bytes());
