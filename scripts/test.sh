@@ -6,3 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --tests
 bash scripts/build.sh
 ctest --test-dir build --output-on-failure -L unit -j"$(nproc)" --timeout 600
+# libFuzzer targets of the parsers and tokenizers (tests/fuzz/), 15 s each; skips without clang/libFuzzer.
+bash scripts/fuzz.sh 15

@@ -96,7 +96,9 @@ class Regex {
     int err = 0;
     PCRE2_SIZE offset = 0;
     const std::string compiled = literal ? pattern : translate_pattern(pattern);
-    const uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // LITERAL refuses UCP
+    // LITERAL refuses other options. \C (one code unit) could match inside a character and hand later
+    // steps ill-formed UTF-8, which they match with the UTF check off: refused.
+    const uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C);
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(), opts, &err, &offset,
                           nullptr);
     if (!code_) {
@@ -373,10 +375,8 @@ BpeTokenizer::BpeTokenizer(const TokenizerJson& tj) {
 
   // Vocabulary and ids.
   auto vocab = tj.vocab();
-  uint32_t max_id = 0;
-  for (const auto& [t, id] : vocab) max_id = std::max(max_id, id + 1);
   const std::vector<AddedToken> added = parse_added_tokens(tj);
-  for (const AddedToken& a : added) max_id = std::max(max_id, a.id + 1);
+  const uint32_t max_id = tj.id_space(vocab, added);
   id_to_token_.resize(max_id);
   has_id_.assign(max_id, false);
   special_.assign(max_id, false);

@@ -319,8 +319,9 @@ ClassificationShard::ClassificationShard(const std::string& path) : path_(path) 
                   "classification shard '{}': label names must be a JSON array of {} strings", path,
                   num_labels);
     for (const auto& name : names) {
+      // An array or object is named by its type: dump() recurses, and the nesting is unbounded.
       ANVIL_REQUIRE(name.is_string(), "classification shard '{}': label name {} is not a string", path,
-                    name.dump());
+                    name.is_structured() ? std::string("(an ") + name.type_name() + ")" : name.dump());
       label_names_.push_back(name.get<std::string>());
     }
     ANVIL_REQUIRE(

@@ -401,6 +401,12 @@ class OutputDir {
   std::vector<std::string> committed_;
 };
 
+// The summary quotes user bytes (file names, nlohmann's parse messages, which can end inside a repaired
+// character); strict dumping would throw on any that are not UTF-8, so those become U+FFFD instead.
+std::string summary_text(const ojson& summary) {
+  return summary.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
+}
+
 void write_text_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << text;
@@ -624,7 +630,7 @@ void run_lm(Context& ctx) {
   summary["train"] = split_json(report.train, "documents");
   summary["val"] = split_json(report.val, "documents");
   ctx.out.committed(report.summary_path + ".tmp");
-  write_text_file(report.summary_path + ".tmp", summary.dump(2) + "\n");
+  write_text_file(report.summary_path + ".tmp", summary_text(summary));
   train.writer.commit();
   ctx.out.committed(report.train.path);
   val.writer.commit();
@@ -762,7 +768,7 @@ void run_classification(Context& ctx) {
   summary["train"] = split_json(report.train, "examples");
   summary["val"] = split_json(report.val, "examples");
   ctx.out.committed(report.summary_path + ".tmp");
-  write_text_file(report.summary_path + ".tmp", summary.dump(2) + "\n");
+  write_text_file(report.summary_path + ".tmp", summary_text(summary));
   train.commit(report.labels);
   ctx.out.committed(report.train.path);
   val.commit(report.labels);

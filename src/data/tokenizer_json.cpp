@@ -18,11 +18,20 @@ TokenizerJson TokenizerJson::read(const std::string& path) {
   ss << f.rdbuf();
   TokenizerJson tj;
   tj.path = path;
+  // Deeper values are dropped while parsing and the file refused: nested pre-tokenizer Sequences are
+  // parsed recursively, and so are nlohmann's dump() and copies.
+  bool too_deep = false;
+  const auto limit_depth = [&](int depth, json::parse_event_t, json&) {
+    if (depth <= kMaxJsonDepth) return true;
+    too_deep = true;
+    return false;
+  };
   try {
-    tj.root = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+    tj.root = json::parse(ss.str(), limit_depth);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e500
     ANVIL_THROW("tokenizer '{}': not valid JSON ({})", path, e.what());
   }
+  ANVIL_REQUIRE(!too_deep, "tokenizer '{}': JSON nested deeper than {} levels", path, kMaxJsonDepth);
   ANVIL_REQUIRE(tj.root.is_object(), "tokenizer '{}': expected a JSON object (a Hugging Face tokenizer.json)",
                 path);
   ANVIL_REQUIRE(tj.root.contains("model") && tj.root["model"].is_object(),
@@ -86,19 +95,39 @@ void TokenizerJson::unsupported(const std::string& where, const std::string& typ
 std::unordered_map<std::string, uint32_t> TokenizerJson::vocab() const {
   auto it = model().find("vocab");
   if (it == model().end() || !it->is_object()) fail("model.vocab", "expected an object of token -> id");
-  std::unordered_map<std::string, uint32_t> v;
-  v.reserve(it->size());
-  std::vector<bool> seen;
+  uint64_t space = 0;
   for (auto& [token, id] : it->items()) {
     if (!id.is_number_unsigned() || id.get<uint64_t>() >= (1ull << 31))
       fail("model.vocab[\"" + token + "\"]", "expected an id (a non-negative integer below 2^31)");
+    space = std::max(space, id.get<uint64_t>() + 1);
+  }
+  if (space > max_id_space(it->size()))  // checked before `seen` is sized by it
+    fail("model.vocab",
+         fmt::format("the largest id is {} but there are only {} tokens (at most {} ids allowed)", space - 1,
+                     it->size(), max_id_space(it->size())));
+  std::unordered_map<std::string, uint32_t> v;
+  v.reserve(it->size());
+  std::vector<bool> seen(space);
+  for (auto& [token, id] : it->items()) {
     const uint32_t i = id.get<uint32_t>();
-    if (i >= seen.size()) seen.resize(size_t(i) + 1);
     if (seen[i]) fail("model.vocab[\"" + token + "\"]", fmt::format("id {} is used twice", i));
     seen[i] = true;
     v.emplace(token, i);
   }
   return v;
+}
+
+uint32_t TokenizerJson::id_space(const std::unordered_map<std::string, uint32_t>& vocab,
+                                 const std::vector<AddedToken>& added) const {
+  uint64_t space = 0;
+  for (const auto& [token, id] : vocab) space = std::max<uint64_t>(space, uint64_t{id} + 1);
+  for (const AddedToken& a : added) space = std::max<uint64_t>(space, uint64_t{a.id} + 1);
+  const uint64_t tokens = vocab.size() + added.size();
+  if (space > max_id_space(tokens))
+    fail("added_tokens",
+         fmt::format("the largest id is {} but there are only {} tokens (at most {} ids allowed)", space - 1,
+                     tokens, max_id_space(tokens)));
+  return static_cast<uint32_t>(space);
 }
 
 std::vector<AddedToken> parse_added_tokens(const TokenizerJson& tj) {

@@ -13,6 +13,18 @@
 
 namespace anvil::data {
 
+struct AddedToken;
+
+// Nesting limit of a tokenizer.json (serde_json's default, which Hugging Face tokenizers reads it with).
+inline constexpr int kMaxJsonDepth = 128;
+
+// Ids index dense tables (id -> token), so they may leave holes but must not be mostly holes: the id space
+// (largest id + 1) is at most twice the number of tokens plus 65536. Otherwise one token with id 2^31 - 1 in
+// a tiny file would make the loader allocate gigabytes.
+constexpr uint64_t max_id_space(uint64_t tokens) {
+  return 2 * tokens + 65536;
+}
+
 // A parsed tokenizer.json. Errors from the accessors name the file and the field ("model.vocab").
 struct TokenizerJson {
   std::string path;
@@ -37,8 +49,12 @@ struct TokenizerJson {
   [[noreturn]] void unsupported(const std::string& where, const std::string& type,
                                 const std::string& supported) const;
 
-  // model.vocab as token -> id (ids must be unique).
+  // model.vocab as token -> id (ids must be unique, below 2^31 and within max_id_space).
   std::unordered_map<std::string, uint32_t> vocab() const;
+  // The size of the id tables (largest id + 1) over the vocabulary and the added tokens; fails, naming
+  // added_tokens, beyond max_id_space of their count.
+  uint32_t id_space(const std::unordered_map<std::string, uint32_t>& vocab,
+                    const std::vector<AddedToken>& added) const;
 };
 
 struct AddedToken {

@@ -15,7 +15,8 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::from_json(const Tokenize
   std::unique_ptr<WordPieceTokenizer> t(new WordPieceTokenizer());
   t->path_ = tj.path;
   const json& m = tj.model();
-  for (auto& [token, id] : tj.vocab()) t->vocab_.emplace(token, id);
+  const auto vocab = tj.vocab();
+  for (auto& [token, id] : vocab) t->vocab_.emplace(token, id);
   if (auto unk = tj.opt_str(m, "model", "unk_token")) t->unk_token_ = *unk;
   if (auto p = tj.opt_str(m, "model", "continuing_subword_prefix")) t->prefix_ = *p;
   t->max_chars_ = tj.uint(m, "model", "max_input_chars_per_word", 100);
@@ -42,7 +43,9 @@ std::unique_ptr<WordPieceTokenizer> WordPieceTokenizer::from_json(const Tokenize
   } else {
     t->wordpiece_decoder_ = false;
   }
-  t->finish("model.unk_token", parse_added_tokens(tj));
+  const std::vector<AddedToken> added = parse_added_tokens(tj);
+  tj.id_space(vocab, added);  // bounds the tables finish() allocates
+  t->finish("model.unk_token", added);
   return t;
 }
 

@@ -24,6 +24,9 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr std::string_view kMetadataKey = "__metadata__";
+// Header nesting limit (serde_json's default, which the reference implementation parses with): error
+// messages dump() header values, and nlohmann's dump() recurses.
+constexpr int kMaxHeaderDepth = 128;
 constexpr std::array kSupportedDTypes = {DType::F32, DType::F16, DType::BF16,
                                          DType::I8,  DType::I32, DType::U16};
 constexpr std::string_view kSupportedNames = "F32, F16, BF16, I8, I32, U16";
@@ -44,11 +47,15 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// numel * dtype size, or nullopt when it does not fit in size_t (a hostile or corrupt header).
+// numel * dtype size, or nullopt when it does not fit in size_t (a hostile or corrupt header). Every
+// partial product must also fit in int64, so SafeTensorInfo::numel() cannot overflow even when a later
+// dim is 0 (shape [2^62, 2, 0] holds no bytes).
 std::optional<size_t> checked_nbytes(DType dtype, const std::vector<int64_t>& shape) {
   uint64_t numel = 1;
   for (int64_t d : shape)
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) return std::nullopt;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
+        numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return std::nullopt;
   if (numel > std::numeric_limits<size_t>::max() / 32) return std::nullopt;
   return dtype_bytes(dtype, static_cast<size_t>(numel));
 }
@@ -174,9 +181,15 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   buffer_size_ = file_size_ - 8 - static_cast<size_t>(header_len);
 
   // nlohmann keeps the last of duplicate keys silently, so duplicates are caught while parsing.
+  // Values nested too deep are dropped while parsing (and the file refused below).
   std::string duplicate_name;
   std::set<std::string, std::less<>> top_level_keys;
+  bool too_deep = false;
   auto find_duplicates = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth > kMaxHeaderDepth) {
+      too_deep = true;
+      return false;
+    }
     if (event == Json::parse_event_t::key && depth == 1 && duplicate_name.empty() &&
         !top_level_keys.insert(parsed.get<std::string>()).second)
       duplicate_name = parsed.get<std::string>();
@@ -189,6 +202,7 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   } catch (const Json::exception& e) {
     ANVIL_THROW("{}: header is not valid JSON ({})", path, e.what());
   }
+  ANVIL_REQUIRE(!too_deep, "{}: header nests JSON deeper than {} levels", path, kMaxHeaderDepth);
   ANVIL_REQUIRE(header.is_object(), "{}: header must be a JSON object, found {}", path, header.type_name());
   ANVIL_REQUIRE(duplicate_name.empty(), "{}: '{}' appears more than once in the header", path,
                 duplicate_name);

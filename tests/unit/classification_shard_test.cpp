@@ -143,6 +143,27 @@ TEST_F(ClassificationShardTest, MalformedFilesAreRejectedNamingTheFile) {
   expect_error([&] { ClassificationShard(corrupt("json.cls", 64, "{", 1)); }, {"json.cls", "not valid JSON"});
 }
 
+TEST_F(ClassificationShardTest, DeeplyNestedLabelNameIsAnErrorNotAStackOverflow) {
+  // Found by fuzzing: the error message dumped the offending label name, and dump() recurses.
+  const std::string names = "[" + std::string(200000, '[') + std::string(200000, ']') + "]";
+  std::string file(64, '\0');
+  const uint32_t version = 1, dtype = 1, max_length = 4, num_labels = 1;
+  const uint64_t examples = 0, vocab = 10, json_bytes = names.size(), tokens = 0;
+  std::memcpy(file.data(), "ANVILCLS", 8);
+  std::memcpy(file.data() + 8, &version, 4);
+  std::memcpy(file.data() + 12, &dtype, 4);
+  std::memcpy(file.data() + 16, &examples, 8);
+  std::memcpy(file.data() + 24, &vocab, 8);
+  std::memcpy(file.data() + 32, &max_length, 4);
+  std::memcpy(file.data() + 36, &num_labels, 4);
+  std::memcpy(file.data() + 40, &json_bytes, 8);
+  std::memcpy(file.data() + 48, &tokens, 8);
+  file += names + std::string((8 - names.size() % 8) % 8, '\0') + std::string(8, '\0');  // offsets[0] = 0
+  test::write_file(path("deep.cls"), file);
+  expect_error([&] { ClassificationShard(path("deep.cls")); },
+               {"deep.cls", "label name (an array) is not a string"});
+}
+
 TEST_F(ClassificationShardTest, BatchesArePaddedToAMultipleOf8Or64CappedAtMaxLength) {
   // max_length 100: lengths 3, 0, 10.
   write_classification_shard(path("b.cls"), 300, 100, names_, examples_, labels_);

@@ -359,6 +359,19 @@ TEST_F(PrepareTest, InvalidUtf8IsReplacedAndCountedInTextAndJsonl) {
   EXPECT_EQ(read_summary(out())["invalid_utf8_replacements"], 3);
 }
 
+TEST_F(PrepareTest, JsonParseMessageEndingInsideACharacterStillGivesASummary) {
+  // Found by fuzzing: "\x8d" becomes U+FFFD, nlohmann's parse error quotes only its first bytes, and the
+  // summary (which lists the first skipped records) failed to serialise that as JSON.
+  PrepareOptions o = options({write("odd.jsonl", "{\"text\": \"ok\"}\n\x8d\n")});
+  o.val_fraction = 0;
+  const PrepareReport r = prepare_data(o, bytes_eos_);
+  EXPECT_EQ(r.skipped, 1u);
+  const nlohmann::json s = read_summary(out());
+  EXPECT_EQ(s["skipped"]["by_reason"]["not valid JSON"], 1);
+  EXPECT_NE(s["skipped"]["examples"][0].get<std::string>().find("odd.jsonl:2: not valid JSON"),
+            std::string::npos);
+}
+
 TEST_F(PrepareTest, EmptyCorpusIsAnError) {
   write("e/empty.txt", "");
   expect_error([&] { prepare_data(options({dir_ / "e"}), bytes_eos_); },

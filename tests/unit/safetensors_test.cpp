@@ -297,6 +297,25 @@ TEST_F(SafeTensorsTest, MalformedHeadersGiveClearErrors) {
   }
 }
 
+// Inputs found by fuzzing (tests/fuzz/): clean errors instead of undefined behaviour or a stack overflow.
+TEST_F(SafeTensorsTest, FuzzFindingsGiveClearErrors) {
+  // numel() overflowed int64 (UB) for a shape whose zero dim made the byte count 0.
+  const std::string zero_dim = file("zero_dim.safetensors");
+  write_raw(zero_dim, R"({"w":{"dtype":"F32","shape":[4611686018427387904,2,0],"data_offsets":[0,0]}})", 0);
+  expect_read_error(zero_dim, "tensor 'w': shape [4611686018427387904, 2, 0] has too many elements");
+  SafeTensorsWriter writer;
+  EXPECT_THROW(writer.add("w", DType::F32, {int64_t{1} << 62, 2, 0}, nullptr), anvil::Error);
+
+  // Error messages dump() the offending value, which recursed once per nesting level.
+  const std::string nested = "[" + std::string(100000, '[') + std::string(100000, ']') + "]";
+  const std::string deep = file("deep.safetensors");
+  write_raw(deep, R"({"w":)" + nested + "}", 0);
+  expect_read_error(deep, "header nests JSON deeper than 128 levels");
+  const std::string deep_meta = file("deep_meta.safetensors");
+  write_raw(deep_meta, R"({"__metadata__":{"k":)" + nested + "}}", 0);
+  expect_read_error(deep_meta, "header nests JSON deeper than 128 levels");
+}
+
 TEST_F(SafeTensorsTest, WriterRejectsBadInput) {
   SafeTensorsWriter writer;
   float values[4] = {};

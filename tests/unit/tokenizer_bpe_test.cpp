@@ -276,5 +276,50 @@ TEST_F(TokenizerBpe, ErrorsNameTheFileAndTheProblem) {
   test::expect_error([&] { data::load_tokenizer(dir / "spm.model"); }, {"spm.model", "not supported"});
 }
 
+// Inputs found by fuzzing (tests/fuzz/): each must be an anvil::Error naming the file, not a crash, an
+// out-of-memory or another exception type.
+TEST_F(TokenizerBpe, FuzzFindingsAreCleanErrors) {
+  const auto expect_load_error = [&](const std::string& name, const std::string& text,
+                                     std::initializer_list<std::string> needles) {
+    test::write_file(dir / name, text);
+    std::vector<std::string> all(needles);
+    all.push_back(name);
+    try {
+      data::load_tokenizer(dir / name);
+      ADD_FAILURE() << "expected an error for " << name;
+    } catch (const Error& e) {
+      for (const std::string& n : all)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  };
+  // A number out of double range: nlohmann throws out_of_range, not parse_error.
+  expect_load_error("overflow.json",
+                    R"({"model": {"type": "BPE", "vocab": {}, "merges": [], "dropout": 1e500}})",
+                    {"not valid JSON", "1e500"});
+  // Nested Sequences are parsed recursively: 100000 levels overflowed the stack.
+  std::string deep = R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": )";
+  for (int i = 0; i < 100000; ++i) deep += R"({"type": "Sequence", "pretokenizers": [)";
+  deep += R"({"type": "ByteLevel"})";
+  for (int i = 0; i < 100000; ++i) deep += "]}";
+  expect_load_error("deep.json", deep + "}", {"nested deeper than 128 levels"});
+  // One huge id made the loader allocate tables of 2^31 entries (64 GiB).
+  json sparse = make_bpe({});
+  sparse["model"]["vocab"]["zz"] = 2147483647;
+  expect_load_error("sparse.json", sparse.dump(), {"model.vocab", "largest id is 2147483647"});
+  json sparse_added = make_bpe({}, json::array({added_token(2147483647, "<big>")}));
+  expect_load_error("sparse_added.json", sparse_added.dump(), {"added_tokens", "largest id is 2147483647"});
+  // \C matches one byte of a character, leaving ill-formed UTF-8 for the next (unchecked) regex.
+  json backslash_c = make_bpe({});
+  backslash_c["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"Regex", "\\C"}}}, {"behavior", "Isolated"}},
+                    {{"type", "ByteLevel"}}})}};
+  expect_load_error("backslash_c.json", backslash_c.dump(), {"pretokenizers[0].pattern", "does not compile"});
+  // Holes in the ids are still fine within the allowed space.
+  json holes = make_bpe({}, json::array({added_token(5000, "<late>")}));
+  EXPECT_EQ(load(holes, "holes.json")->vocab_size(), 5001u);
+}
+
 }  // namespace
 }  // namespace anvil

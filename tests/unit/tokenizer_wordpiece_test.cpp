@@ -130,6 +130,17 @@ TEST_F(TokenizerWordPiece, Errors) {
   test::write_file(dir / "ws.json", j.dump());
   test::expect_error([&] { data::load_tokenizer(dir / "ws.json"); },
                      {"ws.json", "pre_tokenizer", "Whitespace"});
+  // Found by fuzzing: one huge id made finish() allocate tables of 2^31 entries.
+  j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
+  j["model"]["vocab"] = {{"[UNK]", 2147483647}};
+  test::write_file(dir / "sparse.json", j.dump());
+  test::expect_error([&] { data::load_tokenizer(dir / "sparse.json"); },
+                     {"sparse.json", "model.vocab", "largest id is 2147483647"});
+  j["model"]["vocab"] = {{"[UNK]", 0}};
+  j["added_tokens"] = {{{"id", 2147483647}, {"content", "[BIG]"}, {"special", true}}};
+  test::write_file(dir / "sparse_added.json", j.dump());
+  test::expect_error([&] { data::load_tokenizer(dir / "sparse_added.json"); },
+                     {"sparse_added.json", "added_tokens", "largest id is 2147483647"});
 }
 
 }  // namespace
