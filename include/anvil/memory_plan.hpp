@@ -9,9 +9,21 @@
 namespace anvil {
 
 // Saved activations are what backward reads; recompute buffers hold one checkpointed block's
-// activations while it is re-run before its backward.
-enum class MemoryCategory { Weights, Gradients, OptimizerState, Activations, Recompute, Workspace, Data };
-constexpr int kMemoryCategories = 7;
+// activations while it is re-run before its backward. Master weights (a higher-precision copy of
+// low-precision weights) and communication buffers (gradient buckets) are empty in this version: the
+// categories exist so that mixed precision and multi-GPU plans slot in.
+enum class MemoryCategory {
+  Weights,
+  MasterWeights,
+  Gradients,
+  OptimizerState,
+  Activations,
+  Recompute,
+  Workspace,
+  Communication,
+  Data
+};
+constexpr int kMemoryCategories = 9;
 const char* memory_category_name(MemoryCategory c);
 
 struct PlannedBuffer {
@@ -24,13 +36,20 @@ struct PlannedBuffer {
 class MemoryPlan {
  public:
   static constexpr size_t kAlignment = 256;
-  // Adds a buffer; returns its index (for Arena::get).
+  // Adds a buffer; returns its index (for Arena::get). Every buffer occupies a whole number of
+  // kAlignment blocks, so the arena's total is the sum of the categories' footprints.
   size_t add(std::string name, MemoryCategory category, size_t bytes);
+  // The arena's size: the sum of bytes(c) over all categories.
   size_t total_bytes() const { return total_; }
+  // Bytes the category occupies in the arena: its buffers, each rounded up to kAlignment.
   size_t bytes(MemoryCategory c) const;
+  // Bytes the category's buffers ask for (without the alignment padding).
+  size_t requested_bytes(MemoryCategory c) const;
   const std::vector<PlannedBuffer>& buffers() const { return buffers_; }
   // A human-readable breakdown by category (and, if `detail`, by buffer).
   std::string report(bool detail = false) const;
+
+  static constexpr size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
  private:
   std::vector<PlannedBuffer> buffers_;
@@ -38,5 +57,8 @@ class MemoryPlan {
 };
 
 std::string format_bytes(size_t bytes);
+// "80GiB", "81559MiB", "79.6 GiB", "24G" (binary), "80GB" (decimal), "1000000" (bytes). Throws anvil::Error
+// naming `what` (e.g. "--gpu_memory") for anything else.
+size_t parse_bytes(const std::string& text, const std::string& what);
 
 }  // namespace anvil

@@ -29,6 +29,9 @@ struct TrainConfig {
   int per_device_train_batch_size = 8;
   int per_device_eval_batch_size = 0;  // 0: same as train
   int gradient_accumulation_steps = 1;
+  // HF auto_find_batch_size: at start-up, the largest micro-batch <= per_device_train_batch_size (halving)
+  // whose memory plan fits the device, with gradient_accumulation_steps raised to keep the effective batch.
+  bool auto_find_batch_size = false;
   // Activation checkpointing (HF gradient_checkpointing): mode full | selective, every N-th block.
   bool gradient_checkpointing = false;
   std::string gradient_checkpointing_mode = "full";

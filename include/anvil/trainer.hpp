@@ -13,10 +13,12 @@ struct TrainSummary {
   double train_samples_per_second = 0;  // sequences per second
   double train_steps_per_second = 0;
   double train_tokens_per_second = 0;
-  double train_loss = 0;         // mean loss over the optimizer steps of this run
-  double eval_loss = -1;         // last evaluation (-1: none)
-  double data_wait_seconds = 0;  // time the step loop waited for the loader
-  size_t peak_memory_bytes = 0;  // the arena (planned) plus, on CUDA, what the driver reports in use
+  double train_loss = 0;            // mean loss over the optimizer steps of this run
+  double eval_loss = -1;            // last evaluation (-1: none)
+  double data_wait_seconds = 0;     // time the step loop waited for the loader
+  size_t peak_memory_bytes = 0;     // the arena (planned) plus, on CUDA, what the driver reports in use
+  size_t planned_memory_bytes = 0;  // the memory plan's total (the arena)
+  size_t allocator_peak_bytes = 0;  // the most device memory the device's allocator held at once
   std::string device;
   std::string last_checkpoint;
   std::string sample;  // generated text (if sample_prompt was set)

@@ -18,6 +18,7 @@ void print_summary(const TrainSummary& s) {
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
   fmt::print("  {} memory occupied: {} MB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",
              s.peak_memory_bytes >> 20);
+  fmt::print("  allocator peak: {} bytes (plan: {} bytes)\n", s.allocator_peak_bytes, s.planned_memory_bytes);
   if (!s.last_checkpoint.empty()) fmt::print("  checkpoint: {}\n", s.last_checkpoint);
   if (!s.sample.empty()) fmt::print("\n***** sample *****\n{}\n", s.sample);
 }

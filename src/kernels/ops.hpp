@@ -102,6 +102,10 @@ class Ops {
 };
 
 std::unique_ptr<Ops> make_cpu_ops(Device& dev);
+// What Ops::attention_scratch_floats answers on a backend, without a device (for planning). CUDA in a
+// build without CUDA throws anvil::Error.
+size_t attention_scratch_floats(DeviceKind backend, int B, int T, int C, int NH);
+size_t cuda_attention_scratch_floats(int B, int T, int C, int NH);
 // `tf32`: allow TF32 tensor cores in GEMMs. `workspace` is a device buffer of `workspace_bytes` for cuBLASLt.
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes);
 constexpr size_t kCudaGemmWorkspaceBytes = 32ull << 20;

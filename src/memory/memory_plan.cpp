@@ -2,12 +2,21 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "anvil/error.hpp"
+
 namespace anvil {
 
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
     case MemoryCategory::Weights:
       return "weights";
+    case MemoryCategory::MasterWeights:
+      return "master weights";
     case MemoryCategory::Gradients:
       return "gradients";
     case MemoryCategory::OptimizerState:
@@ -18,6 +27,8 @@ const char* memory_category_name(MemoryCategory c) {
       return "recompute";
     case MemoryCategory::Workspace:
       return "workspace";
+    case MemoryCategory::Communication:
+      return "communication";
     case MemoryCategory::Data:
       return "data";
   }
@@ -32,14 +43,42 @@ std::string format_bytes(size_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+size_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  std::string unit;
+  for (size_t i = pos; i < text.size(); ++i)
+    if (text[i] != ' ') unit += char(std::tolower(static_cast<unsigned char>(text[i])));
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},       {"b", 1},        {"k", 0x1p10},   {"kib", 0x1p10}, {"kb", 1e3},
+      {"m", 0x1p20}, {"mib", 0x1p20}, {"mb", 1e6},     {"g", 0x1p30},   {"gib", 0x1p30},
+      {"gb", 1e9},   {"t", 0x1p40},   {"tib", 0x1p40}, {"tb", 1e12}};
+  if (pos > 0 && value >= 0 && std::isfinite(value))
+    for (const auto& [name, scale] : units)
+      if (unit == name && value * scale < 0x1p63) return size_t(std::llround(value * scale));
+  ANVIL_THROW("{}: '{}' is not a size (examples: 80GiB, 81559MiB, 80GB, 24G, 1000000)", what, text);
+}
+
 size_t MemoryPlan::add(std::string name, MemoryCategory category, size_t bytes) {
-  const size_t offset = (total_ + kAlignment - 1) / kAlignment * kAlignment;
+  const size_t offset = total_;  // a multiple of kAlignment
   buffers_.push_back({std::move(name), category, bytes, offset});
-  total_ = offset + bytes;
+  total_ = offset + aligned(bytes);
   return buffers_.size() - 1;
 }
 
 size_t MemoryPlan::bytes(MemoryCategory c) const {
+  size_t s = 0;
+  for (const auto& b : buffers_)
+    if (b.category == c) s += aligned(b.bytes);
+  return s;
+}
+
+size_t MemoryPlan::requested_bytes(MemoryCategory c) const {
   size_t s = 0;
   for (const auto& b : buffers_)
     if (b.category == c) s += b.bytes;

@@ -37,7 +37,7 @@ GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool train
                 cfg_.block_size);
 }
 
-void GptModel::plan_memory(MemoryPlan& plan, const Ops& ops) {
+void GptModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   using M = MemoryCategory;
   const size_t f = sizeof(float);
   const size_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, BT = size_t(B_) * T_;
@@ -68,8 +68,8 @@ void GptModel::plan_memory(MemoryPlan& plan, const Ops& ops) {
   i_logits_ = plan.add("logits", M::Activations, BT * cfg_.padded_vocab_size() * f);
   i_losses_ = plan.add("losses", M::Activations, BT * f);
   i_tmp_c_ = plan.add("projection scratch", M::Workspace, BT * C * f);
-  i_attn_scratch_ =
-      plan.add("attention scratch", M::Workspace, ops.attention_scratch_floats(B_, T_, int(C), int(NH)) * f);
+  i_attn_scratch_ = plan.add("attention scratch", M::Workspace,
+                             attention_scratch_floats(backend, B_, T_, int(C), int(NH)) * f);
   if (training_) {
     i_dres_ = plan.add("residual gradient", M::Workspace, BT * C * f);
     i_d4c_ = plan.add("mlp gradient", M::Workspace, BT * 4 * C * f);

@@ -26,7 +26,8 @@ class GptModel {
   GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
            CheckpointPolicy checkpointing = {});
 
-  void plan_memory(MemoryPlan& plan, const Ops& ops);
+  // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
+  void plan_memory(MemoryPlan& plan, DeviceKind backend);
   void bind(const Arena& arena);
 
   const TransformerConfig& config() const { return cfg_; }

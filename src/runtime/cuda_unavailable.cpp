@@ -9,9 +9,20 @@ bool cuda_available() {
   return false;
 }
 
+bool cuda_compiled() {
+  return false;
+}
+
 std::unique_ptr<Device> make_cuda_device(int) {
   ANVIL_THROW(
       "--device cuda: this Anvil was built without CUDA (configure with a CUDA toolkit and ANVIL_CUDA=ON)");
+}
+
+size_t cuda_attention_scratch_floats(int, int, int, int) {
+  ANVIL_THROW(
+      "--device cuda: this Anvil was built without CUDA, so it cannot plan for the CUDA backend (configure "
+      "with "
+      "a CUDA toolkit and ANVIL_CUDA=ON)");
 }
 
 std::unique_ptr<Ops> make_cuda_ops(Device&, bool, void*, size_t) {

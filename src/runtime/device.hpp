@@ -3,7 +3,10 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "anvil/tensor.hpp"
 
@@ -15,12 +18,25 @@ class Device {
   virtual DeviceKind kind() const = 0;
   virtual std::string name() const = 0;  // e.g. "cpu (2 threads)" or "NVIDIA H100 80GB HBM3"
 
-  // Device memory. Only the arena and start-up code call these: never inside the step loop.
-  virtual void* alloc(size_t bytes) = 0;
-  virtual void free(void* p) = 0;
-  // Page-locked host memory for staging batches (plain aligned memory on the CPU device).
-  virtual void* alloc_host_pinned(size_t bytes) = 0;
-  virtual void free_host_pinned(void* p) = 0;
+  // Device memory. Only the arena and start-up code call these: never inside the step loop. Counted in
+  // memory_stats(). free() never throws (it runs from destructors).
+  void* alloc(size_t bytes);
+  void free(void* p) noexcept;
+  // Page-locked host memory for staging batches (plain aligned memory on the CPU device); counted
+  // separately from device memory.
+  void* alloc_host_pinned(size_t bytes);
+  void free_host_pinned(void* p) noexcept;
+
+  // What alloc() / alloc_host_pinned() hand out, as requested (the allocator's own rounding, e.g.
+  // cudaMalloc's 2 MiB granularity, is not counted).
+  struct MemoryStats {
+    size_t allocated_bytes = 0;       // device memory held now
+    size_t peak_allocated_bytes = 0;  // the most device memory held at once
+    size_t allocations = 0;           // device allocations held now
+    size_t pinned_bytes = 0;          // pinned host staging memory held now
+    size_t peak_pinned_bytes = 0;
+  };
+  MemoryStats memory_stats() const;
 
   // Synchronous copies (ordered after all work queued on the compute stream).
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
@@ -37,15 +53,40 @@ class Device {
 
   virtual void synchronize() = 0;  // wait for all queued work
 
-  // Bytes of device memory in use by this process as the driver sees it (0 on the CPU).
+  // Bytes of device memory in use as the driver sees it (0 on the CPU). On CUDA this counts every
+  // process on the GPU.
   virtual size_t driver_used_bytes() const = 0;
   virtual size_t total_memory_bytes() const = 0;
+  // Device memory the runtime itself holds outside alloc() (0 on the CPU). On CUDA: what the driver
+  // reports in use once the context and streams exist, measured when the device is made (it counts
+  // other processes on the GPU too), plus a reserve for the kernel modules and cuBLASLt state that load
+  // lazily at the first steps. See docs/memory.md.
+  virtual size_t context_overhead_bytes() const { return 0; }
+  // Device memory this process's allocations can still get (CUDA: cudaMemGetInfo's free bytes less the
+  // lazy-loading reserve), or nullopt where no reliable figure exists (the CPU: see docs/memory.md).
+  virtual std::optional<size_t> available_memory_bytes() const = 0;
+
+ protected:
+  // The backend's allocators behind alloc() / alloc_host_pinned(); the free functions never throw.
+  virtual void* device_alloc(size_t bytes) = 0;
+  virtual void device_free(void* p) noexcept = 0;
+  virtual void* host_pinned_alloc(size_t bytes) = 0;
+  virtual void host_pinned_free(void* p) noexcept = 0;
+
+ private:
+  mutable std::mutex stats_mutex_;
+  std::unordered_map<const void*, size_t> device_sizes_, pinned_sizes_;  // live allocations
+  MemoryStats stats_;
 };
+
+// The device of `kind` (make_cpu_device or make_cuda_device).
+std::unique_ptr<Device> make_device(DeviceKind kind);
 
 std::unique_ptr<Device> make_cpu_device();
 // Throws anvil::Error when Anvil was built without CUDA or no GPU is visible.
 std::unique_ptr<Device> make_cuda_device(int ordinal = 0);
 bool cuda_available();  // built with CUDA and at least one GPU visible
+bool cuda_compiled();   // built with CUDA (a GPU may or may not be visible)
 
 // RAII owner of one allocation from a Device.
 class DeviceBuffer {

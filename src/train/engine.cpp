@@ -4,9 +4,29 @@
 
 namespace anvil {
 
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::FP32:
+      return "fp32";
+  }
+  return "?";
+}
+
+const char* optimizer_name(OptimizerKind o) {
+  switch (o) {
+    case OptimizerKind::AdamW:
+      return "adamw";
+  }
+  return "?";
+}
+
 EngineOptions training_engine_options(const TrainConfig& cfg) {
+  return training_engine_options(cfg, resolve_device(cfg.device));
+}
+
+EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device) {
   EngineOptions o;
-  o.device = resolve_device(cfg.device);
+  o.device = device;
   o.batch_size = std::max(cfg.per_device_train_batch_size, cfg.val_data.empty() ? 1 : cfg.eval_batch_size());
   o.seq_len = cfg.seq_len();
   o.training = true;
@@ -30,10 +50,17 @@ DeviceKind resolve_device(const std::string& name) {
 
 namespace {
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
-void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, const Ops& ops,
-              const EngineOptions& o, size_t i_tokens[2], size_t i_targets[2], size_t* i_gemm_ws) {
-  model.plan_memory(plan, ops);
-  if (opt) opt->plan_memory(plan);
+void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, const EngineOptions& o,
+              size_t i_tokens[2], size_t i_targets[2], size_t* i_gemm_ws) {
+  ANVIL_ASSERT(o.precision == Precision::FP32, "only fp32 training is implemented");
+  model.plan_memory(plan, o.device);
+  if (opt) {
+    switch (o.optimizer) {
+      case OptimizerKind::AdamW:
+        opt->plan_memory(plan);
+        break;
+    }
+  }
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
   for (int s = 0; s < 2; ++s) {
     i_tokens[s] = plan.add("input tokens " + std::to_string(s), MemoryCategory::Data, tok_bytes);
@@ -42,38 +69,47 @@ void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, cons
   if (o.device == DeviceKind::CUDA)
     *i_gemm_ws = plan.add("cuBLASLt workspace", MemoryCategory::Workspace, kCudaGemmWorkspaceBytes);
 }
+
+// The last line of defence (the trainer checks first, and suggests configurations that fit): a plan
+// larger than the device's available memory fails here, before anything is allocated.
+void ensure_plan_fits(const MemoryPlan& plan, const Device& dev) {
+  const std::optional<size_t> available = dev.available_memory_bytes();
+  if (!available || plan.total_bytes() <= *available) return;
+  ANVIL_THROW(
+      "out of memory at start-up: the memory plan needs {} ({} bytes) but {} has {} ({} bytes) "
+      "available:\n{}",
+      format_bytes(plan.total_bytes()), plan.total_bytes(), dev.name(), format_bytes(*available), *available,
+      plan.report());
+}
 }  // namespace
 
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o) {
-  std::unique_ptr<Device> dev = o.device == DeviceKind::CUDA ? make_cuda_device() : make_cpu_device();
-  std::unique_ptr<Ops> ops =
-      o.device == DeviceKind::CUDA ? make_cuda_ops(*dev, o.tf32, nullptr, 0) : make_cpu_ops(*dev);
   GptModel model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing);
   std::optional<AdamW> opt;
   if (o.training) opt.emplace(model.layout(), o.adamw);
   MemoryPlan plan;
   size_t tokens[2], targets[2], ws = 0;
-  plan_all(plan, model, opt, *ops, o, tokens, targets, &ws);
+  plan_all(plan, model, opt, o, tokens, targets, &ws);
   return plan;
 }
 
-Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o) {
-  device_ = o.device == DeviceKind::CUDA ? make_cuda_device() : make_cpu_device();
-  // The CUDA ops take their GEMM workspace from the arena, which is sized with their help: a first
-  // instance without workspace answers the sizing questions.
-  std::unique_ptr<Ops> sizing =
-      o.device == DeviceKind::CUDA ? make_cuda_ops(*device_, o.tf32, nullptr, 0) : make_cpu_ops(*device_);
+Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
+    : Engine(cfg, o, make_device(o.device)) {}
+
+Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique_ptr<Device> device)
+    : device_(std::move(device)) {
+  ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
   model_ = std::make_unique<GptModel>(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing);
   if (o.training) optimizer_.emplace(model_->layout(), o.adamw);
   MemoryPlan plan;
   size_t i_ws = 0;
-  plan_all(plan, *model_, optimizer_, *sizing, o, i_tokens_, i_targets_, &i_ws);
+  plan_all(plan, *model_, optimizer_, o, i_tokens_, i_targets_, &i_ws);
+  ensure_plan_fits(plan, *device_);
   arena_ = std::make_unique<Arena>(*device_, std::move(plan));
-  if (o.device == DeviceKind::CUDA) {
-    ops_ = make_cuda_ops(*device_, o.tf32, arena_->get<void>(i_ws), kCudaGemmWorkspaceBytes);
-  } else {
-    ops_ = std::move(sizing);
-  }
+  // The CUDA ops take their GEMM workspace from the arena.
+  ops_ = o.device == DeviceKind::CUDA
+             ? make_cuda_ops(*device_, o.tf32, arena_->get<void>(i_ws), kCudaGemmWorkspaceBytes)
+             : make_cpu_ops(*device_);
   model_->bind(*arena_);
   if (optimizer_) {
     optimizer_->bind(*arena_);

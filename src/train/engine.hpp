@@ -12,30 +12,48 @@
 
 namespace anvil {
 
+// How weights, gradients and activations are stored. This version trains in fp32 only (TF32 is a GEMM
+// mode over fp32 storage); bf16/fp16 mixed precision, with fp32 master weights, adds values here.
+enum class Precision { FP32 };
+// The optimizer, which sizes the optimizer state. AdamW only in this version (8-bit Adam and Adafactor
+// add values here).
+enum class OptimizerKind { AdamW };
+const char* precision_name(Precision p);
+const char* optimizer_name(OptimizerKind o);
+
 struct EngineOptions {
   DeviceKind device = DeviceKind::CPU;
   int batch_size = 1;
   int seq_len = 1;
   bool training = false;
   bool tf32 = false;
+  Precision precision = Precision::FP32;
+  OptimizerKind optimizer = OptimizerKind::AdamW;
   CheckpointPolicy checkpointing;
   AdamWHyper adamw;
 };
 
 // The engine a training run of `cfg` uses (also what `anvil estimate` plans, so the two agree exactly):
 // the device, the larger of the train and (with val_data) eval batch, the sequence length, TF32,
-// checkpointing and AdamW settings.
+// checkpointing and AdamW settings. The second form takes the device kind as given (planning for a
+// device that is not here).
 EngineOptions training_engine_options(const TrainConfig& cfg);
+EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device);
 
 // Resolves "auto" | "cpu" | "cuda" to a device kind ("auto": CUDA when a GPU is visible).
 DeviceKind resolve_device(const std::string& name);
 
-// The memory plan of a run, without allocating anything (what `anvil estimate` prints).
+// The memory plan of a run, without a device and without allocating anything (what `anvil estimate`
+// prints and what Engine allocates).
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o);
 
 class Engine {
  public:
+  // Makes the device of `o.device`, plans, and allocates the arena. Throws anvil::Error, before
+  // allocating, when the plan does not fit in the device's available memory (where it is known).
   Engine(const TransformerConfig& cfg, const EngineOptions& o);
+  // The same on a device made by the caller (of kind o.device).
+  Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique_ptr<Device> device);
 
   Device& device() { return *device_; }
   Ops& ops() { return *ops_; }

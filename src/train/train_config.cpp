@@ -112,6 +112,9 @@ const std::map<std::string, Setter>& setters() {
     int_field("per_device_train_batch_size", &TrainConfig::per_device_train_batch_size);
     int_field("per_device_eval_batch_size", &TrainConfig::per_device_eval_batch_size);
     int_field("gradient_accumulation_steps", &TrainConfig::gradient_accumulation_steps);
+    t["auto_find_batch_size"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+      c.auto_find_batch_size = r.boolean(key, v);
+    };
     t["gradient_checkpointing"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
       c.gradient_checkpointing = r.boolean(key, v);
     };
@@ -289,6 +292,7 @@ json TrainConfig::to_json() const {
           {"per_device_train_batch_size", per_device_train_batch_size},
           {"per_device_eval_batch_size", per_device_eval_batch_size},
           {"gradient_accumulation_steps", gradient_accumulation_steps},
+          {"auto_find_batch_size", auto_find_batch_size},
           {"gradient_checkpointing", gradient_checkpointing},
           {"gradient_checkpointing_mode", gradient_checkpointing_mode},
           {"gradient_checkpointing_every", gradient_checkpointing_every},

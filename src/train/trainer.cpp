@@ -15,6 +15,7 @@
 #include "io/checkpoint.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/engine.hpp"
+#include "train/memory_fit.hpp"
 #include "train/run_model.hpp"
 #include "train/sampler.hpp"
 
@@ -58,7 +59,7 @@ class Run {
     metrics_.flush();
   }
 
-  const TrainConfig& cfg_;
+  TrainConfig cfg_;  // as run: auto_find_batch_size may change the micro-batch and accumulation
   TransformerConfig model_cfg_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<data::DataLoader> train_loader_, val_loader_;
@@ -120,14 +121,21 @@ TrainSummary Run::go() {
   if (!cfg_.resume_from_checkpoint.empty())
     resume_state = io::read_trainer_state(cfg_.resume_from_checkpoint);
   const int T = cfg_.seq_len();
-  const int B = cfg_.per_device_train_batch_size;
 
   // --- data ------------------------------------------------------------------------------------
   auto train_shard = open_shard(cfg_.train_data, "train_data", model_cfg_);
   if (!cfg_.val_data.empty()) val_shard_ = open_shard(cfg_.val_data, "val_data", model_cfg_);
 
+  // --- memory: auto_find_batch_size and the out-of-memory check, before anything is allocated ------
+  std::unique_ptr<Device> device = make_device(resolve_device(cfg_.device));
+  MemoryFit fit = fit_to_memory(cfg_, model_cfg_, device->kind(), device->available_memory_bytes(),
+                                device->context_overhead_bytes(), device->name());
+  fmt::print("{}", fit.message);
+  cfg_ = std::move(fit.config);
+  const int B = cfg_.per_device_train_batch_size;
+
   // --- engine: plan, arena, model, optimizer --------------------------------------------------
-  engine_ = std::make_unique<Engine>(model_cfg_, training_engine_options(cfg_));
+  engine_ = std::make_unique<Engine>(model_cfg_, training_engine_options(cfg_), std::move(device));
   Engine& e = *engine_;
   Device& dev = e.device();
 
@@ -304,6 +312,8 @@ TrainSummary Run::go() {
   s.train_loss = (loss_sum + loss_sum_before_) / double(std::max<int64_t>(1, steps_run + steps_before_));
   s.eval_loss = eval_loss;
   s.peak_memory_bytes = std::max(e.plan().total_bytes(), peak_driver);
+  s.allocator_peak_bytes = dev.memory_stats().peak_allocated_bytes;
+  s.planned_memory_bytes = e.plan().total_bytes();
   s.data_wait_seconds = train_loader_->wait_seconds();
   s.device = dev.name();
   s.last_checkpoint = last_ckpt;
@@ -330,6 +340,11 @@ TrainSummary Run::go() {
                         {"data_wait_fraction", s.data_wait_seconds / runtime},
                         {"planned_memory_bytes", e.plan().total_bytes()},
                         {"planned_memory_by_category", by_category},
+                        // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's
+                        // overhead measured when the device was made, the driver's peak in use (CUDA).
+                        {"allocator_peak_bytes", s.allocator_peak_bytes},
+                        {"context_overhead_bytes", dev.context_overhead_bytes()},
+                        {"driver_peak_bytes", peak_driver},
                         {"global_step", s.global_step},
                         {"device", s.device},
                         {"last_checkpoint", s.last_checkpoint}};

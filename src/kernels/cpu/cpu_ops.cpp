@@ -73,4 +73,9 @@ std::unique_ptr<Ops> make_cpu_ops(Device& dev) {
   return std::make_unique<CpuOps>(dev);
 }
 
+size_t attention_scratch_floats(DeviceKind backend, int B, int T, int C, int NH) {
+  return backend == DeviceKind::CUDA ? cuda_attention_scratch_floats(B, T, C, NH)
+                                     : cpu::attention_scratch_floats(B, T, C, NH);
+}
+
 }  // namespace anvil

@@ -115,6 +115,10 @@ class CudaOps final : public Ops {
 
 }  // namespace
 
+size_t cuda_attention_scratch_floats(int B, int T, int C, int NH) {
+  return cuda::attention_scratch_floats(B, T, C, NH);
+}
+
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes) {
   return std::make_unique<CudaOps>(dev, tf32, workspace, workspace_bytes);
 }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "runtime/device.hpp"
 
@@ -21,10 +22,6 @@ class CpuDevice final : public Device {
  public:
   DeviceKind kind() const override { return DeviceKind::CPU; }
   std::string name() const override { return fmt::format("cpu ({} threads)", omp_get_max_threads()); }
-  void* alloc(size_t bytes) override { return aligned_host_alloc(bytes); }
-  void free(void* p) override { std::free(p); }
-  void* alloc_host_pinned(size_t bytes) override { return aligned_host_alloc(bytes); }
-  void free_host_pinned(void* p) override { std::free(p); }
   void copy_to_device(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void copy_on_device(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
@@ -35,6 +32,16 @@ class CpuDevice final : public Device {
   void synchronize() override {}
   size_t driver_used_bytes() const override { return 0; }
   size_t total_memory_bytes() const override { return 0; }
+  // No reliable figure: /proc/meminfo's MemAvailable ignores container (cgroup) limits and, on VMs whose
+  // memory grows as it is used, reports far less than a run can get; Linux overcommits anyway, so an
+  // arena too large fails when touched, not when allocated. The start-up check is skipped on the CPU.
+  std::optional<size_t> available_memory_bytes() const override { return std::nullopt; }
+
+ protected:
+  void* device_alloc(size_t bytes) override { return aligned_host_alloc(bytes); }
+  void device_free(void* p) noexcept override { std::free(p); }
+  void* host_pinned_alloc(size_t bytes) override { return aligned_host_alloc(bytes); }
+  void host_pinned_free(void* p) noexcept override { std::free(p); }
 };
 
 }  // namespace
