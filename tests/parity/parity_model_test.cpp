@@ -104,8 +104,9 @@ void run_steps(bool tf32, double tol) {
       worst = std::max(worst, d);
       off += d > (tf32 ? 2e-4 : 2e-5);
     }
-    EXPECT_LE(off, n / 1000) << off << " of " << n << " weights differ after step " << step << ", seed "
-                             << seed;
+    // TF32's ~1e-3 relative gradient error flips those near-zero entries more often.
+    EXPECT_LE(off, tf32 ? n / 100 : n / 1000)
+        << off << " of " << n << " weights differ after step " << step << ", seed " << seed;
     EXPECT_LE(worst, 2.5e-3 * step) << "after step " << step << ", seed " << seed;
   }
 }
