@@ -1,7 +1,6 @@
 #include "data/classification_shard.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include <utility>
 
 #include "anvil/error.hpp"
+#include "data/shard_util.hpp"
 
 namespace anvil::data {
 
@@ -97,26 +97,10 @@ class AtomicOutFile {
 };
 
 template <class T>
-T load(const unsigned char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-template <class T>
 void check_ids(const std::string& path, const T* ids, uint64_t n, uint64_t vocab_size) {
-  if (vocab_size > std::numeric_limits<T>::max()) return;  // every representable id is valid
-  constexpr uint64_t kBlock = 8192;
-  for (uint64_t start = 0; start < n; start += kBlock) {
-    const uint64_t end = std::min(n, start + kBlock);
-    T block_max = 0;
-    for (uint64_t i = start; i < end; ++i) block_max = std::max(block_max, ids[i]);
-    if (block_max < vocab_size) continue;
-    for (uint64_t i = start; i < end; ++i)
-      ANVIL_REQUIRE(ids[i] < vocab_size,
-                    "classification shard '{}': token {} at position {} is >= vocab_size {}", path, ids[i], i,
-                    vocab_size);
-  }
+  if (const auto i = first_id_at_least(ids, n, vocab_size))
+    ANVIL_THROW("classification shard '{}': token {} at position {} is >= vocab_size {}", path, ids[*i], *i,
+                vocab_size);
 }
 
 }  // namespace
@@ -245,121 +229,106 @@ void write_classification_shard(const std::string& path, uint64_t vocab_size, ui
 // Reading
 
 ClassificationShard::ClassificationShard(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) ANVIL_THROW("classification shard '{}': file not found", path);
-    ANVIL_THROW("classification shard '{}': cannot open: {}", path, errno_text());
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    ANVIL_THROW("classification shard '{}': not a readable regular file", path);
-  }
-  const auto file_bytes = static_cast<uint64_t>(st.st_size);
-  if (file_bytes < kClassificationHeaderBytes) {
-    ::close(fd);
+  map_ = io::MappedFile(path, [&](io::MappedFile::Step step, int err, size_t) {
+    switch (step) {
+      case io::MappedFile::Step::Open:
+        if (err == ENOENT) ANVIL_THROW("classification shard '{}': file not found", path);
+        ANVIL_THROW("classification shard '{}': cannot open: {}", path, std::strerror(err));
+      case io::MappedFile::Step::Stat:
+      case io::MappedFile::Step::NotRegular:
+        ANVIL_THROW("classification shard '{}': not a readable regular file", path);
+      case io::MappedFile::Step::Map:
+        ANVIL_THROW("classification shard '{}': mmap failed: {}", path, std::strerror(err));
+    }
+  });
+  const uint64_t file_bytes = map_.size();
+  if (file_bytes < kClassificationHeaderBytes)
     ANVIL_THROW("classification shard '{}': file is {} bytes, shorter than the {}-byte header", path,
                 file_bytes, kClassificationHeaderBytes);
-  }
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  const std::string map_error = map == MAP_FAILED ? errno_text() : std::string();
-  ::close(fd);
-  if (map == MAP_FAILED) ANVIL_THROW("classification shard '{}': mmap failed: {}", path, map_error);
-  map_ = map;
-  map_bytes_ = file_bytes;
 
+  const auto* bytes = reinterpret_cast<const unsigned char*>(map_.data());
+  ANVIL_REQUIRE(std::memcmp(bytes, kMagic, 8) == 0,
+                "classification shard '{}': bad magic (expected 'ANVILCLS'); not a classification shard",
+                path);
+  const auto version = load<uint32_t>(bytes + 8);
+  const auto dtype_code = load<uint32_t>(bytes + 12);
+  num_examples_ = load<uint64_t>(bytes + 16);
+  vocab_size_ = load<uint64_t>(bytes + 24);
+  max_length_ = load<uint32_t>(bytes + 32);
+  const auto num_labels = load<uint32_t>(bytes + 36);
+  const auto json_bytes = load<uint64_t>(bytes + 40);
+  num_tokens_ = load<uint64_t>(bytes + 48);
+  ANVIL_REQUIRE(version == kClassificationShardVersion,
+                "classification shard '{}': unsupported format version {} (expected {})", path, version,
+                kClassificationShardVersion);
+  ANVIL_REQUIRE(dtype_code == 1 || dtype_code == 2,
+                "classification shard '{}': unknown token dtype code {} (expected 1 = uint16 or 2 = uint32)",
+                path, dtype_code);
+  dtype_ = static_cast<TokenDType>(dtype_code);
+  ANVIL_REQUIRE(vocab_size_ >= 1, "classification shard '{}': vocabulary size is 0", path);
+  ANVIL_REQUIRE(max_length_ >= 1, "classification shard '{}': max_length is 0", path);
+  ANVIL_REQUIRE(num_labels >= 1, "classification shard '{}': number of labels is 0", path);
+
+  // Section sizes in 128 bits: corrupt counts must not wrap around into a plausible total.
+  using u128 = unsigned __int128;
+  const uint64_t width = token_width(dtype_);
+  const u128 json_end =
+      u128(kClassificationHeaderBytes) + pad8(std::min<uint64_t>(json_bytes, UINT64_MAX - 8));
+  const u128 offsets_end = json_end + (u128(num_examples_) + 1) * 8;
+  const u128 tokens_end = offsets_end + (u128(num_tokens_) * width + 7) / 8 * 8;
+  const u128 expected = tokens_end + (u128(num_examples_) * 4 + 7) / 8 * 8;
+  ANVIL_REQUIRE(
+      expected == file_bytes,
+      "classification shard '{}': the header says {} examples, {} tokens of {} bytes and {} bytes of "
+      "label names, which need {} bytes, but the file has {} ({}); the file is truncated or corrupt",
+      path, num_examples_, num_tokens_, width, json_bytes,
+      expected > u128(UINT64_MAX) ? std::string("over 2^64") : std::to_string(uint64_t(expected)), file_bytes,
+      expected > file_bytes ? "too few" : "too many");
+
+  nlohmann::json names;
   try {
-    const auto* bytes = static_cast<const unsigned char*>(map_);
-    ANVIL_REQUIRE(std::memcmp(bytes, kMagic, 8) == 0,
-                  "classification shard '{}': bad magic (expected 'ANVILCLS'); not a classification shard",
-                  path);
-    const auto version = load<uint32_t>(bytes + 8);
-    const auto dtype_code = load<uint32_t>(bytes + 12);
-    num_examples_ = load<uint64_t>(bytes + 16);
-    vocab_size_ = load<uint64_t>(bytes + 24);
-    max_length_ = load<uint32_t>(bytes + 32);
-    const auto num_labels = load<uint32_t>(bytes + 36);
-    const auto json_bytes = load<uint64_t>(bytes + 40);
-    num_tokens_ = load<uint64_t>(bytes + 48);
-    ANVIL_REQUIRE(version == kClassificationShardVersion,
-                  "classification shard '{}': unsupported format version {} (expected {})", path, version,
-                  kClassificationShardVersion);
-    ANVIL_REQUIRE(
-        dtype_code == 1 || dtype_code == 2,
-        "classification shard '{}': unknown token dtype code {} (expected 1 = uint16 or 2 = uint32)", path,
-        dtype_code);
-    dtype_ = static_cast<TokenDType>(dtype_code);
-    ANVIL_REQUIRE(vocab_size_ >= 1, "classification shard '{}': vocabulary size is 0", path);
-    ANVIL_REQUIRE(max_length_ >= 1, "classification shard '{}': max_length is 0", path);
-    ANVIL_REQUIRE(num_labels >= 1, "classification shard '{}': number of labels is 0", path);
-
-    // Section sizes in 128 bits: corrupt counts must not wrap around into a plausible total.
-    using u128 = unsigned __int128;
-    const uint64_t width = token_width(dtype_);
-    const u128 json_end =
-        u128(kClassificationHeaderBytes) + pad8(std::min<uint64_t>(json_bytes, UINT64_MAX - 8));
-    const u128 offsets_end = json_end + (u128(num_examples_) + 1) * 8;
-    const u128 tokens_end = offsets_end + (u128(num_tokens_) * width + 7) / 8 * 8;
-    const u128 expected = tokens_end + (u128(num_examples_) * 4 + 7) / 8 * 8;
-    ANVIL_REQUIRE(
-        expected == file_bytes,
-        "classification shard '{}': the header says {} examples, {} tokens of {} bytes and {} bytes of "
-        "label names, which need {} bytes, but the file has {} ({}); the file is truncated or corrupt",
-        path, num_examples_, num_tokens_, width, json_bytes,
-        expected > u128(UINT64_MAX) ? std::string("over 2^64") : std::to_string(uint64_t(expected)),
-        file_bytes, expected > file_bytes ? "too few" : "too many");
-
-    nlohmann::json names;
-    try {
-      names = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(bytes) + 64, json_bytes));
-    } catch (const nlohmann::json::exception& e) {
-      ANVIL_THROW("classification shard '{}': label names are not valid JSON: {}", path, e.what());
-    }
-    ANVIL_REQUIRE(names.is_array() && names.size() == num_labels,
-                  "classification shard '{}': label names must be a JSON array of {} strings", path,
-                  num_labels);
-    for (const auto& name : names) {
-      // An array or object is named by its type: dump() recurses, and the nesting is unbounded.
-      ANVIL_REQUIRE(name.is_string(), "classification shard '{}': label name {} is not a string", path,
-                    name.is_structured() ? std::string("(an ") + name.type_name() + ")" : name.dump());
-      label_names_.push_back(name.get<std::string>());
-    }
-    ANVIL_REQUIRE(
-        std::set<std::string>(label_names_.begin(), label_names_.end()).size() == label_names_.size(),
-        "classification shard '{}': label names are not distinct", path);
-
-    offsets_ = reinterpret_cast<const uint64_t*>(bytes + uint64_t(json_end));
-    tokens_ = bytes + uint64_t(offsets_end);
-    labels_ = reinterpret_cast<const int32_t*>(bytes + uint64_t(tokens_end));
-    ANVIL_REQUIRE(offsets_[0] == 0, "classification shard '{}': offsets[0] is {} (must be 0)", path,
-                  offsets_[0]);
-    for (uint64_t i = 0; i < num_examples_; ++i) {
-      ANVIL_REQUIRE(
-          offsets_[i + 1] >= offsets_[i] && offsets_[i + 1] - offsets_[i] <= max_length_,
-          "classification shard '{}': example {} spans offsets [{}, {}), not 0 to max_length {} tokens", path,
-          i, offsets_[i], offsets_[i + 1], max_length_);
-    }
-    ANVIL_REQUIRE(offsets_[num_examples_] == num_tokens_,
-                  "classification shard '{}': the offsets end at {} but the header says {} tokens", path,
-                  offsets_[num_examples_], num_tokens_);
-    if (dtype_ == TokenDType::U16) {
-      check_ids(path, reinterpret_cast<const uint16_t*>(tokens_), num_tokens_, vocab_size_);
-    } else {
-      check_ids(path, reinterpret_cast<const uint32_t*>(tokens_), num_tokens_, vocab_size_);
-    }
-    for (uint64_t i = 0; i < num_examples_; ++i)
-      ANVIL_REQUIRE(labels_[i] >= 0 && static_cast<uint32_t>(labels_[i]) < num_labels,
-                    "classification shard '{}': example {} has label {}, outside [0, {})", path, i,
-                    labels_[i], num_labels);
-  } catch (...) {
-    ::munmap(map_, map_bytes_);
-    throw;
+    names = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(bytes) + 64, json_bytes));
+  } catch (const nlohmann::json::exception& e) {
+    ANVIL_THROW("classification shard '{}': label names are not valid JSON: {}", path, e.what());
   }
+  ANVIL_REQUIRE(names.is_array() && names.size() == num_labels,
+                "classification shard '{}': label names must be a JSON array of {} strings", path,
+                num_labels);
+  for (const auto& name : names) {
+    // An array or object is named by its type: dump() recurses, and the nesting is unbounded.
+    ANVIL_REQUIRE(name.is_string(), "classification shard '{}': label name {} is not a string", path,
+                  name.is_structured() ? std::string("(an ") + name.type_name() + ")" : name.dump());
+    label_names_.push_back(name.get<std::string>());
+  }
+  ANVIL_REQUIRE(std::set<std::string>(label_names_.begin(), label_names_.end()).size() == label_names_.size(),
+                "classification shard '{}': label names are not distinct", path);
+
+  offsets_ = reinterpret_cast<const uint64_t*>(bytes + uint64_t(json_end));
+  tokens_ = bytes + uint64_t(offsets_end);
+  labels_ = reinterpret_cast<const int32_t*>(bytes + uint64_t(tokens_end));
+  ANVIL_REQUIRE(offsets_[0] == 0, "classification shard '{}': offsets[0] is {} (must be 0)", path,
+                offsets_[0]);
+  for (uint64_t i = 0; i < num_examples_; ++i) {
+    ANVIL_REQUIRE(
+        offsets_[i + 1] >= offsets_[i] && offsets_[i + 1] - offsets_[i] <= max_length_,
+        "classification shard '{}': example {} spans offsets [{}, {}), not 0 to max_length {} tokens", path,
+        i, offsets_[i], offsets_[i + 1], max_length_);
+  }
+  ANVIL_REQUIRE(offsets_[num_examples_] == num_tokens_,
+                "classification shard '{}': the offsets end at {} but the header says {} tokens", path,
+                offsets_[num_examples_], num_tokens_);
+  if (dtype_ == TokenDType::U16) {
+    check_ids(path, reinterpret_cast<const uint16_t*>(tokens_), num_tokens_, vocab_size_);
+  } else {
+    check_ids(path, reinterpret_cast<const uint32_t*>(tokens_), num_tokens_, vocab_size_);
+  }
+  for (uint64_t i = 0; i < num_examples_; ++i)
+    ANVIL_REQUIRE(labels_[i] >= 0 && static_cast<uint32_t>(labels_[i]) < num_labels,
+                  "classification shard '{}': example {} has label {}, outside [0, {})", path, i, labels_[i],
+                  num_labels);
 }
 
-ClassificationShard::~ClassificationShard() {
-  if (map_) ::munmap(map_, map_bytes_);
-}
+ClassificationShard::~ClassificationShard() = default;
 
 uint32_t ClassificationShard::length(uint64_t i) const {
   ANVIL_REQUIRE(i < num_examples_, "classification shard '{}': example {} out of range (the shard has {})",

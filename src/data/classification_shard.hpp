@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "data/token_shard.hpp"
+#include "io/mapped_file.hpp"
 
 namespace anvil::data {
 
@@ -100,8 +101,7 @@ class ClassificationShard {
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  io::MappedFile map_;  // the whole file
   const uint64_t* offsets_ = nullptr;
   const unsigned char* tokens_ = nullptr;
   const int32_t* labels_ = nullptr;

@@ -1,7 +1,6 @@
 #include "data/token_shard.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <utility>
 
 #include "anvil/error.hpp"
+#include "data/shard_util.hpp"
 
 namespace anvil::data {
 
@@ -48,29 +48,12 @@ std::string describe_bytes(const unsigned char* p, size_t n) {
   return s;
 }
 
-template <class T>
-T load(const unsigned char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-// Throws at the first token id >= vocab_size. Blocks are checked with a branch-free max (which the
-// compiler vectorises) so the scan on open runs at memory bandwidth; only a bad block is searched.
+// Throws at the first token id >= vocab_size.
 template <class T>
 void check_token_ids(const std::string& path, const T* tokens, uint64_t n, uint64_t vocab_size) {
-  if (vocab_size > std::numeric_limits<T>::max()) return;  // every representable id is valid
-  constexpr uint64_t kBlock = 8192;
-  for (uint64_t start = 0; start < n; start += kBlock) {
-    uint64_t end = std::min(n, start + kBlock);
-    T block_max = 0;
-    for (uint64_t i = start; i < end; ++i) block_max = std::max(block_max, tokens[i]);
-    if (block_max < vocab_size) continue;
-    for (uint64_t i = start; i < end; ++i) {
-      ANVIL_REQUIRE(tokens[i] < vocab_size, "token shard '{}': token {} at position {} is >= vocab_size {}",
-                    path, tokens[i], i, vocab_size);
-    }
-  }
+  if (const auto i = first_id_at_least(tokens, n, vocab_size))
+    ANVIL_THROW("token shard '{}': token {} at position {} is >= vocab_size {}", path, tokens[*i], *i,
+                vocab_size);
 }
 
 }  // namespace
@@ -180,72 +163,56 @@ void write_token_shard(const std::string& path, std::span<const uint32_t> tokens
 // Reading
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) ANVIL_THROW("token shard '{}': file not found", path);
-    ANVIL_THROW("token shard '{}': cannot open: {}", path, errno_text());
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string why = errno_text();
-    ::close(fd);
-    ANVIL_THROW("token shard '{}': cannot stat: {}", path, why);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    ANVIL_THROW("token shard '{}': not a regular file", path);
-  }
-  const auto file_bytes = static_cast<uint64_t>(st.st_size);
+  map_ = io::MappedFile(path, [&](io::MappedFile::Step step, int err, size_t file_bytes) {
+    switch (step) {
+      case io::MappedFile::Step::Open:
+        if (err == ENOENT) ANVIL_THROW("token shard '{}': file not found", path);
+        ANVIL_THROW("token shard '{}': cannot open: {}", path, std::strerror(err));
+      case io::MappedFile::Step::Stat:
+        ANVIL_THROW("token shard '{}': cannot stat: {}", path, std::strerror(err));
+      case io::MappedFile::Step::NotRegular:
+        ANVIL_THROW("token shard '{}': not a regular file", path);
+      case io::MappedFile::Step::Map:
+        ANVIL_THROW("token shard '{}': mmap of {} bytes failed: {}", path, file_bytes, std::strerror(err));
+    }
+  });
+  const uint64_t file_bytes = map_.size();
   if (file_bytes < kTokenShardHeaderBytes) {
-    ::close(fd);
     ANVIL_THROW("token shard '{}': file is {} bytes, shorter than the {}-byte header", path, file_bytes,
                 kTokenShardHeaderBytes);
   }
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  const std::string map_error = map == MAP_FAILED ? errno_text() : std::string();
-  ::close(fd);  // the mapping keeps the file alive
-  if (map == MAP_FAILED)
-    ANVIL_THROW("token shard '{}': mmap of {} bytes failed: {}", path, file_bytes, map_error);
-  map_ = map;
-  map_bytes_ = file_bytes;
 
-  try {
-    const auto* bytes = static_cast<const unsigned char*>(map_);
-    ANVIL_REQUIRE(std::memcmp(bytes, kMagic, sizeof(kMagic)) == 0,
-                  "token shard '{}': bad magic '{}' (expected 'ANVILTOK'); not a token shard", path,
-                  describe_bytes(bytes, sizeof(kMagic)));
-    const auto version = load<uint32_t>(bytes + 8);
-    const auto dtype_code = load<uint32_t>(bytes + 12);
-    size_ = load<uint64_t>(bytes + 16);
-    vocab_size_ = load<uint64_t>(bytes + 24);
-    ANVIL_REQUIRE(version == kTokenShardVersion,
-                  "token shard '{}': unsupported format version {} (expected {})", path, version,
-                  kTokenShardVersion);
-    ANVIL_REQUIRE(dtype_code == static_cast<uint32_t>(TokenDType::U16) ||
-                      dtype_code == static_cast<uint32_t>(TokenDType::U32),
-                  "token shard '{}': unknown token dtype code {} (expected 1 = uint16 or 2 = uint32)", path,
-                  dtype_code);
-    dtype_ = static_cast<TokenDType>(dtype_code);
-    ANVIL_REQUIRE(vocab_size_ >= 1, "token shard '{}': vocabulary size is 0", path);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(map_.data());
+  ANVIL_REQUIRE(std::memcmp(bytes, kMagic, sizeof(kMagic)) == 0,
+                "token shard '{}': bad magic '{}' (expected 'ANVILTOK'); not a token shard", path,
+                describe_bytes(bytes, sizeof(kMagic)));
+  const auto version = load<uint32_t>(bytes + 8);
+  const auto dtype_code = load<uint32_t>(bytes + 12);
+  size_ = load<uint64_t>(bytes + 16);
+  vocab_size_ = load<uint64_t>(bytes + 24);
+  ANVIL_REQUIRE(version == kTokenShardVersion,
+                "token shard '{}': unsupported format version {} (expected {})", path, version,
+                kTokenShardVersion);
+  ANVIL_REQUIRE(dtype_code == static_cast<uint32_t>(TokenDType::U16) ||
+                    dtype_code == static_cast<uint32_t>(TokenDType::U32),
+                "token shard '{}': unknown token dtype code {} (expected 1 = uint16 or 2 = uint32)", path,
+                dtype_code);
+  dtype_ = static_cast<TokenDType>(dtype_code);
+  ANVIL_REQUIRE(vocab_size_ >= 1, "token shard '{}': vocabulary size is 0", path);
 
-    const uint64_t width = token_width(dtype_);
-    const uint64_t body_bytes = file_bytes - kTokenShardHeaderBytes;
-    // Compare without multiplying: a corrupt count could overflow count * width.
-    ANVIL_REQUIRE(
-        body_bytes % width == 0 && body_bytes / width == size_,
-        "token shard '{}': header says {} tokens of {} bytes each but the body after the header has "
-        "{} bytes ({}); the file is truncated or has trailing bytes",
-        path, size_, width, body_bytes, body_bytes / width < size_ ? "too few" : "too many");
-    body_ = bytes + kTokenShardHeaderBytes;
-    // The body starts 64 bytes into a page-aligned mapping, so it is aligned for either dtype.
-    if (dtype_ == TokenDType::U16) {
-      check_token_ids(path, reinterpret_cast<const uint16_t*>(body_), size_, vocab_size_);
-    } else {
-      check_token_ids(path, reinterpret_cast<const uint32_t*>(body_), size_, vocab_size_);
-    }
-  } catch (...) {
-    unmap();
-    throw;
+  const uint64_t width = token_width(dtype_);
+  const uint64_t body_bytes = file_bytes - kTokenShardHeaderBytes;
+  // Compare without multiplying: a corrupt count could overflow count * width.
+  ANVIL_REQUIRE(body_bytes % width == 0 && body_bytes / width == size_,
+                "token shard '{}': header says {} tokens of {} bytes each but the body after the header has "
+                "{} bytes ({}); the file is truncated or has trailing bytes",
+                path, size_, width, body_bytes, body_bytes / width < size_ ? "too few" : "too many");
+  body_ = bytes + kTokenShardHeaderBytes;
+  // The body starts 64 bytes into a page-aligned mapping, so it is aligned for either dtype.
+  if (dtype_ == TokenDType::U16) {
+    check_token_ids(path, reinterpret_cast<const uint16_t*>(body_), size_, vocab_size_);
+  } else {
+    check_token_ids(path, reinterpret_cast<const uint32_t*>(body_), size_, vocab_size_);
   }
 }
 
@@ -261,8 +228,7 @@ TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
   if (this != &other) {
     unmap();
     path_ = std::move(other.path_);
-    map_ = std::exchange(other.map_, nullptr);
-    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    map_ = std::move(other.map_);
     body_ = std::exchange(other.body_, nullptr);
     size_ = std::exchange(other.size_, 0);
     vocab_size_ = std::exchange(other.vocab_size_, 0);
@@ -272,9 +238,7 @@ TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
 }
 
 void TokenShard::unmap() {
-  if (map_) ::munmap(map_, map_bytes_);
-  map_ = nullptr;
-  map_bytes_ = 0;
+  map_ = io::MappedFile();
   body_ = nullptr;
 }
 

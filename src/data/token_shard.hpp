@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "io/mapped_file.hpp"
+
 namespace anvil::data {
 
 inline constexpr size_t kTokenShardHeaderBytes = 64;
@@ -84,8 +86,7 @@ class TokenShard {
   void unmap();
 
   std::string path_;
-  void* map_ = nullptr;  // the whole file
-  size_t map_bytes_ = 0;
+  io::MappedFile map_;                   // the whole file
   const unsigned char* body_ = nullptr;  // first token
   uint64_t size_ = 0;
   uint64_t vocab_size_ = 0;

@@ -1,10 +1,5 @@
 #include "io/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -13,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <system_error>
+#include <utility>
 
 #include "anvil/error.hpp"
 #include "io/atomic_dir.hpp"
@@ -59,20 +55,6 @@ std::optional<size_t> checked_nbytes(DType dtype, const std::vector<int64_t>& sh
   if (numel > std::numeric_limits<size_t>::max() / 32) return std::nullopt;
   return dtype_bytes(dtype, static_cast<size_t>(numel));
 }
-
-class FdGuard {
- public:
-  explicit FdGuard(int fd) : fd_(fd) {}
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  ~FdGuard() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 std::string errno_text(int err) {
   return std::generic_category().message(err);
@@ -154,22 +136,23 @@ int64_t SafeTensorInfo::numel() const {
 }
 
 SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
-  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  ANVIL_REQUIRE(fd.get() >= 0, "{}: cannot open safetensors file ({})", path, errno_text(errno));
-  struct stat st {};
-  ANVIL_REQUIRE(::fstat(fd.get(), &st) == 0, "{}: cannot stat ({})", path, errno_text(errno));
-  ANVIL_REQUIRE(S_ISREG(st.st_mode), "{}: not a regular file", path);
-  file_size_ = static_cast<size_t>(st.st_size);
+  auto mapping = std::make_shared<const MappedFile>(path, [&](MappedFile::Step step, int err, size_t) {
+    switch (step) {
+      case MappedFile::Step::Open:
+        ANVIL_THROW("{}: cannot open safetensors file ({})", path, errno_text(err));
+      case MappedFile::Step::Stat:
+        ANVIL_THROW("{}: cannot stat ({})", path, errno_text(err));
+      case MappedFile::Step::NotRegular:
+        ANVIL_THROW("{}: not a regular file", path);
+      case MappedFile::Step::Map:
+        ANVIL_THROW("{}: cannot mmap ({})", path, errno_text(err));
+    }
+  });
+  file_size_ = mapping->size();
   ANVIL_REQUIRE(file_size_ >= 8, "{}: file is {} bytes, too short for the 8-byte header length", path,
                 file_size_);
-
-  void* map = ::mmap(nullptr, file_size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  ANVIL_REQUIRE(map != MAP_FAILED, "{}: cannot mmap ({})", path, errno_text(errno));
-  const size_t mapped_size = file_size_;
-  mapping_ = std::shared_ptr<const std::byte>(
-      static_cast<const std::byte*>(map),
-      [mapped_size](const std::byte* p) { ::munmap(const_cast<std::byte*>(p), mapped_size); });
-  const std::byte* bytes = mapping_.get();
+  mapping_ = std::move(mapping);
+  const std::byte* bytes = mapping_->data();
 
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<uint64_t>(bytes[i]);

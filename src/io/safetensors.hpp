@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "anvil/dtype.hpp"
+#include "io/mapped_file.hpp"
 
 namespace anvil::io {
 
@@ -43,7 +44,7 @@ class SafeTensorsReader {
 
  private:
   std::string path_;
-  std::shared_ptr<const std::byte> mapping_;  // whole file; unmapped when the last copy goes
+  std::shared_ptr<const MappedFile> mapping_;  // whole file; unmapped when the last copy goes
   size_t file_size_ = 0;
   const std::byte* buffer_ = nullptr;  // start of the data buffer inside the mapping
   size_t buffer_size_ = 0;
