@@ -440,6 +440,28 @@ void handle_skip(Context& ctx, const Record& record, const Output& output) {
     ctx.report.skipped_examples.push_back(where + ": " + output.skip_detail);
 }
 
+// Drains the pipeline in input order: rethrows a batch's error, counts UTF-8 repairs, sends bad records to
+// handle_skip and the others to `on_record`, then adds each batch's bytes and calls `after_batch`.
+template <class OnRecord, class AfterBatch>
+void for_each_kept_record(Context& ctx, OrderedPipeline& pipeline, OnRecord on_record,
+                          AfterBatch after_batch) {
+  Batch batch;
+  while (pipeline.next(batch)) {
+    if (batch.error) std::rethrow_exception(batch.error);
+    for (size_t i = 0; i < batch.records.size(); ++i) {
+      const Output& out = batch.outputs[i];
+      ctx.report.utf8_replacements += out.replacements;
+      if (!out.skip_reason.empty()) {
+        handle_skip(ctx, batch.records[i], out);
+        continue;
+      }
+      on_record(batch.records[i], out);
+    }
+    ctx.report.bytes += batch.bytes;
+    after_batch();
+  }
+}
+
 void skip(Output& out, std::string reason, std::string detail) {
   out.skip_reason = std::move(reason);
   out.skip_detail = std::move(detail);
@@ -578,37 +600,27 @@ void run_lm(Context& ctx) {
   OrderedPipeline pipeline(
       ctx.threads, [&](Batch& b) { return reader.fill(b); }, [&](Batch& b) { tokenize_lm_batch(ctx, b); });
   uint64_t doc_index = 0;  // JSONL documents kept so far: the index the split hashes
-  Batch batch;
-  while (pipeline.next(batch)) {
-    if (batch.error) std::rethrow_exception(batch.error);
-    for (size_t i = 0; i < batch.records.size(); ++i) {
-      const Record& r = batch.records[i];
-      const Output& out = batch.outputs[i];
-      report.utf8_replacements += out.replacements;
-      if (!out.skip_reason.empty()) {
-        handle_skip(ctx, r, out);
-        continue;
-      }
-      const bool to_val = ctx.files[r.file].format == InputFormat::Text
-                              ? r.tail_val
-                              : assign_to_validation(o.seed, doc_index++, o.val_fraction);
-      Split& s = to_val ? val : train;
-      s.writer.append(out.ids);
-      s.doc_tokens += out.ids.size();
-      s.report.tokens += out.ids.size();
-      if (!r.doc_end) continue;
-      if (s.doc_tokens > 0 && eos) {
-        s.writer.append(std::span<const uint32_t>(&*eos, 1));
-        ++s.report.tokens;
-      }
-      if (s.doc_tokens == 0) ++report.empty_documents;
-      ++s.report.documents;
-      ++report.documents;
-      s.doc_tokens = 0;
-    }
-    report.bytes += batch.bytes;
-    ctx.progress.update(report.bytes, report.documents, train.report.tokens + val.report.tokens);
-  }
+  for_each_kept_record(
+      ctx, pipeline,
+      [&](const Record& r, const Output& out) {
+        const bool to_val = ctx.files[r.file].format == InputFormat::Text
+                                ? r.tail_val
+                                : assign_to_validation(o.seed, doc_index++, o.val_fraction);
+        Split& s = to_val ? val : train;
+        s.writer.append(out.ids);
+        s.doc_tokens += out.ids.size();
+        s.report.tokens += out.ids.size();
+        if (!r.doc_end) return;
+        if (s.doc_tokens > 0 && eos) {
+          s.writer.append(std::span<const uint32_t>(&*eos, 1));
+          ++s.report.tokens;
+        }
+        if (s.doc_tokens == 0) ++report.empty_documents;
+        ++s.report.documents;
+        ++report.documents;
+        s.doc_tokens = 0;
+      },
+      [&] { ctx.progress.update(report.bytes, report.documents, train.report.tokens + val.report.tokens); });
   ctx.progress.finish(report.bytes, report.documents, train.report.tokens + val.report.tokens);
 
   ANVIL_REQUIRE(train.report.tokens + val.report.tokens > 0, "{}", empty_corpus_message(ctx));
@@ -698,38 +710,28 @@ void run_classification(Context& ctx) {
   OrderedPipeline pipeline(
       ctx.threads, [&](Batch& b) { return reader.fill(b); }, work);
   uint64_t example_index = 0;
-  Batch batch;
-  while (pipeline.next(batch)) {
-    if (batch.error) std::rethrow_exception(batch.error);
-    for (size_t i = 0; i < batch.records.size(); ++i) {
-      const Record& r = batch.records[i];
-      const Output& out = batch.outputs[i];
-      report.utf8_replacements += out.replacements;
-      if (!out.skip_reason.empty()) {
-        handle_skip(ctx, r, out);
-        continue;
-      }
-      int32_t label;
-      if (!o.labels.empty()) {
-        label = given_ids.at(r.label);
-      } else if (const auto it = seen_ids.find(r.label); it != seen_ids.end()) {
-        label = it->second;
-      } else {  // renumbered in sorted name order at the end
-        label = static_cast<int32_t>(seen_labels.size());
-        seen_labels.push_back(r.label);
-        seen_ids.emplace(r.label, label);
-      }
-      const bool to_val = assign_to_validation(o.seed, example_index++, o.val_fraction);
-      (to_val ? val : train).append(out.ids, label);
-      SplitReport& s = to_val ? report.val : report.train;
-      ++s.documents;
-      s.tokens += out.ids.size();
-      ++s.label_counts[r.label];
-      report.truncated += out.truncated;
-    }
-    report.bytes += batch.bytes;
-    ctx.progress.update(report.bytes, example_index, report.train.tokens + report.val.tokens);
-  }
+  for_each_kept_record(
+      ctx, pipeline,
+      [&](const Record& r, const Output& out) {
+        int32_t label;
+        if (!o.labels.empty()) {
+          label = given_ids.at(r.label);
+        } else if (const auto it = seen_ids.find(r.label); it != seen_ids.end()) {
+          label = it->second;
+        } else {  // renumbered in sorted name order at the end
+          label = static_cast<int32_t>(seen_labels.size());
+          seen_labels.push_back(r.label);
+          seen_ids.emplace(r.label, label);
+        }
+        const bool to_val = assign_to_validation(o.seed, example_index++, o.val_fraction);
+        (to_val ? val : train).append(out.ids, label);
+        SplitReport& s = to_val ? report.val : report.train;
+        ++s.documents;
+        s.tokens += out.ids.size();
+        ++s.label_counts[r.label];
+        report.truncated += out.truncated;
+      },
+      [&] { ctx.progress.update(report.bytes, example_index, report.train.tokens + report.val.tokens); });
   ctx.progress.finish(report.bytes, example_index, report.train.tokens + report.val.tokens);
   report.documents = example_index;
 
