@@ -9,7 +9,7 @@ build=${ANVIL_BUILD_DIR:-build-cuda}
 [ -x "$build/anvil_parity_tests" ] || { echo "no CUDA build in $build (cmake -S . -B $build && cmake --build $build)" >&2; exit 1; }
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.devcarry/' >> .git/info/exclude; }
 rm -rf .devcarry && mkdir -p .devcarry/bin
-cp "$build"/anvil "$build"/anvil_parity_tests "$build"/anvil_unit_tests .devcarry/bin/
+for b in anvil anvil_parity_tests anvil_unit_tests; do [ ! -x "$build/$b" ] || cp "$build/$b" .devcarry/bin/; done
 libs=$(mktemp -d)
 trap 'rm -rf "$libs"' EXIT
 mkdir -p "$libs/anvil_libs"

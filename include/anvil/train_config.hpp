@@ -11,6 +11,8 @@
 
 namespace anvil {
 
+struct LossScalerConfig;  // precision/loss_scaler.hpp
+
 struct TrainConfig {
   // Model: a preset name ("tiny", "d12", ...) or an explicit shape; or weights to start from.
   TransformerConfig model = TransformerConfig::preset("tiny");
@@ -55,9 +57,33 @@ struct TrainConfig {
   int64_t save_steps = 0;  // 0: save only at the end
   int64_t eval_steps = 0;  // 0: evaluate only at the end (if val_data is set)
   int64_t max_eval_batches = 20;
-  bool tf32 = false;
   std::string device = "auto";  // auto | cpu | cuda
   std::string resume_from_checkpoint;
+
+  // Precision (docs/config.md, "Precision"). HF names: fp16 / bf16 mixed precision (16-bit weights and
+  // activations, fp32 master weights and optimizer states), tf32 for fp32 matmuls on CUDA.
+  bool fp16 = false;
+  bool bf16 = false;
+  bool tf32 = false;
+  // The fp16 loss scaler, with DeepSpeed's names and semantics (used only when fp16 is on).
+  double loss_scale = 0;  // > 0: static scale; 0: dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+  int max_overflows_at_min_scale = 20;  // consecutive overflows at the minimum scale before the run stops
+  // bf16 only: weights are rounded stochastically when written from the fp32 master weights.
+  bool stochastic_rounding = false;
+  // Gradient accumulation type (DeepSpeed data_types.grad_accum_dtype): "fp32", or the 16-bit type in use
+  // ("bf16" with bf16, "fp16" with fp16) to save memory.
+  std::string grad_accum_dtype = "fp32";
+  // Testing hook: at these 1-based global steps the trainer makes the gradients overflow (fp16), so tests
+  // can exercise the skip path. Sorted, without duplicates.
+  std::vector<int64_t> debug_inject_overflow_steps;
+  // A DeepSpeed config JSON (as HF TrainingArguments' deepspeed), applied onto this config when it is
+  // loaded (src/train/deepspeed_config.hpp); "" for none.
+  std::string deepspeed;
 
   // A sample generated from the trained model at the end of training ("" disables).
   std::string sample_prompt;
@@ -66,7 +92,9 @@ struct TrainConfig {
   int sample_top_k = 40;
 
   // Parses a config object; `source` names it in errors (e.g. the file path). Unknown keys are errors
-  // that suggest the nearest valid key.
+  // that suggest the nearest valid key. When the object sets `deepspeed`, that DeepSpeed config is
+  // applied (its "auto" values take this config's; its other values must agree with the keys this
+  // object sets) before validation.
   static TrainConfig from_json(const nlohmann::json& j, const std::string& source);
   static TrainConfig from_file(const std::string& path);
   nlohmann::json to_json() const;
@@ -80,6 +108,10 @@ struct TrainConfig {
   int64_t tokens_per_step() const {
     return int64_t(per_device_train_batch_size) * gradient_accumulation_steps * seq_len();
   }
+  // "fp32", "bf16" or "fp16": the type of the model's weights and activations.
+  std::string precision() const { return fp16 ? "fp16" : bf16 ? "bf16" : "fp32"; }
+  // The loss scaler's settings (include "precision/loss_scaler.hpp" to use it).
+  LossScalerConfig loss_scaler() const;
 
   void validate(const std::string& source) const;
 };

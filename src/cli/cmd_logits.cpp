@@ -42,7 +42,7 @@ int run_logits(const LogitsArgs& a) {
   e.model().forward(e.ops(), e.tokens(0), nullptr, B, T, 0.0f, false);
   const int V = cfg.vocab_size, Vp = cfg.padded_vocab_size();
   std::vector<float> padded(size_t(B) * T * Vp), logits(size_t(B) * T * V);
-  e.device().copy_to_host(padded.data(), e.model().logits(), padded.size() * sizeof(float));
+  e.model().copy_logits_to_host(e.device(), padded.data(), 0, size_t(B) * T);
   for (size_t r = 0; r < size_t(B) * T; ++r) std::memcpy(&logits[r * V], &padded[r * Vp], V * sizeof(float));
   io::SafeTensorsWriter w;
   w.add("logits", DType::F32, {B, T, V}, logits.data());

@@ -10,8 +10,15 @@ using json = nlohmann::json;
 
 void ConfigFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--config", config_path, "JSON training config (see docs/config.md)");
-  for (const std::string& key : TrainConfig::keys())
-    cmd->add_option("--" + key, values[key], "override config key '" + key + "'");
+  const json defaults = TrainConfig().to_json();
+  for (const std::string& key : TrainConfig::keys()) {
+    CLI::Option* opt = cmd->add_option("--" + key, values[key], "override config key '" + key + "'");
+    // Boolean keys also work as bare flags: `--fp16` is `--fp16 true`.
+    if (defaults.contains(key) && defaults[key].is_boolean()) {
+      opt->expected(0, 1);
+      bare_flags[key] = opt;
+    }
+  }
 }
 
 TrainConfig ConfigFlags::resolve() {
@@ -28,6 +35,8 @@ TrainConfig ConfigFlags::resolve() {
     ANVIL_REQUIRE(j.is_object(), "{}: the config must be a JSON object", config_path);
     source = config_path;
   }
+  for (const auto& [key, opt] : bare_flags)
+    if (opt->count() > 0 && values[key].empty()) values[key] = "true";
   for (const auto& [key, value] : values)
     if (!value.empty()) set_config_override(j, key, value);
   // --model '{"n_layer": 2, ...}' gives the shape as JSON.

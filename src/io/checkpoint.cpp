@@ -206,7 +206,7 @@ void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
     ANVIL_REQUIRE(known, "{}: unexpected tensor '{}' (not part of a GPT-2 model with this config)",
                   files.path_of(n), n);
   }
-  dev.copy_to_device(model.params(), host.data(), host.size() * sizeof(float));
+  model.upload_weights(dev, host.data());
 }
 
 void save_optimizer(const std::string& path, const AdamW& opt, const ParamLayout& layout, Device& dev) {

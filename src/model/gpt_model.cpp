@@ -5,17 +5,22 @@
 #include <vector>
 
 #include "anvil/rng.hpp"
+#include "core/half.hpp"
 
 namespace anvil {
 
 GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
-                   CheckpointPolicy checkpointing)
+                   CheckpointPolicy checkpointing, OpsPrecision precision)
     : cfg_(std::move(cfg)),
       layout_(ParamLayout::gpt2(cfg_)),
       B_(max_batch),
       T_(max_seq),
       training_(training),
-      checkpointing_(checkpointing) {
+      checkpointing_(checkpointing),
+      precision_(precision),
+      ae_(dtype_bits(precision.compute) / 8),
+      ge_(dtype_bits(precision.grad) / 8) {
+  validate_ops_precision(precision);
   ANVIL_REQUIRE(checkpointing.every >= 1, "gradient_checkpointing_every must be >= 1, got {}",
                 checkpointing.every);
   cfg_.validate();
@@ -39,59 +44,105 @@ GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool train
 
 void GptModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   using M = MemoryCategory;
-  const size_t f = sizeof(float);
+  const size_t f = sizeof(float), a = ae_;
   const size_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, BT = size_t(B_) * T_;
-  i_params_ = plan.add("parameters", M::Weights, layout_.total_numel() * f);
-  if (training_) i_grads_ = plan.add("gradients", M::Gradients, layout_.total_numel() * f);
-  i_encoded_ = plan.add("embedding output", M::Activations, BT * C * f);
+  const size_t P = layout_.total_numel();
+  const bool mixed = precision_.compute != DType::F32;
+  if (mixed) {
+    i_master_ = plan.add("master weights (fp32)", M::MasterWeights, P * f);
+    i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) + ")",
+                          M::Weights, P * a);
+  } else {
+    i_weights_ = plan.add("parameters", M::Weights, P * f);
+  }
+  if (training_) i_grads_ = plan.add("gradients", M::Gradients, P * ge_);
+  i_encoded_ = plan.add("embedding output", M::Activations, BT * C * a);
   // Per-layer saved activations: stored per layer, or (checkpointed blocks) in one recompute buffer.
   static constexpr const char* kNames[kSavedKinds] = {
       "ln_1 output",        "ln_1 mean/rstd",      "qkv",         "attention output",
       "attention probs",    "residual after attn", "ln_2 output", "ln_2 mean/rstd",
       "mlp pre-activation", "mlp activation"};
-  const size_t per_layer[kSavedKinds] = {BT * C, 2 * BT, 3 * BT * C, BT * C,     size_t(B_) * NH * T_ * T_,
-                                         BT * C, BT * C, 2 * BT,     4 * BT * C, 4 * BT * C};
+  const size_t per_layer[kSavedKinds] = {
+      BT * C * a, 2 * BT * f, 3 * BT * C * a, BT * C * a,     size_t(B_) * NH * T_ * T_ * a,
+      BT * C * a, BT * C * a, 2 * BT * f,     4 * BT * C * a, 4 * BT * C * a};
   for (int k = 0; k < kSavedKinds; ++k) {
     SavedKind& sk = saved_[k];
-    sk.floats = per_layer[k];
+    sk.bytes = per_layer[k];
     sk.slot.assign(L, -1);
     int stored = 0;
     for (size_t l = 0; l < L; ++l)
       if (!recomputed(k, int(l))) sk.slot[l] = stored++;
-    if (stored) sk.i_stored = plan.add(kNames[k], M::Activations, size_t(stored) * sk.floats * f);
+    if (stored) sk.i_stored = plan.add(kNames[k], M::Activations, size_t(stored) * sk.bytes);
     if (stored < int(L))
-      sk.i_recompute = plan.add(std::string("recompute: ") + kNames[k], M::Recompute, sk.floats * f);
+      sk.i_recompute = plan.add(std::string("recompute: ") + kNames[k], M::Recompute, sk.bytes);
   }
-  i_res3_ = plan.add("block output", M::Activations, L * BT * C * f);
-  i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * f);
+  i_res3_ = plan.add("block output", M::Activations, L * BT * C * a);
+  i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * a);
   i_lnf_stats_ = plan.add("ln_f mean/rstd", M::Activations, 2 * BT * f);
-  i_logits_ = plan.add("logits", M::Activations, BT * cfg_.padded_vocab_size() * f);
+  i_logits_ = plan.add("logits", M::Activations, BT * cfg_.padded_vocab_size() * a);
   i_losses_ = plan.add("losses", M::Activations, BT * f);
-  i_tmp_c_ = plan.add("projection scratch", M::Workspace, BT * C * f);
+  i_tmp_c_ = plan.add("projection scratch", M::Workspace, BT * C * a);
   i_attn_scratch_ = plan.add("attention scratch", M::Workspace,
-                             attention_scratch_floats(backend, B_, T_, int(C), int(NH)) * f);
+                             attention_scratch_bytes(backend, precision_.compute, B_, T_, int(C), int(NH)));
   if (training_) {
-    i_dres_ = plan.add("residual gradient", M::Workspace, BT * C * f);
-    i_d4c_ = plan.add("mlp gradient", M::Workspace, BT * 4 * C * f);
-    i_dqkv_ = plan.add("qkv gradient", M::Workspace, BT * 3 * C * f);
+    i_dres_ = plan.add("residual gradient", M::Workspace, BT * C * a);
+    i_d4c_ = plan.add("mlp gradient", M::Workspace, BT * 4 * C * a);
+    i_dqkv_ = plan.add("qkv gradient", M::Workspace, BT * 3 * C * a);
   }
 }
 
-void GptModel::bind(const Arena& a) {
-  params_ = a.get(i_params_);
-  encoded_ = a.get(i_encoded_), res3_ = a.get(i_res3_);
+void GptModel::bind(const Arena& ar) {
+  weights_ = ar.get<void>(i_weights_);
+  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_) : ar.get<float>(i_master_);
+  encoded_ = ar.get<void>(i_encoded_), res3_ = ar.get<void>(i_res3_);
   for (SavedKind& sk : saved_) {
     const bool any_stored = std::count(sk.slot.begin(), sk.slot.end(), -1) < int(sk.slot.size());
-    sk.stored = any_stored ? a.get(sk.i_stored) : nullptr;
-    sk.recompute =
-        any_stored && std::count(sk.slot.begin(), sk.slot.end(), -1) == 0 ? nullptr : a.get(sk.i_recompute);
+    sk.stored = any_stored ? ar.get<char>(sk.i_stored) : nullptr;
+    sk.recompute = any_stored && std::count(sk.slot.begin(), sk.slot.end(), -1) == 0
+                       ? nullptr
+                       : ar.get<char>(sk.i_recompute);
   }
-  lnf_ = a.get(i_lnf_), lnf_stats_ = a.get(i_lnf_stats_), logits_ = a.get(i_logits_),
-  losses_ = a.get(i_losses_);
-  tmp_c_ = a.get(i_tmp_c_), attn_scratch_ = a.get(i_attn_scratch_);
+  lnf_ = ar.get<void>(i_lnf_), lnf_stats_ = ar.get<float>(i_lnf_stats_), logits_ = ar.get<void>(i_logits_),
+  losses_ = ar.get<float>(i_losses_);
+  tmp_c_ = ar.get<void>(i_tmp_c_), attn_scratch_ = ar.get<void>(i_attn_scratch_);
   if (training_) {
-    grads_ = a.get(i_grads_), dres_ = a.get(i_dres_), d4c_ = a.get(i_d4c_), dqkv_ = a.get(i_dqkv_);
+    grads_ = ar.get<void>(i_grads_), dres_ = ar.get<void>(i_dres_), d4c_ = ar.get<void>(i_d4c_),
+    dqkv_ = ar.get<void>(i_dqkv_);
   }
+}
+
+float* GptModel::grads() const {
+  ANVIL_ASSERT(precision_.grad == DType::F32, "grads(): the gradients are {}, not F32",
+               dtype_name(precision_.grad));
+  return static_cast<float*>(grads_);
+}
+
+void GptModel::upload_weights(Device& dev, const float* host) const {
+  const size_t n = layout_.total_numel();
+  dev.copy_to_device(master_, host, n * sizeof(float));
+  if (precision_.compute == DType::F32) return;
+  std::vector<uint16_t> half(n);
+  const bool bf16 = precision_.compute == DType::BF16;
+  for (size_t i = 0; i < n; ++i) half[i] = bf16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
+  dev.copy_to_device(weights_, half.data(), n * sizeof(uint16_t));
+}
+
+void GptModel::sync_weights(Ops& ops, uint64_t rounding_seed) const {
+  if (precision_.compute == DType::F32) return;
+  ops.cast_weights(weights_, master_, layout_.total_numel(), rounding_seed);
+}
+
+void GptModel::copy_logits_to_host(Device& dev, float* dst, size_t first_row, size_t rows) const {
+  const size_t Vp = cfg_.padded_vocab_size(), n = rows * Vp;
+  const char* src = static_cast<const char*>(logits_) + first_row * Vp * ae_;
+  if (precision_.compute == DType::F32) {
+    dev.copy_to_host(dst, src, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> half(n);
+  dev.copy_to_host(half.data(), src, n * sizeof(uint16_t));
+  const bool bf16 = precision_.compute == DType::BF16;
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
 }
 
 void GptModel::init_weights(uint64_t seed, Device& dev) const {
@@ -116,13 +167,15 @@ void GptModel::init_weights(uint64_t seed, Device& dev) const {
         break;
     }
   }
-  dev.copy_to_device(params_, host.data(), host.size() * sizeof(float));
+  upload_weights(dev, host.data());
 }
 
-GptModel::LayerParams GptModel::layer_params(float* base, int l) const {
+GptModel::LayerParams GptModel::layer_params(void* base, size_t e, int l) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
-  return {base + o.ln1w, base + o.ln1b, base + o.qkvw, base + o.qkvb, base + o.attprojw, base + o.attprojb,
-          base + o.ln2w, base + o.ln2b, base + o.fcw,  base + o.fcb,  base + o.fcprojw,  base + o.fcprojb};
+  char* b = static_cast<char*>(base);
+  return {b + o.ln1w * e,     b + o.ln1b * e,     b + o.qkvw * e,    b + o.qkvb * e,
+          b + o.attprojw * e, b + o.attprojb * e, b + o.ln2w * e,    b + o.ln2b * e,
+          b + o.fcw * e,      b + o.fcb * e,      b + o.fcprojw * e, b + o.fcprojb * e};
 }
 
 bool GptModel::recomputed(int kind, int layer) const {
@@ -131,20 +184,20 @@ bool GptModel::recomputed(int kind, int layer) const {
   return kind != kQkv && kind != kAtty && kind != kProbs;  // selective keeps the attention tensors
 }
 
-float* GptModel::act(int kind, int layer) const {
+void* GptModel::act(int kind, int layer) const {
   const SavedKind& sk = saved_[kind];
   const int slot = sk.slot[layer];
-  return slot < 0 ? sk.recompute : sk.stored + size_t(slot) * sk.floats;
+  return slot < 0 ? sk.recompute : sk.stored + size_t(slot) * sk.bytes;
 }
 
 void GptModel::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed) {
   const int C = cfg_.n_embd, NH = cfg_.n_head, N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
-  const LayerParams p = layer_params(params_, l);
-  const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
-  float *ln1 = act(kLn1, l), *ln1_stats = act(kLn1Stats, l), *qkv = act(kQkv, l), *atty = act(kAtty, l);
-  float *res2 = act(kRes2, l), *ln2 = act(kLn2, l), *ln2_stats = act(kLn2Stats, l), *fch = act(kFch, l);
-  float* fch_gelu = act(kFchGelu, l);
+  const LayerParams p = layer_params(weights_, ae_, l);
+  const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
+  void *ln1 = act(kLn1, l), *qkv = act(kQkv, l), *atty = act(kAtty, l);
+  void *res2 = act(kRes2, l), *ln2 = act(kLn2, l), *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l);
+  float *ln1_stats = stats(kLn1Stats, l), *ln2_stats = stats(kLn2Stats, l);
   auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
   if (run(kLn1)) ops.layernorm_fwd(ln1, ln1_stats, ln1_stats + sBT, x, p.ln1w, p.ln1b, N, C);
   if (run(kQkv)) ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
@@ -158,21 +211,23 @@ void GptModel::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed
   if (run(kFchGelu)) ops.gelu_fwd(fch_gelu, fch, size_t(N) * 4 * C);
   if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
   ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
-  ops.residual_fwd(res3_ + l * sBTC, res2, tmp_c_, size_t(N) * C);
+  ops.residual_fwd(at(res3_, l * sBTC), res2, tmp_c_, size_t(N) * C);
 }
 
 void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T,
                        float grad_scale, bool write_grad) {
   ANVIL_ASSERT(B <= B_ && T <= T_, "forward shape {}x{} exceeds planned {}x{}", B, T, B_, T_);
   ANVIL_ASSERT(!write_grad || (training_ && targets), "write_grad needs a training model and targets");
+  ANVIL_ASSERT(ops.precision().compute == precision_.compute && ops.precision().grad == precision_.grad,
+               "the ops' precision does not match the model's");
   const int C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size();
   const int N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
-  ops.embedding_fwd(encoded_, tokens, params_ + wte_off_, params_ + wpe_off_, B, T, C);
+  ops.embedding_fwd(encoded_, tokens, at(weights_, wte_off_), at(weights_, wpe_off_), B, T, C);
   for (int l = 0; l < L; ++l) block_forward(ops, l, B, T, false);
-  ops.layernorm_fwd(lnf_, lnf_stats_, lnf_stats_ + sBT, res3_ + (L - 1) * sBTC, params_ + lnfw_off_,
-                    params_ + lnfb_off_, N, C);
-  ops.matmul_fwd(logits_, lnf_, params_ + wte_off_, nullptr, N, C, Vp);
+  ops.layernorm_fwd(lnf_, lnf_stats_, lnf_stats_ + sBT, at(res3_, (L - 1) * sBTC), at(weights_, lnfw_off_),
+                    at(weights_, lnfb_off_), N, C);
+  ops.matmul_fwd(logits_, lnf_, at(weights_, wte_off_), nullptr, N, C, Vp);
   if (targets) ops.softmax_xent_fwd_bwd(losses_, logits_, targets, N, V, Vp, grad_scale, write_grad);
 }
 
@@ -181,21 +236,22 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, Vp = cfg_.padded_vocab_size();
   const int N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
-  const float* wte = params_ + wte_off_;
+  const void* wte = at(weights_, wte_off_);
+  char* g0 = static_cast<char*>(grads_);
 
   // Head (tied to wte) and final norm. dlogits already sits in the logits buffer.
-  ops.matmul_bwd(tmp_c_, grads_ + wte_off_, nullptr, logits_, lnf_, wte, N, C, Vp);
-  ops.device().fill_zero(dres_, size_t(N) * C * sizeof(float));
-  ops.layernorm_bwd(dres_, grads_ + lnfw_off_, grads_ + lnfb_off_, tmp_c_, res3_ + (L - 1) * sBTC,
-                    params_ + lnfw_off_, lnf_stats_, lnf_stats_ + sBT, N, C);
+  ops.matmul_bwd(tmp_c_, g0 + wte_off_ * ge_, nullptr, logits_, lnf_, wte, N, C, Vp);
+  ops.device().fill_zero(dres_, size_t(N) * C * ae_);
+  ops.layernorm_bwd(dres_, g0 + lnfw_off_ * ge_, g0 + lnfb_off_ * ge_, tmp_c_, at(res3_, (L - 1) * sBTC),
+                    at(weights_, lnfw_off_), lnf_stats_, lnf_stats_ + sBT, N, C);
 
   for (int l = L - 1; l >= 0; --l) {
     if (checkpointing_.checkpointed(l)) block_forward(ops, l, B, T, true);
-    const LayerParams p = layer_params(params_, l);
-    const LayerParams g = layer_params(grads_, l);
-    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * sBTC;
-    const float* ln1_stats = act(kLn1Stats, l);
-    const float* ln2_stats = act(kLn2Stats, l);
+    const LayerParams p = layer_params(weights_, ae_, l);
+    const LayerParams g = layer_params(grads_, ge_, l);
+    const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
+    const float* ln1_stats = stats(kLn1Stats, l);
+    const float* ln2_stats = stats(kLn2Stats, l);
     // MLP: out = res2 + gelu(ln2 Wfc^T + bfc) Wproj^T + bproj; dres_ holds dout.
     ops.matmul_bwd(d4c_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, N, 4 * C, C);
     ops.gelu_bwd(d4c_, act(kFch, l), d4c_, size_t(N) * 4 * C);
@@ -207,7 +263,7 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
     ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, act(kLn1, l), p.qkvw, N, C, 3 * C);
     ops.layernorm_bwd(dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
   }
-  ops.embedding_bwd(grads_ + wte_off_, grads_ + wpe_off_, dres_, tokens, B, T, C);
+  ops.embedding_bwd(g0 + wte_off_ * ge_, g0 + wpe_off_ * ge_, dres_, tokens, B, T, C);
 }
 
 }  // namespace anvil

@@ -1,6 +1,11 @@
 // GPT-2 with explicit forward and backward per layer (DESIGN principle 3). The model does not own
 // memory: it adds its buffers to a MemoryPlan and binds to the Arena carved from it.
 //
+// Precision (OpsPrecision): weights, activations and activation gradients are stored in the compute type;
+// parameter gradients in the gradient type; LayerNorm statistics and per-position losses in fp32. With a
+// 16-bit compute type the model also keeps fp32 master weights (what the optimizer updates, checkpoints
+// save and evaluation-free code reads); sync_weights() rounds them into the compute-type copy.
+//
 // Saved activations per layer (what backward reads): ln1 out, ln1 mean/rstd, qkv, attention output,
 // attention probabilities, residual after attention, ln2 out, ln2 mean/rstd, MLP pre-activation,
 // MLP activation, and the block output (always stored: it is the next block's checkpoint). Under a
@@ -24,7 +29,7 @@ class GptModel {
   // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
   // backward workspace are planned too.
   GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
-           CheckpointPolicy checkpointing = {});
+           CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
 
   // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
   void plan_memory(MemoryPlan& plan, DeviceKind backend);
@@ -34,14 +39,29 @@ class GptModel {
   const ParamLayout& layout() const { return layout_; }
   int max_batch() const { return B_; }
   int max_seq() const { return T_; }
-  float* params() const { return params_; }
-  float* grads() const { return grads_; }
+  OpsPrecision precision() const { return precision_; }
+  // The fp32 (master) weights, in the flat layout: the weights themselves when the compute type is fp32.
+  float* params() const { return master_; }
+  // The weights the ops read, in the compute type (== params() for fp32).
+  void* weights() const { return weights_; }
+  // Parameter gradients in the gradient type; grads() is for fp32 gradients only.
+  void* grad_buffer() const { return grads_; }
+  float* grads() const;
+  size_t grad_bytes() const { return dtype_bytes(precision_.grad, layout_.total_numel()); }
   const float* losses() const { return losses_; }
-  const float* logits() const { return logits_; }
+  // Logits [B, T, padded vocab] in the compute type; copy_logits_to_host widens rows to fp32.
+  const void* logits() const { return logits_; }
+  void copy_logits_to_host(Device& dev, float* dst, size_t first_row, size_t rows) const;
 
   // GPT-2 initialisation, deterministic for a seed: N(0, 0.02) for matrices and embeddings,
   // N(0, 0.02/sqrt(2 n_layer)) for the residual projections, LayerNorm (1, 0), biases 0, padded vocab rows 0.
   void init_weights(uint64_t seed, Device& dev) const;
+  // Sets the weights from fp32 host values (flat layout): the master weights and, for a 16-bit compute
+  // type, their round-to-nearest copy.
+  void upload_weights(Device& dev, const float* host) const;
+  // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
+  // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
+  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const;
 
   // tokens/targets are [B, T] in device memory. With targets, losses() receives the per-position loss.
   // With write_grad, the logits buffer is overwritten by dloss/dlogits * grad_scale for backward().
@@ -57,21 +77,23 @@ class GptModel {
   struct LayerTensors {
     T ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   };
-  using LayerParams = LayerTensors<float*>;
-  LayerParams layer_params(float* base, int l) const;
+  using LayerParams = LayerTensors<void*>;
+  // Pointers into a flat buffer whose elements are `elem_bytes` wide.
+  LayerParams layer_params(void* base, size_t elem_bytes, int l) const;
   std::vector<LayerTensors<size_t>> layer_offsets_;
 
   // The per-layer saved activations, by kind.
   enum Saved { kLn1, kLn1Stats, kQkv, kAtty, kProbs, kRes2, kLn2, kLn2Stats, kFch, kFchGelu, kSavedKinds };
   bool recomputed(int kind, int layer) const;  // kind's tensor of `layer` lives in the recompute buffer
-  float* act(int kind, int layer) const;       // where `layer` keeps (or recomputes) that tensor
+  void* act(int kind, int layer) const;        // where `layer` keeps (or recomputes) that tensor
+  float* stats(int kind, int layer) const { return static_cast<float*>(act(kind, layer)); }
   // The block's forward; with `only_recomputed`, just the steps whose outputs are recomputed for it.
   void block_forward(Ops& ops, int l, int B, int T, bool only_recomputed);
   struct SavedKind {
-    size_t floats = 0;      // per layer, at the planned batch and sequence length
+    size_t bytes = 0;       // per layer, at the planned batch and sequence length
     std::vector<int> slot;  // per layer: index in the stored buffer, or -1 (recompute buffer)
     size_t i_stored = 0, i_recompute = 0;
-    float *stored = nullptr, *recompute = nullptr;
+    char *stored = nullptr, *recompute = nullptr;
   };
   SavedKind saved_[kSavedKinds];
 
@@ -81,16 +103,21 @@ class GptModel {
   int B_, T_;
   bool training_;
   CheckpointPolicy checkpointing_;
+  OpsPrecision precision_;
+  size_t ae_, ge_;  // bytes per element of the compute and gradient types
+  // Element `i` of a compute-type buffer.
+  void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * ae_; }
 
   // Plan indices.
-  size_t i_params_ = 0, i_grads_ = 0, i_encoded_ = 0, i_res3_ = 0, i_lnf_ = 0, i_lnf_stats_ = 0,
-         i_logits_ = 0, i_losses_ = 0, i_tmp_c_ = 0, i_dres_ = 0, i_d4c_ = 0, i_dqkv_ = 0,
+  size_t i_master_ = 0, i_weights_ = 0, i_grads_ = 0, i_encoded_ = 0, i_res3_ = 0, i_lnf_ = 0,
+         i_lnf_stats_ = 0, i_logits_ = 0, i_losses_ = 0, i_tmp_c_ = 0, i_dres_ = 0, i_d4c_ = 0, i_dqkv_ = 0,
          i_attn_scratch_ = 0;
 
-  float *params_ = nullptr, *grads_ = nullptr;
-  float *encoded_ = nullptr, *res3_ = nullptr, *lnf_ = nullptr, *lnf_stats_ = nullptr, *logits_ = nullptr,
-        *losses_ = nullptr, *tmp_c_ = nullptr, *dres_ = nullptr, *d4c_ = nullptr, *dqkv_ = nullptr,
-        *attn_scratch_ = nullptr;
+  float* master_ = nullptr;
+  void *weights_ = nullptr, *grads_ = nullptr;
+  void *encoded_ = nullptr, *res3_ = nullptr, *lnf_ = nullptr, *logits_ = nullptr, *tmp_c_ = nullptr,
+       *dres_ = nullptr, *d4c_ = nullptr, *dqkv_ = nullptr, *attn_scratch_ = nullptr;
+  float *lnf_stats_ = nullptr, *losses_ = nullptr;
 };
 
 }  // namespace anvil

@@ -20,8 +20,9 @@ class AdamW {
   void bind(const Arena& arena);
   void zero_state(Device& dev);  // m = v = 0
 
-  // One update of every parameter; `step` is 1-based; `grad_scale` multiplies gradients (clipping).
-  void step(Ops& ops, float* params, const float* grads, float lr, int64_t step, float grad_scale);
+  // One update of every (fp32 master) parameter from gradients in the ops' gradient type; `step` is
+  // 1-based; `grad_scale` multiplies gradients (token-count normalisation, clipping, 1/loss scale).
+  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale);
 
   float* m() const { return m_; }
   float* v() const { return v_; }

@@ -18,14 +18,13 @@ std::unique_ptr<Device> make_cuda_device(int) {
       "--device cuda: this Anvil was built without CUDA (configure with a CUDA toolkit and ANVIL_CUDA=ON)");
 }
 
-size_t cuda_attention_scratch_floats(int, int, int, int) {
+size_t cuda_attention_scratch_bytes(DType, int, int, int, int) {
   ANVIL_THROW(
       "--device cuda: this Anvil was built without CUDA, so it cannot plan for the CUDA backend (configure "
-      "with "
-      "a CUDA toolkit and ANVIL_CUDA=ON)");
+      "with a CUDA toolkit and ANVIL_CUDA=ON)");
 }
 
-std::unique_ptr<Ops> make_cuda_ops(Device&, bool, void*, size_t) {
+std::unique_ptr<Ops> make_cuda_ops(Device&, bool, void*, size_t, OpsPrecision) {
   ANVIL_THROW("the CUDA backend is not available: this Anvil was built without CUDA");
 }
 

@@ -8,8 +8,29 @@ const char* precision_name(Precision p) {
   switch (p) {
     case Precision::FP32:
       return "fp32";
+    case Precision::BF16:
+      return "bf16";
+    case Precision::FP16:
+      return "fp16";
   }
   return "?";
+}
+
+DType precision_dtype(Precision p) {
+  switch (p) {
+    case Precision::FP32:
+      return DType::F32;
+    case Precision::BF16:
+      return DType::BF16;
+    case Precision::FP16:
+      return DType::F16;
+  }
+  return DType::F32;
+}
+
+OpsPrecision ops_precision(const EngineOptions& o) {
+  const DType compute = precision_dtype(o.precision);
+  return {compute, o.half_precision_grads ? compute : DType::F32};
 }
 
 const char* optimizer_name(OptimizerKind o) {
@@ -31,6 +52,8 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.seq_len = cfg.seq_len();
   o.training = true;
   o.tf32 = cfg.tf32;
+  o.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
+  o.half_precision_grads = cfg.grad_accum_dtype != "fp32";
   if (cfg.gradient_checkpointing)
     o.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
                        cfg.gradient_checkpointing_every};
@@ -52,7 +75,6 @@ namespace {
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
 void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, const EngineOptions& o,
               size_t i_tokens[2], size_t i_targets[2], size_t* i_gemm_ws) {
-  ANVIL_ASSERT(o.precision == Precision::FP32, "only fp32 training is implemented");
   model.plan_memory(plan, o.device);
   if (opt) {
     switch (o.optimizer) {
@@ -84,7 +106,7 @@ void ensure_plan_fits(const MemoryPlan& plan, const Device& dev) {
 }  // namespace
 
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o) {
-  GptModel model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing);
+  GptModel model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
   std::optional<AdamW> opt;
   if (o.training) opt.emplace(model.layout(), o.adamw);
   MemoryPlan plan;
@@ -99,7 +121,8 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique_ptr<Device> device)
     : device_(std::move(device)) {
   ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
-  model_ = std::make_unique<GptModel>(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing);
+  model_ =
+      std::make_unique<GptModel>(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
   if (o.training) optimizer_.emplace(model_->layout(), o.adamw);
   MemoryPlan plan;
   size_t i_ws = 0;
@@ -107,14 +130,14 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   ensure_plan_fits(plan, *device_);
   arena_ = std::make_unique<Arena>(*device_, std::move(plan));
   // The CUDA ops take their GEMM workspace from the arena.
-  ops_ = o.device == DeviceKind::CUDA
-             ? make_cuda_ops(*device_, o.tf32, arena_->get<void>(i_ws), kCudaGemmWorkspaceBytes)
-             : make_cpu_ops(*device_);
+  ops_ = o.device == DeviceKind::CUDA ? make_cuda_ops(*device_, o.tf32, arena_->get<void>(i_ws),
+                                                      kCudaGemmWorkspaceBytes, ops_precision(o))
+                                      : make_cpu_ops(*device_, ops_precision(o));
   model_->bind(*arena_);
   if (optimizer_) {
     optimizer_->bind(*arena_);
     optimizer_->zero_state(*device_);
-    device_->fill_zero(model_->grads(), model_->layout().total_numel() * sizeof(float));
+    device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
   }
 }
 

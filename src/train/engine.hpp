@@ -12,14 +12,18 @@
 
 namespace anvil {
 
-// How weights, gradients and activations are stored. This version trains in fp32 only (TF32 is a GEMM
-// mode over fp32 storage); bf16/fp16 mixed precision, with fp32 master weights, adds values here.
-enum class Precision { FP32 };
+// How weights and activations are stored: fp32 (TF32 is a GEMM mode over fp32 storage, see
+// EngineOptions::tf32), or bf16 / fp16 mixed precision with fp32 master weights.
+enum class Precision { FP32, BF16, FP16 };
 // The optimizer, which sizes the optimizer state. AdamW only in this version (8-bit Adam and Adafactor
 // add values here).
 enum class OptimizerKind { AdamW };
 const char* precision_name(Precision p);
+DType precision_dtype(Precision p);
 const char* optimizer_name(OptimizerKind o);
+
+struct EngineOptions;
+OpsPrecision ops_precision(const EngineOptions& o);
 
 struct EngineOptions {
   DeviceKind device = DeviceKind::CPU;
@@ -28,6 +32,9 @@ struct EngineOptions {
   bool training = false;
   bool tf32 = false;
   Precision precision = Precision::FP32;
+  // Parameter gradients in the 16-bit compute type instead of fp32 (DeepSpeed's grad_accum_dtype): half
+  // the gradient memory, at the cost of accumulation precision.
+  bool half_precision_grads = false;
   OptimizerKind optimizer = OptimizerKind::AdamW;
   CheckpointPolicy checkpointing;
   AdamWHyper adamw;

@@ -68,8 +68,13 @@ std::string MemoryScenario::flags_from(const MemoryScenario& base) const {
         f.push_back(fmt::format("--gradient_checkpointing_every {}", checkpointing.every));
     }
   }
-  // Precision and optimizer have one value each in this version, so they never differ; their flags
-  // (bf16 / fp16, optim) come with the values.
+  if (precision != base.precision) {
+    if (base.precision == Precision::BF16) f.push_back("--bf16 false");
+    if (base.precision == Precision::FP16) f.push_back("--fp16 false");
+    if (precision != Precision::FP32)
+      f.push_back(precision == Precision::BF16 ? "--bf16 true" : "--fp16 true");
+  }
+  // The optimizer has one value in this version, so it never differs (its flag comes with the values).
   std::string out;
   for (const std::string& s : f) out += (out.empty() ? "" : " ") + s;
   return out;
@@ -87,6 +92,7 @@ MemoryScenario scenario_of(const TrainConfig& cfg) {
   if (cfg.gradient_checkpointing)
     s.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
                        cfg.gradient_checkpointing_every};
+  s.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
   return s;
 }
 
@@ -98,6 +104,13 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
     cfg.gradient_checkpointing_mode = checkpoint_mode_name(s.checkpointing.mode);
     cfg.gradient_checkpointing_every = s.checkpointing.every;
   }
+  cfg.bf16 = s.precision == Precision::BF16;
+  cfg.fp16 = s.precision == Precision::FP16;
+  // 16-bit gradients and stochastic rounding follow the 16-bit type (or go with it).
+  if (cfg.grad_accum_dtype != "fp32")
+    cfg.grad_accum_dtype = s.precision == Precision::FP32 ? "fp32" : precision_name(s.precision);
+  if (!cfg.bf16) cfg.stochastic_rounding = false;
+  if (!cfg.fp16) cfg.debug_inject_overflow_steps.clear();
   return cfg;
 }
 
@@ -108,7 +121,7 @@ MemoryScenario with_micro_batch(MemoryScenario s, int micro, int64_t effective_b
 }
 
 std::vector<Precision> plannable_precisions() {
-  return {Precision::FP32};
+  return {Precision::FP32, Precision::BF16, Precision::FP16};
 }
 
 std::vector<OptimizerKind> plannable_optimizers() {
@@ -227,8 +240,12 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   const MemoryScenario configured = scenario_of(cfg);
   const int64_t effective = configured.effective_batch();
   std::vector<MemoryEstimate> found;
+  // Precision changes suggested: bf16 from fp32 (the seeds' standard memory saver; fp16 needs loss scaling,
+  // so it is never proposed unasked).
+  std::vector<Precision> precisions = {configured.precision};
+  if (configured.precision == Precision::FP32) precisions.push_back(Precision::BF16);
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
-    for (Precision precision : plannable_precisions())
+    for (Precision precision : precisions)
       for (OptimizerKind optimizer : plannable_optimizers())
         for (int micro : halving_chain(configured.micro_batch)) {
           MemoryScenario s = with_micro_batch(configured, micro, effective);

@@ -36,7 +36,7 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s);
 // (so the effective batch is kept exactly when `micro` divides it, else rounded up to a multiple of it).
 MemoryScenario with_micro_batch(MemoryScenario s, int micro, int64_t effective_batch);
 
-// The values of the precision and optimizer axes that this version can plan (one each today).
+// The values of the precision and optimizer axes that this version can plan.
 std::vector<Precision> plannable_precisions();
 std::vector<OptimizerKind> plannable_optimizers();
 

@@ -45,8 +45,7 @@ std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt
     const int T = std::min<int>(int(all.size()), window);
     engine.device().copy_to_device(engine.tokens(0), all.data() + all.size() - T, T * sizeof(int32_t));
     model.forward(engine.ops(), engine.tokens(0), nullptr, 1, T, 0.0f, false);
-    engine.device().copy_to_host(row.data(), model.logits() + size_t(T - 1) * cfg.padded_vocab_size(),
-                                 row.size() * sizeof(float));
+    model.copy_logits_to_host(engine.device(), row.data(), size_t(T - 1), 1);
     const int32_t next = sample_token(row.data(), cfg.vocab_size, o, rng);
     if (next == cfg.eos_token_id) break;
     all.push_back(next);

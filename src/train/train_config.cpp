@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
+#include <set>
 
 #include "anvil/error.hpp"
+#include "precision/loss_scaler.hpp"
+#include "train/deepspeed_config.hpp"
 
 namespace anvil {
 namespace {
@@ -54,7 +58,17 @@ const std::map<std::string, Setter>& setters() {
     std::map<std::string, Setter> t;
     auto int_field = [&](const char* k, auto member) {
       t[k] = [member](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
-        c.*member = static_cast<std::remove_reference_t<decltype(c.*member)>>(r.integer(key, v));
+        using T = std::remove_reference_t<decltype(c.*member)>;
+        const int64_t i = r.integer(key, v);
+        ANVIL_REQUIRE(
+            i >= int64_t(std::numeric_limits<T>::min()) && i <= int64_t(std::numeric_limits<T>::max()),
+            "{}: '{}' is out of range, got {}", r.source, key, i);
+        c.*member = static_cast<T>(i);
+      };
+    };
+    auto bool_field = [&](const char* k, bool TrainConfig::*member) {
+      t[k] = [member](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
+        c.*member = r.boolean(key, v);
       };
     };
     auto num_field = [&](const char* k, double TrainConfig::*member) {
@@ -145,9 +159,55 @@ const std::map<std::string, Setter>& setters() {
     int_field("save_steps", &TrainConfig::save_steps);
     int_field("eval_steps", &TrainConfig::eval_steps);
     int_field("max_eval_batches", &TrainConfig::max_eval_batches);
-    t["tf32"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
-      c.tf32 = r.boolean(key, v);
+    bool_field("fp16", &TrainConfig::fp16);
+    bool_field("bf16", &TrainConfig::bf16);
+    bool_field("tf32", &TrainConfig::tf32);
+    num_field("loss_scale", &TrainConfig::loss_scale);
+    int_field("initial_scale_power", &TrainConfig::initial_scale_power);
+    int_field("loss_scale_window", &TrainConfig::loss_scale_window);
+    int_field("hysteresis", &TrainConfig::hysteresis);
+    bool_field("consecutive_hysteresis", &TrainConfig::consecutive_hysteresis);
+    num_field("min_loss_scale", &TrainConfig::min_loss_scale);
+    int_field("max_overflows_at_min_scale", &TrainConfig::max_overflows_at_min_scale);
+    bool_field("stochastic_rounding", &TrainConfig::stochastic_rounding);
+    str_field("grad_accum_dtype", &TrainConfig::grad_accum_dtype);
+    // A JSON array of step numbers; or, from the command line, one number or a comma-separated list.
+    t["debug_inject_overflow_steps"] = [](TrainConfig& c, const Reader& r, const std::string& key,
+                                          const json& v) {
+      json list = v;
+      if (v.is_number()) list = json::array({v});
+      if (v.is_string()) {
+        list = json::array();
+        const std::string text = v.get<std::string>();
+        size_t start = 0;
+        while (start <= text.size()) {
+          size_t end = text.find(',', start);
+          if (end == std::string::npos) end = text.size();
+          const std::string item = text.substr(start, end - start);
+          size_t pos = 0;
+          long long step = 0;
+          try {
+            step = std::stoll(item, &pos);
+          } catch (const std::exception&) {
+            pos = 0;
+          }
+          ANVIL_REQUIRE(pos > 0 && pos == item.size(),
+                        "{}: '{}' must be a list of step numbers (e.g. 3,4,5), got \"{}\" (bad item \"{}\")",
+                        r.source, key, text, item);
+          list.push_back(step);
+          start = end + 1;
+        }
+      }
+      r.expect(list.is_array(), key, v, "an array of step numbers");
+      std::set<int64_t> steps;
+      for (const json& item : list) {
+        const int64_t step = r.integer(key, item);
+        ANVIL_REQUIRE(step >= 1, "{}: '{}' holds 1-based global step numbers, got {}", r.source, key, step);
+        steps.insert(step);
+      }
+      c.debug_inject_overflow_steps.assign(steps.begin(), steps.end());
     };
+    str_field("deepspeed", &TrainConfig::deepspeed);
     str_field("device", &TrainConfig::device);
     str_field("resume_from_checkpoint", &TrainConfig::resume_from_checkpoint);
     str_field("sample_prompt", &TrainConfig::sample_prompt);
@@ -196,7 +256,9 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   const auto& table = setters();
   // "model" first, so that keys depending on it (e.g. max_seq_length) validate against the right shape.
   if (j.contains("model")) table.at("model")(c, r, "model", j["model"]);
+  std::set<std::string> given;
   for (auto& [key, value] : j.items()) {
+    given.insert(key);
     if (key == "model") continue;
     auto it = table.find(key);
     if (it == table.end()) {
@@ -206,7 +268,12 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
     }
     it->second(c, r, key, value);
   }
-  c.validate(source);
+  if (c.deepspeed.empty()) {
+    c.validate(source);
+  } else {
+    apply_deepspeed_config(c, c.deepspeed, given, source);
+    c.validate(source + " with deepspeed " + c.deepspeed);
+  }
   return c;
 }
 
@@ -269,6 +336,42 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(sample_temperature >= 0, "{}: sample_temperature must be >= 0, got {}", s,
                 sample_temperature);
   ANVIL_REQUIRE(sample_top_k >= 0, "{}: sample_top_k must be >= 0, got {}", s, sample_top_k);
+
+  // Precision.
+  ANVIL_REQUIRE(!(fp16 && bf16), "{}: fp16 and bf16 are both true; choose one (bf16 needs no loss scaling)",
+                s);
+  ANVIL_REQUIRE(
+      !stochastic_rounding || bf16,
+      "{}: stochastic_rounding rounds bf16 weights, so it needs bf16 true (got stochastic_rounding true "
+      "with {})",
+      s, precision());
+  ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
+                "{}: grad_accum_dtype must be fp32, bf16 or fp16, got '{}'", s, grad_accum_dtype);
+  ANVIL_REQUIRE(
+      grad_accum_dtype == "fp32" || grad_accum_dtype == precision(),
+      "{}: grad_accum_dtype '{}' needs {} true (16-bit gradient accumulation uses the 16-bit type in "
+      "use; the precision is {})",
+      s, grad_accum_dtype, grad_accum_dtype, precision());
+  loss_scaler().validate(s);
+  ANVIL_REQUIRE(
+      debug_inject_overflow_steps.empty() || fp16,
+      "{}: debug_inject_overflow_steps needs fp16 true (only the fp16 loss scaler skips overflowing steps)",
+      s);
+  for (const int64_t step : debug_inject_overflow_steps)
+    ANVIL_REQUIRE(step >= 1, "{}: debug_inject_overflow_steps holds 1-based global step numbers, got {}", s,
+                  step);
+}
+
+LossScalerConfig TrainConfig::loss_scaler() const {
+  LossScalerConfig l;
+  l.loss_scale = loss_scale;
+  l.initial_scale_power = initial_scale_power;
+  l.loss_scale_window = loss_scale_window;
+  l.hysteresis = hysteresis;
+  l.consecutive_hysteresis = consecutive_hysteresis;
+  l.min_loss_scale = min_loss_scale;
+  l.max_overflows_at_min_scale = max_overflows_at_min_scale;
+  return l;
 }
 
 json TrainConfig::to_json() const {
@@ -315,7 +418,20 @@ json TrainConfig::to_json() const {
           {"save_steps", save_steps},
           {"eval_steps", eval_steps},
           {"max_eval_batches", max_eval_batches},
+          {"fp16", fp16},
+          {"bf16", bf16},
           {"tf32", tf32},
+          {"loss_scale", loss_scale},
+          {"initial_scale_power", initial_scale_power},
+          {"loss_scale_window", loss_scale_window},
+          {"hysteresis", hysteresis},
+          {"consecutive_hysteresis", consecutive_hysteresis},
+          {"min_loss_scale", min_loss_scale},
+          {"max_overflows_at_min_scale", max_overflows_at_min_scale},
+          {"stochastic_rounding", stochastic_rounding},
+          {"grad_accum_dtype", grad_accum_dtype},
+          {"debug_inject_overflow_steps", debug_inject_overflow_steps},
+          {"deepspeed", deepspeed},
           {"device", device},
           {"resume_from_checkpoint", resume_from_checkpoint},
           {"sample_prompt", sample_prompt},

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <optional>
 
 #include "anvil/rng.hpp"
 #include "data/loader.hpp"
@@ -14,6 +16,7 @@
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
 #include "optim/lr_schedule.hpp"
+#include "precision/loss_scaler.hpp"
 #include "train/engine.hpp"
 #include "train/memory_fit.hpp"
 #include "train/run_model.hpp"
@@ -39,6 +42,30 @@ std::shared_ptr<data::TokenShard> open_shard(const std::string& path, const char
                 "{} '{}': its vocabulary has {} tokens but the model's vocab_size is {}", key, path,
                 shard->vocab_size(), m.vocab_size);
   return shard;
+}
+
+// fp32 | tf32 | bf16 | fp16
+std::string precision_label(const TrainConfig& c) {
+  return c.bf16 ? "bf16" : c.fp16 ? "fp16" : c.tf32 ? "tf32" : "fp32";
+}
+
+std::string precision_description(const TrainConfig& c, const LossScaler* scaler) {
+  if (!c.bf16 && !c.fp16) return c.tf32 ? "fp32 storage, TF32 matmuls" : "fp32";
+  std::string d =
+      fmt::format("{} weights and activations, fp32 master weights and optimizer states, {} gradients",
+                  c.bf16 ? "bf16" : "fp16", c.grad_accum_dtype);
+  if (c.stochastic_rounding) d += ", stochastic rounding of the weights";
+  if (scaler)
+    d += scaler->dynamic() ? fmt::format("; dynamic loss scale from {} (window {}, hysteresis {}, min {})",
+                                         format_loss_scale(scaler->scale()), c.loss_scale_window,
+                                         c.hysteresis, format_loss_scale(c.min_loss_scale))
+                           : fmt::format("; static loss scale {}", format_loss_scale(scaler->scale()));
+  return d;
+}
+
+// A nonzero per-step seed for stochastic rounding.
+uint64_t rounding_seed(uint64_t seed, int64_t step) {
+  return Rng(seed ^ (uint64_t(step) * 0x9e3779b97f4a7c15ull)).next_u64() | 1;
 }
 
 std::string checkpoint_dir(const TrainConfig& cfg, int64_t step) {
@@ -69,7 +96,8 @@ class Run {
   int64_t total_steps_ = 0;
   double loss_sum_before_ = 0;  // sum of step losses before a resume (for train_loss)
   int64_t steps_before_ = 0;
-  data::LoaderPosition resume_pos_;  // the first batch not yet consumed by a finished step
+  data::LoaderPosition resume_pos_;   // the first batch not yet consumed by a finished step
+  std::optional<LossScaler> scaler_;  // fp16 only
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::string tokenizer_file_;  // copied into checkpoints ("" for the byte tokenizer)
 };
@@ -105,6 +133,7 @@ void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
                 {"learning_rate", cfg_.learning_rate},
                 {"warmup_steps", cfg_.warmup_steps},
                 {"config", cfg_.to_json()}};
+  if (scaler_) state["loss_scaler"] = scaler_->state();
   const std::string dir = checkpoint_dir(cfg_, step);
   io::save_checkpoint(dir, engine_->model(), engine_->optimizer(), state, tokenizer_file_, engine_->device());
   fmt::print("saved checkpoint {}\n", dir);
@@ -157,6 +186,7 @@ TrainSummary Run::go() {
 
   int64_t start_step = 0;
   rng_.set_state(cfg_.seed);
+  if (cfg_.fp16) scaler_.emplace(cfg_.loss_scaler());
   if (!weights_from.empty()) {
     io::load_model_weights(weights_from, e.model(), dev);
   } else {
@@ -170,6 +200,9 @@ TrainSummary Run::go() {
       rng_.set_state(resume_state.at("rng_state").get<uint64_t>());
       loss_sum_before_ = resume_state.value("train_loss_sum", 0.0);
       steps_before_ = resume_state.value("train_loss_steps", int64_t(0));
+      if (scaler_ && resume_state.contains("loss_scaler"))
+        scaler_->load_state(resume_state.at("loss_scaler"),
+                            cfg_.resume_from_checkpoint + "/trainer_state.json: loss_scaler");
     } catch (const json::exception& ex) {
       ANVIL_THROW("{}/trainer_state.json: missing or malformed field ({})", cfg_.resume_from_checkpoint,
                   ex.what());
@@ -204,17 +237,23 @@ TrainSummary Run::go() {
   if (cfg_.gradient_checkpointing)
     fmt::print("  activation checkpointing: {} every {} block(s)\n", cfg_.gradient_checkpointing_mode,
                cfg_.gradient_checkpointing_every);
+  fmt::print("  precision: {}\n", precision_description(cfg_, scaler_ ? &*scaler_ : nullptr));
   fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
 
   // --- the loop ----------------------------------------------------------------------------------
   GptModel& model = e.model();
   const size_t nparams = model.layout().total_numel();
+  const DType grad_dtype = model.precision().grad;
   const size_t bt = size_t(B) * T;
   const auto t0 = Clock::now();
   double loss_sum = 0, eval_loss = -1;
   size_t peak_driver = 0;
   int64_t step = start_step;
   std::string last_ckpt;
+  // Gradients carry the factor loss_scale / nominal tokens of the step (so fp16 sees the magnitudes of a
+  // mean loss times the scale, as in DeepSpeed); the optimizer divides by it and by the real target count.
+  const double nominal_tokens = double(cfg_.tokens_per_step());
+  const std::vector<int64_t>& inject = cfg_.debug_inject_overflow_steps;
 
   // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute
   // ends.
@@ -232,17 +271,18 @@ TrainSummary Run::go() {
   stage(slot);
   for (; step < total_steps_; ++step) {
     const auto ts = Clock::now();
-    dev.fill_zero(model.grads(), nparams * sizeof(float));
+    dev.fill_zero(model.grad_buffer(), model.grad_bytes());
+    const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
     // The loss of a step is the mean over every target token of all its micro-batches. Gradients are
-    // accumulated as sums (grad scale 1) and divided by the step's token count in the optimizer, so N
-    // micro-batches of B give the same update as one batch of N*B whatever the padding.
+    // accumulated as sums and divided by the step's token count in the optimizer, so N micro-batches of B
+    // give the same update as one batch of N*B whatever the padding.
     double loss_sum_step = 0;
     int64_t step_targets = 0;
     for (int micro = 0; micro < accum; ++micro) {
       dev.wait_for_copies();
       const bool last_batch = step + 1 == total_steps_ && micro + 1 == accum;
       step_targets += valid_targets[slot];
-      model.forward(e.ops(), e.tokens(slot), e.targets(slot), B, T, 1.0f, true);
+      model.forward(e.ops(), e.tokens(slot), e.targets(slot), B, T, float(loss_scale / nominal_tokens), true);
       if (!last_batch) {
         stage(slot ^ 1);
       } else {
@@ -254,39 +294,76 @@ TrainSummary Run::go() {
     }
     ANVIL_REQUIRE(step_targets > 0, "step {}: its batches contain no target tokens (all are ignore-index {})",
                   step + 1, kIgnoreIndex);
+    if (std::binary_search(inject.begin(), inject.end(), step + 1)) {
+      // Test hook: an infinite gradient, as an fp16 overflow in backward would leave.
+      const float inf = std::numeric_limits<float>::infinity();
+      const uint16_t half_inf = grad_dtype == DType::BF16 ? uint16_t(0x7f80) : uint16_t(0x7c00);
+      if (grad_dtype == DType::F32)
+        dev.copy_to_device(model.grad_buffer(), &inf, sizeof(float));
+      else
+        dev.copy_to_device(model.grad_buffer(), &half_inf, sizeof(uint16_t));
+    }
     const double step_loss = loss_sum_step / double(step_targets);
-    const double grad_norm = std::sqrt(e.ops().sum_squares(model.grads(), nparams)) / double(step_targets);
-    ANVIL_REQUIRE(std::isfinite(step_loss) && std::isfinite(grad_norm),
-                  "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate",
-                  step + 1, step_loss, grad_norm);
-    const float clip = cfg_.max_grad_norm > 0 && grad_norm > cfg_.max_grad_norm
-                           ? float(cfg_.max_grad_norm / (grad_norm + 1e-6))
-                           : 1.0f;
+    // Stored gradients x unscale = the gradient of the step's mean loss.
+    const double unscale = nominal_tokens / (loss_scale * double(step_targets));
+    const double grad_norm =
+        std::sqrt(e.ops().sum_squares(model.grad_buffer(), grad_dtype, nparams)) * unscale;
+    const bool overflow = !std::isfinite(step_loss) || !std::isfinite(grad_norm);
+    bool skipped = false;
+    if (scaler_) {
+      const LossScaler::Update u = scaler_->update(overflow, step + 1);
+      if (u.skip) {
+        fmt::print("{}\n", u.message);
+        skipped = true;
+      }
+    } else {
+      ANVIL_REQUIRE(!overflow,
+                    "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate{}",
+                    step + 1, step_loss, grad_norm, cfg_.bf16 ? "" : " or try --bf16");
+    }
     const double lr = lr_at(schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
-    e.optimizer().step(e.ops(), model.params(), model.grads(), float(lr), step + 1,
-                       float(double(clip) / double(step_targets)));
+    if (!skipped) {
+      const float clip = cfg_.max_grad_norm > 0 && grad_norm > cfg_.max_grad_norm
+                             ? float(cfg_.max_grad_norm / (grad_norm + 1e-6))
+                             : 1.0f;
+      // The optimizer's own step count (bias correction) does not advance on skipped steps.
+      const int64_t opt_step = step + 1 - (scaler_ ? scaler_->skipped_steps() : 0);
+      e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step,
+                         float(double(clip) * unscale));
+      model.sync_weights(e.ops(), cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0);
+    }
     dev.synchronize();
-    loss_sum += step_loss;
+    loss_sum += skipped ? 0.0 : step_loss;
     peak_driver = std::max(peak_driver, dev.driver_used_bytes());
     const double step_time = seconds_since(ts);
     const double elapsed = seconds_since(t0);
     const size_t peak = std::max(e.plan().total_bytes(), peak_driver);
-    if ((step + 1) % cfg_.logging_steps == 0 || step + 1 == total_steps_ || step == start_step) {
+    if ((step + 1) % cfg_.logging_steps == 0 || step + 1 == total_steps_ || step == start_step || skipped) {
       const double tps = double(cfg_.tokens_per_step()) / step_time;
+      const std::string scale_text =
+          scaler_ ? fmt::format(" | scale {} | skipped {}", format_loss_scale(scaler_->scale()),
+                                scaler_->skipped_steps())
+                  : "";
       fmt::print(
-          "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:>9.0f} tok/s | {:7.1f}s | peak "
+          "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f}{} | {:>9.0f} tok/s | {:7.1f}s | peak "
           "{}\n",
-          step + 1, total_steps_, step_loss, lr, grad_norm, tps, elapsed, format_bytes(peak));
+          step + 1, total_steps_, step_loss, lr, grad_norm, scale_text, tps, elapsed, format_bytes(peak));
       std::fflush(stdout);
-      log_json({{"step", step + 1},
-                {"loss", step_loss},
-                {"learning_rate", lr},
-                {"grad_norm", grad_norm},
-                {"tokens_per_second", tps},
-                {"step_time", step_time},
-                {"elapsed", elapsed},
-                {"data_wait_seconds", train_loader_->wait_seconds()},
-                {"peak_memory_bytes", peak}});
+      json line = {{"step", step + 1},
+                   {"loss", std::isfinite(step_loss) ? json(step_loss) : json(nullptr)},
+                   {"learning_rate", lr},
+                   {"grad_norm", std::isfinite(grad_norm) ? json(grad_norm) : json(nullptr)},
+                   {"tokens_per_second", tps},
+                   {"step_time", step_time},
+                   {"elapsed", elapsed},
+                   {"data_wait_seconds", train_loader_->wait_seconds()},
+                   {"peak_memory_bytes", peak}};
+      if (scaler_) {
+        line["loss_scale"] = scaler_->scale();
+        line["skipped_steps"] = scaler_->skipped_steps();
+        line["overflow"] = skipped;
+      }
+      log_json(line);
     }
     const bool last = step + 1 == total_steps_;
     if (val_loader_ && ((cfg_.eval_steps > 0 && (step + 1) % cfg_.eval_steps == 0) || last)) {
@@ -309,7 +386,12 @@ TrainSummary Run::go() {
   s.train_steps_per_second = steps_run / runtime;
   s.train_samples_per_second = double(steps_run) * B * accum / runtime;
   s.train_tokens_per_second = double(steps_run) * cfg_.tokens_per_step() / runtime;
-  s.train_loss = (loss_sum + loss_sum_before_) / double(std::max<int64_t>(1, steps_run + steps_before_));
+  const int64_t skipped_total = scaler_ ? scaler_->skipped_steps() : 0;
+  s.train_loss =
+      (loss_sum + loss_sum_before_) / double(std::max<int64_t>(1, steps_run + steps_before_ - skipped_total));
+  s.precision = precision_label(cfg_);
+  s.skipped_steps = skipped_total;
+  s.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   s.eval_loss = eval_loss;
   s.peak_memory_bytes = std::max(e.plan().total_bytes(), peak_driver);
   s.allocator_peak_bytes = dev.memory_stats().peak_allocated_bytes;
@@ -345,6 +427,9 @@ TrainSummary Run::go() {
                         {"allocator_peak_bytes", s.allocator_peak_bytes},
                         {"context_overhead_bytes", dev.context_overhead_bytes()},
                         {"driver_peak_bytes", peak_driver},
+                        {"precision", s.precision},
+                        {"skipped_steps", s.skipped_steps},
+                        {"loss_scale", scaler_ ? json(s.loss_scale) : json(nullptr)},
                         {"global_step", s.global_step},
                         {"device", s.device},
                         {"last_checkpoint", s.last_checkpoint}};

@@ -250,10 +250,8 @@ class AttentionParity : public ParityTest {
     auto qkv = mirror(randn(3 * BTC));
     auto out = output(BTC);
     auto probs = output(size_t(B) * NH * T * T);
-    const size_t cpu_scratch_floats = cpu_->attention_scratch_floats(B, T, C, NH);
-    const size_t gpu_scratch_floats = gpu_->attention_scratch_floats(B, T, C, NH);
-    DeviceBuffer cpu_scratch(*cpu_dev_, cpu_scratch_floats * sizeof(float));
-    DeviceBuffer gpu_scratch(*gpu_dev_, gpu_scratch_floats * sizeof(float));
+    DeviceBuffer cpu_scratch(*cpu_dev_, std::max<size_t>(1, cpu_->attention_scratch_bytes(B, T, C, NH)));
+    DeviceBuffer gpu_scratch(*gpu_dev_, gpu_->attention_scratch_bytes(B, T, C, NH));
     auto* cs = static_cast<float*>(cpu_scratch.get());
     auto* gs = static_cast<float*>(gpu_scratch.get());
     cpu_->attention_fwd(out.cpu(), probs.cpu(), qkv.cpu(), cs, B, T, C, NH);
@@ -397,15 +395,15 @@ TEST_F(ParityTest, SumAndSumSquares) {
     for (size_t i = offset; i < n; ++i)
       abs_sum += std::fabs(double(host[i])), sq_sum += double(host[i]) * host[i];
     const double cpu_sum = cpu_->sum(x.cpu() + offset, len), gpu_sum = gpu_->sum(x.gpu() + offset, len);
-    const double cpu_sq = cpu_->sum_squares(x.cpu() + offset, len),
-                 gpu_sq = gpu_->sum_squares(x.gpu() + offset, len);
+    const double cpu_sq = cpu_->sum_squares(x.cpu() + offset, DType::F32, len),
+                 gpu_sq = gpu_->sum_squares(x.gpu() + offset, DType::F32, len);
     // Both accumulate in fp64: only the summation order differs.
     EXPECT_NEAR(gpu_sum, cpu_sum, 1e-10 * abs_sum) << "offset " << offset << "; seed " << seed_;
     EXPECT_NEAR(gpu_sq, cpu_sq, 1e-10 * sq_sum) << "offset " << offset << "; seed " << seed_;
     EXPECT_NEAR(gpu_sq, sq_sum, 1e-10 * sq_sum) << "offset " << offset << "; seed " << seed_;
   }
   EXPECT_EQ(gpu_->sum(x.gpu(), 0), 0.0);
-  EXPECT_EQ(gpu_->sum_squares(x.gpu(), 1), double(host[0]) * host[0]);
+  EXPECT_EQ(gpu_->sum_squares(x.gpu(), DType::F32, 1), double(host[0]) * host[0]);
 }
 
 // More than 2^31 elements: indices must not overflow. GPU only (the CPU copy would take minutes).
@@ -420,9 +418,9 @@ TEST_F(ParityTest, SumBeyond32BitIndices) {
   gpu_dev_->copy_to_device(x + (size_t{1} << 31) + 3, twos, sizeof(float));
   gpu_dev_->copy_to_device(x + n - 1, fours, sizeof(float));
   EXPECT_EQ(gpu_->sum(x, n), 7.0);
-  EXPECT_EQ(gpu_->sum_squares(x, n), 21.0);
+  EXPECT_EQ(gpu_->sum_squares(x, DType::F32, n), 21.0);
   EXPECT_EQ(gpu_->sum(x + 1, n - 1), 7.0);  // unaligned: the scalar path walks every index
-  EXPECT_EQ(gpu_->sum_squares(x + 1, n - 1), 21.0);
+  EXPECT_EQ(gpu_->sum_squares(x + 1, DType::F32, n - 1), 21.0);
 }
 
 // --- optimizer -------------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ TEST_F(GradCheckOps, Attention) {
   std::vector<float> qkv = randn(rng_, size_t(B) * T * 3 * C);
   const std::vector<float> R = randn(rng_, size_t(B) * T * C);
   std::vector<float> out(R.size()), probs(size_t(B) * NH * T * T);
-  std::vector<float> scratch(std::max<size_t>(1, ops_->attention_scratch_floats(B, T, C, NH)));
+  std::vector<float> scratch(std::max<size_t>(1, ops_->attention_scratch_bytes(B, T, C, NH) / sizeof(float)));
   const Loss loss = [&] {
     ops_->attention_fwd(out.data(), probs.data(), qkv.data(), scratch.data(), B, T, C, NH);
     return dot(out, R);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 
 #include "anvil/trainer.hpp"
@@ -376,20 +377,30 @@ TEST(EstimateCli, SweepPrintsATable) {
   test::CommandResult r = test::run_anvil("estimate --config " + cfg + " --sweep --gpu_memory 4MiB");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* needle : {"micro", "accum", "checkpointing", "precision", "optimizer", "total", "fits",
-                             "selective", "full", "fp32", "adamw", "yes", "no"})
+                             "selective", "full", "fp32", "bf16", "fp16", "adamw", "yes", "no"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
-  // 7 micro-batches (1..64) x 3 checkpointing policies.
+  // 7 micro-batches (1..64) x 3 checkpointing policies x 3 precisions.
   const size_t rows = size_t(std::count(r.output.begin(), r.output.end(), '\n'));
-  EXPECT_GE(rows, 21u);
+  EXPECT_GE(rows, 63u);
 
   r = test::run_anvil("estimate --config " + cfg + " --sweep --json --gpu_memory 4MiB");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json j = json::parse(r.output);
-  ASSERT_EQ(j.at("rows").size(), 21u);
+  ASSERT_EQ(j.at("rows").size(), 63u);
+  std::map<std::string, size_t> fp32_total;  // by micro-batch and checkpointing
   for (const json& row : j["rows"]) {
     EXPECT_EQ(row.at("fits").get<bool>(), row.at("total").get<size_t>() <= (size_t(4) << 20));
     EXPECT_EQ(row.at("micro_batch").get<int>() * row.at("gradient_accumulation_steps").get<int>() >= 8, true);
+    const std::string key = row.at("micro_batch").dump() + row.at("checkpointing").dump();
+    if (row.at("precision") == "fp32") fp32_total[key] = row.at("total").get<size_t>();
   }
+  // 16-bit weights and activations (plus fp32 master weights) take less than fp32 for every shape here.
+  for (const json& row : j["rows"])
+    if (row.at("precision") != "fp32") {
+      const std::string key = row.at("micro_batch").dump() + row.at("checkpointing").dump();
+      ASSERT_TRUE(fp32_total.count(key)) << key;
+      EXPECT_LT(row.at("total").get<size_t>(), fp32_total[key]) << row.dump();
+    }
 }
 
 TEST(EstimateCli, CudaWithoutAGpu) {

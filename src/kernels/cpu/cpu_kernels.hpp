@@ -1,42 +1,133 @@
-// CPU reference kernels: fp32, OpenMP, OpenBLAS for GEMMs. Semantics are those of kernels/ops.hpp.
+// CPU reference kernels: fp32 math, OpenMP, OpenBLAS for GEMMs. Semantics are those of kernels/ops.hpp.
 // Every reduction runs in a fixed order independent of the thread count, so a CPU run is bit-for-bit
 // reproducible (the resume test relies on it).
+//
+// 16-bit storage is emulated: BF16/F16 tensors really hold uint16_t bit patterns, every value is widened
+// to fp32 on load and rounded to nearest even on store (core/half.hpp), as a CUDA kernel writing bf16 or
+// fp16 would. Accumulating outputs (parameter gradients, layernorm's dinp) are read, added to in fp32 and
+// rounded once. The kernels are templates over the storage types; with F32 storage the loads and stores
+// are the identity and the arithmetic is exactly that of the fp32-only backend.
+//
+// Scratch outside the arena: GEMMs on 16-bit storage widen their operands into fp32 buffers, and 16-bit
+// attention and embedding backward keep fp32 accumulators. Those buffers are grow-only, per thread
+// (thread_scratch below), and are not part of the MemoryPlan: they are an artefact of emulating 16-bit
+// storage with an fp32 BLAS, allocated on the first step only. The fp32 path uses none of them.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
+#include "anvil/dtype.hpp"
+#include "anvil/error.hpp"
+#include "core/half.hpp"
 #include "kernels/ops.hpp"
 
 namespace anvil::cpu {
 
-void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                   int C);
-void embedding_bwd(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+// --- storage types -------------------------------------------------------------------------------------
 
-void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                   int N, int C);
-void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                   const float* mean, const float* rstd, int N, int C);
+// Storage<D>::type is what a tensor of dtype D holds per element; load widens it to fp32, store rounds
+// an fp32 value into it (to nearest even).
+template <DType D>
+struct Storage;
+template <>
+struct Storage<DType::F32> {
+  using type = float;
+  static float load(float x) { return x; }
+  static float store(float x) { return x; }
+};
+template <>
+struct Storage<DType::BF16> {
+  using type = uint16_t;
+  static float load(uint16_t x) { return bf16_to_float(x); }
+  static uint16_t store(float x) { return float_to_bf16(x); }
+};
+template <>
+struct Storage<DType::F16> {
+  using type = uint16_t;
+  static float load(uint16_t x) { return fp16_to_float(x); }
+  static uint16_t store(float x) { return float_to_fp16(x); }
+};
+template <DType D>
+using storage_t = typename Storage<D>::type;
 
-void matmul_fwd(float* out, const float* inp, const float* w, const float* bias, int N, int K, int OC);
-void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                int N, int K, int OC);
+template <DType D>
+using DTypeTag = std::integral_constant<DType, D>;
 
-size_t attention_scratch_floats(int B, int T, int C, int NH);
-void attention_fwd(float* out, float* probs, const float* qkv, int B, int T, int C, int NH);
-void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* probs, float* scratch,
+// Calls f(DTypeTag<D>{}) for the floating storage type `t` (F32, BF16 or F16).
+template <class F>
+decltype(auto) dispatch_float(DType t, F&& f) {
+  switch (t) {
+    case DType::F32:
+      return f(DTypeTag<DType::F32>{});
+    case DType::BF16:
+      return f(DTypeTag<DType::BF16>{});
+    case DType::F16:
+      return f(DTypeTag<DType::F16>{});
+    default:
+      break;
+  }
+  ANVIL_THROW("the CPU kernels have no {} storage (F32, BF16 or F16)", dtype_name(t));
+}
+
+// Calls f(DTypeTag<Act>{}, DTypeTag<Grad>{}) for a valid (compute, gradient) pair: the gradient type is
+// F32 or the compute type (validate_ops_precision).
+template <class F>
+decltype(auto) dispatch_act_grad(DType act, DType grad, F&& f) {
+  if (grad == DType::F32) return dispatch_float(act, [&](auto a) { return f(a, DTypeTag<DType::F32>{}); });
+  ANVIL_ASSERT(grad == act, "gradient dtype {} with compute dtype {}", dtype_name(grad), dtype_name(act));
+  return dispatch_float(act, [&](auto a) { return f(a, a); });
+}
+
+// A grow-only buffer of `n` elements of the calling thread, one per `slot` (callers use distinct slots for
+// buffers alive at the same time). Contents are unspecified on return.
+enum ScratchSlot { kScratchA, kScratchB, kScratchC, kScratchD, kScratchE, kScratchSlots };
+template <class T>
+T* thread_scratch(ScratchSlot slot, size_t n) {
+  thread_local std::vector<T> buffers[kScratchSlots];
+  std::vector<T>& b = buffers[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+// --- kernels -------------------------------------------------------------------------------------------
+// `act` is the compute (activation and weight) dtype of the void* arguments, `grad` the dtype of those
+// ops.hpp marks [grad]. float* arguments are fp32.
+
+void embedding_fwd(DType act, void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
+                   int T, int C);
+void embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                   int B, int T, int C);
+
+void layernorm_fwd(DType act, void* out, float* mean, float* rstd, const void* inp, const void* w,
+                   const void* b, int N, int C);
+void layernorm_bwd(DType act, DType grad, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                   const void* w, const float* mean, const float* rstd, int N, int C);
+
+void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K, int OC);
+void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
+                const void* w, int N, int K, int OC);
+
+size_t attention_scratch_bytes(DType act, int B, int T, int C, int NH);
+void attention_fwd(DType act, void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
+                   int NH);
+void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch,
                    int B, int T, int C, int NH);
 
-void gelu_fwd(float* out, const float* inp, size_t n);
-void gelu_bwd(float* dinp, const float* inp, const float* dout, size_t n);
-void residual_fwd(float* out, const float* a, const float* b, size_t n);
+void gelu_fwd(DType act, void* out, const void* inp, size_t n);
+void gelu_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);
+void residual_fwd(DType act, void* out, const void* a, const void* b, size_t n);
 
-void softmax_xent_fwd_bwd(float* losses, float* logits, const int32_t* targets, int N, int V, int Vp,
-                          float grad_scale, bool write_grad);
+void softmax_xent_fwd_bwd(DType act, float* losses, void* logits, const int32_t* targets, int N, int V,
+                          int Vp, float grad_scale, bool write_grad);
 
-double sum_squares(const float* x, size_t n);
+double sum_squares(DType dtype, const void* x, size_t n);
 double sum(const float* x, size_t n);
 
-void adamw_step(float* param, const float* grad, float* m, float* v, size_t n, const AdamWArgs& a);
+void cast_weights(DType out_type, void* out, const float* master, size_t n, uint64_t rounding_seed);
+
+void adamw_step(DType grad_type, float* param, const void* grad, float* m, float* v, size_t n,
+                const AdamWArgs& a);
 
 }  // namespace anvil::cpu

@@ -1,4 +1,4 @@
-// Binds the CPU reference kernels to the Ops contract.
+// Binds the CPU reference kernels to the Ops contract, in the instance's storage types.
 #include "kernels/cpu/cpu_kernels.hpp"
 
 namespace anvil {
@@ -6,76 +6,93 @@ namespace {
 
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(Device& dev) : dev_(dev) {
+  CpuOps(Device& dev, OpsPrecision p) : dev_(dev), p_(p) {
     ANVIL_ASSERT(dev.kind() == DeviceKind::CPU, "CPU ops need the CPU device");
+    validate_ops_precision(p);
   }
   Device& device() override { return dev_; }
-  size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
-    return cpu::attention_scratch_floats(B, T, C, NH);
+  OpsPrecision precision() const override { return p_; }
+  size_t attention_scratch_bytes(int B, int T, int C, int NH) const override {
+    return cpu::attention_scratch_bytes(p_.compute, B, T, C, NH);
   }
-  void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                      int C) override {
-    cpu::embedding_fwd(out, tokens, wte, wpe, B, T, C);
+    cpu::embedding_fwd(p_.compute, out, tokens, wte, wpe, B, T, C);
   }
-  void embedding_bwd(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void embedding_bwd(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                      int C) override {
-    cpu::embedding_bwd(dwte, dwpe, dout, tokens, B, T, C);
+    cpu::embedding_bwd(p_.compute, p_.grad, dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+  void layernorm_fwd(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b,
                      int N, int C) override {
-    cpu::layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+    cpu::layernorm_fwd(p_.compute, out, mean, rstd, inp, w, b, N, C);
   }
-  void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  void layernorm_bwd(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                      const float* mean, const float* rstd, int N, int C) override {
-    cpu::layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    cpu::layernorm_bwd(p_.compute, p_.grad, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
-  void matmul_fwd(float* out, const float* inp, const float* w, const float* bias, int N, int K,
+  void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
                   int OC) override {
-    cpu::matmul_fwd(out, inp, w, bias, N, K, OC);
+    cpu::matmul_fwd(p_.compute, out, inp, w, bias, N, K, OC);
   }
-  void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                  int N, int K, int OC) override {
-    cpu::matmul_bwd(dinp, dw, dbias, dout, inp, w, N, K, OC);
+  void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, int N,
+                  int K, int OC) override {
+    cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC);
   }
-  void attention_fwd(float* out, float* probs, const float* qkv, float*, int B, int T, int C,
+  void attention_fwd(void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
                      int NH) override {
-    cpu::attention_fwd(out, probs, qkv, B, T, C, NH);
+    cpu::attention_fwd(p_.compute, out, probs, qkv, scratch, B, T, C, NH);
   }
-  void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* probs, float* scratch,
-                     int B, int T, int C, int NH) override {
-    cpu::attention_bwd(dqkv, dout, qkv, probs, scratch, B, T, C, NH);
+  void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch, int B,
+                     int T, int C, int NH) override {
+    cpu::attention_bwd(p_.compute, dqkv, dout, qkv, probs, scratch, B, T, C, NH);
   }
-  void gelu_fwd(float* out, const float* inp, size_t n) override { cpu::gelu_fwd(out, inp, n); }
-  void gelu_bwd(float* dinp, const float* inp, const float* dout, size_t n) override {
-    cpu::gelu_bwd(dinp, inp, dout, n);
+  void gelu_fwd(void* out, const void* inp, size_t n) override { cpu::gelu_fwd(p_.compute, out, inp, n); }
+  void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
+    cpu::gelu_bwd(p_.compute, dinp, inp, dout, n);
   }
-  void residual_fwd(float* out, const float* a, const float* b, size_t n) override {
-    cpu::residual_fwd(out, a, b, n);
+  void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
+    cpu::residual_fwd(p_.compute, out, a, b, n);
   }
-  void softmax_xent_fwd_bwd(float* losses, float* logits, const int32_t* targets, int N, int V, int Vp,
+  void softmax_xent_fwd_bwd(float* losses, void* logits, const int32_t* targets, int N, int V, int Vp,
                             float grad_scale, bool write_grad) override {
-    cpu::softmax_xent_fwd_bwd(losses, logits, targets, N, V, Vp, grad_scale, write_grad);
+    cpu::softmax_xent_fwd_bwd(p_.compute, losses, logits, targets, N, V, Vp, grad_scale, write_grad);
   }
-  double sum_squares(const float* x, size_t n) override { return cpu::sum_squares(x, n); }
+  double sum_squares(const void* x, DType dtype, size_t n) override { return cpu::sum_squares(dtype, x, n); }
   double sum(const float* x, size_t n) override { return cpu::sum(x, n); }
-  void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
-                  const AdamWArgs& a) override {
-    cpu::adamw_step(param, grad, m, v, n, a);
+  void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) override {
+    cpu::cast_weights(p_.compute, out, master, n, rounding_seed);
+  }
+  void adamw_step(float* param, const void* grad, float* m, float* v, size_t n, const AdamWArgs& a) override {
+    cpu::adamw_step(p_.grad, param, grad, m, v, n, a);
   }
 
  private:
   Device& dev_;
+  const OpsPrecision p_;
 };
+
+bool is_float_dtype(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16;
+}
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cpu_ops(Device& dev) {
-  return std::make_unique<CpuOps>(dev);
+void validate_ops_precision(OpsPrecision p) {
+  ANVIL_REQUIRE(is_float_dtype(p.compute), "compute dtype {} is not supported: it must be F32, BF16 or F16",
+                dtype_name(p.compute));
+  ANVIL_REQUIRE(p.grad == DType::F32 || p.grad == p.compute,
+                "gradient dtype {} with compute dtype {}: gradients must be F32 or the compute dtype",
+                dtype_name(p.grad), dtype_name(p.compute));
 }
 
-size_t attention_scratch_floats(DeviceKind backend, int B, int T, int C, int NH) {
-  return backend == DeviceKind::CUDA ? cuda_attention_scratch_floats(B, T, C, NH)
-                                     : cpu::attention_scratch_floats(B, T, C, NH);
+std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision) {
+  return std::make_unique<CpuOps>(dev, precision);
+}
+
+size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH) {
+  return backend == DeviceKind::CUDA ? cuda_attention_scratch_bytes(compute, B, T, C, NH)
+                                     : cpu::attention_scratch_bytes(compute, B, T, C, NH);
 }
 
 }  // namespace anvil

@@ -3,36 +3,91 @@
 #include "kernels/cpu/cpu_kernels.hpp"
 
 namespace anvil::cpu {
+namespace {
 
-void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                   int C) {
+template <DType A>
+void embedding_fwd_t(void* out_, const int32_t* tokens, const void* wte_, const void* wpe_, int B, int T,
+                     int C) {
+  using S = Storage<A>;
+  auto* out = static_cast<storage_t<A>*>(out_);
+  const auto* wte = static_cast<const storage_t<A>*>(wte_);
+  const auto* wpe = static_cast<const storage_t<A>*>(wpe_);
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-    const float* te = wte + int64_t(tokens[bt]) * C;
-    const float* pe = wpe + (bt % T) * C;
-    float* o = out + bt * C;
-    for (int c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+    const auto* te = wte + int64_t(tokens[bt]) * C;
+    const auto* pe = wpe + (bt % T) * C;
+    auto* o = out + bt * C;
+    for (int c = 0; c < C; ++c) o[c] = S::store(S::load(te[c]) + S::load(pe[c]));
   }
 }
 
-void embedding_bwd(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
-  // Rows with the same token add into the same dwte row, so threads split the channels, not the rows:
-  // each thread walks every row in order, which keeps the sums deterministic.
-  constexpr int kBlock = 32;
-  const int nblocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int blk = 0; blk < nblocks; ++blk) {
-    const int c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
-    for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-      const float* d = dout + bt * C;
-      float* te = dwte + int64_t(tokens[bt]) * C;
-      float* pe = dwpe + (bt % T) * C;
-      for (int c = c0; c < c1; ++c) {
-        te[c] += d[c];
-        pe[c] += d[c];
-      }
+// Adds the rows dout[rows[0]], dout[rows[1]], ... (with rows null: dout[0], dout[row_stride], ...), in that
+// order, into the gradient row `g`: in place for fp32 gradients, else in an fp32 copy of the row that is
+// rounded once at the end.
+template <DType A, DType G>
+void add_rows(storage_t<G>* g, const storage_t<A>* dout, const uint64_t* rows, int64_t nrows,
+              int64_t row_stride, int C) {
+  float* acc;
+  if constexpr (G == DType::F32) {
+    acc = g;
+  } else {
+    acc = thread_scratch<float>(kScratchA, C);
+    for (int c = 0; c < C; ++c) acc[c] = Storage<G>::load(g[c]);
+  }
+  for (int64_t i = 0; i < nrows; ++i) {
+    const auto* d = dout + (rows ? int64_t(rows[i]) : i * row_stride) * C;
+    for (int c = 0; c < C; ++c) acc[c] += Storage<A>::load(d[c]);
+  }
+  if constexpr (G != DType::F32)
+    for (int c = 0; c < C; ++c) g[c] = Storage<G>::store(acc[c]);
+}
+
+template <DType A, DType G>
+void embedding_bwd_t(void* dwte_, void* dwpe_, const void* dout_, const int32_t* tokens, int B, int T,
+                     int C) {
+  auto* dwte = static_cast<storage_t<G>*>(dwte_);
+  auto* dwpe = static_cast<storage_t<G>*>(dwpe_);
+  const auto* dout = static_cast<const storage_t<A>*>(dout_);
+  const int64_t BT = int64_t(B) * T;
+  // Every gradient element receives its contributions in increasing (b, t) order, whatever the thread
+  // count. dwte: rows with the same token add into the same dwte row, so the positions are grouped by
+  // token (sorting (token, position) keys keeps each group in position order) and threads split the groups.
+  uint64_t* rows = thread_scratch<uint64_t>(kScratchB, BT);
+  int64_t* starts = thread_scratch<int64_t>(kScratchC, BT + 1);
+  for (int64_t i = 0; i < BT; ++i) rows[i] = uint64_t(uint32_t(tokens[i])) << 32 | uint64_t(i);
+  std::sort(rows, rows + BT);
+  int64_t ngroups = 0;
+  for (int64_t i = 0; i < BT; ++i)
+    if (i == 0 || rows[i] >> 32 != rows[i - 1] >> 32) starts[ngroups++] = i;
+  starts[ngroups] = BT;
+  for (int64_t i = 0; i < BT; ++i) rows[i] &= 0xffffffffu;  // keep the position
+#pragma omp parallel
+  {
+    // dwpe: position t sums rows t, T + t, 2T + t, ...
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < T; ++t)
+      add_rows<A, G>(dwpe + int64_t(t) * C, dout + int64_t(t) * C, nullptr, B, T, C);
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const int64_t begin = starts[g];
+      add_rows<A, G>(dwte + int64_t(tokens[rows[begin]]) * C, dout, rows + begin, starts[g + 1] - begin, 0,
+                     C);
     }
   }
+}
+
+}  // namespace
+
+void embedding_fwd(DType act, void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
+                   int T, int C) {
+  dispatch_float(act, [&](auto a) { embedding_fwd_t<decltype(a)::value>(out, tokens, wte, wpe, B, T, C); });
+}
+
+void embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                   int B, int T, int C) {
+  dispatch_act_grad(act, grad, [&](auto a, auto g) {
+    embedding_bwd_t<decltype(a)::value, decltype(g)::value>(dwte, dwpe, dout, tokens, B, T, C);
+  });
 }
 
 }  // namespace anvil::cpu

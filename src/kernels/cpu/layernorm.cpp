@@ -4,45 +4,64 @@
 #include "kernels/cpu/cpu_kernels.hpp"
 
 namespace anvil::cpu {
+namespace {
 
-void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                   int N, int C) {
+template <DType A>
+void layernorm_fwd_t(void* out_, float* mean, float* rstd, const void* inp_, const void* w_, const void* b_,
+                     int N, int C) {
+  using S = Storage<A>;
+  auto* out = static_cast<storage_t<A>*>(out_);
+  const auto* inp = static_cast<const storage_t<A>*>(inp_);
+  const auto* w = static_cast<const storage_t<A>*>(w_);
+  const auto* b = static_cast<const storage_t<A>*>(b_);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
-    const float* x = inp + r * C;
+    const auto* x = inp + r * C;
     double s = 0;
-    for (int c = 0; c < C; ++c) s += x[c];
+    for (int c = 0; c < C; ++c) s += S::load(x[c]);
     const float m = float(s / C);
     double v = 0;
-    for (int c = 0; c < C; ++c) v += double(x[c] - m) * (x[c] - m);
+    for (int c = 0; c < C; ++c) {
+      const float xc = S::load(x[c]);
+      v += double(xc - m) * (xc - m);
+    }
     const float rs = float(1.0 / std::sqrt(v / C + kLayerNormEps));
-    float* o = out + r * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * rs * w[c] + b[c];
+    auto* o = out + r * C;
+    for (int c = 0; c < C; ++c) o[c] = S::store((S::load(x[c]) - m) * rs * S::load(w[c]) + S::load(b[c]));
     mean[r] = m;
     rstd[r] = rs;
   }
 }
 
-void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                   const float* mean, const float* rstd, int N, int C) {
+template <DType A, DType G>
+void layernorm_bwd_t(void* dinp_, void* dw_, void* db_, const void* dout_, const void* inp_, const void* w_,
+                     const float* mean, const float* rstd, int N, int C) {
+  using S = Storage<A>;
+  using SG = Storage<G>;
+  auto* dinp = static_cast<storage_t<A>*>(dinp_);
+  auto* dw = static_cast<storage_t<G>*>(dw_);
+  auto* db = static_cast<storage_t<G>*>(db_);
+  const auto* dout = static_cast<const storage_t<A>*>(dout_);
+  const auto* inp = static_cast<const storage_t<A>*>(inp_);
+  const auto* w = static_cast<const storage_t<A>*>(w_);
   // Input gradient: rows are independent.
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
-    const float* x = inp + r * C;
-    const float* d = dout + r * C;
+    const auto* x = inp + r * C;
+    const auto* d = dout + r * C;
     const float m = mean[r], rs = rstd[r];
     double sum_dn = 0, sum_dn_xhat = 0;
     for (int c = 0; c < C; ++c) {
-      const float xhat = (x[c] - m) * rs;
-      const float dn = d[c] * w[c];
+      const float xhat = (S::load(x[c]) - m) * rs;
+      const float dn = S::load(d[c]) * S::load(w[c]);
       sum_dn += dn;
       sum_dn_xhat += double(dn) * xhat;
     }
     const float mean_dn = float(sum_dn / C), mean_dn_xhat = float(sum_dn_xhat / C);
-    float* di = dinp + r * C;
+    auto* di = dinp + r * C;
     for (int c = 0; c < C; ++c) {
-      const float xhat = (x[c] - m) * rs;
-      di[c] += (d[c] * w[c] - mean_dn - xhat * mean_dn_xhat) * rs;
+      const float xhat = (S::load(x[c]) - m) * rs;
+      di[c] = S::store(S::load(di[c]) + (S::load(d[c]) * S::load(w[c]) - mean_dn - xhat * mean_dn_xhat) * rs);
     }
   }
   // Parameter gradients: threads split channels and walk rows in order (deterministic sums).
@@ -53,18 +72,33 @@ void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const f
     const int c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
     float acc_w[kBlock] = {}, acc_b[kBlock] = {};
     for (int64_t r = 0; r < N; ++r) {
-      const float* x = inp + r * C;
-      const float* d = dout + r * C;
+      const auto* x = inp + r * C;
+      const auto* d = dout + r * C;
       for (int c = c0; c < c1; ++c) {
-        acc_w[c - c0] += d[c] * (x[c] - mean[r]) * rstd[r];
-        acc_b[c - c0] += d[c];
+        const float dc = S::load(d[c]);
+        acc_w[c - c0] += dc * (S::load(x[c]) - mean[r]) * rstd[r];
+        acc_b[c - c0] += dc;
       }
     }
     for (int c = c0; c < c1; ++c) {
-      dw[c] += acc_w[c - c0];
-      db[c] += acc_b[c - c0];
+      dw[c] = SG::store(SG::load(dw[c]) + acc_w[c - c0]);
+      db[c] = SG::store(SG::load(db[c]) + acc_b[c - c0]);
     }
   }
+}
+
+}  // namespace
+
+void layernorm_fwd(DType act, void* out, float* mean, float* rstd, const void* inp, const void* w,
+                   const void* b, int N, int C) {
+  dispatch_float(act, [&](auto a) { layernorm_fwd_t<decltype(a)::value>(out, mean, rstd, inp, w, b, N, C); });
+}
+
+void layernorm_bwd(DType act, DType grad, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                   const void* w, const float* mean, const float* rstd, int N, int C) {
+  dispatch_act_grad(act, grad, [&](auto a, auto g) {
+    layernorm_bwd_t<decltype(a)::value, decltype(g)::value>(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  });
 }
 
 }  // namespace anvil::cpu

@@ -1,3 +1,6 @@
+// GEMMs through OpenBLAS sgemm. fp32 operands go to BLAS directly. 16-bit operands are widened into fp32
+// scratch, in chunks of rows so the scratch stays small even for the vocabulary projection; results are
+// computed in fp32 and rounded once into storage (gradients: read, accumulate in fp32, round once).
 #include <cblas.h>
 
 #include <algorithm>
@@ -5,20 +8,105 @@
 #include "kernels/cpu/cpu_kernels.hpp"
 
 namespace anvil::cpu {
+namespace {
 
-void matmul_fwd(float* out, const float* inp, const float* w, const float* bias, int N, int K, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, K, 1.0f, inp, K, w, K, 0.0f, out, OC);
-  if (!bias) return;
+// x[0..n) as fp32: x itself for fp32 storage, else widened into the calling thread's scratch `slot`.
+template <DType D>
+const float* widened(const storage_t<D>* x, size_t n, ScratchSlot slot) {
+  if constexpr (D == DType::F32) {
+    return x;
+  } else {
+    float* f = thread_scratch<float>(slot, n);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r)
-    for (int o = 0; o < OC; ++o) out[r * OC + o] += bias[o];
+    for (int64_t i = 0; i < int64_t(n); ++i) f[i] = Storage<D>::load(x[i]);
+    return f;
+  }
 }
 
-void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                int N, int K, int OC) {
-  if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, OC, 1.0f, dout, OC, w, K, 0.0f, dinp, K);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, N, 1.0f, dout, OC, inp, K, 1.0f, dw, K);
+// An fp32 copy of x[0..n) to accumulate into (x itself for fp32 storage).
+template <DType D>
+float* widened_mut(storage_t<D>* x, size_t n, ScratchSlot slot) {
+  return const_cast<float*>(widened<D>(x, n, slot));
+}
+
+// Where an fp32 result for x[0..n) is computed: x itself for fp32 storage, else the scratch `slot`.
+template <DType D>
+float* result_buffer(storage_t<D>* x, size_t n, ScratchSlot slot) {
+  if constexpr (D == DType::F32)
+    return x;
+  else
+    return thread_scratch<float>(slot, n);
+}
+
+// Rounds acc[0..n) into x (nothing to do when x is fp32: acc is x).
+template <DType D>
+void narrow_into(storage_t<D>* x, const float* acc, size_t n) {
+  if constexpr (D != DType::F32) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(n); ++i) x[i] = Storage<D>::store(acc[i]);
+  }
+}
+
+// Rows per chunk: everything at once for fp32 (no scratch, one BLAS call), else about 4M floats of widened
+// rows per buffer.
+template <DType D>
+int chunk_rows(int N, int width) {
+  if constexpr (D == DType::F32) return std::max(N, 1);
+  constexpr int64_t kChunkFloats = int64_t(1) << 22;
+  return int(std::clamp<int64_t>(kChunkFloats / std::max(width, 1), 1, std::max(N, 1)));
+}
+
+template <DType A>
+void matmul_fwd_t(void* out_, const void* inp_, const void* w_, const void* bias_, int N, int K, int OC) {
+  using S = Storage<A>;
+  auto* out = static_cast<storage_t<A>*>(out_);
+  const auto* inp = static_cast<const storage_t<A>*>(inp_);
+  const auto* bias = static_cast<const storage_t<A>*>(bias_);
+  const float* w = widened<A>(static_cast<const storage_t<A>*>(w_), size_t(OC) * K, kScratchA);
+  const int R = chunk_rows<A>(N, std::max(K, OC));
+  for (int r0 = 0; r0 < N; r0 += R) {
+    const int rows = std::min(R, N - r0);
+    const float* x = widened<A>(inp + int64_t(r0) * K, size_t(rows) * K, kScratchB);
+    float* o = result_buffer<A>(out + int64_t(r0) * OC, size_t(rows) * OC, kScratchC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, OC, K, 1.0f, x, K, w, K, 0.0f, o, OC);
+    // Epilogue: bias added in fp32, one rounding into storage (nothing left to do for fp32 without bias).
+    if (A == DType::F32 && !bias) continue;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      auto* dst = out + (r0 + r) * OC;
+      for (int c = 0; c < OC; ++c) {
+        float v = o[r * OC + c];
+        if (bias) v += S::load(bias[c]);
+        dst[c] = S::store(v);
+      }
+    }
+  }
+}
+
+template <DType A, DType G>
+void matmul_bwd_t(void* dinp_, void* dw_, void* dbias_, const void* dout_, const void* inp_, const void* w_,
+                  int N, int K, int OC) {
+  auto* dinp = static_cast<storage_t<A>*>(dinp_);
+  auto* dw = static_cast<storage_t<G>*>(dw_);
+  auto* dbias = static_cast<storage_t<G>*>(dbias_);
+  const auto* dout = static_cast<const storage_t<A>*>(dout_);
+  const auto* inp = static_cast<const storage_t<A>*>(inp_);
+  const float* w =
+      dinp ? widened<A>(static_cast<const storage_t<A>*>(w_), size_t(OC) * K, kScratchA) : nullptr;
+  float* dw_acc = widened_mut<G>(dw, size_t(OC) * K, kScratchB);
+  const int R = chunk_rows<A>(N, std::max(K, OC));
+  for (int r0 = 0; r0 < N; r0 += R) {
+    const int rows = std::min(R, N - r0);
+    const float* d = widened<A>(dout + int64_t(r0) * OC, size_t(rows) * OC, kScratchC);
+    if (dinp) {
+      float* di = result_buffer<A>(dinp + int64_t(r0) * K, size_t(rows) * K, kScratchD);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, K, OC, 1.0f, d, OC, w, K, 0.0f, di, K);
+      narrow_into<A>(dinp + int64_t(r0) * K, di, size_t(rows) * K);
+    }
+    const float* x = widened<A>(inp + int64_t(r0) * K, size_t(rows) * K, kScratchE);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, d, OC, x, K, 1.0f, dw_acc, K);
+  }
+  narrow_into<G>(dw, dw_acc, size_t(OC) * K);
   if (!dbias) return;
   constexpr int kBlock = 32;
   const int nblocks = (OC + kBlock - 1) / kBlock;
@@ -27,9 +115,23 @@ void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const f
     const int o0 = blk * kBlock, o1 = std::min(OC, o0 + kBlock);
     float acc[kBlock] = {};
     for (int64_t r = 0; r < N; ++r)
-      for (int o = o0; o < o1; ++o) acc[o - o0] += dout[r * OC + o];
-    for (int o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+      for (int o = o0; o < o1; ++o) acc[o - o0] += Storage<A>::load(dout[r * OC + o]);
+    for (int o = o0; o < o1; ++o) dbias[o] = Storage<G>::store(Storage<G>::load(dbias[o]) + acc[o - o0]);
   }
+}
+
+}  // namespace
+
+void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K,
+                int OC) {
+  dispatch_float(act, [&](auto a) { matmul_fwd_t<decltype(a)::value>(out, inp, w, bias, N, K, OC); });
+}
+
+void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
+                const void* w, int N, int K, int OC) {
+  dispatch_act_grad(act, grad, [&](auto a, auto g) {
+    matmul_bwd_t<decltype(a)::value, decltype(g)::value>(dinp, dw, dbias, dout, inp, w, N, K, OC);
+  });
 }
 
 }  // namespace anvil::cpu

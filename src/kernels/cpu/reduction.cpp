@@ -27,8 +27,17 @@ double chunked_sum(size_t n, F&& term) {
 
 }  // namespace
 
-double sum_squares(const float* x, size_t n) {
-  return chunked_sum(n, [x](size_t i) { return double(x[i]) * x[i]; });
+// Squares are non-negative and summed in fp64, so finite inputs never overflow and an inf or NaN element
+// always leaves the sum non-finite (the fp16 overflow check).
+double sum_squares(DType dtype, const void* x, size_t n) {
+  return dispatch_float(dtype, [&](auto d) {
+    using S = Storage<decltype(d)::value>;
+    const auto* p = static_cast<const typename S::type*>(x);
+    return chunked_sum(n, [p](size_t i) {
+      const double v = S::load(p[i]);
+      return v * v;
+    });
+  });
 }
 
 double sum(const float* x, size_t n) {

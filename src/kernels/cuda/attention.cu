@@ -1,11 +1,16 @@
 // Causal multi-head self-attention with materialised probabilities (not flash): heads are permuted into
-// contiguous [B,NH,T,HS] tensors so each step is one strided-batched GEMM over the B*NH heads.
+// contiguous [B,NH,T,HS] tensors so each step is one strided-batched GEMM over the B*NH heads. Storage
+// type T (fp32, bf16 or fp16) for q/k/v, probabilities and outputs; the scores and dprobs are fp32 so the
+// softmax and its gradient see full-precision inputs.
 //
-// Scratch layout (floats; S = B*T*C = B*NH*T*HS, P = B*NH*T*T, each region padded to 64 floats):
-//   [0,  S)  q          [1S, 2S)  k          [2S, 3S)  v
-//   [3S, 4S) fwd: y (attention output per head); bwd: dout per head, then dq
-//   [4S, 5S) bwd: dk    [5S, 6S)  bwd: dv    [6S, 6S + P) bwd: dprobs, then dscores (in place)
+// Scratch layout (S = B*T*C = B*NH*T*HS elements, P = B*NH*T*T; each region 256-byte aligned):
+//   [0,  S)  q          [1S, 2S)  k          [2S, 3S)  v                                 (type T)
+//   [3S, 4S) fwd: y (attention output per head); bwd: dout per head, then dq            (type T)
+//   [4S, 5S) bwd: dk    [5S, 6S)  bwd: dv                                                (type T)
+//   D: P fp32            fwd: scores (fp32 storage: the probs buffer itself, in place); bwd: dprobs
+//   E: P of type T       bwd: dscores (16-bit only; fp32 computes dscores in place over D)
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
@@ -17,37 +22,52 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / kWarpSize;  // softmax kernels: one warp per row
 
-size_t padded(size_t floats) {
-  return (floats + 63) / 64 * 64;
-}  // 256-byte aligned regions
+size_t padded_bytes(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
 
+template <class T>
 struct Regions {
-  float *q, *k, *v, *r3, *dk, *dv, *dp;
+  T *q, *k, *v, *r3, *dk, *dv;
+  float* d;
+  T* e;
 };
 
-Regions regions(float* scratch, int B, int T, int C) {
-  const size_t s = padded(static_cast<size_t>(B) * T * C);
-  return {scratch,         scratch + s,     scratch + 2 * s, scratch + 3 * s,
-          scratch + 4 * s, scratch + 5 * s, scratch + 6 * s};
+template <class T>
+Regions<T> regions(void* scratch, int B, int T_, int C, int NH) {
+  const size_t s = padded_bytes(static_cast<size_t>(B) * T_ * C * sizeof(T));
+  const size_t p32 = padded_bytes(static_cast<size_t>(B) * NH * T_ * T_ * sizeof(float));
+  char* base = static_cast<char*>(scratch);
+  auto at = [&](size_t offset) { return reinterpret_cast<T*>(base + offset); };
+  return {at(0),
+          at(s),
+          at(2 * s),
+          at(3 * s),
+          at(4 * s),
+          at(5 * s),
+          reinterpret_cast<float*>(base + 6 * s),
+          at(6 * s + p32)};
 }
 
 // dst[b,h,t,d] = src[(b*T + t) * src_row_stride + h*HS + d], dst contiguous [B,NH,T,HS].
-__global__ void rows_to_heads_kernel(float* dst, const float* src, int src_row_stride, int T, int NH, int HS,
+template <class T>
+__global__ void rows_to_heads_kernel(T* dst, const T* src, int src_row_stride, int seq, int NH, int HS,
                                      size_t total) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
        i += size_t{gridDim.x} * blockDim.x) {
     const int d = static_cast<int>(i % HS);
     const size_t bht = i / HS;
-    const int t = static_cast<int>(bht % T);
-    const size_t bh = bht / T;
+    const int t = static_cast<int>(bht % seq);
+    const size_t bh = bht / seq;
     const int h = static_cast<int>(bh % NH);
     const size_t b = bh / NH;
-    dst[i] = src[(b * T + t) * src_row_stride + static_cast<size_t>(h) * HS + d];
+    dst[i] = src[(b * seq + t) * src_row_stride + static_cast<size_t>(h) * HS + d];
   }
 }
 
 // dst[(b*T + t) * dst_row_stride + h*HS + d] = src[b,h,t,d]; iterates in dst order so writes coalesce.
-__global__ void heads_to_rows_kernel(float* dst, int dst_row_stride, const float* src, int T, int NH, int HS,
+template <class T>
+__global__ void heads_to_rows_kernel(T* dst, int dst_row_stride, const T* src, int seq, int NH, int HS,
                                      size_t total) {
   const int C = NH * HS;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
@@ -55,53 +75,63 @@ __global__ void heads_to_rows_kernel(float* dst, int dst_row_stride, const float
     const int c = static_cast<int>(i % C);
     const size_t bt = i / C;
     const int h = c / HS, d = c % HS;
-    const int t = static_cast<int>(bt % T);
-    const size_t b = bt / T;
-    dst[bt * dst_row_stride + c] = src[((b * NH + h) * T + t) * HS + d];
+    const int t = static_cast<int>(bt % seq);
+    const size_t b = bt / seq;
+    dst[bt * dst_row_stride + c] = src[((b * NH + h) * seq + t) * HS + d];
   }
 }
 
-// In place on rows of [B*NH*T, T] holding scale * q.k: row r is query t = r % T, which sees keys 0..t.
-// Writes softmax over those and 0 above the diagonal.
-__global__ void causal_softmax_fwd_kernel(float* probs, size_t rows, int T) {
+// Rows of [B*NH*T, T] fp32 scores (scale * q.k): row r is query t = r % T, which sees keys 0..t. Writes
+// the softmax over those, and 0 above the diagonal, into probs (which may alias scores when T is float:
+// each element is read before the same thread writes it).
+template <class T>
+__global__ void causal_softmax_fwd_kernel(T* probs, const float* scores, size_t rows, int seq) {
   const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= rows) return;
-  const int t = static_cast<int>(row % T);
-  float* p = probs + row * T;
+  const int t = static_cast<int>(row % seq);
+  const float* s = scores + row * seq;
+  T* p = probs + row * seq;
   MaxSum stats{-INFINITY, 0.f};
-  for (int j = lane; j <= t; j += kWarpSize) stats = max_sum_add(stats, p[j]);
+  for (int j = lane; j <= t; j += kWarpSize) stats = max_sum_add(stats, s[j]);
   stats = warp_max_sum(stats);
   const float inv_sum = 1.f / stats.sum;
-  for (int j = lane; j < T; j += kWarpSize) p[j] = j <= t ? __expf(p[j] - stats.max) * inv_sum : 0.f;
+  for (int j = lane; j < seq; j += kWarpSize)
+    p[j] = from_float<T>(j <= t ? __expf(s[j] - stats.max) * inv_sum : 0.f);
 }
 
-// dscores = scale * P * (dP - rowsum(P * dP)), in place over dP; 0 above the diagonal.
-__global__ void causal_softmax_bwd_kernel(float* dp, const float* probs, size_t rows, int T, float scale) {
+// dscores = scale * P * (dP - rowsum(P * dP)); 0 above the diagonal. dscores may alias dp (T = float).
+template <class T>
+__global__ void causal_softmax_bwd_kernel(T* dscores, const float* dp, const T* probs, size_t rows, int seq,
+                                          float scale) {
   const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= rows) return;
-  const int t = static_cast<int>(row % T);
-  const float* p = probs + row * T;
-  float* g = dp + row * T;
+  const int t = static_cast<int>(row % seq);
+  const T* p = probs + row * seq;
+  const float* g = dp + row * seq;
+  T* out = dscores + row * seq;
   float dot = 0.f;
-  for (int j = lane; j <= t; j += kWarpSize) dot += p[j] * g[j];
+  for (int j = lane; j <= t; j += kWarpSize) dot += to_float(p[j]) * g[j];
   dot = warp_sum(dot);
-  for (int j = lane; j < T; j += kWarpSize) g[j] = j <= t ? scale * p[j] * (g[j] - dot) : 0.f;
+  for (int j = lane; j < seq; j += kWarpSize)
+    out[j] = from_float<T>(j <= t ? scale * to_float(p[j]) * (g[j] - dot) : 0.f);
 }
 
-void rows_to_heads(cudaStream_t stream, float* dst, const float* src, int src_row_stride, int B, int T,
-                   int NH, int HS) {
-  const size_t total = static_cast<size_t>(B) * T * NH * HS;
-  rows_to_heads_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dst, src, src_row_stride, T, NH,
+template <class T>
+void rows_to_heads(cudaStream_t stream, T* dst, const T* src, int src_row_stride, int B, int seq, int NH,
+                   int HS) {
+  const size_t total = static_cast<size_t>(B) * seq * NH * HS;
+  rows_to_heads_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dst, src, src_row_stride, seq, NH,
                                                                            HS, total);
   ANVIL_CUDA_CHECK_LAST();
 }
 
-void heads_to_rows(cudaStream_t stream, float* dst, int dst_row_stride, const float* src, int B, int T,
-                   int NH, int HS) {
-  const size_t total = static_cast<size_t>(B) * T * NH * HS;
-  heads_to_rows_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dst, dst_row_stride, src, T, NH,
+template <class T>
+void heads_to_rows(cudaStream_t stream, T* dst, int dst_row_stride, const T* src, int B, int seq, int NH,
+                   int HS) {
+  const size_t total = static_cast<size_t>(B) * seq * NH * HS;
+  heads_to_rows_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dst, dst_row_stride, src, seq, NH,
                                                                            HS, total);
   ANVIL_CUDA_CHECK_LAST();
 }
@@ -110,127 +140,115 @@ unsigned softmax_blocks(size_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-}  // namespace
-
-size_t attention_scratch_floats(int B, int T, int C, int NH) {
-  const size_t s = padded(static_cast<size_t>(B) * T * C);
-  const size_t p = padded(static_cast<size_t>(B) * NH * T * T);
-  return 6 * s + p;
+// One strided-batched GEMM (see GemmArgs). nvcc's host pass rejects designated initialisers inside templates,
+// so the templated functions below go through this positional helper.
+void run_batched(Gemm& gemm, cudaStream_t stream, const void* a, bool trans_a, const void* b, bool trans_b,
+                 void* c, int m, int n, int k, float alpha, int batch, int64_t stride_a, int64_t stride_b,
+                 int64_t stride_c, anvil::DType ab_type, anvil::DType c_type) {
+  GemmArgs g;
+  g.a = a, g.trans_a = trans_a, g.b = b, g.trans_b = trans_b, g.c = c;
+  g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.batch = batch;
+  g.stride_a = stride_a, g.stride_b = stride_b, g.stride_c = stride_c;
+  g.ab_type = ab_type, g.c_type = c_type;
+  gemm.run(stream, g);
 }
 
-void attention_fwd(cudaStream_t stream, Gemm& gemm, float* out, float* probs, const float* qkv,
-                   float* scratch, int B, int T, int C, int NH) {
-  if (B <= 0 || T <= 0) return;
+template <class T>
+void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* out, T* probs, const T* qkv,
+                         void* scratch, int B, int seq, int C, int NH) {
   const int HS = C / NH;
-  const Regions r = regions(scratch, B, T, C);
-  rows_to_heads(stream, r.q, qkv, 3 * C, B, T, NH, HS);
-  rows_to_heads(stream, r.k, qkv + C, 3 * C, B, T, NH, HS);
-  rows_to_heads(stream, r.v, qkv + 2 * C, 3 * C, B, T, NH, HS);
+  const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
+  rows_to_heads(stream, r.q, qkv, 3 * C, B, seq, NH, HS);
+  rows_to_heads(stream, r.k, qkv + C, 3 * C, B, seq, NH, HS);
+  rows_to_heads(stream, r.v, qkv + 2 * C, 3 * C, B, seq, NH, HS);
 
   const int heads = B * NH;
-  const int64_t head_stride = static_cast<int64_t>(T) * HS;
-  const int64_t probs_stride = static_cast<int64_t>(T) * T;
+  const int64_t head_stride = static_cast<int64_t>(seq) * HS;
+  const int64_t probs_stride = static_cast<int64_t>(seq) * seq;
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
-  // scores[T,T] = scale * q[T,HS] @ k[T,HS]^T, into probs; the full square (the upper half is masked next).
-  gemm.run(stream, {.a = r.q,
-                    .b = r.k,
-                    .trans_b = true,
-                    .c = probs,
-                    .m = T,
-                    .n = T,
-                    .k = HS,
-                    .alpha = scale,
-                    .batch = heads,
-                    .stride_a = head_stride,
-                    .stride_b = head_stride,
-                    .stride_c = probs_stride});
-  const size_t rows = static_cast<size_t>(heads) * T;
-  causal_softmax_fwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, rows, T);
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  // fp32 scores go straight into the probs buffer (softmax in place); 16-bit ones into scratch D.
+  float* scores = kFloat ? reinterpret_cast<float*>(probs) : r.d;
+  // scores[T,T] = scale * q[T,HS] @ k[T,HS]^T; the full square (the upper half is masked next).
+  run_batched(gemm, stream, r.q, false, r.k, true, scores, seq, seq, HS, scale, heads, head_stride,
+              head_stride, probs_stride, act, anvil::DType::F32);
+  const size_t rows = static_cast<size_t>(heads) * seq;
+  causal_softmax_fwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, scores, rows, seq);
   ANVIL_CUDA_CHECK_LAST();
   // y[T,HS] = probs[T,T] @ v[T,HS]
-  gemm.run(stream, {.a = probs,
-                    .b = r.v,
-                    .c = r.r3,
-                    .m = T,
-                    .n = HS,
-                    .k = T,
-                    .batch = heads,
-                    .stride_a = probs_stride,
-                    .stride_b = head_stride,
-                    .stride_c = head_stride});
-  heads_to_rows(stream, out, C, r.r3, B, T, NH, HS);
+  run_batched(gemm, stream, probs, false, r.v, false, r.r3, seq, HS, seq, 1.f, heads, probs_stride,
+              head_stride, head_stride, act, act);
+  heads_to_rows(stream, out, C, r.r3, B, seq, NH, HS);
 }
 
-void attention_bwd(cudaStream_t stream, Gemm& gemm, float* dqkv, const float* dout, const float* qkv,
-                   const float* probs, float* scratch, int B, int T, int C, int NH) {
-  if (B <= 0 || T <= 0) return;
+template <class T>
+void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* dqkv, const T* dout,
+                         const T* qkv, const T* probs, void* scratch, int B, int seq, int C, int NH) {
   const int HS = C / NH;
-  const Regions r = regions(scratch, B, T, C);
-  float* dout_heads = r.r3;
-  float* dq = r.r3;  // reuses dout_heads once dv and dprobs no longer need it (stream order)
-  rows_to_heads(stream, r.q, qkv, 3 * C, B, T, NH, HS);
-  rows_to_heads(stream, r.k, qkv + C, 3 * C, B, T, NH, HS);
-  rows_to_heads(stream, r.v, qkv + 2 * C, 3 * C, B, T, NH, HS);
-  rows_to_heads(stream, dout_heads, dout, C, B, T, NH, HS);
+  const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
+  T* dout_heads = r.r3;
+  T* dq = r.r3;  // reuses dout_heads once dv and dprobs no longer need it (stream order)
+  rows_to_heads(stream, r.q, qkv, 3 * C, B, seq, NH, HS);
+  rows_to_heads(stream, r.k, qkv + C, 3 * C, B, seq, NH, HS);
+  rows_to_heads(stream, r.v, qkv + 2 * C, 3 * C, B, seq, NH, HS);
+  rows_to_heads(stream, dout_heads, dout, C, B, seq, NH, HS);
 
   const int heads = B * NH;
-  const int64_t head_stride = static_cast<int64_t>(T) * HS;
-  const int64_t probs_stride = static_cast<int64_t>(T) * T;
+  const int64_t head_stride = static_cast<int64_t>(seq) * HS;
+  const int64_t probs_stride = static_cast<int64_t>(seq) * seq;
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
-  // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T
-  gemm.run(stream, {.a = dout_heads,
-                    .b = r.v,
-                    .trans_b = true,
-                    .c = r.dp,
-                    .m = T,
-                    .n = T,
-                    .k = HS,
-                    .batch = heads,
-                    .stride_a = head_stride,
-                    .stride_b = head_stride,
-                    .stride_c = probs_stride});
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32
+  run_batched(gemm, stream, dout_heads, false, r.v, true, r.d, seq, seq, HS, 1.f, heads, head_stride,
+              head_stride, probs_stride, act, anvil::DType::F32);
   // dv[T,HS] = probs[T,T]^T @ dout[T,HS]
-  gemm.run(stream, {.a = probs,
-                    .trans_a = true,
-                    .b = dout_heads,
-                    .c = r.dv,
-                    .m = T,
-                    .n = HS,
-                    .k = T,
-                    .batch = heads,
-                    .stride_a = probs_stride,
-                    .stride_b = head_stride,
-                    .stride_c = head_stride});
-  // dscores = scale * probs * (dprobs - rowsum(probs * dprobs)), in place
-  const size_t rows = static_cast<size_t>(heads) * T;
-  causal_softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(r.dp, probs, rows, T, scale);
+  run_batched(gemm, stream, probs, true, dout_heads, false, r.dv, seq, HS, seq, 1.f, heads, probs_stride,
+              head_stride, head_stride, act, act);
+  // dscores = scale * probs * (dprobs - rowsum(probs * dprobs)); in place for fp32
+  T* dscores = kFloat ? reinterpret_cast<T*>(r.d) : r.e;
+  const size_t rows = static_cast<size_t>(heads) * seq;
+  causal_softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(dscores, r.d, probs, rows, seq,
+                                                                           scale);
   ANVIL_CUDA_CHECK_LAST();
   // dq[T,HS] = dscores[T,T] @ k[T,HS]
-  gemm.run(stream, {.a = r.dp,
-                    .b = r.k,
-                    .c = dq,
-                    .m = T,
-                    .n = HS,
-                    .k = T,
-                    .batch = heads,
-                    .stride_a = probs_stride,
-                    .stride_b = head_stride,
-                    .stride_c = head_stride});
+  run_batched(gemm, stream, dscores, false, r.k, false, dq, seq, HS, seq, 1.f, heads, probs_stride,
+              head_stride, head_stride, act, act);
   // dk[T,HS] = dscores[T,T]^T @ q[T,HS]
-  gemm.run(stream, {.a = r.dp,
-                    .trans_a = true,
-                    .b = r.q,
-                    .c = r.dk,
-                    .m = T,
-                    .n = HS,
-                    .k = T,
-                    .batch = heads,
-                    .stride_a = probs_stride,
-                    .stride_b = head_stride,
-                    .stride_c = head_stride});
-  heads_to_rows(stream, dqkv, 3 * C, dq, B, T, NH, HS);
-  heads_to_rows(stream, dqkv + C, 3 * C, r.dk, B, T, NH, HS);
-  heads_to_rows(stream, dqkv + 2 * C, 3 * C, r.dv, B, T, NH, HS);
+  run_batched(gemm, stream, dscores, true, r.q, false, r.dk, seq, HS, seq, 1.f, heads, probs_stride,
+              head_stride, head_stride, act, act);
+  heads_to_rows(stream, dqkv, 3 * C, dq, B, seq, NH, HS);
+  heads_to_rows(stream, dqkv + C, 3 * C, r.dk, B, seq, NH, HS);
+  heads_to_rows(stream, dqkv + 2 * C, 3 * C, r.dv, B, seq, NH, HS);
+}
+
+}  // namespace
+
+size_t attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH) {
+  const size_t elem = anvil::dtype_bits(act) / 8;
+  const size_t s = padded_bytes(static_cast<size_t>(B) * T * C * elem);
+  const size_t p = static_cast<size_t>(B) * NH * T * T;
+  const size_t e = act == anvil::DType::F32 ? 0 : padded_bytes(p * elem);
+  return 6 * s + padded_bytes(p * sizeof(float)) + e;
+}
+
+void attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, void* probs, const void* qkv,
+                   void* scratch, int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0) return;
+  dispatch_float(act, [&](auto t) {
+    using E = decltype(t);
+    attention_fwd_typed<E>(stream, gemm, act, static_cast<E*>(out), static_cast<E*>(probs),
+                           static_cast<const E*>(qkv), scratch, B, T, C, NH);
+  });
+}
+
+void attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv, const void* dout,
+                   const void* qkv, const void* probs, void* scratch, int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0) return;
+  dispatch_float(act, [&](auto t) {
+    using E = decltype(t);
+    attention_bwd_typed<E>(stream, gemm, act, static_cast<E*>(dqkv), static_cast<const E*>(dout),
+                           static_cast<const E*>(qkv), static_cast<const E*>(probs), scratch, B, T, C, NH);
+  });
 }
 
 }  // namespace anvil::cuda

@@ -12,24 +12,33 @@
 #include <memory>
 #include <type_traits>
 
+#include "anvil/dtype.hpp"
+
 namespace anvil::cuda {
+
+// Storage types: `DType act` is the compute (activation and weight) type, `DType grad` the parameter
+// gradient type; pointers of those types are void*. float* is always fp32. Math is fp32 throughout.
 
 // --- matmul.cu: cuBLASLt GEMMs -----------------------------------------------------------------------
 
 // A row-major, contiguous, optionally strided-batched GEMM:  C[M,N] = alpha * op(A) @ op(B) + beta * C
 // (+ bias[N] added to every row). op(A) is [M,K]: A is stored [M,K], or [K,M] when trans_a.
 // op(B) is [K,N]: B is stored [K,N], or [N,K] when trans_b. Batch i uses A + i*stride_a, etc.
+// A and B share `ab_type`; C (and the bias) are of `c_type`. Supported: all F32 (TF32 when enabled);
+// BF16/F16 inputs with C of the same type or F32. Accumulation is fp32.
 struct GemmArgs {
-  const float* a = nullptr;
+  const void* a = nullptr;
   bool trans_a = false;
-  const float* b = nullptr;
+  const void* b = nullptr;
   bool trans_b = false;
-  float* c = nullptr;
+  void* c = nullptr;
   int m = 0, n = 0, k = 0;
   float alpha = 1.f, beta = 0.f;
-  const float* bias = nullptr;  // [N]; only with batch == 1
+  const void* bias = nullptr;  // [N]; only with batch == 1
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements
+  anvil::DType ab_type = anvil::DType::F32;
+  anvil::DType c_type = anvil::DType::F32;
 };
 
 // Owns the cuBLASLt handle and a cache of matmul plans (descriptors + chosen algorithm) by shape, so the
@@ -59,48 +68,59 @@ class Gemm {
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
 };
 
-// dst[c] += sum over rows r of src[r, c], src [rows, cols] (matmul's dbias).
-void column_sums_accumulate(cudaStream_t stream, float* dst, const float* src, int rows, int cols);
+// dst[c] += sum over rows r of src[r, c], src [rows, cols] of type src_type, dst of dst_type (matmul's
+// dbias).
+void column_sums_accumulate(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type,
+                            const void* src, int rows, int cols);
 
 // --- embedding.cu ------------------------------------------------------------------------------------
-void embedding_fwd(cudaStream_t stream, float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                   int B, int T, int C);
-void embedding_bwd(cudaStream_t stream, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                   int B, int T, int C);
+void embedding_fwd(cudaStream_t stream, anvil::DType act, void* out, const int32_t* tokens, const void* wte,
+                   const void* wpe, int B, int T, int C);
+void embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, void* dwpe,
+                   const void* dout, const int32_t* tokens, int B, int T, int C);
 
 // --- layernorm.cu ------------------------------------------------------------------------------------
-void layernorm_fwd(cudaStream_t stream, float* out, float* mean, float* rstd, const float* inp,
-                   const float* w, const float* b, int N, int C, float eps);
-void layernorm_bwd(cudaStream_t stream, float* dinp, float* dw, float* db, const float* dout,
-                   const float* inp, const float* w, const float* mean, const float* rstd, int N, int C);
+void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean, float* rstd,
+                   const void* inp, const void* w, const void* b, int N, int C, float eps);
+void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
+                   const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
+                   int N, int C);
 
 // --- attention.cu ------------------------------------------------------------------------------------
-size_t attention_scratch_floats(int B, int T, int C, int NH);
-void attention_fwd(cudaStream_t stream, Gemm& gemm, float* out, float* probs, const float* qkv,
-                   float* scratch, int B, int T, int C, int NH);
-void attention_bwd(cudaStream_t stream, Gemm& gemm, float* dqkv, const float* dout, const float* qkv,
-                   const float* probs, float* scratch, int B, int T, int C, int NH);
+size_t attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH);
+void attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, void* probs, const void* qkv,
+                   void* scratch, int B, int T, int C, int NH);
+void attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv, const void* dout,
+                   const void* qkv, const void* probs, void* scratch, int B, int T, int C, int NH);
 
 // --- activation.cu -----------------------------------------------------------------------------------
-void gelu_fwd(cudaStream_t stream, float* out, const float* inp, size_t n);
-void gelu_bwd(cudaStream_t stream, float* dinp, const float* inp, const float* dout, size_t n);
-void residual_fwd(cudaStream_t stream, float* out, const float* a, const float* b, size_t n);
+void gelu_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
+void gelu_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout, size_t n);
+void residual_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* a, const void* b, size_t n);
 
 // --- loss.cu -----------------------------------------------------------------------------------------
-void softmax_xent_fwd_bwd(cudaStream_t stream, float* losses, float* logits, const int32_t* targets, int N,
-                          int V, int Vp, float grad_scale, bool write_grad, int32_t ignore_index);
+void softmax_xent_fwd_bwd(cudaStream_t stream, anvil::DType act, float* losses, void* logits,
+                          const int32_t* targets, int N, int V, int Vp, float grad_scale, bool write_grad,
+                          int32_t ignore_index);
 
 // --- reduction.cu ------------------------------------------------------------------------------------
 // Device scratch the reductions need: kReducePartials per-block partial sums plus the final result.
 constexpr int kReducePartials = 1024;
 constexpr size_t kReduceScratchDoubles = kReducePartials + 1;
-// Sum of x (or of x^2 when `square`), accumulated in fp64; copies the result back (synchronises).
-double reduce_sum(cudaStream_t stream, const float* x, size_t n, bool square, double* scratch);
+// Sum of x (or of x^2 when `square`), x of type `dtype`, accumulated in fp64; copies the result back
+// (synchronises).
+double reduce_sum(cudaStream_t stream, anvil::DType dtype, const void* x, size_t n, bool square,
+                  double* scratch);
+
+// --- precision.cu ------------------------------------------------------------------------------------
+// out[i] = master[i] in `out_type`; BF16 with a nonzero seed rounds stochastically (core/half.hpp).
+void cast_weights(cudaStream_t stream, anvil::DType out_type, void* out, const float* master, size_t n,
+                  uint64_t rounding_seed);
 
 // --- optimizer.cu ------------------------------------------------------------------------------------
 // `step_size` = lr / (1 - b1^step) and `sqrt_bias2` = sqrt(1 - b2^step), computed on the host in fp64.
-void adamw_step(cudaStream_t stream, float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, float step_size, float sqrt_bias2,
-                float grad_scale);
+void adamw_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad, float* m,
+                float* v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                float step_size, float sqrt_bias2, float grad_scale);
 
 }  // namespace anvil::cuda

@@ -12,94 +12,124 @@ namespace {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(Device& dev, bool tf32, void* workspace, size_t workspace_bytes)
+  CudaOps(Device& dev, bool tf32, void* workspace, size_t workspace_bytes, OpsPrecision precision)
       : dev_(dev),
         stream_(cuda_compute_stream(dev)),
         gemm_(tf32, workspace, workspace_bytes),
-        reduce_scratch_(dev, cuda::kReduceScratchDoubles * sizeof(double)) {}
+        reduce_scratch_(dev, cuda::kReduceScratchDoubles * sizeof(double)),
+        p_(precision),
+        act_(precision.compute),
+        grad_(precision.grad) {
+    validate_ops_precision(precision);
+  }
 
   Device& device() override { return dev_; }
+  OpsPrecision precision() const override { return p_; }
 
-  size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
-    return cuda::attention_scratch_floats(B, T, C, NH);
+  size_t attention_scratch_bytes(int B, int T, int C, int NH) const override {
+    return cuda::attention_scratch_bytes(act_, B, T, C, NH);
   }
 
-  void embedding_fwd(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                      int C) override {
-    cuda::embedding_fwd(stream_, out, tokens, wte, wpe, B, T, C);
+    cuda::embedding_fwd(stream_, act_, out, tokens, wte, wpe, B, T, C);
   }
-  void embedding_bwd(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+  void embedding_bwd(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                      int C) override {
-    cuda::embedding_bwd(stream_, dwte, dwpe, dout, tokens, B, T, C);
+    cuda::embedding_bwd(stream_, act_, grad_, dwte, dwpe, dout, tokens, B, T, C);
   }
 
-  void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+  void layernorm_fwd(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b,
                      int N, int C) override {
-    cuda::layernorm_fwd(stream_, out, mean, rstd, inp, w, b, N, C, kLayerNormEps);
+    cuda::layernorm_fwd(stream_, act_, out, mean, rstd, inp, w, b, N, C, kLayerNormEps);
   }
-  void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+  void layernorm_bwd(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                      const float* mean, const float* rstd, int N, int C) override {
-    cuda::layernorm_bwd(stream_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    cuda::layernorm_bwd(stream_, act_, grad_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
 
   // out[N,OC] = inp[N,K] @ w[OC,K]^T (+ bias)
-  void matmul_fwd(float* out, const float* inp, const float* w, const float* bias, int N, int K,
+  void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
                   int OC) override {
-    gemm_.run(stream_, {.a = inp, .b = w, .trans_b = true, .c = out, .m = N, .n = OC, .k = K, .bias = bias});
+    gemm_.run(stream_, {.a = inp,
+                        .b = w,
+                        .trans_b = true,
+                        .c = out,
+                        .m = N,
+                        .n = OC,
+                        .k = K,
+                        .bias = bias,
+                        .ab_type = act_,
+                        .c_type = act_});
   }
-  void matmul_bwd(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                  int N, int K, int OC) override {
+  void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, int N,
+                  int K, int OC) override {
     // dinp[N,K] = dout[N,OC] @ w[OC,K]
-    if (dinp) gemm_.run(stream_, {.a = dout, .b = w, .c = dinp, .m = N, .n = K, .k = OC});
-    // dw[OC,K] += dout[N,OC]^T @ inp[N,K]
-    if (dw)
+    if (dinp)
       gemm_.run(stream_,
-                {.a = dout, .trans_a = true, .b = inp, .c = dw, .m = OC, .n = K, .k = N, .beta = 1.f});
-    if (dbias) cuda::column_sums_accumulate(stream_, dbias, dout, N, OC);
+                {.a = dout, .b = w, .c = dinp, .m = N, .n = K, .k = OC, .ab_type = act_, .c_type = act_});
+    // dw[OC,K] += dout[N,OC]^T @ inp[N,K], accumulated in the gradient type
+    if (dw)
+      gemm_.run(stream_, {.a = dout,
+                          .trans_a = true,
+                          .b = inp,
+                          .c = dw,
+                          .m = OC,
+                          .n = K,
+                          .k = N,
+                          .beta = 1.f,
+                          .ab_type = act_,
+                          .c_type = grad_});
+    if (dbias) cuda::column_sums_accumulate(stream_, grad_, dbias, act_, dout, N, OC);
   }
 
-  void attention_fwd(float* out, float* probs, const float* qkv, float* scratch, int B, int T, int C,
+  void attention_fwd(void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
                      int NH) override {
     check_heads(C, NH);
-    cuda::attention_fwd(stream_, gemm_, out, probs, qkv, scratch, B, T, C, NH);
+    cuda::attention_fwd(stream_, gemm_, act_, out, probs, qkv, scratch, B, T, C, NH);
   }
-  void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* probs, float* scratch,
-                     int B, int T, int C, int NH) override {
+  void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch, int B,
+                     int T, int C, int NH) override {
     check_heads(C, NH);
-    cuda::attention_bwd(stream_, gemm_, dqkv, dout, qkv, probs, scratch, B, T, C, NH);
+    cuda::attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, probs, scratch, B, T, C, NH);
   }
 
-  void gelu_fwd(float* out, const float* inp, size_t n) override { cuda::gelu_fwd(stream_, out, inp, n); }
-  void gelu_bwd(float* dinp, const float* inp, const float* dout, size_t n) override {
-    cuda::gelu_bwd(stream_, dinp, inp, dout, n);
+  void gelu_fwd(void* out, const void* inp, size_t n) override { cuda::gelu_fwd(stream_, act_, out, inp, n); }
+  void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
+    cuda::gelu_bwd(stream_, act_, dinp, inp, dout, n);
   }
-  void residual_fwd(float* out, const float* a, const float* b, size_t n) override {
-    cuda::residual_fwd(stream_, out, a, b, n);
+  void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
+    cuda::residual_fwd(stream_, act_, out, a, b, n);
   }
 
-  void softmax_xent_fwd_bwd(float* losses, float* logits, const int32_t* targets, int N, int V, int Vp,
+  void softmax_xent_fwd_bwd(float* losses, void* logits, const int32_t* targets, int N, int V, int Vp,
                             float grad_scale, bool write_grad) override {
     ANVIL_ASSERT(V > 0 && V <= Vp, "softmax_xent: need 0 < V <= Vp, got V={} Vp={}", V, Vp);
-    cuda::softmax_xent_fwd_bwd(stream_, losses, logits, targets, N, V, Vp, grad_scale, write_grad,
+    cuda::softmax_xent_fwd_bwd(stream_, act_, losses, logits, targets, N, V, Vp, grad_scale, write_grad,
                                kIgnoreIndex);
   }
 
-  double sum_squares(const float* x, size_t n) override {
-    return cuda::reduce_sum(stream_, x, n, /*square=*/true, static_cast<double*>(reduce_scratch_.get()));
+  double sum_squares(const void* x, DType dtype, size_t n) override {
+    return cuda::reduce_sum(stream_, dtype, x, n, /*square=*/true,
+                            static_cast<double*>(reduce_scratch_.get()));
   }
   double sum(const float* x, size_t n) override {
-    return cuda::reduce_sum(stream_, x, n, /*square=*/false, static_cast<double*>(reduce_scratch_.get()));
+    return cuda::reduce_sum(stream_, DType::F32, x, n, /*square=*/false,
+                            static_cast<double*>(reduce_scratch_.get()));
   }
 
-  void adamw_step(float* param, const float* grad, float* m, float* v, size_t n,
-                  const AdamWArgs& a) override {
+  void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) override {
+    cuda::cast_weights(stream_, act_, out, master, n, rounding_seed);
+  }
+
+  void adamw_step(float* param, const void* grad, float* m, float* v, size_t n, const AdamWArgs& a) override {
     // Bias corrections in fp64 on the host: powf under --use_fast_math loses ~1e-3 for large steps.
     const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
     const double bias2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
     const auto step_size = static_cast<float>(a.lr / bias1);
     const auto sqrt_bias2 = static_cast<float>(std::sqrt(bias2));
-    cuda::adamw_step(stream_, param, grad, m, v, n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, step_size,
-                     sqrt_bias2, a.grad_scale);
+    cuda::adamw_step(stream_, grad_, param, grad, m, v, n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                     step_size, sqrt_bias2, a.grad_scale);
   }
 
  private:
@@ -111,16 +141,19 @@ class CudaOps final : public Ops {
   cudaStream_t stream_;
   cuda::Gemm gemm_;
   DeviceBuffer reduce_scratch_;  // kReduceScratchDoubles doubles for sum / sum_squares
+  OpsPrecision p_;
+  DType act_, grad_;
 };
 
 }  // namespace
 
-size_t cuda_attention_scratch_floats(int B, int T, int C, int NH) {
-  return cuda::attention_scratch_floats(B, T, C, NH);
+size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH) {
+  return cuda::attention_scratch_bytes(compute, B, T, C, NH);
 }
 
-std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes) {
-  return std::make_unique<CudaOps>(dev, tf32, workspace, workspace_bytes);
+std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,
+                                   OpsPrecision precision) {
+  return std::make_unique<CudaOps>(dev, tf32, workspace, workspace_bytes, precision);
 }
 
 }  // namespace anvil

@@ -1,9 +1,15 @@
 // Small device helpers shared by the CUDA kernels.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
+
+#include "anvil/dtype.hpp"
+#include "runtime/cuda/cuda_check.hpp"
 
 namespace anvil::cuda {
 
@@ -14,6 +20,69 @@ constexpr int kWarpSize = 32;
 inline unsigned grid_for(size_t n, int threads_per_block) {
   const size_t blocks = (n + threads_per_block - 1) / threads_per_block;
   return static_cast<unsigned>(std::min<size_t>(blocks, size_t{1} << 16));
+}
+
+// --- storage types: kernels are templated on the storage type and compute in fp32 ---------------------
+
+using bf16 = __nv_bfloat16;
+using fp16 = __half;
+
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(bf16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(fp16 x) {
+  return __half2float(x);
+}
+
+// Round-to-nearest-even conversion from fp32 to the storage type.
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ fp16 from_float<fp16>(float x) {
+  return __float2half_rn(x);
+}
+
+// *p += v in the storage type of p (atomic; 16-bit atomics need sm_70 for fp16, sm_80 for bf16).
+__device__ __forceinline__ void atomic_add(float* p, float v) {
+  atomicAdd(p, v);
+}
+__device__ __forceinline__ void atomic_add(bf16* p, float v) {
+  atomicAdd(p, __float2bfloat16_rn(v));
+}
+__device__ __forceinline__ void atomic_add(fp16* p, float v) {
+  atomicAdd(p, __float2half_rn(v));
+}
+
+// Calls f(T{}) with T the storage type of `dtype` (F32, BF16 or F16); the launchers use it to pick the
+// kernel instantiation.
+template <class F>
+void dispatch_float(anvil::DType dtype, F&& f) {
+  switch (dtype) {
+    case anvil::DType::F32:
+      f(float{});
+      return;
+    case anvil::DType::BF16:
+      f(bf16{});
+      return;
+    case anvil::DType::F16:
+      f(fp16{});
+      return;
+    default:
+      anvil::detail::raise_at(
+          __FILE__, __LINE__,
+          "CUDA kernels support F32, BF16 and F16 storage, not " + std::string(anvil::dtype_name(dtype)));
+  }
 }
 
 template <class T>

@@ -11,23 +11,25 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kThreads = kRowsPerBlock * kWarpSize;
 
 // Two passes over the row (mean, then the centred variance) for accuracy; the row stays in L1/L2.
-__global__ void layernorm_fwd_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                                     const float* b, int N, int C, float eps) {
+template <class T>
+__global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
+                                     int N, int C, float eps) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= N) return;  // whole warps exit together
-  const float* x = inp + static_cast<size_t>(row) * C;
+  const T* x = inp + static_cast<size_t>(row) * C;
   float sum = 0.f;
-  for (int c = lane; c < C; c += kWarpSize) sum += x[c];
+  for (int c = lane; c < C; c += kWarpSize) sum += to_float(x[c]);
   const float mu = warp_sum(sum) / C;
   float sq = 0.f;
   for (int c = lane; c < C; c += kWarpSize) {
-    const float d = x[c] - mu;
+    const float d = to_float(x[c]) - mu;
     sq += d * d;
   }
   const float rs = rsqrtf(warp_sum(sq) / C + eps);
-  float* y = out + static_cast<size_t>(row) * C;
-  for (int c = lane; c < C; c += kWarpSize) y[c] = (x[c] - mu) * rs * w[c] + b[c];
+  T* y = out + static_cast<size_t>(row) * C;
+  for (int c = lane; c < C; c += kWarpSize)
+    y[c] = from_float<T>((to_float(x[c]) - mu) * rs * to_float(w[c]) + to_float(b[c]));
   if (lane == 0) {
     if (mean) mean[row] = mu;
     if (rstd) rstd[row] = rs;
@@ -35,27 +37,29 @@ __global__ void layernorm_fwd_kernel(float* out, float* mean, float* rstd, const
 }
 
 // dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w.
-__global__ void layernorm_bwd_input_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+template <class T>
+__global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp, const T* w,
                                            const float* mean, const float* rstd, int N, int C) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= N) return;
   const size_t offset = static_cast<size_t>(row) * C;
-  const float* x = inp + offset;
-  const float* dy = dout + offset;
+  const T* x = inp + offset;
+  const T* dy = dout + offset;
   const float mu = mean[row], rs = rstd[row];
   float sum_dnorm = 0.f, sum_dnorm_xhat = 0.f;
   for (int c = lane; c < C; c += kWarpSize) {
-    const float dnorm = dy[c] * w[c];
+    const float dnorm = to_float(dy[c]) * to_float(w[c]);
     sum_dnorm += dnorm;
-    sum_dnorm_xhat += dnorm * (x[c] - mu) * rs;
+    sum_dnorm_xhat += dnorm * (to_float(x[c]) - mu) * rs;
   }
   const float mean_dnorm = warp_sum(sum_dnorm) / C;
   const float mean_dnorm_xhat = warp_sum(sum_dnorm_xhat) / C;
-  float* dx = dinp + offset;
+  T* dx = dinp + offset;
   for (int c = lane; c < C; c += kWarpSize) {
-    const float xhat = (x[c] - mu) * rs;
-    dx[c] += rs * (dy[c] * w[c] - mean_dnorm - xhat * mean_dnorm_xhat);
+    const float xhat = (to_float(x[c]) - mu) * rs;
+    dx[c] = from_float<T>(to_float(dx[c]) +
+                          rs * (to_float(dy[c]) * to_float(w[c]) - mean_dnorm - xhat * mean_dnorm_xhat));
   }
 }
 
@@ -65,9 +69,9 @@ constexpr int kMinRowsPerChunk = 256;
 
 // dw[c] += sum_r dout[r,c] * xhat[r,c]; db[c] += sum_r dout[r,c]. Block (32, 8) covers 32 columns of one
 // chunk of rows, coalesced along the row, then adds its partial with one atomic per column.
-__global__ void layernorm_bwd_params_kernel(float* dw, float* db, const float* dout, const float* inp,
-                                            const float* mean, const float* rstd, int N, int C,
-                                            int rows_per_chunk) {
+template <class T, class G>
+__global__ void layernorm_bwd_params_kernel(G* dw, G* db, const T* dout, const T* inp, const float* mean,
+                                            const float* rstd, int N, int C, int rows_per_chunk) {
   __shared__ float partial_dw[kRowThreads][kColumnTile + 1];
   __shared__ float partial_db[kRowThreads][kColumnTile + 1];
   const int col = blockIdx.x * kColumnTile + threadIdx.x;
@@ -77,8 +81,8 @@ __global__ void layernorm_bwd_params_kernel(float* dw, float* db, const float* d
   if (col < C) {
     for (int r = row_begin + threadIdx.y; r < row_end; r += kRowThreads) {
       const size_t i = static_cast<size_t>(r) * C + col;
-      const float dy = dout[i];
-      acc_dw += dy * (inp[i] - mean[r]) * rstd[r];
+      const float dy = to_float(dout[i]);
+      acc_dw += dy * (to_float(inp[i]) - mean[r]) * rstd[r];
       acc_db += dy;
     }
   }
@@ -91,32 +95,47 @@ __global__ void layernorm_bwd_params_kernel(float* dw, float* db, const float* d
       sum_dw += partial_dw[i][threadIdx.x];
       sum_db += partial_db[i][threadIdx.x];
     }
-    atomicAdd(&dw[col], sum_dw);
-    atomicAdd(&db[col], sum_db);
+    atomic_add(&dw[col], sum_dw);
+    atomic_add(&db[col], sum_db);
   }
 }
 
 }  // namespace
 
-void layernorm_fwd(cudaStream_t stream, float* out, float* mean, float* rstd, const float* inp,
-                   const float* w, const float* b, int N, int C, float eps) {
+void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean, float* rstd,
+                   const void* inp, const void* w, const void* b, int N, int C, float eps) {
   if (N <= 0 || C <= 0) return;
   const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  layernorm_fwd_kernel<<<blocks, kThreads, 0, stream>>>(out, mean, rstd, inp, w, b, N, C, eps);
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    layernorm_fwd_kernel<<<blocks, kThreads, 0, stream>>>(
+        static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), static_cast<const T*>(w),
+        static_cast<const T*>(b), N, C, eps);
+  });
   ANVIL_CUDA_CHECK_LAST();
 }
 
-void layernorm_bwd(cudaStream_t stream, float* dinp, float* dw, float* db, const float* dout,
-                   const float* inp, const float* w, const float* mean, const float* rstd, int N, int C) {
+void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
+                   const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
+                   int N, int C) {
   if (N <= 0 || C <= 0) return;
   const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  layernorm_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
-  ANVIL_CUDA_CHECK_LAST();
   const int rows_per_chunk = std::max(kMinRowsPerChunk, (N + 65534) / 65535);  // gridDim.y <= 65535
   const dim3 grid((C + kColumnTile - 1) / kColumnTile, (N + rows_per_chunk - 1) / rows_per_chunk);
-  layernorm_bwd_params_kernel<<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(
-      dw, db, dout, inp, mean, rstd, N, C, rows_per_chunk);
-  ANVIL_CUDA_CHECK_LAST();
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    layernorm_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(
+        static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
+        static_cast<const T*>(w), mean, rstd, N, C);
+    ANVIL_CUDA_CHECK_LAST();
+    dispatch_float(grad, [&](auto g) {
+      using G = decltype(g);
+      layernorm_bwd_params_kernel<<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(
+          static_cast<G*>(dw), static_cast<G*>(db), static_cast<const T*>(dout), static_cast<const T*>(inp),
+          mean, rstd, N, C, rows_per_chunk);
+      ANVIL_CUDA_CHECK_LAST();
+    });
+  });
 }
 
 }  // namespace anvil::cuda

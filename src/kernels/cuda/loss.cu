@@ -20,42 +20,47 @@ __device__ MaxSum block_max_sum(MaxSum s) {
   return warp_max_sum(total);
 }
 
-__global__ void softmax_xent_kernel(float* losses, float* logits, const int32_t* targets, int V, int Vp,
+template <class T>
+__global__ void softmax_xent_kernel(float* losses, T* logits, const int32_t* targets, int V, int Vp,
                                     float grad_scale, bool write_grad, int32_t ignore_index) {
   const size_t row = blockIdx.x;
-  float* x = logits + row * Vp;
+  T* x = logits + row * Vp;
   const int target = targets[row];
   if (target == ignore_index) {
     if (threadIdx.x == 0) losses[row] = 0.f;
     if (write_grad)
-      for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = 0.f;
+      for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = from_float<T>(0.f);
     return;  // the whole block takes this branch
   }
   // A target outside [0, V) is a data bug: report it as a NaN loss rather than read out of bounds.
   const bool target_valid = target >= 0 && target < V;
   // Read before the barrier inside block_max_sum, so before any thread overwrites the row with gradients.
-  const float target_logit = target_valid ? x[target] : 0.f;
+  const float target_logit = target_valid ? to_float(x[target]) : 0.f;
 
   MaxSum stats{-INFINITY, 0.f};
-  for (int j = threadIdx.x; j < V; j += blockDim.x) stats = max_sum_add(stats, x[j]);
+  for (int j = threadIdx.x; j < V; j += blockDim.x) stats = max_sum_add(stats, to_float(x[j]));
   stats = block_max_sum(stats);
   if (threadIdx.x == 0) losses[row] = target_valid ? stats.max + __logf(stats.sum) - target_logit : NAN;
   if (!write_grad) return;
   const float inv_sum = 1.f / stats.sum;
   for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
     float grad = 0.f;
-    if (j < V) grad = grad_scale * (__expf(x[j] - stats.max) * inv_sum - (j == target ? 1.f : 0.f));
-    x[j] = grad;
+    if (j < V) grad = grad_scale * (__expf(to_float(x[j]) - stats.max) * inv_sum - (j == target ? 1.f : 0.f));
+    x[j] = from_float<T>(grad);
   }
 }
 
 }  // namespace
 
-void softmax_xent_fwd_bwd(cudaStream_t stream, float* losses, float* logits, const int32_t* targets, int N,
-                          int V, int Vp, float grad_scale, bool write_grad, int32_t ignore_index) {
+void softmax_xent_fwd_bwd(cudaStream_t stream, anvil::DType act, float* losses, void* logits,
+                          const int32_t* targets, int N, int V, int Vp, float grad_scale, bool write_grad,
+                          int32_t ignore_index) {
   if (N <= 0) return;
-  softmax_xent_kernel<<<N, kThreads, 0, stream>>>(losses, logits, targets, V, Vp, grad_scale, write_grad,
-                                                  ignore_index);
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    softmax_xent_kernel<<<N, kThreads, 0, stream>>>(losses, static_cast<T*>(logits), targets, V, Vp,
+                                                    grad_scale, write_grad, ignore_index);
+  });
   ANVIL_CUDA_CHECK_LAST();
 }
 

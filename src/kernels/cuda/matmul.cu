@@ -41,10 +41,29 @@ using LayoutHandle = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_
 using PreferenceHandle =
     std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDestroyer>;
 
-// Column-major fp32 layout of a stored `rows` x `cols` matrix, contiguous (ld = rows), optionally batched.
-LayoutHandle make_layout(int64_t rows, int64_t cols, int batch, int64_t stride) {
+cudaDataType_t cuda_type(anvil::DType t) {
+  switch (t) {
+    case anvil::DType::F32:
+      return CUDA_R_32F;
+    case anvil::DType::BF16:
+      return CUDA_R_16BF;
+    case anvil::DType::F16:
+      return CUDA_R_16F;
+    default:
+      detail::raise_at(
+          __FILE__, __LINE__,
+          std::string("GEMM operands must be F32, BF16 or F16, not ") + anvil::dtype_name(t).data());
+  }
+}
+
+size_t type_bytes(anvil::DType t) {
+  return anvil::dtype_bits(t) / 8;
+}
+
+// Column-major layout of a stored `rows` x `cols` matrix, contiguous (ld = rows), optionally batched.
+LayoutHandle make_layout(anvil::DType type, int64_t rows, int64_t cols, int batch, int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, static_cast<uint64_t>(rows),
+  ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, cuda_type(type), static_cast<uint64_t>(rows),
                                                 static_cast<uint64_t>(cols), rows));
   LayoutHandle owned(layout);
   if (batch > 1) {
@@ -59,11 +78,11 @@ LayoutHandle make_layout(int64_t rows, int64_t cols, int batch, int64_t stride) 
 
 // Largest power of two (4..256) dividing the address of every batch's matrix. cuBLASLt's heuristic assumes
 // 256-byte aligned operands unless told otherwise, and attention's per-head matrices and odd shapes are not.
-uint32_t alignment_bytes(const void* p, int batch, int64_t stride_elems) {
+uint32_t alignment_bytes(const void* p, int batch, int64_t stride_elems, size_t elem_bytes) {
   uint64_t bits = reinterpret_cast<uintptr_t>(p);
-  if (batch > 1) bits |= static_cast<uint64_t>(stride_elems) * sizeof(float);
+  if (batch > 1) bits |= static_cast<uint64_t>(stride_elems) * elem_bytes;
   uint32_t align = 256;
-  while (align > 4 && bits % align != 0) align /= 2;
+  while (align > elem_bytes && bits % align != 0) align /= 2;
   return align;
 }
 
@@ -74,7 +93,8 @@ uint32_t alignment_bytes(const void* p, int batch, int64_t stride_elems) {
 std::string describe(const GemmArgs& g) {
   return "M=" + std::to_string(g.m) + " N=" + std::to_string(g.n) + " K=" + std::to_string(g.k) +
          " batch=" + std::to_string(g.batch) + (g.trans_a ? " A^T" : "") + (g.trans_b ? " B^T" : "") +
-         (g.bias ? " +bias" : "");
+         (g.bias ? " +bias" : "") + " " + anvil::dtype_name(g.ab_type).data() + "->" +
+         anvil::dtype_name(g.c_type).data();
 }
 
 }  // namespace
@@ -101,19 +121,36 @@ Gemm::Gemm(bool tf32, void* workspace, size_t workspace_bytes)
 Gemm::~Gemm() = default;
 
 Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
-  const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a);
-  const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b);
-  const uint32_t align_c = alignment_bytes(g.c, g.batch, g.stride_c);
-  const uint32_t align_bias = g.bias ? alignment_bytes(g.bias, 1, 0) : 0;
-  const PlanKey key{g.trans_a, g.trans_b,  g.m,        g.n,        g.k,
-                    g.batch,   g.stride_a, g.stride_b, g.stride_c, g.beta != 0.f,
-                    align_a,   align_b,    align_c,    align_bias, g.bias != nullptr};
+  const size_t ab_bytes = type_bytes(g.ab_type), c_bytes = type_bytes(g.c_type);
+  const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a, ab_bytes);
+  const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b, ab_bytes);
+  const uint32_t align_c = alignment_bytes(g.c, g.batch, g.stride_c, c_bytes);
+  const uint32_t align_bias = g.bias ? alignment_bytes(g.bias, 1, 0, c_bytes) : 0;
+  const PlanKey key{g.trans_a,
+                    g.trans_b,
+                    g.m,
+                    g.n,
+                    g.k,
+                    g.batch,
+                    g.stride_a,
+                    g.stride_b,
+                    g.stride_c,
+                    g.beta != 0.f,
+                    align_a,
+                    align_b,
+                    align_c,
+                    align_bias,
+                    g.bias != nullptr,
+                    int64_t(g.ab_type),
+                    int64_t(g.c_type)};
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
   auto plan = std::make_unique<Plan>();
   cublasLtMatmulDesc_t desc = nullptr;
-  const cublasComputeType_t compute = tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // TF32 only applies to fp32 operands; 16-bit operands always use the tensor cores with fp32 accumulation.
+  const cublasComputeType_t compute =
+      tf32_ && g.ab_type == anvil::DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   ANVIL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
   plan->desc.reset(desc);
   // cuBLAS's first operand is our B (op = trans_b), its second our A (op = trans_a); see the file comment.
@@ -134,11 +171,11 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
 
   // Stored (pre-op) column-major shapes. Row-major B is [K,N] (or [N,K] if trans_b) = column-major
   // [N,K] (or [K,N]); row-major A is [M,K] (or [K,M]) = column-major [K,M] (or [M,K]); C^T is [N,M].
-  plan->layout_first =
-      g.trans_b ? make_layout(g.k, g.n, g.batch, g.stride_b) : make_layout(g.n, g.k, g.batch, g.stride_b);
-  plan->layout_second =
-      g.trans_a ? make_layout(g.m, g.k, g.batch, g.stride_a) : make_layout(g.k, g.m, g.batch, g.stride_a);
-  plan->layout_out = make_layout(g.n, g.m, g.batch, g.stride_c);
+  plan->layout_first = g.trans_b ? make_layout(g.ab_type, g.k, g.n, g.batch, g.stride_b)
+                                 : make_layout(g.ab_type, g.n, g.k, g.batch, g.stride_b);
+  plan->layout_second = g.trans_a ? make_layout(g.ab_type, g.m, g.k, g.batch, g.stride_a)
+                                  : make_layout(g.ab_type, g.k, g.m, g.batch, g.stride_a);
+  plan->layout_out = make_layout(g.c_type, g.n, g.m, g.batch, g.stride_c);
 
   cublasLtMatmulPreference_t pref_raw = nullptr;
   ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
@@ -190,7 +227,8 @@ constexpr int kMinRowsPerBlock = 256;
 
 // Block (32, 8) sums a 32-column tile over its chunk of rows, then adds its partial with one atomic per
 // column; the chunks make enough blocks to fill the GPU when there are few columns.
-__global__ void column_sums_kernel(float* dst, const float* src, int rows, int cols, int rows_per_block) {
+template <class D, class S>
+__global__ void column_sums_kernel(D* dst, const S* src, int rows, int cols, int rows_per_block) {
   __shared__ float partial[kRowThreads][kColumnTile + 1];
   const int col = blockIdx.x * kColumnTile + threadIdx.x;
   const int row_begin = blockIdx.y * rows_per_block;
@@ -198,24 +236,31 @@ __global__ void column_sums_kernel(float* dst, const float* src, int rows, int c
   float acc = 0.f;
   if (col < cols)
     for (int r = row_begin + threadIdx.y; r < row_end; r += kRowThreads)
-      acc += src[static_cast<size_t>(r) * cols + col];
+      acc += to_float(src[static_cast<size_t>(r) * cols + col]);
   partial[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
     float total = 0.f;
     for (int i = 0; i < kRowThreads; ++i) total += partial[i][threadIdx.x];
-    atomicAdd(&dst[col], total);
+    atomic_add(&dst[col], total);
   }
 }
 
 }  // namespace
 
-void column_sums_accumulate(cudaStream_t stream, float* dst, const float* src, int rows, int cols) {
+void column_sums_accumulate(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type,
+                            const void* src, int rows, int cols) {
   if (rows <= 0 || cols <= 0) return;
   const int rows_per_block = std::max(kMinRowsPerBlock, (rows + 65534) / 65535);  // gridDim.y <= 65535
   const dim3 grid((cols + kColumnTile - 1) / kColumnTile, (rows + rows_per_block - 1) / rows_per_block);
-  column_sums_kernel<<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(dst, src, rows, cols,
-                                                                          rows_per_block);
+  dispatch_float(dst_type, [&](auto d) {
+    using D = decltype(d);
+    dispatch_float(src_type, [&](auto s) {
+      using S = decltype(s);
+      column_sums_kernel<<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(
+          static_cast<D*>(dst), static_cast<const S*>(src), rows, cols, rows_per_block);
+    });
+  });
   ANVIL_CUDA_CHECK_LAST();
 }
 

@@ -1,0 +1,352 @@
+#include "train/deepspeed_config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include "anvil/error.hpp"
+
+namespace anvil {
+namespace {
+
+using json = nlohmann::json;
+
+bool is_auto(const json& v) {
+  return v.is_string() && v.get<std::string>() == "auto";
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  return s;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
+}
+
+class Applier {
+ public:
+  Applier(TrainConfig& c, const std::string& source, const std::set<std::string>& given)
+      : c_(c), src_(source), given_(given) {}
+
+  void apply(const json& ds);
+
+ private:
+  TrainConfig& c_;
+  const std::string& src_;
+  const std::set<std::string>& given_;
+  std::vector<std::string> mismatches_;
+
+  [[noreturn]] void bad(const std::string& key, const json& v, const std::string& want) const {
+    ANVIL_THROW("{}: DeepSpeed key '{}' must be {} or \"auto\", got {}", src_, key, want, v.dump());
+  }
+  double number(const std::string& key, const json& v) const {
+    if (!v.is_number()) bad(key, v, "a number");
+    return v.get<double>();
+  }
+  int integer(const std::string& key, const json& v) const {
+    const bool integral =
+        v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) &&
+                                  std::fabs(v.get<double>()) < 1e18);
+    if (!integral) bad(key, v, "an integer");
+    const int64_t i = v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
+    ANVIL_REQUIRE(i >= std::numeric_limits<int>::min() && i <= std::numeric_limits<int>::max(),
+                  "{}: DeepSpeed key '{}' is out of range, got {}", src_, key, i);
+    return int(i);
+  }
+  bool boolean(const std::string& key, const json& v) const {
+    if (!v.is_boolean()) bad(key, v, "true or false");
+    return v.get<bool>();
+  }
+  std::string string(const std::string& key, const json& v) const {
+    if (!v.is_string()) bad(key, v, "a string");
+    return v.get<std::string>();
+  }
+  void object(const std::string& key, const json& v) const {
+    ANVIL_REQUIRE(v.is_object(), "{}: DeepSpeed key '{}' must be an object, got {}", src_, key, v.dump());
+  }
+  // Errors on keys of the block `block` outside `allowed`.
+  void only(const std::string& block, const json& v, const std::vector<std::string>& allowed) const {
+    for (const auto& [k, _] : v.items()) {
+      if (std::find(allowed.begin(), allowed.end(), k) != allowed.end()) continue;
+      const std::string near = nearest_key(k, allowed);
+      ANVIL_THROW("{}: unsupported DeepSpeed key '{}.{}'{} (supported in '{}': {})", src_, block, k,
+                  near.empty() ? "" : " (did you mean '" + block + "." + near + "'?)", block, join(allowed));
+    }
+  }
+
+  // HF's fill_match: `value` (the DeepSpeed value `raw` read as the field's type) sets `field`, unless the
+  // user gave `anvil_key` a different value.
+  template <class T>
+  void fill(const std::string& ds_key, const json& raw, const char* anvil_key, T& field, const T& value) {
+    if (given_.count(anvil_key) && !(field == value)) {
+      mismatches_.push_back(
+          fmt::format("- ds {}={} vs {}={}", ds_key, raw.dump(), anvil_key, json(field).dump()));
+      return;
+    }
+    field = value;
+  }
+
+  void fp16(const json& v);
+  void bf16(const std::string& name, const json& v);
+  void data_types(const json& v);
+  void optimizer(const json& v);
+  void zero(const json& v);
+  void batch(const json& ds);
+};
+
+void Applier::fp16(const json& v) {
+  object("fp16", v);
+  only("fp16", v,
+       {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+        "consecutive_hysteresis", "min_loss_scale"});
+  for (const auto& [k, val] : v.items()) {
+    if (is_auto(val)) continue;
+    const std::string key = "fp16." + k;
+    if (k == "enabled")
+      fill(key, val, "fp16", c_.fp16, boolean(key, val));
+    else if (k == "loss_scale")
+      fill(key, val, "loss_scale", c_.loss_scale, number(key, val));
+    else if (k == "initial_scale_power")
+      fill(key, val, "initial_scale_power", c_.initial_scale_power, integer(key, val));
+    else if (k == "loss_scale_window")
+      fill(key, val, "loss_scale_window", c_.loss_scale_window, integer(key, val));
+    else if (k == "hysteresis")
+      fill(key, val, "hysteresis", c_.hysteresis, integer(key, val));
+    else if (k == "consecutive_hysteresis")
+      fill(key, val, "consecutive_hysteresis", c_.consecutive_hysteresis, boolean(key, val));
+    else if (k == "min_loss_scale")
+      fill(key, val, "min_loss_scale", c_.min_loss_scale, number(key, val));
+  }
+}
+
+void Applier::bf16(const std::string& name, const json& v) {
+  object(name, v);
+  only(name, v, {"enabled"});
+  if (v.contains("enabled") && !is_auto(v["enabled"]))
+    fill(name + ".enabled", v["enabled"], "bf16", c_.bf16, boolean(name + ".enabled", v["enabled"]));
+}
+
+void Applier::data_types(const json& v) {
+  object("data_types", v);
+  only("data_types", v, {"grad_accum_dtype"});
+  if (v.contains("grad_accum_dtype") && !is_auto(v["grad_accum_dtype"])) {
+    const json& val = v["grad_accum_dtype"];
+    const std::string t = string("data_types.grad_accum_dtype", val);
+    ANVIL_REQUIRE(t == "fp32" || t == "fp16" || t == "bf16",
+                  "{}: DeepSpeed key 'data_types.grad_accum_dtype' must be fp32, fp16 or bf16, got '{}'",
+                  src_, t);
+    fill("data_types.grad_accum_dtype", val, "grad_accum_dtype", c_.grad_accum_dtype, t);
+  }
+}
+
+void Applier::optimizer(const json& v) {
+  object("optimizer", v);
+  only("optimizer", v, {"type", "params"});
+  ANVIL_REQUIRE(v.contains("type"), "{}: DeepSpeed key 'optimizer' needs a 'type' (Adam or AdamW)", src_);
+  const std::string type = v["type"].is_string() ? v["type"].get<std::string>() : v["type"].dump();
+  ANVIL_REQUIRE(
+      lower(type) == "adam" || lower(type) == "adamw",
+      "{}: DeepSpeed optimizer type '{}' is not supported; supported: Adam, AdamW (both run Anvil's AdamW, "
+      "with decoupled weight decay)",
+      src_, type);
+  if (!v.contains("params")) return;
+  const json& p = v["params"];
+  object("optimizer.params", p);
+  only("optimizer.params", p, {"lr", "betas", "eps", "weight_decay", "adam_w_mode"});
+  for (const auto& [k, val] : p.items()) {
+    if (is_auto(val)) continue;
+    const std::string key = "optimizer.params." + k;
+    if (k == "lr") {
+      fill(key, val, "learning_rate", c_.learning_rate, number(key, val));
+    } else if (k == "eps") {
+      fill(key, val, "adam_epsilon", c_.adam_epsilon, number(key, val));
+    } else if (k == "weight_decay") {
+      fill(key, val, "weight_decay", c_.weight_decay, number(key, val));
+    } else if (k == "betas") {
+      if (!(val.is_array() && val.size() == 2 && val[0].is_number() && val[1].is_number()))
+        bad(key, val, "a list of two numbers");
+      const double b1 = val[0].get<double>(), b2 = val[1].get<double>();
+      const bool clash1 = given_.count("adam_beta1") && c_.adam_beta1 != b1;
+      const bool clash2 = given_.count("adam_beta2") && c_.adam_beta2 != b2;
+      if (clash1 || clash2) {
+        mismatches_.push_back(fmt::format("- ds {}={} vs adam_beta1={}, adam_beta2={}", key, val.dump(),
+                                          json(c_.adam_beta1).dump(), json(c_.adam_beta2).dump()));
+      } else {
+        c_.adam_beta1 = b1;
+        c_.adam_beta2 = b2;
+      }
+    } else if (k == "adam_w_mode") {
+      ANVIL_REQUIRE(
+          boolean(key, val),
+          "{}: DeepSpeed key '{}' is false (Adam with L2 regularisation), which is not supported; Anvil's "
+          "optimizer is AdamW (decoupled weight decay, DeepSpeed's default adam_w_mode true)",
+          src_, key);
+    }
+  }
+}
+
+void Applier::zero(const json& v) {
+  int stage = 0;
+  if (v.is_boolean()) {  // DeepSpeed's legacy form: true is stage 1
+    stage = v.get<bool>() ? 1 : 0;
+  } else {
+    object("zero_optimization", v);
+    if (v.contains("stage")) {
+      const json& s = v["stage"];
+      const bool integral = s.is_number_integer();
+      ANVIL_REQUIRE(integral, "{}: DeepSpeed key 'zero_optimization.stage' must be an integer 0..3, got {}",
+                    src_, s.dump());
+      stage = s.get<int>();
+    }
+  }
+  ANVIL_REQUIRE(stage >= 0 && stage <= 3, "{}: DeepSpeed key 'zero_optimization.stage' must be 0..3, got {}",
+                src_, stage);
+  ANVIL_REQUIRE(
+      stage == 0,
+      "{}: ZeRO stage {} (zero_optimization.stage) is not supported yet; only stage 0 (no partitioning) "
+      "is. Remove zero_optimization or set its stage to 0",
+      src_, stage);
+}
+
+// train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size (1). As
+// DeepSpeed does, when one of the two factors is unknown (absent from the DeepSpeed config and not
+// given in the Anvil config) it is derived from the other; when both are, micro = train_batch_size.
+void Applier::batch(const json& ds) {
+  if (!ds.contains("train_batch_size") || is_auto(ds["train_batch_size"])) return;
+  const int total = integer("train_batch_size", ds["train_batch_size"]);
+  ANVIL_REQUIRE(total >= 1, "{}: DeepSpeed key 'train_batch_size' must be >= 1, got {}", src_, total);
+  const bool micro_known =
+      ds.contains("train_micro_batch_size_per_gpu") || given_.count("per_device_train_batch_size");
+  const bool accum_known =
+      ds.contains("gradient_accumulation_steps") || given_.count("gradient_accumulation_steps");
+  int& micro = c_.per_device_train_batch_size;
+  int& accum = c_.gradient_accumulation_steps;
+  if (micro_known && !accum_known) {
+    ANVIL_REQUIRE(micro >= 1 && total % micro == 0,
+                  "{}: train_batch_size {} is not a multiple of the micro-batch {} "
+                  "(train_micro_batch_size_per_gpu / per_device_train_batch_size) x world size 1",
+                  src_, total, micro);
+    accum = total / micro;
+  } else if (accum_known && !micro_known) {
+    ANVIL_REQUIRE(
+        accum >= 1 && total % accum == 0,
+        "{}: train_batch_size {} is not a multiple of gradient_accumulation_steps {} x world size 1", src_,
+        total, accum);
+    micro = total / accum;
+  } else if (!micro_known && !accum_known) {
+    micro = total;
+    accum = 1;
+  }
+  ANVIL_REQUIRE(
+      int64_t(micro) * accum == total,
+      "{}: train_batch_size {} must equal train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} "
+      "x world size 1 = {} (the micro-batch is per_device_train_batch_size, the accumulation "
+      "gradient_accumulation_steps of the Anvil config when the DeepSpeed values are \"auto\" or absent)",
+      src_, total, micro, accum, int64_t(micro) * accum);
+}
+
+void Applier::apply(const json& ds) {
+  ANVIL_REQUIRE(ds.is_object(), "{}: a DeepSpeed config must be a JSON object, got {}", src_,
+                ds.is_array() ? "an array" : ds.dump());
+  const auto& supported = deepspeed_supported_keys();
+  for (const auto& [k, _] : ds.items()) {
+    if (std::find(supported.begin(), supported.end(), k) != supported.end() || k == "bfloat16") continue;
+    if (k == "scheduler")
+      ANVIL_THROW(
+          "{}: DeepSpeed key 'scheduler' is not supported: set the schedule in the Anvil config instead "
+          "(lr_scheduler_type, warmup_steps; WarmupLR with linear warmup is constant_with_warmup, "
+          "WarmupDecayLR is "
+          "linear)",
+          src_);
+    const std::string near = nearest_key(k, supported);
+    ANVIL_THROW("{}: unsupported DeepSpeed key '{}'{} (supported: {})", src_, k,
+                near.empty() ? "" : " (did you mean '" + near + "'?)", join(supported));
+  }
+  ANVIL_REQUIRE(!(ds.contains("bf16") && ds.contains("bfloat16")),
+                "{}: both 'bf16' and its old name 'bfloat16' are set; keep 'bf16'", src_);
+
+  if (ds.contains("fp16")) fp16(ds["fp16"]);
+  if (ds.contains("bf16")) bf16("bf16", ds["bf16"]);
+  if (ds.contains("bfloat16")) bf16("bfloat16", ds["bfloat16"]);
+  if (ds.contains("data_types")) data_types(ds["data_types"]);
+  if (ds.contains("train_micro_batch_size_per_gpu") && !is_auto(ds["train_micro_batch_size_per_gpu"])) {
+    const json& v = ds["train_micro_batch_size_per_gpu"];
+    fill("train_micro_batch_size_per_gpu", v, "per_device_train_batch_size", c_.per_device_train_batch_size,
+         integer("train_micro_batch_size_per_gpu", v));
+  }
+  if (ds.contains("gradient_accumulation_steps") && !is_auto(ds["gradient_accumulation_steps"])) {
+    const json& v = ds["gradient_accumulation_steps"];
+    fill("gradient_accumulation_steps", v, "gradient_accumulation_steps", c_.gradient_accumulation_steps,
+         integer("gradient_accumulation_steps", v));
+  }
+  if (ds.contains("gradient_clipping") && !is_auto(ds["gradient_clipping"])) {
+    const json& v = ds["gradient_clipping"];
+    fill("gradient_clipping", v, "max_grad_norm", c_.max_grad_norm, number("gradient_clipping", v));
+  }
+  if (ds.contains("steps_per_print") && !is_auto(ds["steps_per_print"])) {
+    const json& v = ds["steps_per_print"];
+    fill("steps_per_print", v, "logging_steps", c_.logging_steps, int64_t(integer("steps_per_print", v)));
+  }
+  if (ds.contains("optimizer")) optimizer(ds["optimizer"]);
+  if (ds.contains("zero_optimization")) zero(ds["zero_optimization"]);
+  // wall_clock_breakdown: DeepSpeed's timing printout; Anvil always logs its timings.
+
+  if (!mismatches_.empty()) {
+    std::string list;
+    for (const auto& m : mismatches_) list += "\n" + m;
+    ANVIL_THROW(
+        "{}: DeepSpeed config values disagree with the Anvil config (file or command line):{}\nSet these "
+        "DeepSpeed values to \"auto\" to take the Anvil values, or drop the Anvil keys to take the DeepSpeed "
+        "ones",
+        src_, list);
+  }
+  batch(ds);
+  ANVIL_REQUIRE(
+      !(c_.fp16 && c_.bf16),
+      "{}: fp16 and bf16 are both enabled (fp16.enabled / bf16.enabled here, or fp16 / bf16 in the Anvil "
+      "config); choose one",
+      src_);
+}
+
+}  // namespace
+
+const std::vector<std::string>& deepspeed_supported_keys() {
+  static const std::vector<std::string> keys = {"fp16",
+                                                "bf16",
+                                                "data_types",
+                                                "train_micro_batch_size_per_gpu",
+                                                "gradient_accumulation_steps",
+                                                "train_batch_size",
+                                                "gradient_clipping",
+                                                "steps_per_print",
+                                                "optimizer",
+                                                "zero_optimization",
+                                                "wall_clock_breakdown"};
+  return keys;
+}
+
+void apply_deepspeed_json(TrainConfig& cfg, const json& ds, const std::string& source,
+                          const std::set<std::string>& given_keys) {
+  Applier(cfg, source, given_keys).apply(ds);
+}
+
+void apply_deepspeed_config(TrainConfig& cfg, const std::string& path,
+                            const std::set<std::string>& given_keys, const std::string& referrer) {
+  std::ifstream f(path);
+  ANVIL_REQUIRE(f.good(), "DeepSpeed config '{}' not found or not readable{}", path,
+                referrer.empty() ? "" : " (the 'deepspeed' key of " + referrer + ")");
+  json ds;
+  try {
+    ds = json::parse(f);
+  } catch (const json::parse_error& e) {
+    ANVIL_THROW("{}: not valid JSON (DeepSpeed config): {}", path, e.what());
+  }
+  apply_deepspeed_json(cfg, ds, path, given_keys);
+}
+
+}  // namespace anvil

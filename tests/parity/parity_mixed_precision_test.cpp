@@ -1,0 +1,325 @@
+// Parity of the CUDA ops with the CPU reference in bf16 and fp16 storage (the CPU emulates 16-bit storage
+// with fp32 math): fresh random inputs, rounded once to the storage type on the host and copied to both
+// backends; outputs widened back to fp32 and compared relative to the largest |CPU value|. The two backends
+// differ only in fp32 summation order, which can move a result across a rounding boundary, so the
+// tolerances are a few units in the last place of the storage type. Each case runs with fp32 gradients and
+// with 16-bit gradients. ANVIL_PARITY_SEED replays a run; ANVIL_PARITY_VERBOSE=1 prints every error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/half.hpp"
+#include "kernels/ops.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil {
+namespace {
+
+struct Case {
+  DType compute;
+  bool half_grads;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(info.param.compute == DType::BF16 ? "Bf16" : "Fp16") +
+         (info.param.half_grads ? "Grads16" : "Grads32");
+}
+
+// Raw storage on both backends for one tensor of `dtype`.
+struct Buf {
+  DType dtype = DType::F32;
+  size_t n = 0;
+  DeviceBuffer cpu_buf, gpu_buf;
+  void* cpu() const { return cpu_buf.get(); }
+  void* gpu() const { return gpu_buf.get(); }
+};
+
+class MixedParity : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
+    const char* env = std::getenv("ANVIL_PARITY_SEED");
+    seed_ = env ? uint32_t(std::stoul(env)) : std::random_device{}();
+    rng_.seed(seed_);
+    RecordProperty("seed", std::to_string(seed_));
+    act_ = GetParam().compute;
+    grad_ = GetParam().half_grads ? act_ : DType::F32;
+    cpu_dev_ = make_cpu_device();
+    gpu_dev_ = make_cuda_device(0);
+    workspace_ = DeviceBuffer(*gpu_dev_, kCudaGemmWorkspaceBytes);
+    cpu_ = make_cpu_ops(*cpu_dev_, {act_, grad_});
+    gpu_ = make_cuda_ops(*gpu_dev_, false, workspace_.get(), workspace_.size(), {act_, grad_});
+  }
+
+  // Relative tolerance in units of the storage type's precision (2^-8 bf16, 2^-11 fp16).
+  double ulps(DType t, double k) const {
+    return t == DType::BF16 ? k * 0.00390625 : t == DType::F16 ? k * 0.00048828125 : k * 1e-6;
+  }
+
+  std::vector<float> randn(size_t n, float scale = 1.f, float offset = 0.f) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::vector<float> v(n);
+    for (float& x : v) x = offset + scale * dist(rng_);
+    return v;
+  }
+
+  static std::vector<uint16_t> encode(const std::vector<float>& v, DType t) {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      out[i] = t == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+    return out;
+  }
+  static float decode(uint16_t h, DType t) { return t == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h); }
+
+  Buf make(const std::vector<float>& host, DType t) {
+    Buf b;
+    b.dtype = t, b.n = host.size();
+    const size_t bytes = dtype_bytes(t, host.size());
+    b.cpu_buf = DeviceBuffer(*cpu_dev_, std::max<size_t>(bytes, 1));
+    b.gpu_buf = DeviceBuffer(*gpu_dev_, std::max<size_t>(bytes, 1));
+    if (t == DType::F32) {
+      cpu_dev_->copy_to_device(b.cpu(), host.data(), bytes);
+      gpu_dev_->copy_to_device(b.gpu(), host.data(), bytes);
+    } else {
+      const std::vector<uint16_t> h = encode(host, t);
+      cpu_dev_->copy_to_device(b.cpu(), h.data(), bytes);
+      gpu_dev_->copy_to_device(b.gpu(), h.data(), bytes);
+    }
+    return b;
+  }
+  Buf ints(const std::vector<int32_t>& host) {
+    Buf b;
+    b.dtype = DType::I32, b.n = host.size();
+    b.cpu_buf = DeviceBuffer(*cpu_dev_, host.size() * 4);
+    b.gpu_buf = DeviceBuffer(*gpu_dev_, host.size() * 4);
+    cpu_dev_->copy_to_device(b.cpu(), host.data(), host.size() * 4);
+    gpu_dev_->copy_to_device(b.gpu(), host.data(), host.size() * 4);
+    return b;
+  }
+  Buf act(const std::vector<float>& v) { return make(v, act_); }
+  Buf grad(const std::vector<float>& v) { return make(v, grad_); }
+  Buf f32(const std::vector<float>& v) { return make(v, DType::F32); }
+
+  std::vector<float> read(const Buf& b, bool gpu) {
+    const void* src = gpu ? b.gpu() : b.cpu();
+    Device& d = gpu ? *gpu_dev_ : *cpu_dev_;
+    std::vector<float> out(b.n);
+    if (b.dtype == DType::F32) {
+      d.copy_to_host(out.data(), src, b.n * 4);
+    } else {
+      std::vector<uint16_t> h(b.n);
+      d.copy_to_host(h.data(), src, b.n * 2);
+      for (size_t i = 0; i < b.n; ++i) out[i] = decode(h[i], b.dtype);
+    }
+    return out;
+  }
+
+  ::testing::AssertionResult close(const std::string& what, const std::vector<float>& ref,
+                                   const std::vector<float>& got, double tol) const {
+    double max_err = 0, max_ref = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      double err = std::fabs(double(ref[i]) - got[i]);
+      if (std::isnan(err)) err = INFINITY;
+      if (err > max_err) max_err = err, worst = i;
+      max_ref = std::max(max_ref, std::fabs(double(ref[i])));
+    }
+    const double rel = max_err / std::max(max_ref, 1e-30);
+    if (std::getenv("ANVIL_PARITY_VERBOSE"))
+      std::printf("  %-40s %s relative error %.3g (tolerance %.3g)\n", what.c_str(),
+                  std::string(dtype_name(act_)).c_str(), rel, tol);
+    if (rel <= tol) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << what << ": max |cpu - cuda| = " << max_err << " at [" << worst
+                                         << "] (cpu " << ref[worst] << ", cuda " << got[worst] << "), " << rel
+                                         << " of max |cpu| " << max_ref << " > " << tol << "; seed " << seed_;
+  }
+  ::testing::AssertionResult same(const std::string& what, const Buf& b, double tol) {
+    return close(what, read(b, false), read(b, true), tol);
+  }
+
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+  DType act_ = DType::BF16, grad_ = DType::F32;
+  std::unique_ptr<Device> cpu_dev_, gpu_dev_;
+  DeviceBuffer workspace_;
+  std::unique_ptr<Ops> cpu_, gpu_;
+};
+
+TEST_P(MixedParity, Embedding) {
+  const int B = 3, T = 17, C = 40, V = 50, maxT = 32;
+  std::uniform_int_distribution<int32_t> tok(0, V - 1);
+  std::vector<int32_t> ids(size_t(B) * T);
+  for (int32_t& t : ids) t = tok(rng_);
+  Buf tokens = ints(ids);
+  Buf wte = act(randn(size_t(V) * C)), wpe = act(randn(size_t(maxT) * C));
+  Buf out = act(randn(size_t(B) * T * C, 100.f));
+  cpu_->embedding_fwd(out.cpu(), static_cast<int32_t*>(tokens.cpu()), wte.cpu(), wpe.cpu(), B, T, C);
+  gpu_->embedding_fwd(out.gpu(), static_cast<int32_t*>(tokens.gpu()), wte.gpu(), wpe.gpu(), B, T, C);
+  EXPECT_TRUE(same("embedding_fwd", out, ulps(act_, 1)));
+  Buf dout = act(randn(size_t(B) * T * C));
+  Buf dwte = grad(randn(size_t(V) * C)), dwpe = grad(randn(size_t(maxT) * C));
+  cpu_->embedding_bwd(dwte.cpu(), dwpe.cpu(), dout.cpu(), static_cast<int32_t*>(tokens.cpu()), B, T, C);
+  gpu_->embedding_bwd(dwte.gpu(), dwpe.gpu(), dout.gpu(), static_cast<int32_t*>(tokens.gpu()), B, T, C);
+  // 16-bit gradients accumulate with one rounding per atomic add on the GPU (per token), once on the CPU.
+  const double tol = grad_ == DType::F32 ? 1e-5 : ulps(grad_, 8);
+  EXPECT_TRUE(same("embedding_bwd dwte", dwte, tol));
+  EXPECT_TRUE(same("embedding_bwd dwpe", dwpe, tol));
+}
+
+TEST_P(MixedParity, LayerNorm) {
+  const int N = 67, C = 192;
+  const size_t NC = size_t(N) * C;
+  Buf inp = act(randn(NC, 2.f, 3.f)), w = act(randn(C, 0.5f, 1.f)), b = act(randn(C, 0.5f));
+  Buf out = act(randn(NC, 100.f)), mean = f32(randn(N)), rstd = f32(randn(N));
+  cpu_->layernorm_fwd(out.cpu(), static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()), inp.cpu(),
+                      w.cpu(), b.cpu(), N, C);
+  gpu_->layernorm_fwd(out.gpu(), static_cast<float*>(mean.gpu()), static_cast<float*>(rstd.gpu()), inp.gpu(),
+                      w.gpu(), b.gpu(), N, C);
+  EXPECT_TRUE(same("layernorm_fwd out", out, ulps(act_, 2)));
+  EXPECT_TRUE(same("layernorm_fwd mean", mean, 1e-5));
+  EXPECT_TRUE(same("layernorm_fwd rstd", rstd, 1e-4));
+  Buf dout = act(randn(NC)), dinp = act(randn(NC)), dw = grad(randn(C)), db = grad(randn(C));
+  cpu_->layernorm_bwd(dinp.cpu(), dw.cpu(), db.cpu(), dout.cpu(), inp.cpu(), w.cpu(),
+                      static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()), N, C);
+  gpu_->layernorm_bwd(dinp.gpu(), dw.gpu(), db.gpu(), dout.gpu(), inp.gpu(), w.gpu(),
+                      static_cast<float*>(mean.gpu()), static_cast<float*>(rstd.gpu()), N, C);
+  EXPECT_TRUE(same("layernorm_bwd dinp", dinp, ulps(act_, 2)));
+  const double gtol = grad_ == DType::F32 ? 1e-4 : ulps(grad_, 4);
+  EXPECT_TRUE(same("layernorm_bwd dw", dw, gtol));
+  EXPECT_TRUE(same("layernorm_bwd db", db, gtol));
+}
+
+TEST_P(MixedParity, Matmul) {
+  struct S {
+    int N, K, OC;
+  };
+  for (const S s : {S{37, 29, 51}, S{256, 768, 768}, S{64, 128, 50304}}) {
+    SCOPED_TRACE("N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) + " OC=" + std::to_string(s.OC));
+    const size_t NK = size_t(s.N) * s.K, NOC = size_t(s.N) * s.OC, OCK = size_t(s.OC) * s.K;
+    Buf inp = act(randn(NK)), w = act(randn(OCK, 0.2f)), bias = act(randn(s.OC));
+    Buf out = act(randn(NOC, 100.f));
+    cpu_->matmul_fwd(out.cpu(), inp.cpu(), w.cpu(), bias.cpu(), s.N, s.K, s.OC);
+    gpu_->matmul_fwd(out.gpu(), inp.gpu(), w.gpu(), bias.gpu(), s.N, s.K, s.OC);
+    EXPECT_TRUE(same("matmul_fwd", out, ulps(act_, 2)));
+    Buf dout = act(randn(NOC)), dinp = act(randn(NK, 100.f));
+    Buf dw = grad(randn(OCK)), dbias = grad(randn(s.OC));
+    cpu_->matmul_bwd(dinp.cpu(), dw.cpu(), dbias.cpu(), dout.cpu(), inp.cpu(), w.cpu(), s.N, s.K, s.OC);
+    gpu_->matmul_bwd(dinp.gpu(), dw.gpu(), dbias.gpu(), dout.gpu(), inp.gpu(), w.gpu(), s.N, s.K, s.OC);
+    EXPECT_TRUE(same("matmul_bwd dinp", dinp, ulps(act_, 2)));
+    const double gtol = grad_ == DType::F32 ? 2e-4 : ulps(grad_, 2);
+    EXPECT_TRUE(same("matmul_bwd dw", dw, gtol));
+    EXPECT_TRUE(same("matmul_bwd dbias", dbias, grad_ == DType::F32 ? 1e-4 : ulps(grad_, 4)));
+  }
+}
+
+TEST_P(MixedParity, Attention) {
+  struct S {
+    int B, T, C, NH;
+  };
+  for (const S s : {S{2, 67, 48, 4}, S{4, 256, 384, 6}, S{3, 1, 32, 2}}) {
+    SCOPED_TRACE("B=" + std::to_string(s.B) + " T=" + std::to_string(s.T));
+    const size_t BTC = size_t(s.B) * s.T * s.C, P = size_t(s.B) * s.NH * s.T * s.T;
+    Buf qkv = act(randn(3 * BTC)), out = act(randn(BTC, 100.f)), probs = act(randn(P, 100.f));
+    DeviceBuffer cs(*cpu_dev_, std::max<size_t>(1, cpu_->attention_scratch_bytes(s.B, s.T, s.C, s.NH)));
+    DeviceBuffer gs(*gpu_dev_, gpu_->attention_scratch_bytes(s.B, s.T, s.C, s.NH));
+    cpu_->attention_fwd(out.cpu(), probs.cpu(), qkv.cpu(), cs.get(), s.B, s.T, s.C, s.NH);
+    gpu_->attention_fwd(out.gpu(), probs.gpu(), qkv.gpu(), gs.get(), s.B, s.T, s.C, s.NH);
+    EXPECT_TRUE(same("attention_fwd probs", probs, ulps(act_, 2)));
+    EXPECT_TRUE(same("attention_fwd out", out, ulps(act_, 4)));
+    Buf dout = act(randn(BTC)), dqkv = act(randn(3 * BTC, 100.f));
+    cpu_->attention_bwd(dqkv.cpu(), dout.cpu(), qkv.cpu(), probs.cpu(), cs.get(), s.B, s.T, s.C, s.NH);
+    gpu_->attention_bwd(dqkv.gpu(), dout.gpu(), qkv.gpu(), probs.gpu(), gs.get(), s.B, s.T, s.C, s.NH);
+    const std::vector<float> ref = read(dqkv, false), got = read(dqkv, true);
+    for (int part = 0; part < 3; ++part) {
+      std::vector<float> r, g;
+      for (size_t bt = 0; bt < size_t(s.B) * s.T; ++bt)
+        for (int c = 0; c < s.C; ++c)
+          r.push_back(ref[bt * 3 * s.C + part * s.C + c]), g.push_back(got[bt * 3 * s.C + part * s.C + c]);
+      EXPECT_TRUE(close(std::string("attention_bwd d") + "qkv"[part], r, g, ulps(act_, 6)));
+    }
+  }
+}
+
+TEST_P(MixedParity, GeluResidualLoss) {
+  const size_t n = 100003;
+  Buf x = act(randn(n, 3.f)), y = act(randn(n, 100.f));
+  cpu_->gelu_fwd(y.cpu(), x.cpu(), n);
+  gpu_->gelu_fwd(y.gpu(), x.gpu(), n);
+  EXPECT_TRUE(same("gelu_fwd", y, ulps(act_, 1)));
+  Buf dout = act(randn(n)), dinp = act(randn(n, 100.f));
+  cpu_->gelu_bwd(dinp.cpu(), x.cpu(), dout.cpu(), n);
+  gpu_->gelu_bwd(dinp.gpu(), x.gpu(), dout.gpu(), n);
+  EXPECT_TRUE(same("gelu_bwd", dinp, ulps(act_, 1)));
+  Buf a = act(randn(n)), b = act(randn(n));
+  cpu_->residual_fwd(a.cpu(), a.cpu(), b.cpu(), n);
+  gpu_->residual_fwd(a.gpu(), a.gpu(), b.gpu(), n);
+  EXPECT_TRUE(same("residual_fwd", a, 0.0));  // one rounding of an exact fp32 sum: identical
+
+  const int N = 24, V = 1000, Vp = 1024;
+  std::vector<float> lh = randn(size_t(N) * Vp, 3.f);
+  std::vector<int32_t> th(N);
+  std::uniform_int_distribution<int32_t> tok(0, V - 1);
+  for (int i = 0; i < N; ++i) th[i] = i % 5 == 2 ? kIgnoreIndex : tok(rng_);
+  Buf targets = ints(th), logits = act(lh), losses = f32(randn(N));
+  const float scale = act_ == DType::F16 ? 1024.f : 1.f;  // fp16 gradients carry a loss scale
+  cpu_->softmax_xent_fwd_bwd(static_cast<float*>(losses.cpu()), logits.cpu(),
+                             static_cast<int32_t*>(targets.cpu()), N, V, Vp, scale, true);
+  gpu_->softmax_xent_fwd_bwd(static_cast<float*>(losses.gpu()), logits.gpu(),
+                             static_cast<int32_t*>(targets.gpu()), N, V, Vp, scale, true);
+  EXPECT_TRUE(same("softmax_xent losses", losses, 1e-5));
+  EXPECT_TRUE(same("softmax_xent grad", logits, ulps(act_, 2)));
+}
+
+TEST_P(MixedParity, ReductionCastAdamW) {
+  const size_t n = (size_t{1} << 20) + 3;
+  Buf g = grad(randn(n, 0.1f));
+  const double c = cpu_->sum_squares(g.cpu(), grad_, n), d = gpu_->sum_squares(g.gpu(), grad_, n);
+  EXPECT_NEAR(c, d, 1e-9 * c);
+  // An infinity anywhere makes the norm non-finite (the fp16 overflow check).
+  const uint16_t inf16 = grad_ == DType::BF16 ? 0x7f80 : 0x7c00;
+  const float inf32 = INFINITY;
+  gpu_dev_->copy_to_device(static_cast<char*>(g.gpu()) + (n / 2) * dtype_bytes(grad_, 1),
+                           grad_ == DType::F32 ? static_cast<const void*>(&inf32) : &inf16,
+                           dtype_bytes(grad_, 1));
+  EXPECT_FALSE(std::isfinite(gpu_->sum_squares(g.gpu(), grad_, n)));
+
+  // Master weights to the compute type: round to nearest on both is bit-identical; so is stochastic
+  // rounding (the same counter hash on both backends).
+  const std::vector<float> master_h = randn(n, 0.05f);
+  Buf master = f32(master_h), w = act(randn(n));
+  for (const uint64_t rseed : {uint64_t{0}, uint64_t{0x1234567}}) {
+    cpu_->cast_weights(w.cpu(), static_cast<float*>(master.cpu()), n, rseed);
+    gpu_->cast_weights(w.gpu(), static_cast<float*>(master.gpu()), n, rseed);
+    EXPECT_TRUE(same(rseed ? "cast_weights stochastic" : "cast_weights", w, 0.0));
+  }
+
+  Buf p = f32(randn(n)), m = f32(randn(n, 0.1f)), gr = grad(randn(n, 3.f));
+  std::vector<float> vh = randn(n, 0.01f);
+  for (float& x : vh) x = std::fabs(x);
+  Buf v = f32(vh);
+  AdamWArgs a;
+  a.lr = 3e-4f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.weight_decay = 0.1f, a.step = 7, a.grad_scale = 0.5f;
+  cpu_->adamw_step(static_cast<float*>(p.cpu()), gr.cpu(), static_cast<float*>(m.cpu()),
+                   static_cast<float*>(v.cpu()), n, a);
+  gpu_->adamw_step(static_cast<float*>(p.gpu()), gr.gpu(), static_cast<float*>(m.gpu()),
+                   static_cast<float*>(v.gpu()), n, a);
+  EXPECT_TRUE(same("adamw param", p, 1e-5));
+  EXPECT_TRUE(same("adamw m", m, 1e-5));
+  EXPECT_TRUE(same("adamw v", v, 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, MixedParity,
+                         ::testing::Values(Case{DType::BF16, false}, Case{DType::BF16, true},
+                                           Case{DType::F16, false}, Case{DType::F16, true}),
+                         case_name);
+
+}  // namespace
+}  // namespace anvil
