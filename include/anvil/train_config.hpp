@@ -84,6 +84,10 @@ struct TrainConfig {
   // A DeepSpeed config JSON (as HF TrainingArguments' deepspeed), applied onto this config when it is
   // loaded (src/train/deepspeed_config.hpp); "" for none.
   std::string deepspeed;
+  // Memory history (docs/memory.md): a JSON-lines trace of the arena's buffers and of when each saved
+  // activation is live during global step memory_trace_step, for `anvil memory-report`; "" for none.
+  std::string memory_trace;
+  int64_t memory_trace_step = 1;
 
   // A sample generated from the trained model at the end of training ("" disables).
   std::string sample_prompt;

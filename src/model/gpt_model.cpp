@@ -8,6 +8,12 @@
 #include "core/half.hpp"
 
 namespace anvil {
+namespace {
+constexpr const char* kSavedNames[] = {"ln_1 output",      "ln_1 mean/rstd",  "qkv",
+                                       "attention output", "attention probs", "residual after attn",
+                                       "ln_2 output",      "ln_2 mean/rstd",  "mlp pre-activation",
+                                       "mlp activation"};
+}  // namespace
 
 GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
                    CheckpointPolicy checkpointing, OpsPrecision precision)
@@ -58,10 +64,6 @@ void GptModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   if (training_) i_grads_ = plan.add("gradients", M::Gradients, P * ge_);
   i_encoded_ = plan.add("embedding output", M::Activations, BT * C * a);
   // Per-layer saved activations: stored per layer, or (checkpointed blocks) in one recompute buffer.
-  static constexpr const char* kNames[kSavedKinds] = {
-      "ln_1 output",        "ln_1 mean/rstd",      "qkv",         "attention output",
-      "attention probs",    "residual after attn", "ln_2 output", "ln_2 mean/rstd",
-      "mlp pre-activation", "mlp activation"};
   const size_t per_layer[kSavedKinds] = {
       BT * C * a, 2 * BT * f, 3 * BT * C * a, BT * C * a,     size_t(B_) * NH * T_ * T_ * a,
       BT * C * a, BT * C * a, 2 * BT * f,     4 * BT * C * a, 4 * BT * C * a};
@@ -72,9 +74,9 @@ void GptModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
     int stored = 0;
     for (size_t l = 0; l < L; ++l)
       if (!recomputed(k, int(l))) sk.slot[l] = stored++;
-    if (stored) sk.i_stored = plan.add(kNames[k], M::Activations, size_t(stored) * sk.bytes);
+    if (stored) sk.i_stored = plan.add(kSavedNames[k], M::Activations, size_t(stored) * sk.bytes);
     if (stored < int(L))
-      sk.i_recompute = plan.add(std::string("recompute: ") + kNames[k], M::Recompute, sk.bytes);
+      sk.i_recompute = plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, sk.bytes);
   }
   i_res3_ = plan.add("block output", M::Activations, L * BT * C * a);
   i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * a);
@@ -209,9 +211,24 @@ void GptModel::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed
   if (run(kLn2)) ops.layernorm_fwd(ln2, ln2_stats, ln2_stats + sBT, res2, p.ln2w, p.ln2b, N, C);
   if (run(kFch)) ops.matmul_fwd(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
   if (run(kFchGelu)) ops.gelu_fwd(fch_gelu, fch, size_t(N) * 4 * C);
+  if (trace_) {
+    // Stored kinds stay live until this block's backward; in the forward pass the recompute buffers are
+    // scratch that the next block overwrites; rebuilt (recompute phase) they live until the backward.
+    const char* phase = only_recomputed ? "recompute" : "forward";
+    for (int k = 0; k < kSavedKinds; ++k) {
+      const bool rec = recomputed(k, l);
+      if (only_recomputed && !rec) continue;
+      int& id = trace_saved_[l][k];
+      trace_alloc(id, kSavedNames[k], rec ? MemoryCategory::Recompute : MemoryCategory::Activations,
+                  saved_[k].bytes, l, phase);
+      if (rec && !only_recomputed) trace_free(id, phase);
+    }
+  }
   if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
   ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
   ops.residual_fwd(at(res3_, l * sBTC), res2, tmp_c_, size_t(N) * C);
+  trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, size_t(B_) * T_ * C * ae_, l,
+              "forward");
 }
 
 void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T,
@@ -223,12 +240,24 @@ void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, 
   const int C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size();
   const int N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
+  trace_phase("forward", -1);
   ops.embedding_fwd(encoded_, tokens, at(weights_, wte_off_), at(weights_, wpe_off_), B, T, C);
-  for (int l = 0; l < L; ++l) block_forward(ops, l, B, T, false);
+  trace_alloc(trace_encoded_, "embedding output", MemoryCategory::Activations, sBTC * ae_, -1, "forward");
+  for (int l = 0; l < L; ++l) {
+    trace_phase("forward", l);
+    block_forward(ops, l, B, T, false);
+  }
+  trace_phase("forward head", -1);
   ops.layernorm_fwd(lnf_, lnf_stats_, lnf_stats_ + sBT, at(res3_, (L - 1) * sBTC), at(weights_, lnfw_off_),
                     at(weights_, lnfb_off_), N, C);
+  trace_alloc(trace_lnf_, "ln_f output + mean/rstd", MemoryCategory::Activations, sBTC * ae_ + 2 * sBT * 4,
+              -1, "forward");
   ops.matmul_fwd(logits_, lnf_, at(weights_, wte_off_), nullptr, N, C, Vp);
-  if (targets) ops.softmax_xent_fwd_bwd(losses_, logits_, targets, N, V, Vp, grad_scale, write_grad);
+  trace_alloc(trace_logits_, "logits", MemoryCategory::Activations, sBT * Vp * ae_, -1, "forward");
+  if (targets) {
+    ops.softmax_xent_fwd_bwd(losses_, logits_, targets, N, V, Vp, grad_scale, write_grad);
+    trace_alloc(trace_losses_, "losses", MemoryCategory::Activations, sBT * 4, -1, "forward");
+  }
 }
 
 void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
@@ -240,13 +269,21 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   char* g0 = static_cast<char*>(grads_);
 
   // Head (tied to wte) and final norm. dlogits already sits in the logits buffer.
+  trace_phase("backward head", -1);
   ops.matmul_bwd(tmp_c_, g0 + wte_off_ * ge_, nullptr, logits_, lnf_, wte, N, C, Vp);
+  trace_free(trace_logits_, "backward");
   ops.device().fill_zero(dres_, size_t(N) * C * ae_);
   ops.layernorm_bwd(dres_, g0 + lnfw_off_ * ge_, g0 + lnfb_off_ * ge_, tmp_c_, at(res3_, (L - 1) * sBTC),
                     at(weights_, lnfw_off_), lnf_stats_, lnf_stats_ + sBT, N, C);
+  trace_free(trace_lnf_, "backward");
+  trace_free(trace_block_out_[L - 1], "backward");
 
   for (int l = L - 1; l >= 0; --l) {
-    if (checkpointing_.checkpointed(l)) block_forward(ops, l, B, T, true);
+    if (checkpointing_.checkpointed(l)) {
+      trace_phase("recompute", l);
+      block_forward(ops, l, B, T, true);
+    }
+    trace_phase("backward", l);
     const LayerParams p = layer_params(weights_, ae_, l);
     const LayerParams g = layer_params(grads_, ge_, l);
     const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
@@ -262,8 +299,39 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
     ops.attention_bwd(dqkv_, tmp_c_, act(kQkv, l), act(kProbs, l), attn_scratch_, B, T, C, NH);
     ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, act(kLn1, l), p.qkvw, N, C, 3 * C);
     ops.layernorm_bwd(dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
+    if (trace_) {
+      for (int& id : trace_saved_[l]) trace_free(id, "backward");
+      trace_free(l == 0 ? trace_encoded_ : trace_block_out_[l - 1], "backward");
+    }
   }
+  trace_phase("backward embedding", -1);
   ops.embedding_bwd(g0 + wte_off_ * ge_, g0 + wpe_off_ * ge_, dres_, tokens, B, T, C);
+  trace_free(trace_losses_, "backward");
+}
+
+void GptModel::set_memory_trace(MemoryTrace* trace) {
+  trace_ = trace;
+  trace_saved_.assign(cfg_.n_layer, {});
+  for (auto& ids : trace_saved_) ids.fill(-1);
+  trace_block_out_.assign(cfg_.n_layer, -1);
+  trace_encoded_ = trace_lnf_ = trace_logits_ = trace_losses_ = -1;
+}
+
+void GptModel::trace_phase(const char* name, int layer) {
+  if (trace_) trace_->phase(name, layer);
+}
+
+void GptModel::trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer,
+                           const char* phase) {
+  if (!trace_) return;
+  if (id >= 0) trace_->free(id, phase);  // overwritten (e.g. the next micro-batch)
+  id = trace_->alloc(name, c, bytes, layer, phase);
+}
+
+void GptModel::trace_free(int& id, const char* phase) {
+  if (!trace_ || id < 0) return;
+  trace_->free(id, phase);
+  id = -1;
 }
 
 }  // namespace anvil

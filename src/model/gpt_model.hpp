@@ -12,12 +12,14 @@
 // CheckpointPolicy, a checkpointed block's activations of the recomputed kinds go to shared recompute
 // buffers and are rebuilt by re-running the block's forward just before its backward.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "anvil/memory_plan.hpp"
 #include "anvil/model_config.hpp"
 #include "kernels/ops.hpp"
+#include "memory/memory_trace.hpp"
 #include "model/checkpointing.hpp"
 #include "model/param_layout.hpp"
 #include "runtime/arena.hpp"
@@ -70,6 +72,10 @@ class GptModel {
   // Accumulates parameter gradients into grads(); needs the preceding forward with write_grad.
   void backward(Ops& ops, const int32_t* tokens, int B, int T);
 
+  // Memory history (docs/memory.md): while a trace is set, forward and backward record when each saved
+  // activation becomes live (written) and dead (last read), per layer, with phase markers. nullptr stops.
+  void set_memory_trace(MemoryTrace* trace);
+
  private:
   // The tensors of one block, as offsets into the flat buffer (looked up by name once) or as pointers
   // into the parameters or the gradients.
@@ -96,6 +102,16 @@ class GptModel {
     char *stored = nullptr, *recompute = nullptr;
   };
   SavedKind saved_[kSavedKinds];
+
+  // Memory-trace bookkeeping: the live id of each (kind, layer), of each block output, and of the tensors
+  // outside the blocks (-1: not live).
+  void trace_phase(const char* name, int layer);
+  void trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer, const char* phase);
+  void trace_free(int& id, const char* phase);
+  MemoryTrace* trace_ = nullptr;
+  std::vector<std::array<int, kSavedKinds>> trace_saved_;
+  std::vector<int> trace_block_out_;
+  int trace_encoded_ = -1, trace_lnf_ = -1, trace_logits_ = -1, trace_losses_ = -1;
 
   TransformerConfig cfg_;
   ParamLayout layout_;

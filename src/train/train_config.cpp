@@ -208,6 +208,8 @@ const std::map<std::string, Setter>& setters() {
       c.debug_inject_overflow_steps.assign(steps.begin(), steps.end());
     };
     str_field("deepspeed", &TrainConfig::deepspeed);
+    str_field("memory_trace", &TrainConfig::memory_trace);
+    int_field("memory_trace_step", &TrainConfig::memory_trace_step);
     str_field("device", &TrainConfig::device);
     str_field("resume_from_checkpoint", &TrainConfig::resume_from_checkpoint);
     str_field("sample_prompt", &TrainConfig::sample_prompt);
@@ -297,6 +299,8 @@ void TrainConfig::validate(const std::string& s) const {
                 per_device_eval_batch_size);
   ANVIL_REQUIRE(gradient_accumulation_steps >= 1, "{}: gradient_accumulation_steps must be >= 1, got {}", s,
                 gradient_accumulation_steps);
+  ANVIL_REQUIRE(memory_trace_step >= 1, "{}: memory_trace_step must be >= 1 (a 1-based global step), got {}",
+                s, memory_trace_step);
   ANVIL_REQUIRE(max_seq_length >= 0 && max_seq_length <= model.block_size,
                 "{}: max_seq_length must be between 1 and the model's block_size {}, got {}", s,
                 model.block_size, max_seq_length);
@@ -432,6 +436,8 @@ json TrainConfig::to_json() const {
           {"grad_accum_dtype", grad_accum_dtype},
           {"debug_inject_overflow_steps", debug_inject_overflow_steps},
           {"deepspeed", deepspeed},
+          {"memory_trace", memory_trace},
+          {"memory_trace_step", memory_trace_step},
           {"device", device},
           {"resume_from_checkpoint", resume_from_checkpoint},
           {"sample_prompt", sample_prompt},

@@ -15,6 +15,7 @@
 #include "data/tokenizer.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
+#include "memory/memory_trace.hpp"
 #include "optim/lr_schedule.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/engine.hpp"
@@ -269,8 +270,20 @@ TrainSummary Run::go() {
     dev.copy_to_device_async(e.targets(s), b.targets, bt * sizeof(int32_t));
   };
   stage(slot);
+  // Memory history: the first step at or after memory_trace_step (a resumed run may start later).
+  std::unique_ptr<MemoryTrace> trace;
+  const int64_t trace_step = std::max<int64_t>(cfg_.memory_trace_step, start_step + 1);
+  if (!cfg_.memory_trace.empty() && trace_step > total_steps_)
+    fmt::print("  memory_trace: step {} is past the run's last step {}; no trace written\n", trace_step,
+               total_steps_);
   for (; step < total_steps_; ++step) {
     const auto ts = Clock::now();
+    if (!cfg_.memory_trace.empty() && step + 1 == trace_step) {
+      trace = std::make_unique<MemoryTrace>(cfg_.memory_trace, dev.name(), e.plan().total_bytes(),
+                                            dev.context_overhead_bytes(), step + 1);
+      for (const PlannedBuffer& b : e.plan().buffers()) trace->buffer(b.name, b.category, b.bytes);
+      model.set_memory_trace(trace.get());
+    }
     dev.fill_zero(model.grad_buffer(), model.grad_bytes());
     const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
     // The loss of a step is the mean over every target token of all its micro-batches. Gradients are
@@ -330,9 +343,17 @@ TrainSummary Run::go() {
       const int64_t opt_step = step + 1 - (scaler_ ? scaler_->skipped_steps() : 0);
       e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step,
                          float(double(clip) * unscale));
+      if (trace) trace->phase("optimizer");
       model.sync_weights(e.ops(), cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0);
     }
     dev.synchronize();
+    if (trace) {
+      model.set_memory_trace(nullptr);
+      trace->finish();
+      fmt::print("memory trace of step {} -> {} (peak of live data {}; render: anvil memory-report {})\n",
+                 step + 1, trace->path(), format_bytes(trace->peak_live_bytes()), trace->path());
+      trace.reset();
+    }
     loss_sum += skipped ? 0.0 : step_loss;
     peak_driver = std::max(peak_driver, dev.driver_used_bytes());
     const double step_time = seconds_since(ts);
