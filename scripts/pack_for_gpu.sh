@@ -21,3 +21,20 @@ tar czf .devcarry/libs.tgz -C "$libs" anvil_libs
 gzip -c data/shakespeare/shakespeare.txt > .devcarry/shakespeare.txt.gz
 git rev-parse HEAD > .devcarry/commit
 du -sh .devcarry
+# Optional: a bitsandbytes wheel (BNB_WHEEL=path, from `pip download bitsandbytes`) for bench/optimizer_bench.py,
+# stripped to the CUDA 12.8+ libraries so it fits the carry limit; on the GPU machine:
+#   mkdir -p /tmp/bnb && tar xzf .devcarry/bnb.tgz -C /tmp/bnb && export PYTHONPATH=/tmp/bnb
+if [ -n "${BNB_WHEEL:-}" ]; then
+  bnb=$(mktemp -d)
+  python3 - "$BNB_WHEEL" "$bnb" <<'PY'
+import re, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for i in z.infolist():
+    if re.search(r"libbitsandbytes_(cuda1[01]\d|cuda12[0-6]|rocm\d+)\.so$", i.filename):
+        continue
+    z.extract(i, sys.argv[2])
+PY
+  tar czf .devcarry/bnb.tgz -C "$bnb" .
+  rm -rf "$bnb"
+  du -sh .devcarry/bnb.tgz
+fi

@@ -50,6 +50,22 @@ struct TrainConfig {
   int64_t warmup_steps = 0;
   std::string lr_scheduler_type = "linear";
   double max_grad_norm = 1.0;  // 0 disables clipping
+  // The optimizer (docs/optimizers.md): HF `optim` names adamw_torch_fused (default; also adamw_torch,
+  // adamw_hf, adamw), adafactor, adamw_8bit (also adamw_bnb_8bit), sgd.
+  std::string optim = "adamw_torch_fused";
+  // Learning-rate multipliers of the parameter groups (the matrices' group is 1): biases and norm weights,
+  // and the token/position embeddings.
+  double no_decay_lr_multiplier = 1.0, embedding_lr_multiplier = 1.0;
+  bool adamw_bf16_moments = false;        // AdamW: bf16 moments with stochastic rounding (4 bytes/param)
+  int64_t optim_8bit_min_size = 4096;     // adamw_8bit: smaller tensors keep fp32 states
+  bool optim_8bit_embedding_fp32 = true;  // adamw_8bit: embeddings keep fp32 states
+  double momentum = 0, dampening = 0;     // sgd
+  bool nesterov = false;                  // sgd
+  // adafactor (HF Trainer's optim="adafactor" turns scale_parameter and relative_step off and uses
+  // learning_rate; these keys turn them back on). adafactor_beta1 < 0: no first moment.
+  double adafactor_eps1 = 1e-30, adafactor_eps2 = 1e-3, adafactor_clip_threshold = 1.0;
+  double adafactor_decay_rate = -0.8, adafactor_beta1 = -1;
+  bool adafactor_scale_parameter = false, adafactor_relative_step = false, adafactor_warmup_init = false;
 
   uint64_t seed = 42;
   std::string output_dir = "runs/default";

@@ -209,40 +209,45 @@ void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
   model.upload_weights(dev, host.data());
 }
 
-void save_optimizer(const std::string& path, const AdamW& opt, const ParamLayout& layout, Device& dev) {
-  std::vector<float> m(opt.numel()), v(opt.numel());
-  dev.copy_to_host(m.data(), opt.m(), m.size() * sizeof(float));
-  dev.copy_to_host(v.data(), opt.v(), v.size() * sizeof(float));
+void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev) {
   SafeTensorsWriter w;
-  w.set_metadata("optimizer", "adamw");
-  for (const ParamUnit& u : layout.units()) {
-    w.add("exp_avg." + u.name, DType::F32, {int64_t(u.numel)}, m.data() + u.offset);
-    w.add("exp_avg_sq." + u.name, DType::F32, {int64_t(u.numel)}, v.data() + u.offset);
+  w.set_metadata("optimizer", optimizer_name(opt.kind()));
+  std::vector<std::vector<char>> host;  // kept alive until write()
+  for (const OptimizerStateTensor& t : opt.state_tensors()) {
+    host.emplace_back(dtype_bytes(t.dtype, t.count));
+    if (!host.back().empty()) dev.copy_to_host(host.back().data(), t.data, host.back().size());
+    w.add(t.name, t.dtype, {int64_t(t.count)}, host.back().data());
   }
   w.write(path);
 }
 
-void load_optimizer(const std::string& path, AdamW& opt, const ParamLayout& layout, Device& dev) {
+void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
   SafeTensorsReader reader(path);
-  std::vector<float> m(opt.numel()), v(opt.numel());
-  for (const ParamUnit& u : layout.units()) {
-    for (auto [prefix, dst] : {std::pair{"exp_avg.", m.data()}, std::pair{"exp_avg_sq.", v.data()}}) {
-      const SafeTensorInfo& info = reader.at(prefix + u.name);
-      ANVIL_REQUIRE(info.dtype == DType::F32 && info.shape == std::vector<int64_t>{int64_t(u.numel)},
-                    "{}: tensor '{}' has shape {} but the model needs [{}] F32", path, info.name,
-                    shape_str(info.shape), u.numel);
-      std::memcpy(dst + u.offset, reader.data(info), u.numel * sizeof(float));
-    }
+  const auto& meta = reader.metadata();
+  const auto it = meta.find("optimizer");
+  const std::string saved = it == meta.end() ? "" : it->second;
+  const std::string wanted = optimizer_name(opt.kind());
+  ANVIL_REQUIRE(saved == wanted,
+                "{}: the checkpoint's optimizer state is for '{}' but this run uses optim '{}'; resume with "
+                "--optim {} (or start a new run from the weights with --init_from)",
+                path, saved.empty() ? "(unnamed)" : saved, wanted, saved.empty() ? wanted : saved);
+  for (const OptimizerStateTensor& t : opt.state_tensors()) {
+    const SafeTensorInfo* info = reader.find(t.name);
+    ANVIL_REQUIRE(info, "{}: tensor '{}' of the {} state is missing", path, t.name, wanted);
+    ANVIL_REQUIRE(
+        info->dtype == t.dtype && info->shape == std::vector<int64_t>{int64_t(t.count)},
+        "{}: tensor '{}' is {} {} but this run needs {} [{}] (a different model or optimizer setting)", path,
+        t.name, dtype_name(info->dtype), shape_str(info->shape), dtype_name(t.dtype), t.count);
+    const size_t bytes = dtype_bytes(t.dtype, t.count);
+    if (bytes) dev.copy_to_device(t.data, reader.data(*info), bytes);
   }
-  dev.copy_to_device(opt.m(), m.data(), m.size() * sizeof(float));
-  dev.copy_to_device(opt.v(), v.data(), v.size() * sizeof(float));
 }
 
-void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt, const json& state,
+void save_checkpoint(const std::string& dir, const GptModel& model, const Optimizer& opt, const json& state,
                      const std::string& tokenizer_file, Device& dev) {
   AtomicDirectory out(dir);
   save_model(out.path(), model, dev);
-  save_optimizer(out.file("optimizer.safetensors"), opt, model.layout(), dev);
+  save_optimizer(out.file("optimizer.safetensors"), opt, dev);
   write_text_file_synced(out.file("trainer_state.json"), state.dump(2) + "\n");
   if (!tokenizer_file.empty())
     write_text_file_synced(out.file(tokenizer_file_name(tokenizer_file)), read_text_file(tokenizer_file));

@@ -3,7 +3,8 @@
 // A checkpoint directory (written atomically through AtomicDirectory) holds:
 //   model.safetensors     weights with Hugging Face GPT-2 names and shapes (loads in transformers)
 //   config.json           Hugging Face GPT2Config fields
-//   optimizer.safetensors AdamW exp_avg / exp_avg_sq per unit, in Anvil's flat layout ("exp_avg.<unit>")
+//   optimizer.safetensors the optimizer's state buffers, each a 1-D tensor named as the optimizer names it
+//                         (AdamW: exp_avg, exp_avg_sq over the flat layout), metadata "optimizer" = its name
 //   trainer_state.json    global step, data position, RNG state, schedule, the full training config
 // A Hugging Face model directory needs only config.json and model.safetensors.
 #pragma once
@@ -11,7 +12,7 @@
 #include <string>
 
 #include "model/gpt_model.hpp"
-#include "optim/adamw.hpp"
+#include "optim/optimizer.hpp"
 
 namespace anvil::io {
 
@@ -25,12 +26,14 @@ void save_model(const std::string& dir, const GptModel& model, Device& dev);
 // a missing tensor or a shape that disagrees with the config is an error naming both.
 void load_model_weights(const std::string& dir, GptModel& model, Device& dev);
 
-void save_optimizer(const std::string& path, const AdamW& opt, const ParamLayout& layout, Device& dev);
-void load_optimizer(const std::string& path, AdamW& opt, const ParamLayout& layout, Device& dev);
+void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev);
+// Restores every state buffer; a checkpoint of another optimizer, or a buffer whose name, type or size
+// differs, is an error naming the file and what differs.
+void load_optimizer(const std::string& path, Optimizer& opt, Device& dev);
 
 // Writes a whole checkpoint directory atomically. `tokenizer_file` (a tokenizer.json or vocab.txt, or
 // "" for none) is copied in under its Hugging Face name, so the checkpoint is self-contained.
-void save_checkpoint(const std::string& dir, const GptModel& model, const AdamW& opt,
+void save_checkpoint(const std::string& dir, const GptModel& model, const Optimizer& opt,
                      const nlohmann::json& state, const std::string& tokenizer_file, Device& dev);
 
 // The tokenizer file a model directory carries (tokenizer.json, else vocab.txt), or "".

@@ -1,38 +1,35 @@
-// AdamW over the flat parameter buffer with two parameter groups: tensors that take weight decay
-// (matrices, embeddings) and those that do not (biases, norm weights), as the seeds recommend.
-// The flat layout puts each unit's decayed tensors first, so one unit is two contiguous updates.
+// AdamW (PyTorch semantics, decoupled weight decay) over the whole flat buffer in one fused launch per step
+// (HF `adamw_torch_fused`): per-group learning rates and weight decay from the parameter-group table. The
+// two moments are fp32 (8 bytes/param), or bf16 with stochastic rounding (4 bytes/param) with
+// OptimizerHyper::adamw_bf16_moments.
 #pragma once
-#include "anvil/memory_plan.hpp"
-#include "kernels/ops.hpp"
-#include "model/param_layout.hpp"
-#include "runtime/arena.hpp"
+#include "optim/optimizer.hpp"
 
 namespace anvil {
 
+// The AdamW hyper-parameters of the original single-group interface (tests and the golden fixture).
 struct AdamWHyper {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
 };
+OptimizerHyper adamw_hyper(const AdamWHyper& h);
 
-class AdamW {
+class AdamW final : public Optimizer {
  public:
-  AdamW(const ParamLayout& layout, AdamWHyper h) : layout_(layout), h_(h) {}
-  void plan_memory(MemoryPlan& plan);
-  void bind(const Arena& arena);
-  void zero_state(Device& dev);  // m = v = 0
+  AdamW(const ParamLayout& layout, const OptimizerHyper& h) : Optimizer(layout, h) {}
+  OptimizerKind kind() const override { return OptimizerKind::AdamW; }
+  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) override;
+  std::vector<OptimizerStateTensor> state_tensors() const override;
 
-  // One update of every (fp32 master) parameter from gradients in the ops' gradient type; `step` is
-  // 1-based; `grad_scale` multiplies gradients (token-count normalisation, clipping, 1/loss scale).
-  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale);
+  DType moment_dtype() const { return h_.adamw_bf16_moments ? DType::BF16 : DType::F32; }
+  void* m() const { return m_; }
+  void* v() const { return v_; }
 
-  float* m() const { return m_; }
-  float* v() const { return v_; }
-  size_t numel() const { return layout_.total_numel(); }
+ protected:
+  std::vector<std::pair<std::string, size_t>> state_buffers() const override;
+  void bind_state(const std::vector<void*>& buffers) override;
 
  private:
-  const ParamLayout& layout_;
-  AdamWHyper h_;
-  size_t i_m_ = 0, i_v_ = 0;
-  float *m_ = nullptr, *v_ = nullptr;
+  void *m_ = nullptr, *v_ = nullptr;
 };
 
 }  // namespace anvil

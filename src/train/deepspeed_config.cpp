@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "anvil/error.hpp"
+#include "optim/optimizer.hpp"
 
 namespace anvil {
 namespace {
@@ -152,8 +153,14 @@ void Applier::optimizer(const json& v) {
   ANVIL_REQUIRE(
       lower(type) == "adam" || lower(type) == "adamw",
       "{}: DeepSpeed optimizer type '{}' is not supported; supported: Adam, AdamW (both run Anvil's AdamW, "
-      "with decoupled weight decay)",
+      "with decoupled weight decay); for Adafactor, 8-bit AdamW or SGD use the optim key "
+      "(docs/optimizers.md)",
       src_, type);
+  // The block selects AdamW: a run that asked for another optimizer disagrees with it.
+  if (given_.count("optim") && parse_optimizer(c_.optim) != OptimizerKind::AdamW)
+    mismatches_.push_back(fmt::format("- ds optimizer.type={} vs optim={}", type, c_.optim));
+  else
+    c_.optim = "adamw_torch_fused";
   if (!v.contains("params")) return;
   const json& p = v["params"];
   object("optimizer.params", p);

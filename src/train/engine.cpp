@@ -33,14 +33,6 @@ OpsPrecision ops_precision(const EngineOptions& o) {
   return {compute, o.half_precision_grads ? compute : DType::F32};
 }
 
-const char* optimizer_name(OptimizerKind o) {
-  switch (o) {
-    case OptimizerKind::AdamW:
-      return "adamw";
-  }
-  return "?";
-}
-
 EngineOptions training_engine_options(const TrainConfig& cfg) {
   return training_engine_options(cfg, resolve_device(cfg.device));
 }
@@ -57,8 +49,29 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   if (cfg.gradient_checkpointing)
     o.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
                        cfg.gradient_checkpointing_every};
-  o.adamw = {float(cfg.adam_beta1), float(cfg.adam_beta2), float(cfg.adam_epsilon), float(cfg.weight_decay)};
+  o.optimizer = parse_optimizer(cfg.optim);
+  o.optim = optimizer_hyper(cfg);
   return o;
+}
+
+OptimizerHyper optimizer_hyper(const TrainConfig& c) {
+  OptimizerHyper h;
+  h.weight_decay = float(c.weight_decay);
+  h.lr_multiplier[int(ParamGroup::Decay)] = 1.0f;
+  h.lr_multiplier[int(ParamGroup::NoDecay)] = float(c.no_decay_lr_multiplier);
+  h.lr_multiplier[int(ParamGroup::Embedding)] = float(c.embedding_lr_multiplier);
+  h.beta1 = float(c.adam_beta1), h.beta2 = float(c.adam_beta2), h.eps = float(c.adam_epsilon);
+  h.adamw_bf16_moments = c.adamw_bf16_moments;
+  h.min_8bit_size = size_t(c.optim_8bit_min_size);
+  h.embedding_fp32_states = c.optim_8bit_embedding_fp32;
+  h.momentum = float(c.momentum), h.dampening = float(c.dampening), h.nesterov = c.nesterov;
+  h.adafactor_eps1 = float(c.adafactor_eps1), h.adafactor_eps2 = float(c.adafactor_eps2);
+  h.clip_threshold = float(c.adafactor_clip_threshold), h.decay_rate = float(c.adafactor_decay_rate);
+  if (c.adafactor_beta1 >= 0) h.adafactor_beta1 = float(c.adafactor_beta1);
+  h.scale_parameter = c.adafactor_scale_parameter;
+  h.relative_step = c.adafactor_relative_step;
+  h.warmup_init = c.adafactor_warmup_init;
+  return h;
 }
 
 DeviceKind resolve_device(const std::string& name) {
@@ -72,17 +85,16 @@ DeviceKind resolve_device(const std::string& name) {
 }
 
 namespace {
+OptimizerHyper with_vocab(OptimizerHyper h, const TransformerConfig& cfg) {
+  h.vocab_size = cfg.vocab_size;
+  return h;
+}
+
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
-void plan_all(MemoryPlan& plan, GptModel& model, std::optional<AdamW>& opt, const EngineOptions& o,
-              size_t i_tokens[2], size_t i_targets[2], size_t* i_gemm_ws) {
+void plan_all(MemoryPlan& plan, GptModel& model, Optimizer* opt, const EngineOptions& o, size_t i_tokens[2],
+              size_t i_targets[2], size_t* i_gemm_ws) {
   model.plan_memory(plan, o.device);
-  if (opt) {
-    switch (o.optimizer) {
-      case OptimizerKind::AdamW:
-        opt->plan_memory(plan);
-        break;
-    }
-  }
+  if (opt) opt->plan_memory(plan);
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
   for (int s = 0; s < 2; ++s) {
     i_tokens[s] = plan.add("input tokens " + std::to_string(s), MemoryCategory::Data, tok_bytes);
@@ -107,11 +119,11 @@ void ensure_plan_fits(const MemoryPlan& plan, const Device& dev) {
 
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o) {
   GptModel model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
-  std::optional<AdamW> opt;
-  if (o.training) opt.emplace(model.layout(), o.adamw);
+  std::unique_ptr<Optimizer> opt;
+  if (o.training) opt = make_optimizer(o.optimizer, model.layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   size_t tokens[2], targets[2], ws = 0;
-  plan_all(plan, model, opt, o, tokens, targets, &ws);
+  plan_all(plan, model, opt.get(), o, tokens, targets, &ws);
   return plan;
 }
 
@@ -123,10 +135,10 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
   model_ =
       std::make_unique<GptModel>(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
-  if (o.training) optimizer_.emplace(model_->layout(), o.adamw);
+  if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   size_t i_ws = 0;
-  plan_all(plan, *model_, optimizer_, o, i_tokens_, i_targets_, &i_ws);
+  plan_all(plan, *model_, optimizer_.get(), o, i_tokens_, i_targets_, &i_ws);
   ensure_plan_fits(plan, *device_);
   arena_ = std::make_unique<Arena>(*device_, std::move(plan));
   // The CUDA ops take their GEMM workspace from the arena.
@@ -136,7 +148,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   model_->bind(*arena_);
   if (optimizer_) {
     optimizer_->bind(*arena_);
-    optimizer_->zero_state(*device_);
+    optimizer_->reset(*device_);
     device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
   }
 }

@@ -8,6 +8,7 @@
 #include "kernels/ops.hpp"
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
+#include "optim/optimizer.hpp"
 #include "runtime/arena.hpp"
 
 namespace anvil {
@@ -15,12 +16,8 @@ namespace anvil {
 // How weights and activations are stored: fp32 (TF32 is a GEMM mode over fp32 storage, see
 // EngineOptions::tf32), or bf16 / fp16 mixed precision with fp32 master weights.
 enum class Precision { FP32, BF16, FP16 };
-// The optimizer, which sizes the optimizer state. AdamW only in this version (8-bit Adam and Adafactor
-// add values here).
-enum class OptimizerKind { AdamW };
 const char* precision_name(Precision p);
 DType precision_dtype(Precision p);
-const char* optimizer_name(OptimizerKind o);
 
 struct EngineOptions;
 OpsPrecision ops_precision(const EngineOptions& o);
@@ -37,7 +34,7 @@ struct EngineOptions {
   bool half_precision_grads = false;
   OptimizerKind optimizer = OptimizerKind::AdamW;
   CheckpointPolicy checkpointing;
-  AdamWHyper adamw;
+  OptimizerHyper optim;
 };
 
 // The engine a training run of `cfg` uses (also what `anvil estimate` plans, so the two agree exactly):
@@ -46,6 +43,9 @@ struct EngineOptions {
 // device that is not here).
 EngineOptions training_engine_options(const TrainConfig& cfg);
 EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device);
+
+// The optimizer hyper-parameters of a config (optim and its keys).
+OptimizerHyper optimizer_hyper(const TrainConfig& cfg);
 
 // Resolves "auto" | "cpu" | "cuda" to a device kind ("auto": CUDA when a GPU is visible).
 DeviceKind resolve_device(const std::string& name);
@@ -65,8 +65,8 @@ class Engine {
   Device& device() { return *device_; }
   Ops& ops() { return *ops_; }
   GptModel& model() { return *model_; }
-  AdamW& optimizer() { return *optimizer_; }
-  bool training() const { return optimizer_.has_value(); }
+  Optimizer& optimizer() { return *optimizer_; }
+  bool training() const { return optimizer_ != nullptr; }
   const MemoryPlan& plan() const { return arena_->plan(); }
   // Device token buffers [B, T]; two of each so the next batch's copy overlaps this batch's compute.
   int32_t* tokens(int slot) const { return arena_->get<int32_t>(i_tokens_[slot]); }
@@ -76,7 +76,7 @@ class Engine {
   std::unique_ptr<Device> device_;
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<GptModel> model_;
-  std::optional<AdamW> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Arena> arena_;
   size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {0, 0};
 };

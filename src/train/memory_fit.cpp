@@ -74,7 +74,7 @@ std::string MemoryScenario::flags_from(const MemoryScenario& base) const {
     if (precision != Precision::FP32)
       f.push_back(precision == Precision::BF16 ? "--bf16 true" : "--fp16 true");
   }
-  // The optimizer has one value in this version, so it never differs (its flag comes with the values).
+  if (optimizer != base.optimizer) f.push_back(fmt::format("--optim {}", optimizer_name(optimizer)));
   std::string out;
   for (const std::string& s : f) out += (out.empty() ? "" : " ") + s;
   return out;
@@ -93,6 +93,7 @@ MemoryScenario scenario_of(const TrainConfig& cfg) {
     s.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
                        cfg.gradient_checkpointing_every};
   s.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
+  s.optimizer = parse_optimizer(cfg.optim);
   return s;
 }
 
@@ -111,6 +112,12 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
     cfg.grad_accum_dtype = s.precision == Precision::FP32 ? "fp32" : precision_name(s.precision);
   if (!cfg.bf16) cfg.stochastic_rounding = false;
   if (!cfg.fp16) cfg.debug_inject_overflow_steps.clear();
+  if (parse_optimizer(cfg.optim) != s.optimizer) {
+    cfg.optim = optimizer_name(s.optimizer);
+    cfg.adamw_bf16_moments = false;
+    cfg.momentum = cfg.dampening = 0;
+    cfg.nesterov = false;
+  }
   return cfg;
 }
 
@@ -125,7 +132,7 @@ std::vector<Precision> plannable_precisions() {
 }
 
 std::vector<OptimizerKind> plannable_optimizers() {
-  return {OptimizerKind::AdamW};
+  return {OptimizerKind::AdamW, OptimizerKind::Adafactor, OptimizerKind::AdamW8bit, OptimizerKind::SGD};
 }
 
 double relative_time_per_token(const TransformerConfig& m, int seq_len, const MemoryScenario& s) {
@@ -244,9 +251,11 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   // so it is never proposed unasked).
   std::vector<Precision> precisions = {configured.precision};
   if (configured.precision == Precision::FP32) precisions.push_back(Precision::BF16);
+  // The optimizer is never changed unasked (it changes the training itself); `anvil estimate --sweep`
+  // shows what each would take.
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)
-      for (OptimizerKind optimizer : plannable_optimizers())
+      for (OptimizerKind optimizer : {configured.optimizer})
         for (int micro : halving_chain(configured.micro_batch)) {
           MemoryScenario s = with_micro_batch(configured, micro, effective);
           if (micro == configured.micro_batch) s.accumulation = configured.accumulation;

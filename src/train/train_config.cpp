@@ -8,6 +8,7 @@
 #include <set>
 
 #include "anvil/error.hpp"
+#include "optim/optimizer.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/deepspeed_config.hpp"
 
@@ -149,6 +150,23 @@ const std::map<std::string, Setter>& setters() {
     int_field("warmup_steps", &TrainConfig::warmup_steps);
     str_field("lr_scheduler_type", &TrainConfig::lr_scheduler_type);
     num_field("max_grad_norm", &TrainConfig::max_grad_norm);
+    str_field("optim", &TrainConfig::optim);
+    num_field("no_decay_lr_multiplier", &TrainConfig::no_decay_lr_multiplier);
+    num_field("embedding_lr_multiplier", &TrainConfig::embedding_lr_multiplier);
+    bool_field("adamw_bf16_moments", &TrainConfig::adamw_bf16_moments);
+    int_field("optim_8bit_min_size", &TrainConfig::optim_8bit_min_size);
+    bool_field("optim_8bit_embedding_fp32", &TrainConfig::optim_8bit_embedding_fp32);
+    num_field("momentum", &TrainConfig::momentum);
+    num_field("dampening", &TrainConfig::dampening);
+    bool_field("nesterov", &TrainConfig::nesterov);
+    num_field("adafactor_eps1", &TrainConfig::adafactor_eps1);
+    num_field("adafactor_eps2", &TrainConfig::adafactor_eps2);
+    num_field("adafactor_clip_threshold", &TrainConfig::adafactor_clip_threshold);
+    num_field("adafactor_decay_rate", &TrainConfig::adafactor_decay_rate);
+    num_field("adafactor_beta1", &TrainConfig::adafactor_beta1);
+    bool_field("adafactor_scale_parameter", &TrainConfig::adafactor_scale_parameter);
+    bool_field("adafactor_relative_step", &TrainConfig::adafactor_relative_step);
+    bool_field("adafactor_warmup_init", &TrainConfig::adafactor_warmup_init);
     t["seed"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
       const int64_t s = r.integer(key, v);
       ANVIL_REQUIRE(s >= 0, "{}: 'seed' must be >= 0, got {}", r.source, s);
@@ -320,6 +338,34 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(adam_beta1 >= 0 && adam_beta1 < 1, "{}: adam_beta1 must be in [0, 1), got {}", s, adam_beta1);
   ANVIL_REQUIRE(adam_beta2 >= 0 && adam_beta2 < 1, "{}: adam_beta2 must be in [0, 1), got {}", s, adam_beta2);
   ANVIL_REQUIRE(adam_epsilon > 0, "{}: adam_epsilon must be > 0, got {}", s, adam_epsilon);
+  try {
+    const OptimizerKind kind = parse_optimizer(optim);
+    ANVIL_REQUIRE(!adamw_bf16_moments || kind == OptimizerKind::AdamW,
+                  "adamw_bf16_moments applies to optim adamw_torch_fused, not {}", optim);
+    ANVIL_REQUIRE(kind == OptimizerKind::SGD || (momentum == 0 && dampening == 0 && !nesterov),
+                  "momentum, dampening and nesterov apply to optim sgd, not {}", optim);
+  } catch (const Error& e) {
+    ANVIL_THROW("{}: {}", s, e.what());
+  }
+  ANVIL_REQUIRE(
+      no_decay_lr_multiplier >= 0 && embedding_lr_multiplier >= 0,
+      "{}: the lr multipliers must be >= 0, got no_decay_lr_multiplier {} and embedding_lr_multiplier {}", s,
+      no_decay_lr_multiplier, embedding_lr_multiplier);
+  ANVIL_REQUIRE(optim_8bit_min_size >= 0, "{}: optim_8bit_min_size must be >= 0, got {}", s,
+                optim_8bit_min_size);
+  ANVIL_REQUIRE(momentum >= 0 && dampening >= 0 && dampening <= 1,
+                "{}: momentum must be >= 0 and dampening in [0, 1], got {} and {}", s, momentum, dampening);
+  ANVIL_REQUIRE(!nesterov || (momentum > 0 && dampening == 0),
+                "{}: nesterov needs momentum > 0 and dampening 0 (as PyTorch), got momentum {} dampening {}",
+                s, momentum, dampening);
+  ANVIL_REQUIRE(adafactor_eps1 > 0 && adafactor_eps2 > 0 && adafactor_clip_threshold > 0,
+                "{}: adafactor_eps1, adafactor_eps2 and adafactor_clip_threshold must be > 0", s);
+  ANVIL_REQUIRE(adafactor_decay_rate < 0, "{}: adafactor_decay_rate must be < 0 (HF default -0.8), got {}", s,
+                adafactor_decay_rate);
+  ANVIL_REQUIRE(adafactor_beta1 < 1, "{}: adafactor_beta1 must be < 1 (negative: no first moment), got {}", s,
+                adafactor_beta1);
+  ANVIL_REQUIRE(!adafactor_warmup_init || adafactor_relative_step,
+                "{}: adafactor_warmup_init needs adafactor_relative_step (as in transformers)", s);
   ANVIL_REQUIRE(warmup_steps >= 0, "{}: warmup_steps must be >= 0, got {}", s, warmup_steps);
   ANVIL_REQUIRE(
       lr_scheduler_type == "constant" || lr_scheduler_type == "constant_with_warmup" ||
@@ -416,6 +462,23 @@ json TrainConfig::to_json() const {
           {"warmup_steps", warmup_steps},
           {"lr_scheduler_type", lr_scheduler_type},
           {"max_grad_norm", max_grad_norm},
+          {"optim", optim},
+          {"no_decay_lr_multiplier", no_decay_lr_multiplier},
+          {"embedding_lr_multiplier", embedding_lr_multiplier},
+          {"adamw_bf16_moments", adamw_bf16_moments},
+          {"optim_8bit_min_size", optim_8bit_min_size},
+          {"optim_8bit_embedding_fp32", optim_8bit_embedding_fp32},
+          {"momentum", momentum},
+          {"dampening", dampening},
+          {"nesterov", nesterov},
+          {"adafactor_eps1", adafactor_eps1},
+          {"adafactor_eps2", adafactor_eps2},
+          {"adafactor_clip_threshold", adafactor_clip_threshold},
+          {"adafactor_decay_rate", adafactor_decay_rate},
+          {"adafactor_beta1", adafactor_beta1},
+          {"adafactor_scale_parameter", adafactor_scale_parameter},
+          {"adafactor_relative_step", adafactor_relative_step},
+          {"adafactor_warmup_init", adafactor_warmup_init},
           {"seed", seed},
           {"output_dir", output_dir},
           {"logging_steps", logging_steps},

@@ -208,8 +208,7 @@ TrainSummary Run::go() {
       ANVIL_THROW("{}/trainer_state.json: missing or malformed field ({})", cfg_.resume_from_checkpoint,
                   ex.what());
     }
-    io::load_optimizer(cfg_.resume_from_checkpoint + "/optimizer.safetensors", e.optimizer(),
-                       e.model().layout(), dev);
+    io::load_optimizer(cfg_.resume_from_checkpoint + "/optimizer.safetensors", e.optimizer(), dev);
     ANVIL_REQUIRE(start_step < total_steps_, "{}: the checkpoint is at step {} but the run has only {} steps",
                   cfg_.resume_from_checkpoint, start_step, total_steps_);
   }
@@ -239,6 +238,8 @@ TrainSummary Run::go() {
     fmt::print("  activation checkpointing: {} every {} block(s)\n", cfg_.gradient_checkpointing_mode,
                cfg_.gradient_checkpointing_every);
   fmt::print("  precision: {}\n", precision_description(cfg_, scaler_ ? &*scaler_ : nullptr));
+  fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
+             format_bytes(e.optimizer().state_bytes()));
   fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
 
   // --- the loop ----------------------------------------------------------------------------------

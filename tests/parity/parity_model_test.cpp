@@ -52,7 +52,7 @@ void run_steps(bool tf32, double tol, Precision precision = Precision::FP32) {
   EngineOptions o;
   o.batch_size = 4, o.seq_len = 48, o.training = true, o.tf32 = tf32, o.precision = precision;
   const bool lossy = tf32 || precision != Precision::FP32;
-  o.adamw = {0.9f, 0.95f, 1e-8f, 0.1f};
+  o.optim = adamw_hyper({0.9f, 0.95f, 1e-8f, 0.1f});
   o.device = DeviceKind::CPU;
   Engine cpu(cfg, o);
   o.device = DeviceKind::CUDA;

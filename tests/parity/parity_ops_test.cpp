@@ -446,5 +446,59 @@ TEST_F(ParityTest, AdamW) {
   }
 }
 
+// Fused multi-range optimizers: five ranges in three groups plus a skipped one, compact states for the
+// SGD case (state_begins), fp32 and bf16 AdamW moments.
+TEST_F(ParityTest, FusedAdamWAndSgd) {
+  const size_t n = 100003;
+  const std::vector<uint64_t> begins = {0, 20000, 20011, 50000, 70000};
+  const std::vector<uint8_t> groups = {0, 1, 2, kSkipGroup, 0};
+  const std::vector<uint64_t> state_begins = {0, 20000, 20011, 50000, 50000};  // the skipped range has none
+  auto b = mirror(begins);
+  auto g = mirror(groups);
+  auto sb = mirror(state_begins);
+  const ParamGroupTable cpu_t{b.cpu(), g.cpu(), nullptr, int(begins.size())};
+  const ParamGroupTable gpu_t{b.gpu(), g.gpu(), nullptr, int(begins.size())};
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 moments" : "fp32 moments");
+    const std::vector<float> p0 = randn(n), grad_h = randn(n, 3.f);
+    std::vector<float> v_h = randn(n, 0.01f);
+    for (float& x : v_h) x = std::fabs(x);
+    auto param = mirror(p0), grad = mirror(grad_h);
+    auto m = mirror(bf16 ? std::vector<float>(n / 2 + 1, 0.f) : randn(n, 0.1f));
+    auto v = mirror(bf16 ? std::vector<float>(n / 2 + 1, 0.f) : v_h);
+    FusedAdamWArgs a;
+    a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.grad_scale = 0.5f, a.rounding_seed = 77;
+    a.lr[0] = 1e-3f, a.lr[1] = 2e-3f, a.lr[2] = 5e-4f, a.weight_decay[0] = 0.1f, a.weight_decay[2] = 0.05f;
+    const DType md = bf16 ? DType::BF16 : DType::F32;
+    for (int64_t step = 1; step <= 3; ++step) {
+      a.step = step;
+      cpu_->adamw_fused_step(param.cpu(), grad.cpu(), m.cpu(), v.cpu(), md, n, cpu_t, a);
+      gpu_->adamw_fused_step(param.gpu(), grad.gpu(), m.gpu(), v.gpu(), md, n, gpu_t, a);
+    }
+    EXPECT_TRUE(same("fused adamw param", param, bf16 ? 1e-3 : kElementwiseTol));
+    const std::vector<float> pg = read_gpu(param);
+    for (size_t i = 50000; i < 70000; ++i) ASSERT_EQ(pg[i], p0[i]) << "skipped range updated at " << i;
+    if (!bf16) {
+      EXPECT_TRUE(same("fused adamw m", m, kElementwiseTol));
+      EXPECT_TRUE(same("fused adamw v", v, kElementwiseTol));
+    }
+  }
+  // SGD with Nesterov momentum and compact momentum state.
+  const ParamGroupTable cpu_s{b.cpu(), g.cpu(), sb.cpu(), int(begins.size())};
+  const ParamGroupTable gpu_s{b.gpu(), g.gpu(), sb.gpu(), int(begins.size())};
+  auto param = mirror(randn(n)), grad = mirror(randn(n));
+  auto buf = mirror(std::vector<float>(n - 20000, 0.f));
+  SgdArgs s;
+  s.momentum = 0.9f, s.nesterov = true, s.grad_scale = 2.f;
+  s.lr[0] = 0.1f, s.lr[1] = 0.05f, s.lr[2] = 0.2f, s.weight_decay[0] = 0.01f;
+  for (int step = 1; step <= 3; ++step) {
+    s.first_step = step == 1;
+    cpu_->sgd_step(param.cpu(), grad.cpu(), buf.cpu(), n, cpu_s, s);
+    gpu_->sgd_step(param.gpu(), grad.gpu(), buf.gpu(), n, gpu_s, s);
+  }
+  EXPECT_TRUE(same("sgd param", param, kElementwiseTol));
+  EXPECT_TRUE(same("sgd momentum buffer", buf, kElementwiseTol));
+}
+
 }  // namespace
 }  // namespace anvil

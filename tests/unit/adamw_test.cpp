@@ -82,7 +82,7 @@ class AdamWGroups : public ::testing::Test {
     c.n_layer = 2, c.n_head = 2, c.n_embd = 8, c.vocab_size = 20, c.block_size = 4;
     EngineOptions o;
     o.device = DeviceKind::CPU, o.batch_size = 1, o.seq_len = 4, o.training = true;
-    o.adamw.beta1 = 0.9f, o.adamw.beta2 = 0.999f, o.adamw.eps = 1e-8f, o.adamw.weight_decay = kWeightDecay;
+    o.optim.beta1 = 0.9f, o.optim.beta2 = 0.999f, o.optim.eps = 1e-8f, o.optim.weight_decay = kWeightDecay;
     engine_ = std::make_unique<Engine>(c, o);
     Rng rng(5);
     params0_.resize(numel());

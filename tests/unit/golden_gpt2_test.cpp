@@ -68,8 +68,8 @@ TEST(GoldenGpt2, MatchesTransformers) {
   o.seq_len = T;
   o.training = true;
   const auto& meta = golden.metadata();
-  o.adamw = {std::stof(meta.at("beta1")), std::stof(meta.at("beta2")), std::stof(meta.at("eps")),
-             std::stof(meta.at("weight_decay"))};
+  o.optim = adamw_hyper({std::stof(meta.at("beta1")), std::stof(meta.at("beta2")), std::stof(meta.at("eps")),
+                         std::stof(meta.at("weight_decay"))});
   Engine e(cfg, o);
   io::load_model_weights(kDir, e.model(), e.device());
   e.device().copy_to_device(e.tokens(0), ids.data(), ids.size() * sizeof(int32_t));

@@ -129,5 +129,19 @@ void cast_weights(DType out_type, void* out, const float* master, size_t n, uint
 
 void adamw_step(DType grad_type, float* param, const void* grad, float* m, float* v, size_t n,
                 const AdamWArgs& a);
+void adamw_fused_step(DType grad_type, float* param, const void* grad, void* m, void* v, DType moment_dtype,
+                      size_t n, const ParamGroupTable& g, const FusedAdamWArgs& a);
+void sgd_step(DType grad_type, float* param, const void* grad, float* momentum_buf, size_t n,
+              const ParamGroupTable& g, const SgdArgs& a);
+// [adafactor kernels]
+void adafactor_step(DType grad_type, float* param, const void* grad, float* sq, float* exp_avg,
+                    const AdafactorTensor* tensors, int num_tensors, const AdafactorArgs& a);
+// [adamw8bit kernels]
+void adamw8bit_step(DType grad_type, float* param, const void* grad, uint8_t* m_codes, float* m_absmax,
+                    uint8_t* v_codes, float* v_absmax, const float* m_map, const float* v_map, size_t n,
+                    size_t num_blocks, const ParamGroupTable& g, const AdamW8bitArgs& a);
+// The code of the value of a sorted 256-entry map nearest x (ties to the lower code): what the 8-bit AdamW
+// kernels requantise with.
+uint8_t quantize_to_map(const float* map, float x);
 
 }  // namespace anvil::cpu

@@ -66,6 +66,27 @@ class CpuOps final : public Ops {
   void adamw_step(float* param, const void* grad, float* m, float* v, size_t n, const AdamWArgs& a) override {
     cpu::adamw_step(p_.grad, param, grad, m, v, n, a);
   }
+  void adamw_fused_step(float* param, const void* grad, void* m, void* v, DType moment_dtype, size_t n,
+                        const ParamGroupTable& g, const FusedAdamWArgs& a) override {
+    cpu::adamw_fused_step(p_.grad, param, grad, m, v, moment_dtype, n, g, a);
+  }
+  void sgd_step(float* param, const void* grad, float* momentum_buf, size_t n, const ParamGroupTable& g,
+                const SgdArgs& a) override {
+    cpu::sgd_step(p_.grad, param, grad, momentum_buf, n, g, a);
+  }
+  // [adafactor ops]
+  void adafactor_step(float* param, const void* grad, float* sq, float* exp_avg,
+                      const AdafactorTensor* tensors, int num_tensors, void* /*scratch*/,
+                      const AdafactorArgs& a) override {
+    cpu::adafactor_step(p_.grad, param, grad, sq, exp_avg, tensors, num_tensors, a);
+  }
+  // [adamw8bit ops]
+  void adamw8bit_step(float* param, const void* grad, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
+                      float* v_absmax, const float* m_map, const float* v_map, size_t n, size_t num_blocks,
+                      const ParamGroupTable& g, const AdamW8bitArgs& a) override {
+    cpu::adamw8bit_step(p_.grad, param, grad, m_codes, m_absmax, v_codes, v_absmax, m_map, v_map, n,
+                        num_blocks, g, a);
+  }
 
  private:
   Device& dev_;

@@ -123,4 +123,44 @@ void adamw_step(cudaStream_t stream, anvil::DType grad_type, float* param, const
                 float* v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                 float step_size, float sqrt_bias2, float grad_scale);
 
+// Fused AdamW / SGD over the ranges of a parameter-group table (see ParamGroupTable in kernels/ops.hpp;
+// per-group lr and weight decay arrays of kMaxParamGroups = 4 entries). `inv_bias1` = 1 / (1 - b1^step).
+struct GroupTable {
+  const uint64_t* begins;
+  const uint8_t* groups;
+  const uint64_t* state_begins;
+  int count;
+};
+void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType moment_type, float* param,
+                      const void* grad, void* m, void* v, size_t n, const GroupTable& g, float beta1,
+                      float beta2, float eps, float grad_scale, const float* lr4, const float* wd4,
+                      float inv_bias1, float sqrt_bias2, uint64_t rounding_seed);
+void sgd_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
+              float* momentum_buf, size_t n, const GroupTable& g, float momentum, float dampening,
+              bool nesterov, bool first_step, float grad_scale, const float* lr4, const float* wd4);
+// [adafactor kernels]
+// adafactor.cu: one Adafactor step over a tensor table (AdafactorTensor and AdafactorArgs in kernels/ops.hpp,
+// mirrored here for nvcc; cuda_ops.cpp checks the layouts agree), in five launches whatever the tensor count.
+struct AdafactorTensorDesc {
+  uint64_t offset, rows, cols, row_state, col_state;
+  uint32_t factored, group;
+};
+struct AdafactorParams {
+  float grad_scale, eps1, eps2, clip_threshold, beta2t, beta1;
+  bool first_moment, scale_parameter;
+  float step_size[4], weight_decay[4];
+};
+void adafactor_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad, float* sq,
+                    float* exp_avg, const AdafactorTensorDesc* tensors, int num_tensors, void* scratch,
+                    const AdafactorParams& p);
+// [adamw8bit kernels]
+// 8-bit AdamW (AdamW8bitArgs in kernels/ops.hpp), one 256-thread block per quantisation block of 256 state
+// elements. lr4/wd4: per-group arrays (kMaxParamGroups = 4 entries); `step_factor` = sqrt(1-b2^t) / (1-b1^t)
+// (times the group's lr: the step size); `eps_hat` = eps * sqrt(1-b2^t).
+void adamw8bit_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
+                    uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax, const float* m_map,
+                    const float* v_map, size_t n, size_t num_blocks, const GroupTable& g, float beta1,
+                    float beta2, float grad_scale, const float* lr4, const float* wd4, float step_factor,
+                    float eps_hat);
+
 }  // namespace anvil::cuda

@@ -131,6 +131,51 @@ class CudaOps final : public Ops {
     cuda::adamw_step(stream_, grad_, param, grad, m, v, n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                      step_size, sqrt_bias2, a.grad_scale);
   }
+  void adamw_fused_step(float* param, const void* grad, void* m, void* v, DType moment_dtype, size_t n,
+                        const ParamGroupTable& g, const FusedAdamWArgs& a) override {
+    const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
+    const double bias2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
+    cuda::adamw_fused_step(stream_, grad_, moment_dtype, param, grad, m, v, n,
+                           {g.begins, g.groups, g.state_begins, g.count}, a.beta1, a.beta2, a.eps,
+                           a.grad_scale, a.lr, a.weight_decay, static_cast<float>(1.0 / bias1),
+                           static_cast<float>(std::sqrt(bias2)), a.rounding_seed);
+  }
+  void sgd_step(float* param, const void* grad, float* momentum_buf, size_t n, const ParamGroupTable& g,
+                const SgdArgs& a) override {
+    cuda::sgd_step(stream_, grad_, param, grad, momentum_buf, n,
+                   {g.begins, g.groups, g.state_begins, g.count}, a.momentum, a.dampening, a.nesterov,
+                   a.first_step, a.grad_scale, a.lr, a.weight_decay);
+  }
+  // [adafactor ops]
+  void adafactor_step(float* param, const void* grad, float* sq, float* exp_avg,
+                      const AdafactorTensor* tensors, int num_tensors, void* scratch,
+                      const AdafactorArgs& a) override {
+    static_assert(sizeof(cuda::AdafactorTensorDesc) == sizeof(AdafactorTensor) &&
+                  offsetof(cuda::AdafactorTensorDesc, col_state) == offsetof(AdafactorTensor, col_state) &&
+                  offsetof(cuda::AdafactorTensorDesc, group) == offsetof(AdafactorTensor, group));
+    static_assert(kMaxParamGroups == 4);
+    cuda::AdafactorParams p{};
+    p.grad_scale = a.grad_scale, p.eps1 = a.eps1, p.eps2 = a.eps2, p.clip_threshold = a.clip_threshold;
+    p.beta2t = a.beta2t, p.beta1 = a.beta1, p.first_moment = a.first_moment;
+    p.scale_parameter = a.scale_parameter;
+    for (int g = 0; g < kMaxParamGroups; ++g)
+      p.step_size[g] = a.step_size[g], p.weight_decay[g] = a.weight_decay[g];
+    cuda::adafactor_step(stream_, grad_, param, grad, sq, exp_avg,
+                         reinterpret_cast<const cuda::AdafactorTensorDesc*>(tensors), num_tensors, scratch,
+                         p);
+  }
+  // [adamw8bit ops]
+  void adamw8bit_step(float* param, const void* grad, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
+                      float* v_absmax, const float* m_map, const float* v_map, size_t n, size_t num_blocks,
+                      const ParamGroupTable& g, const AdamW8bitArgs& a) override {
+    const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
+    const double sqrt_bias2 =
+        std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
+    cuda::adamw8bit_step(stream_, grad_, param, grad, m_codes, m_absmax, v_codes, v_absmax, m_map, v_map, n,
+                         num_blocks, {g.begins, g.groups, g.state_begins, g.count}, a.beta1, a.beta2,
+                         a.grad_scale, a.lr, a.weight_decay, static_cast<float>(sqrt_bias2 / bias1),
+                         static_cast<float>(a.eps * sqrt_bias2));
+  }
 
  private:
   static void check_heads(int C, int NH) {

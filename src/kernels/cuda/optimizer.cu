@@ -1,4 +1,7 @@
 // AdamW, elementwise, with PyTorch's formula (decoupled weight decay applied before the Adam update).
+#include <type_traits>
+
+#include "core/half.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "runtime/cuda/cuda_check.hpp"
@@ -36,6 +39,202 @@ void adamw_step(cudaStream_t stream, anvil::DType grad_type, float* param, const
     adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(param, static_cast<const G*>(grad), m, v, n,
                                                                  lr, beta1, beta2, eps, weight_decay,
                                                                  step_size, sqrt_bias2, grad_scale);
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+}  // namespace anvil::cuda
+
+// --- fused multi-range optimizers -------------------------------------------------------------------
+// One launch over the whole flat buffer; each element finds its parameter group by a binary search over
+// the range table, staged in shared memory when it fits (GPT-2 models have ~2 ranges per block).
+
+namespace anvil::cuda {
+namespace {
+
+constexpr int kMaxSharedRanges = 512;
+constexpr uint64_t kSecondMomentStream = 0x5bd1e9955bd1e995ull;  // as the CPU backend
+
+struct GroupHyper {
+  float lr[4];
+  float wd[4];
+};
+
+// The table, in shared memory when it fits.
+struct RangeView {
+  const uint64_t* begins;
+  const uint8_t* groups;
+  const uint64_t* state_begins;
+  int count;
+
+  // The range holding element i: the last r with begins[r] <= i (begins[0] == 0).
+  __device__ int find(size_t i) const {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (begins[mid] <= i)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
+  }
+};
+
+__device__ RangeView stage_table(const GroupTable& t, uint64_t* s_begins, uint8_t* s_groups,
+                                 uint64_t* s_states) {
+  if (t.count > kMaxSharedRanges) return {t.begins, t.groups, t.state_begins, t.count};
+  for (int r = threadIdx.x; r < t.count; r += blockDim.x) {
+    s_begins[r] = t.begins[r];
+    s_groups[r] = t.groups[r];
+    if (t.state_begins) s_states[r] = t.state_begins[r];
+  }
+  __syncthreads();
+  return {s_begins, s_groups, t.state_begins ? s_states : nullptr, t.count};
+}
+
+// One element's AdamW update (fp32 or bf16 moments at state index s).
+template <bool kBf16Moments>
+__device__ __forceinline__ float adamw_element(float p, float gr, void* m_, void* v_, size_t s, float lr,
+                                               float wd, float beta1, float beta2, float eps, float inv_bias1,
+                                               float sqrt_bias2, uint64_t seed) {
+  float mi, vi;
+  if constexpr (kBf16Moments) {
+    auto* m = static_cast<uint16_t*>(m_);
+    auto* v = static_cast<uint16_t*>(v_);
+    mi = beta1 * anvil::bf16_to_float(m[s]) + (1.f - beta1) * gr;
+    vi = beta2 * anvil::bf16_to_float(v[s]) + (1.f - beta2) * gr * gr;
+    m[s] = anvil::float_to_bf16_stochastic(mi, anvil::rounding_bits(seed, s));
+    v[s] = anvil::float_to_bf16_stochastic(vi, anvil::rounding_bits(seed ^ kSecondMomentStream, s));
+  } else {
+    auto* m = static_cast<float*>(m_);
+    auto* v = static_cast<float*>(v_);
+    mi = beta1 * m[s] + (1.f - beta1) * gr;
+    vi = beta2 * v[s] + (1.f - beta2) * gr * gr;
+    m[s] = mi;
+    v[s] = vi;
+  }
+  p -= lr * wd * p;
+  return p - lr * inv_bias1 * mi / (sqrtf(vi) / sqrt_bias2 + eps);
+}
+
+// Each thread takes 4 consecutive elements: one range lookup for the four, and 16-byte loads and stores
+// of fp32 parameters, gradients and moments when the four share a range with uncompacted state (the
+// arena's buffers are 256-byte aligned, so a multiple-of-4 index is 16-byte aligned); otherwise the
+// elements go one by one.
+template <class G, bool kBf16Moments>
+__global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* v_, size_t n, GroupTable t,
+                                   GroupHyper h, float beta1, float beta2, float eps, float grad_scale,
+                                   float inv_bias1, float sqrt_bias2, uint64_t seed) {
+  __shared__ uint64_t s_begins[kMaxSharedRanges], s_states[kMaxSharedRanges];
+  __shared__ uint8_t s_groups[kMaxSharedRanges];
+  const RangeView rv = stage_table(t, s_begins, s_groups, s_states);
+  const size_t quads = (n + 3) / 4;
+  for (size_t q = blockIdx.x * size_t{blockDim.x} + threadIdx.x; q < quads;
+       q += size_t{gridDim.x} * blockDim.x) {
+    const size_t i0 = q * 4;
+    int r = rv.find(i0);
+    size_t range_end = r + 1 < rv.count ? size_t(rv.begins[r + 1]) : n;
+    if constexpr (std::is_same_v<G, float> && !kBf16Moments) {
+      if (i0 + 4 <= range_end && !rv.state_begins) {
+        const int g = rv.groups[r];
+        if (g == 255) continue;
+        float4 p = reinterpret_cast<const float4*>(param)[q];
+        const float4 gr = reinterpret_cast<const float4*>(grad)[q];
+        float4 m = static_cast<const float4*>(m_)[q], v = static_cast<const float4*>(v_)[q];
+        const float lr = h.lr[g], wd = h.wd[g];
+        auto one = [&](float& pp, float gg, float& mm, float& vv) {
+          gg *= grad_scale;
+          mm = beta1 * mm + (1.f - beta1) * gg;
+          vv = beta2 * vv + (1.f - beta2) * gg * gg;
+          pp -= lr * wd * pp;
+          pp -= lr * inv_bias1 * mm / (sqrtf(vv) / sqrt_bias2 + eps);
+        };
+        one(p.x, gr.x, m.x, v.x);
+        one(p.y, gr.y, m.y, v.y);
+        one(p.z, gr.z, m.z, v.z);
+        one(p.w, gr.w, m.w, v.w);
+        reinterpret_cast<float4*>(param)[q] = p;
+        static_cast<float4*>(m_)[q] = m;
+        static_cast<float4*>(v_)[q] = v;
+        continue;
+      }
+    }
+    for (size_t i = i0; i < i0 + 4 && i < n; ++i) {
+      if (i >= range_end) {
+        r = rv.find(i);
+        range_end = r + 1 < rv.count ? size_t(rv.begins[r + 1]) : n;
+      }
+      const int g = rv.groups[r];
+      if (g == 255) continue;  // kSkipGroup
+      const size_t s = rv.state_begins ? size_t(rv.state_begins[r]) + (i - rv.begins[r]) : i;
+      param[i] = adamw_element<kBf16Moments>(param[i], to_float(grad[i]) * grad_scale, m_, v_, s, h.lr[g],
+                                             h.wd[g], beta1, beta2, eps, inv_bias1, sqrt_bias2, seed);
+    }
+  }
+}
+
+template <class G>
+__global__ void sgd_kernel(float* param, const G* grad, float* buf, size_t n, GroupTable t, GroupHyper h,
+                           float momentum, float dampening, bool nesterov, bool first_step,
+                           float grad_scale) {
+  __shared__ uint64_t s_begins[kMaxSharedRanges], s_states[kMaxSharedRanges];
+  __shared__ uint8_t s_groups[kMaxSharedRanges];
+  const RangeView rv = stage_table(t, s_begins, s_groups, s_states);
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const int r = rv.find(i);
+    const int g = rv.groups[r];
+    if (g == 255) continue;
+    float d = to_float(grad[i]) * grad_scale;
+    if (h.wd[g] != 0.f) d += h.wd[g] * param[i];
+    if (momentum != 0.f) {
+      const size_t s = rv.state_begins ? size_t(rv.state_begins[r]) + (i - rv.begins[r]) : i;
+      const float b = first_step ? d : momentum * buf[s] + (1.f - dampening) * d;
+      buf[s] = b;
+      d = nesterov ? d + momentum * b : b;
+    }
+    param[i] -= h.lr[g] * d;
+  }
+}
+
+GroupHyper group_hyper(const float* lr4, const float* wd4) {
+  GroupHyper h{};
+  for (int g = 0; g < 4; ++g) h.lr[g] = lr4[g], h.wd[g] = wd4[g];
+  return h;
+}
+
+}  // namespace
+
+void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType moment_type, float* param,
+                      const void* grad, void* m, void* v, size_t n, const GroupTable& g, float beta1,
+                      float beta2, float eps, float grad_scale, const float* lr4, const float* wd4,
+                      float inv_bias1, float sqrt_bias2, uint64_t rounding_seed) {
+  if (n == 0 || g.count == 0) return;
+  const GroupHyper h = group_hyper(lr4, wd4);
+  dispatch_float(grad_type, [&](auto t) {
+    using G = decltype(t);
+    if (moment_type == anvil::DType::BF16)
+      adamw_fused_kernel<G, true><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
+          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, inv_bias1,
+          sqrt_bias2, rounding_seed);
+    else
+      adamw_fused_kernel<G, false><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
+          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, inv_bias1,
+          sqrt_bias2, rounding_seed);
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+void sgd_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
+              float* momentum_buf, size_t n, const GroupTable& g, float momentum, float dampening,
+              bool nesterov, bool first_step, float grad_scale, const float* lr4, const float* wd4) {
+  if (n == 0 || g.count == 0) return;
+  const GroupHyper h = group_hyper(lr4, wd4);
+  dispatch_float(grad_type, [&](auto t) {
+    using G = decltype(t);
+    sgd_kernel<G><<<grid_for(n, kThreads), kThreads, 0, stream>>>(param, static_cast<const G*>(grad),
+                                                                  momentum_buf, n, g, h, momentum, dampening,
+                                                                  nesterov, first_step, grad_scale);
   });
   ANVIL_CUDA_CHECK_LAST();
 }

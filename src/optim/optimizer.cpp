@@ -1,0 +1,135 @@
+#include "optim/optimizer.hpp"
+
+#include <cstring>
+
+#include "optim/adafactor.hpp"
+#include "optim/adamw.hpp"
+#include "optim/adamw_8bit.hpp"
+#include "optim/sgd.hpp"
+
+namespace anvil {
+
+const char* optimizer_name(OptimizerKind o) {
+  switch (o) {
+    case OptimizerKind::AdamW:
+      return "adamw_torch_fused";
+    case OptimizerKind::Adafactor:
+      return "adafactor";
+    case OptimizerKind::AdamW8bit:
+      return "adamw_8bit";
+    case OptimizerKind::SGD:
+      return "sgd";
+  }
+  return "?";
+}
+
+OptimizerKind parse_optimizer(const std::string& name) {
+  if (name == "adamw_torch" || name == "adamw_torch_fused" || name == "adamw_hf" || name == "adamw" ||
+      name == "adamw_apex_fused")
+    return OptimizerKind::AdamW;
+  if (name == "adafactor") return OptimizerKind::Adafactor;
+  if (name == "adamw_8bit" || name == "adamw_bnb_8bit") return OptimizerKind::AdamW8bit;
+  if (name == "sgd") return OptimizerKind::SGD;
+  ANVIL_REQUIRE(name.rfind("paged_", 0) != 0,
+                "optim '{}': paged optimizers are not supported (Anvil plans optimizer state up front; use "
+                "adamw_8bit, or adafactor for the least state)",
+                name);
+  ANVIL_THROW(
+      "optim must be one of adamw_torch_fused (also adamw_torch, adamw_hf, adamw), adafactor, adamw_8bit "
+      "(also adamw_bnb_8bit), sgd; got '{}'",
+      name);
+}
+
+const char* param_group_name(ParamGroup g) {
+  switch (g) {
+    case ParamGroup::Decay:
+      return "decay";
+    case ParamGroup::NoDecay:
+      return "no_decay";
+    case ParamGroup::Embedding:
+      return "embedding";
+  }
+  return "?";
+}
+
+ParamRangeTable ParamRangeTable::from_layout(const ParamLayout& layout) {
+  ParamRangeTable t;
+  auto add = [&](size_t begin, ParamGroup g) {
+    if (!t.groups.empty() && t.groups.back() == uint8_t(g)) return;  // merge with the previous range
+    t.begins.push_back(begin);
+    t.groups.push_back(uint8_t(g));
+  };
+  for (const ParamUnit& u : layout.units()) {
+    if (u.decay_numel) add(u.offset, u.name == "embedding" ? ParamGroup::Embedding : ParamGroup::Decay);
+    if (u.numel > u.decay_numel) add(u.offset + u.decay_numel, ParamGroup::NoDecay);
+  }
+  return t;
+}
+
+size_t ParamRangeTable::device_bytes() const {
+  const size_t n = begins.size();
+  return n * sizeof(uint64_t) + (n + 7) / 8 * 8;
+}
+
+Optimizer::Optimizer(const ParamLayout& layout, const OptimizerHyper& h)
+    : layout_(layout), h_(h), ranges_(ParamRangeTable::from_layout(layout)) {}
+
+void Optimizer::plan_memory(MemoryPlan& plan) {
+  i_state_.clear();
+  state_sizes_.clear();
+  for (const auto& [name, bytes] : state_buffers()) {
+    i_state_.push_back(plan.add(name, MemoryCategory::OptimizerState, bytes));
+    state_sizes_.push_back(bytes);
+  }
+  i_ranges_ = plan.add("optimizer parameter groups", MemoryCategory::OptimizerState, ranges_.device_bytes());
+}
+
+void Optimizer::bind(const Arena& arena) {
+  state_ptrs_.clear();
+  for (size_t i : i_state_) state_ptrs_.push_back(arena.get<void>(i));
+  range_table_ = arena.get<void>(i_ranges_);
+  range_begins_ = static_cast<const uint64_t*>(range_table_);
+  range_groups_ = reinterpret_cast<const uint8_t*>(static_cast<const char*>(range_table_) +
+                                                   ranges_.begins.size() * sizeof(uint64_t));
+  bind_state(state_ptrs_);
+}
+
+void Optimizer::reset(Device& dev) {
+  for (size_t i = 0; i < state_ptrs_.size(); ++i)
+    if (state_sizes_[i]) dev.fill_zero(state_ptrs_[i], state_sizes_[i]);
+  std::vector<char> host(ranges_.device_bytes(), 0);
+  std::memcpy(host.data(), ranges_.begins.data(), ranges_.begins.size() * sizeof(uint64_t));
+  std::memcpy(host.data() + ranges_.begins.size() * sizeof(uint64_t), ranges_.groups.data(),
+              ranges_.groups.size());
+  dev.copy_to_device(range_table_, host.data(), host.size());
+}
+
+size_t Optimizer::state_bytes() const {
+  size_t total = MemoryPlan::aligned(ranges_.device_bytes());
+  for (const auto& [name, bytes] : state_buffers()) total += MemoryPlan::aligned(bytes);
+  return total;
+}
+
+void Optimizer::group_args(float lr, float out_lr[kNumParamGroups], float out_wd[kNumParamGroups]) const {
+  for (int g = 0; g < kNumParamGroups; ++g) {
+    out_lr[g] = lr * h_.lr_multiplier[g];
+    out_wd[g] = ParamGroup(g) == ParamGroup::NoDecay ? 0.0f : h_.weight_decay;
+  }
+}
+
+std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, const ParamLayout& layout,
+                                          const OptimizerHyper& h) {
+  switch (kind) {
+    case OptimizerKind::AdamW:
+      return std::make_unique<AdamW>(layout, h);
+    case OptimizerKind::Adafactor:
+      return std::make_unique<Adafactor>(layout, h, h.vocab_size);
+    case OptimizerKind::AdamW8bit:
+      return std::make_unique<AdamW8bit>(layout, h);
+    case OptimizerKind::SGD:
+      return std::make_unique<Sgd>(layout, h);
+  }
+  ANVIL_THROW("unknown optimizer kind");
+}
+
+}  // namespace anvil

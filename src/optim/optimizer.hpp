@@ -1,0 +1,132 @@
+// The optimizer interface over the flat per-unit parameter buffer (DESIGN principle 2). Every optimizer
+// updates the fp32 master weights from gradients in the ops' gradient type, in one (or a few) fused
+// launches over the whole buffer: the parameter groups are ranges of the flat buffer, looked up on the
+// device from a small table, never one launch per tensor.
+//
+// Parameter groups (as the seeds recommend): "decay" (matrices), "no_decay" (biases and norm weights: no
+// weight decay) and "embedding" (token and position embeddings: weight decay like the matrices; a group of
+// its own so it can get its own learning-rate multiplier, and so 8-bit AdamW can keep it in 32 bits, the
+// bitsandbytes advice for embedding stability).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "anvil/memory_plan.hpp"
+#include "kernels/ops.hpp"
+#include "model/param_layout.hpp"
+#include "runtime/arena.hpp"
+
+namespace anvil {
+
+// HF TrainingArguments `optim` values (and aliases) map to these.
+enum class OptimizerKind { AdamW, Adafactor, AdamW8bit, SGD };
+// The canonical name: adamw_torch_fused | adafactor | adamw_8bit | sgd.
+const char* optimizer_name(OptimizerKind o);
+// HF names: adamw_torch, adamw_torch_fused, adamw_hf, adamw (AdamW); adafactor; adamw_8bit, adamw_bnb_8bit,
+// paged_adamw_8bit is refused (no paging); sgd. Errors name the value and list the accepted ones.
+OptimizerKind parse_optimizer(const std::string& name);
+
+enum class ParamGroup : uint8_t { Decay = 0, NoDecay = 1, Embedding = 2 };
+constexpr int kNumParamGroups = 3;
+const char* param_group_name(ParamGroup g);
+
+// Every optimizer's hyper-parameters (each optimizer reads its own; defaults are PyTorch's / HF's).
+struct OptimizerHyper {
+  float weight_decay = 0;                                  // decay and embedding groups
+  float lr_multiplier[kNumParamGroups] = {1.f, 1.f, 1.f};  // per group, times the scheduled lr
+  // AdamW and 8-bit AdamW.
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  bool adamw_bf16_moments = false;  // AdamW: store m and v in bf16 (stochastic rounding): 4 bytes/param
+  // 8-bit AdamW (bitsandbytes semantics).
+  size_t min_8bit_size = 4096;        // tensors with fewer elements keep fp32 states
+  bool embedding_fp32_states = true;  // the embedding group keeps fp32 states
+  // SGD (PyTorch semantics).
+  float momentum = 0, dampening = 0;
+  bool nesterov = false;
+  // Adafactor (transformers.optimization.Adafactor semantics and defaults).
+  float adafactor_eps1 = 1e-30f, adafactor_eps2 = 1e-3f;
+  float clip_threshold = 1.0f, decay_rate = -0.8f;
+  std::optional<float> adafactor_beta1;  // none: no first moment
+  bool scale_parameter = true, relative_step = true, warmup_init = false;
+  // The real vocabulary (rows of the token embedding that are not padding; 0: all rows), so statistics
+  // over whole tensors (Adafactor's RMS) match Hugging Face's unpadded tensors.
+  int64_t vocab_size = 0;
+};
+
+// A state buffer as checkpoints see it: saved under "<name>" as a 1-D tensor of `dtype` with `count`
+// elements, from/to device memory at `data`.
+struct OptimizerStateTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  size_t count = 0;
+  void* data = nullptr;
+};
+
+// The group of every element of the flat buffer, as ranges: range i is [begins[i], begins[i+1]) (the last
+// one runs to the end) in group groups[i]. Built from the layout; uploaded to the device by the optimizer.
+struct ParamRangeTable {
+  std::vector<uint64_t> begins;
+  std::vector<uint8_t> groups;
+  static ParamRangeTable from_layout(const ParamLayout& layout);
+  // The bytes the device copy takes (begins then groups, each 8-byte aligned).
+  size_t device_bytes() const;
+};
+
+class Optimizer {
+ public:
+  Optimizer(const ParamLayout& layout, const OptimizerHyper& h);
+  virtual ~Optimizer() = default;
+  virtual OptimizerKind kind() const = 0;
+
+  // Adds the optimizer's state (and its range table) to the plan; bind() takes the pointers.
+  void plan_memory(MemoryPlan& plan);
+  void bind(const Arena& arena);
+  // Zeroes the state and uploads the range table (before the first step).
+  void reset(Device& dev);
+
+  // One update of every (fp32 master) parameter from gradients in the ops' gradient type. `lr` is the
+  // scheduled learning rate (each group multiplies it by its lr_multiplier; Adafactor with relative_step
+  // ignores it); `step` is the 1-based count of applied updates; `grad_scale` multiplies the gradients.
+  virtual void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) = 0;
+
+  // The state buffers, for checkpoints (names are stable across versions of the same optimizer).
+  virtual std::vector<OptimizerStateTensor> state_tensors() const = 0;
+  // Bytes of optimizer state per device (what `anvil estimate` reports under optimizer_states).
+  size_t state_bytes() const;
+
+  const ParamLayout& layout() const { return layout_; }
+  const OptimizerHyper& hyper() const { return h_; }
+  size_t numel() const { return layout_.total_numel(); }
+
+ protected:
+  // Each optimizer's buffers, in a fixed order (name, bytes); bind_state() receives their pointers.
+  virtual std::vector<std::pair<std::string, size_t>> state_buffers() const = 0;
+  virtual void bind_state(const std::vector<void*>& buffers) = 0;
+  // The device range table (valid after bind).
+  ParamGroupTable groups() const {
+    return {range_begins_, range_groups_, nullptr, int(ranges_.begins.size())};
+  }
+  // Per-group lr and weight decay for this step.
+  void group_args(float lr, float out_lr[kNumParamGroups], float out_wd[kNumParamGroups]) const;
+
+  const ParamLayout& layout_;
+  OptimizerHyper h_;
+  ParamRangeTable ranges_;
+
+ private:
+  std::vector<size_t> i_state_;
+  size_t i_ranges_ = 0;
+  std::vector<void*> state_ptrs_;
+  std::vector<size_t> state_sizes_;
+  const uint64_t* range_begins_ = nullptr;
+  const uint8_t* range_groups_ = nullptr;
+  void* range_table_ = nullptr;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, const ParamLayout& layout,
+                                          const OptimizerHyper& h);
+
+}  // namespace anvil

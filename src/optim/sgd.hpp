@@ -1,0 +1,24 @@
+// SGD with optional momentum, dampening and Nesterov momentum (PyTorch torch.optim.SGD semantics; weight
+// decay is L2, added to the gradient, as PyTorch does), one fused launch per step over the flat buffer.
+// State: one fp32 momentum buffer (4 bytes/param) when momentum > 0, none otherwise.
+#pragma once
+#include "optim/optimizer.hpp"
+
+namespace anvil {
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const ParamLayout& layout, const OptimizerHyper& h);
+  OptimizerKind kind() const override { return OptimizerKind::SGD; }
+  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) override;
+  std::vector<OptimizerStateTensor> state_tensors() const override;
+
+ protected:
+  std::vector<std::pair<std::string, size_t>> state_buffers() const override;
+  void bind_state(const std::vector<void*>& buffers) override;
+
+ private:
+  float* momentum_ = nullptr;
+};
+
+}  // namespace anvil
