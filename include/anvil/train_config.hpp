@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "anvil/model_config.hpp"
@@ -104,6 +105,13 @@ struct TrainConfig {
   // activation is live during global step memory_trace_step, for `anvil memory-report`; "" for none.
   std::string memory_trace;
   int64_t memory_trace_step = 1;
+  // Profiling: "A:B" profiles global steps A..B (1-based) into output_dir/profile_steps_A-B.json, a Chrome
+  // trace (docs/performance.md); "" for none.
+  std::string profile_steps;
+  // The device's dense peak FLOP/s for MFU (0: a known GPU's nominal figure, docs/performance.md).
+  double peak_flops = 0;
+  // Parsed profile_steps (0, 0 when unset).
+  std::pair<int64_t, int64_t> profile_range() const;
 
   // A sample generated from the trained model at the end of training ("" disables).
   std::string sample_prompt;

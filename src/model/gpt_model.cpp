@@ -319,6 +319,7 @@ void GptModel::set_memory_trace(MemoryTrace* trace) {
 
 void GptModel::trace_phase(const char* name, int layer) {
   if (trace_) trace_->phase(name, layer);
+  if (profiler_) profiler_->phase(name, layer);
 }
 
 void GptModel::trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer,

@@ -23,6 +23,7 @@
 #include "model/checkpointing.hpp"
 #include "model/param_layout.hpp"
 #include "runtime/arena.hpp"
+#include "runtime/step_profiler.hpp"
 
 namespace anvil {
 
@@ -75,6 +76,9 @@ class GptModel {
   // Memory history (docs/memory.md): while a trace is set, forward and backward record when each saved
   // activation becomes live (written) and dead (last read), per layer, with phase markers. nullptr stops.
   void set_memory_trace(MemoryTrace* trace);
+  // Profiling: while set, each phase (forward / recompute / backward per block, head, embedding) starts a
+  // range of the profiler. nullptr stops.
+  void set_profiler(StepProfiler* profiler) { profiler_ = profiler; }
 
  private:
   // The tensors of one block, as offsets into the flat buffer (looked up by name once) or as pointers
@@ -109,6 +113,7 @@ class GptModel {
   void trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer, const char* phase);
   void trace_free(int& id, const char* phase);
   MemoryTrace* trace_ = nullptr;
+  StepProfiler* profiler_ = nullptr;
   std::vector<std::array<int, kSavedKinds>> trace_saved_;
   std::vector<int> trace_block_out_;
   int trace_encoded_ = -1, trace_lnf_ = -1, trace_logits_ = -1, trace_losses_ = -1;

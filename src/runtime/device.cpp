@@ -63,3 +63,23 @@ std::unique_ptr<Device> make_device(DeviceKind kind) {
 }
 
 }  // namespace anvil
+
+namespace anvil {
+
+void Device::make_time_marks(int count) {
+  host_marks_.assign(size_t(std::max(count, 0)), {});
+}
+
+void Device::record_time_mark(int i) {
+  ANVIL_ASSERT(i >= 0 && size_t(i) < host_marks_.size(), "time mark {} outside the pool of {}", i,
+               host_marks_.size());
+  host_marks_[size_t(i)] = std::chrono::steady_clock::now();
+}
+
+double Device::time_mark_ms(int i) {
+  ANVIL_ASSERT(i >= 0 && size_t(i) < host_marks_.size(), "time mark {} outside the pool of {}", i,
+               host_marks_.size());
+  return std::chrono::duration<double, std::milli>(host_marks_[size_t(i)] - host_marks_[0]).count();
+}
+
+}  // namespace anvil

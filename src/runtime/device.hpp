@@ -1,12 +1,14 @@
 // A compute device: memory, copies and ordering. The CPU device is plain host memory; the CUDA device
 // owns a compute stream and a copy stream (host-to-device batch copies overlap compute on it).
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "anvil/tensor.hpp"
 
@@ -66,6 +68,17 @@ class Device {
   // lazy-loading reserve), or nullopt where no reliable figure exists (the CPU: see docs/memory.md).
   virtual std::optional<size_t> available_memory_bytes() const = 0;
 
+  // Profiling (StepProfiler). Timing marks on the compute stream: make_time_marks(n) creates a pool of n
+  // (outside the step loop), record_time_mark(i) queues mark i, and after synchronize() time_mark_ms(i)
+  // is mark i's time in milliseconds after mark 0. The CPU backend computes synchronously on the calling
+  // thread, so its marks are the host clock at the call; CUDA uses events (GPU time).
+  virtual void make_time_marks(int count);
+  virtual void record_time_mark(int i);
+  virtual double time_mark_ms(int i);
+  // Named ranges for external profilers (NVTX on CUDA, for Nsight Systems); no-ops on the CPU.
+  virtual void range_push(const char* name) {}
+  virtual void range_pop() {}
+
  protected:
   // The backend's allocators behind alloc() / alloc_host_pinned(); the free functions never throw.
   virtual void* device_alloc(size_t bytes) = 0;
@@ -74,6 +87,7 @@ class Device {
   virtual void host_pinned_free(void* p) noexcept = 0;
 
  private:
+  std::vector<std::chrono::steady_clock::time_point> host_marks_;  // the CPU's timing marks
   mutable std::mutex stats_mutex_;
   std::unordered_map<const void*, size_t> device_sizes_, pinned_sizes_;  // live allocations
   MemoryStats stats_;

@@ -228,6 +228,8 @@ const std::map<std::string, Setter>& setters() {
     str_field("deepspeed", &TrainConfig::deepspeed);
     str_field("memory_trace", &TrainConfig::memory_trace);
     int_field("memory_trace_step", &TrainConfig::memory_trace_step);
+    str_field("profile_steps", &TrainConfig::profile_steps);
+    num_field("peak_flops", &TrainConfig::peak_flops);
     str_field("device", &TrainConfig::device);
     str_field("resume_from_checkpoint", &TrainConfig::resume_from_checkpoint);
     str_field("sample_prompt", &TrainConfig::sample_prompt);
@@ -317,6 +319,12 @@ void TrainConfig::validate(const std::string& s) const {
                 per_device_eval_batch_size);
   ANVIL_REQUIRE(gradient_accumulation_steps >= 1, "{}: gradient_accumulation_steps must be >= 1, got {}", s,
                 gradient_accumulation_steps);
+  try {
+    (void)profile_range();
+  } catch (const Error& e) {
+    ANVIL_THROW("{}: {}", s, e.what());
+  }
+  ANVIL_REQUIRE(peak_flops >= 0, "{}: peak_flops must be >= 0 (0: automatic), got {}", s, peak_flops);
   ANVIL_REQUIRE(memory_trace_step >= 1, "{}: memory_trace_step must be >= 1 (a 1-based global step), got {}",
                 s, memory_trace_step);
   ANVIL_REQUIRE(max_seq_length >= 0 && max_seq_length <= model.block_size,
@@ -501,12 +509,34 @@ json TrainConfig::to_json() const {
           {"deepspeed", deepspeed},
           {"memory_trace", memory_trace},
           {"memory_trace_step", memory_trace_step},
+          {"profile_steps", profile_steps},
+          {"peak_flops", peak_flops},
           {"device", device},
           {"resume_from_checkpoint", resume_from_checkpoint},
           {"sample_prompt", sample_prompt},
           {"sample_max_new_tokens", sample_max_new_tokens},
           {"sample_temperature", sample_temperature},
           {"sample_top_k", sample_top_k}};
+}
+
+std::pair<int64_t, int64_t> TrainConfig::profile_range() const {
+  if (profile_steps.empty()) return {0, 0};
+  const size_t colon = profile_steps.find(':');
+  long long a = 0, b = 0;
+  size_t pa = 0, pb = 0;
+  bool ok = colon != std::string::npos;
+  if (ok) {
+    try {
+      a = std::stoll(profile_steps.substr(0, colon), &pa);
+      b = std::stoll(profile_steps.substr(colon + 1), &pb);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  ok = ok && pa == colon && pb == profile_steps.size() - colon - 1 && a >= 1 && b >= a;
+  ANVIL_REQUIRE(ok, "profile_steps must be A:B with 1 <= A <= B (global steps, e.g. 5:7), got '{}'",
+                profile_steps);
+  return {a, b};
 }
 
 void set_config_override(json& j, const std::string& key, const std::string& value) {

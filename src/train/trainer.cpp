@@ -18,8 +18,10 @@
 #include "memory/memory_trace.hpp"
 #include "optim/lr_schedule.hpp"
 #include "precision/loss_scaler.hpp"
+#include "runtime/step_profiler.hpp"
 #include "train/engine.hpp"
 #include "train/memory_fit.hpp"
+#include "train/mfu.hpp"
 #include "train/run_model.hpp"
 #include "train/sampler.hpp"
 
@@ -256,6 +258,8 @@ TrainSummary Run::go() {
   // mean loss times the scale, as in DeepSpeed); the optimizer divides by it and by the real target count.
   const double nominal_tokens = double(cfg_.tokens_per_step());
   const std::vector<int64_t>& inject = cfg_.debug_inject_overflow_steps;
+  const double flops_per_token = training_flops_per_token(model_cfg_, T);
+  const PeakFlops peak = peak_flops(dev.name(), precision_label(cfg_), cfg_.peak_flops);
 
   // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute
   // ends.
@@ -277,8 +281,16 @@ TrainSummary Run::go() {
   if (!cfg_.memory_trace.empty() && trace_step > total_steps_)
     fmt::print("  memory_trace: step {} is past the run's last step {}; no trace written\n", trace_step,
                total_steps_);
+  std::unique_ptr<StepProfiler> profiler;
+  if (const auto [first, last] = cfg_.profile_range(); first > 0) {
+    const std::string path =
+        (fs::path(cfg_.output_dir) / fmt::format("profile_steps_{}-{}.json", first, last)).string();
+    profiler = std::make_unique<StepProfiler>(dev, path, first, last);
+    model.set_profiler(profiler.get());
+  }
   for (; step < total_steps_; ++step) {
     const auto ts = Clock::now();
+    if (profiler) profiler->begin_step(step + 1);
     if (!cfg_.memory_trace.empty() && step + 1 == trace_step) {
       trace = std::make_unique<MemoryTrace>(cfg_.memory_trace, dev.name(), e.plan().total_bytes(),
                                             dev.context_overhead_bytes(), step + 1);
@@ -293,6 +305,7 @@ TrainSummary Run::go() {
     double loss_sum_step = 0;
     int64_t step_targets = 0;
     for (int micro = 0; micro < accum; ++micro) {
+      if (profiler) profiler->phase("data (wait for the batch)");
       dev.wait_for_copies();
       const bool last_batch = step + 1 == total_steps_ && micro + 1 == accum;
       step_targets += valid_targets[slot];
@@ -320,6 +333,7 @@ TrainSummary Run::go() {
     const double step_loss = loss_sum_step / double(step_targets);
     // Stored gradients x unscale = the gradient of the step's mean loss.
     const double unscale = nominal_tokens / (loss_scale * double(step_targets));
+    if (profiler) profiler->phase("gradient norm");
     const double grad_norm =
         std::sqrt(e.ops().sum_squares(model.grad_buffer(), grad_dtype, nparams)) * unscale;
     const bool overflow = !std::isfinite(step_loss) || !std::isfinite(grad_norm);
@@ -345,9 +359,11 @@ TrainSummary Run::go() {
       e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step,
                          float(double(clip) * unscale));
       if (trace) trace->phase("optimizer");
+      if (profiler) profiler->phase("optimizer");
       model.sync_weights(e.ops(), cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0);
     }
     dev.synchronize();
+    if (profiler && profiler->in_step()) profiler->end_step();
     if (trace) {
       model.set_memory_trace(nullptr);
       trace->finish();
@@ -359,17 +375,20 @@ TrainSummary Run::go() {
     peak_driver = std::max(peak_driver, dev.driver_used_bytes());
     const double step_time = seconds_since(ts);
     const double elapsed = seconds_since(t0);
-    const size_t peak = std::max(e.plan().total_bytes(), peak_driver);
+    const size_t peak_mem = std::max(e.plan().total_bytes(), peak_driver);
     if ((step + 1) % cfg_.logging_steps == 0 || step + 1 == total_steps_ || step == start_step || skipped) {
       const double tps = double(cfg_.tokens_per_step()) / step_time;
+      const double mfu = peak.flops > 0 ? tps * flops_per_token / peak.flops : -1;
+      const std::string mfu_text = mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * mfu) : "";
       const std::string scale_text =
           scaler_ ? fmt::format(" | scale {} | skipped {}", format_loss_scale(scaler_->scale()),
                                 scaler_->skipped_steps())
                   : "";
       fmt::print(
-          "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f}{} | {:>9.0f} tok/s | {:7.1f}s | peak "
+          "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f}{} | {:>9.0f} tok/s{} | {:7.1f}s | peak "
           "{}\n",
-          step + 1, total_steps_, step_loss, lr, grad_norm, scale_text, tps, elapsed, format_bytes(peak));
+          step + 1, total_steps_, step_loss, lr, grad_norm, scale_text, tps, mfu_text, elapsed,
+          format_bytes(peak_mem));
       std::fflush(stdout);
       json line = {{"step", step + 1},
                    {"loss", std::isfinite(step_loss) ? json(step_loss) : json(nullptr)},
@@ -379,7 +398,8 @@ TrainSummary Run::go() {
                    {"step_time", step_time},
                    {"elapsed", elapsed},
                    {"data_wait_seconds", train_loader_->wait_seconds()},
-                   {"peak_memory_bytes", peak}};
+                   {"peak_memory_bytes", peak_mem}};
+      if (mfu >= 0) line["mfu"] = mfu;
       if (scaler_) {
         line["loss_scale"] = scaler_->scale();
         line["skipped_steps"] = scaler_->skipped_steps();
@@ -400,7 +420,22 @@ TrainSummary Run::go() {
     }
   }
   const double runtime = seconds_since(t0);
+  if (profiler) {
+    model.set_profiler(nullptr);
+    const auto [first, last] = cfg_.profile_range();
+    if (first > total_steps_ || last <= start_step) {
+      fmt::print("profile_steps {}: outside this run's steps {}..{}; no profile written\n",
+                 cfg_.profile_steps, start_step + 1, total_steps_);
+    } else {
+      const size_t events = profiler->finish();
+      fmt::print(
+          "profile of steps {} -> {} ({} ranges; open in https://ui.perfetto.dev or chrome://tracing)\n",
+          cfg_.profile_steps, profiler->path(), events);
+    }
+  }
 
+  const double flops_per_token_summary = training_flops_per_token(model_cfg_, T);
+  const PeakFlops peak_summary = peak_flops(dev.name(), precision_label(cfg_), cfg_.peak_flops);
   TrainSummary s;
   const int64_t steps_run = total_steps_ - start_step;
   s.global_step = total_steps_;
@@ -450,6 +485,12 @@ TrainSummary Run::go() {
                         {"context_overhead_bytes", dev.context_overhead_bytes()},
                         {"driver_peak_bytes", peak_driver},
                         {"precision", s.precision},
+                        {"flops_per_token", flops_per_token_summary},
+                        {"peak_flops", peak_summary.flops > 0 ? json(peak_summary.flops) : json(nullptr)},
+                        {"peak_flops_source", peak_summary.source},
+                        {"mfu", peak_summary.flops > 0 ? json(s.train_tokens_per_second *
+                                                              flops_per_token_summary / peak_summary.flops)
+                                                       : json(nullptr)},
                         {"skipped_steps", s.skipped_steps},
                         {"loss_scale", scaler_ ? json(s.loss_scale) : json(nullptr)},
                         {"global_step", s.global_step},

@@ -50,8 +50,12 @@ TEST(MemoryTraceTrain, TraceOfAStepWithCheckpointingAndAccumulation) {
   for (const auto& a : t.allocs) {
     if (a.name == "qkv" && a.phase == "forward") ++qkv_by_layer[a.layer];
     if (a.category == MemoryCategory::Recompute && a.phase == "recompute") recompute_layers.insert(a.layer);
-    if (a.name != "losses") EXPECT_GE(a.t_free, 0) << a.name << " layer " << a.layer << " never freed";
-    if (a.t_free >= 0) EXPECT_GT(a.t_free, a.t_alloc);
+    if (a.name != "losses") {
+      EXPECT_GE(a.t_free, 0) << a.name << " layer " << a.layer << " never freed";
+    }
+    if (a.t_free >= 0) {
+      EXPECT_GT(a.t_free, a.t_alloc);
+    }
   }
   for (int l = 0; l < 4; ++l) EXPECT_EQ(qkv_by_layer[l], 2) << "layer " << l;
   EXPECT_EQ(recompute_layers.size(), 2u);

@@ -3,6 +3,7 @@
 #include "runtime/cuda/cuda_device.hpp"
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <memory>
 #include <optional>
@@ -95,6 +96,23 @@ class CudaDevice final : public Device {
   }
 
   cudaStream_t compute_stream() const { return compute_.get(); }
+
+  void make_time_marks(int count) override {
+    timing_marks_.clear();
+    for (int i = 0; i < count; ++i) {
+      cudaEvent_t e = nullptr;
+      ANVIL_CUDA_CHECK(cudaEventCreate(&e));  // timing enabled
+      timing_marks_.emplace_back(e);
+    }
+  }
+  void record_time_mark(int i) override { ANVIL_CUDA_CHECK(cudaEventRecord(timing_mark(i), compute_.get())); }
+  double time_mark_ms(int i) override {
+    float ms = 0;
+    ANVIL_CUDA_CHECK(cudaEventElapsedTime(&ms, timing_mark(0), timing_mark(i)));
+    return ms;
+  }
+  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_pop() override { nvtxRangePop(); }
   int ordinal() const { return ordinal_; }
 
   // Queued on the compute stream so they are ordered after the kernels that produce/consume the data.
@@ -166,8 +184,17 @@ class CudaDevice final : public Device {
   int ordinal_;
   CurrentDevice current_;  // before the streams: they are created on this device
   cudaDeviceProp props_{};
+  cudaEvent_t timing_mark(int i) const {
+    if (i < 0 || size_t(i) >= timing_marks_.size())
+      detail::raise_at(
+          __FILE__, __LINE__,
+          "time mark " + std::to_string(i) + " outside the pool of " + std::to_string(timing_marks_.size()));
+    return timing_marks_[size_t(i)].get();
+  }
+
   StreamHandle compute_;
   StreamHandle copy_;
+  std::vector<EventHandle> timing_marks_;  // profiling (StepProfiler)
   EventHandle copies_done_;
   size_t context_overhead_ = 0;
 };

@@ -1,0 +1,31 @@
+#include "train/mfu.hpp"
+
+#include <array>
+
+namespace anvil {
+
+double training_flops_per_token(const TransformerConfig& m, int seq_len) {
+  return 6.0 * double(m.num_parameters()) + 12.0 * m.n_layer * double(m.n_embd) * seq_len;
+}
+
+PeakFlops peak_flops(const std::string& device_name, const std::string& precision, double configured) {
+  if (configured > 0) return {configured, "peak_flops (configured)"};
+  struct Known {
+    const char* name_part;
+    double fp32, tf32, half;  // dense, FLOP/s
+  };
+  // Dense (no sparsity) peaks from NVIDIA's data sheets. More specific names first.
+  static constexpr std::array<Known, 5> kKnown = {{{"H100 PCIe", 51.2e12, 378e12, 756e12},
+                                                   {"H100", 66.9e12, 494.7e12, 989.4e12},
+                                                   {"H200", 66.9e12, 494.7e12, 989.4e12},
+                                                   {"A100", 19.5e12, 156e12, 312e12},
+                                                   {"L4", 30.3e12, 60e12, 121e12}}};
+  for (const Known& k : kKnown) {
+    if (device_name.find(k.name_part) == std::string::npos) continue;
+    const double f = precision == "fp32" ? k.fp32 : precision == "tf32" ? k.tf32 : k.half;
+    return {f, std::string("nominal dense ") + precision + " peak of " + k.name_part + " (data sheet)"};
+  }
+  return {0, "unknown (set peak_flops)"};
+}
+
+}  // namespace anvil
