@@ -92,6 +92,11 @@ void Adafactor::bind_state(const std::vector<void*>& buffers) {
   table_uploaded_ = false;
 }
 
+void Adafactor::after_reset(Device& dev) {
+  dev.copy_to_device(table_, tensors_.data(), tensors_.size() * sizeof(AdafactorTensor));
+  table_uploaded_ = true;
+}
+
 void Adafactor::step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) {
   ANVIL_REQUIRE(step >= 1, "adafactor: step {} (the 1-based count of updates)", step);
   ANVIL_ASSERT(sq_ && table_, "adafactor: step before bind");

@@ -65,6 +65,7 @@ class Adafactor final : public Optimizer {
   // The device table is uploaded by the first step after bind() and by every step 1: Optimizer::reset
   // zeroes every state buffer, this one included (it runs after bind, before the first step).
   bool table_uploaded_ = false;
+  void after_reset(Device& dev) override;
 };
 
 }  // namespace anvil

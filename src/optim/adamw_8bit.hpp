@@ -68,6 +68,7 @@ class AdamW8bit final : public Optimizer {
   };
   ParamGroupTable device_table(const HostTable& t, void* at) const;
   void upload_constants(Device& dev);
+  void after_reset(Device& dev) override { upload_constants(dev); }
 
   size_t n8_ = 0, nf_ = 0, num_blocks_ = 0;
   std::vector<bool> quantized_;  // per layout tensor

@@ -102,6 +102,7 @@ void Optimizer::reset(Device& dev) {
   std::memcpy(host.data() + ranges_.begins.size() * sizeof(uint64_t), ranges_.groups.data(),
               ranges_.groups.size());
   dev.copy_to_device(range_table_, host.data(), host.size());
+  after_reset(dev);
 }
 
 size_t Optimizer::state_bytes() const {

@@ -105,6 +105,9 @@ class Optimizer {
   // Each optimizer's buffers, in a fixed order (name, bytes); bind_state() receives their pointers.
   virtual std::vector<std::pair<std::string, size_t>> state_buffers() const = 0;
   virtual void bind_state(const std::vector<void*>& buffers) = 0;
+  // Called at the end of reset(), after the state buffers (constant tables included) were zeroed: the
+  // place to upload an optimizer's own constants.
+  virtual void after_reset(Device& dev) {}
   // The device range table (valid after bind).
   ParamGroupTable groups() const {
     return {range_begins_, range_groups_, nullptr, int(ranges_.begins.size())};
