@@ -93,5 +93,26 @@ TEST(Mfu, FlopsPerTokenAndPeaks) {
   EXPECT_DOUBLE_EQ(peak_flops("cpu (2 threads)", "fp32", 5e10).flops, 5e10);
 }
 
+TEST(BenchCommands, GemmAndOptimizerOnTheCpu) {
+  test::CommandResult r =
+      test::run_anvil("bench-gemm --device cpu --size 128 --iters 2 --precision bf16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json g = json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(g.at("size"), 128);
+  EXPECT_GT(g.at("flops").get<double>(), 0.0);
+  r = test::run_anvil("bench-optimizer --model tiny --device cpu --optim sgd --steps 2 --warmup 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json o = json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(o.at("optim"), "sgd");
+  EXPECT_EQ(o.at("state_bytes").get<size_t>() % 4, 0u);
+  EXPECT_GT(o.at("step_ms").get<double>(), 0.0);
+  r = test::run_anvil("bench-gemm --precision int4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--precision"), std::string::npos) << r.output;
+  r = test::run_anvil("bench-optimizer --optim lion --device cpu --model tiny");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("lion"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace anvil
