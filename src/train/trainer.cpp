@@ -242,6 +242,10 @@ TrainSummary Run::go() {
   fmt::print("  precision: {}\n", precision_description(cfg_, scaler_ ? &*scaler_ : nullptr));
   fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
              format_bytes(e.optimizer().state_bytes()));
+  if (e.optimizer().kind() == OptimizerKind::Adafactor && cfg_.adafactor_relative_step)
+    fmt::print(
+        "  adafactor_relative_step: Adafactor sets its own step size (HF semantics); the lr column shows the "
+        "schedule, which it ignores\n");
   fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
 
   // --- the loop ----------------------------------------------------------------------------------
