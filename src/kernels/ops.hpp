@@ -18,15 +18,6 @@
 
 namespace anvil {
 
-struct AdamWArgs {
-  float lr = 0;
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float weight_decay = 0;
-  int64_t step = 1;  // 1-based step number, for bias correction
-  float grad_scale =
-      1.f;  // multiplies the gradient first (token-count normalisation, clipping, 1/loss scale)
-};
-
 constexpr float kLayerNormEps = 1e-5f;
 constexpr int32_t kIgnoreIndex = -100;
 
@@ -205,15 +196,12 @@ class Ops {
   virtual void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) = 0;
 
   // --- optimizer ---------------------------------------------------------------------------------------
-  // PyTorch AdamW (decoupled weight decay), per element, g = grad * a.grad_scale (grad of the gradient type):
+  // PyTorch AdamW (decoupled weight decay) over every range of `g` in one launch, per element with the
+  // range's group's lr and wd, g = grad * a.grad_scale (grad of the gradient type):
   //   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
   //   p -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
-  // `param` is fp32 (the master weights).
-  virtual void adamw_step(float* param, const void* grad, float* m, float* v, size_t n,
-                          const AdamWArgs& a) = 0;
-  // The same update over every range of `g` in one launch (per-group lr and weight decay); m and v are
-  // of `moment_dtype`: F32, or BF16 (rounded stochastically with rounding_bits(a.rounding_seed, state index)
-  // and a second stream for v) to halve the state.
+  // `param` is fp32 (the master weights); m and v are of `moment_dtype`: F32, or BF16 (rounded stochastically
+  // with rounding_bits(a.rounding_seed, state index) and a second stream for v) to halve the state.
   virtual void adamw_fused_step(float* param, const void* grad, void* m, void* v, DType moment_dtype,
                                 size_t n, const ParamGroupTable& g, const FusedAdamWArgs& a) = 0;
   // SGD over every range of `g` in one launch; `momentum_buf` (fp32, state-indexed) is unused (may be

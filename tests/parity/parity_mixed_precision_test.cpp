@@ -305,12 +305,16 @@ TEST_P(MixedParity, ReductionCastAdamW) {
   std::vector<float> vh = randn(n, 0.01f);
   for (float& x : vh) x = std::fabs(x);
   Buf v = f32(vh);
-  AdamWArgs a;
-  a.lr = 3e-4f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.weight_decay = 0.1f, a.step = 7, a.grad_scale = 0.5f;
-  cpu_->adamw_step(static_cast<float*>(p.cpu()), gr.cpu(), static_cast<float*>(m.cpu()),
-                   static_cast<float*>(v.cpu()), n, a);
-  gpu_->adamw_step(static_cast<float*>(p.gpu()), gr.gpu(), static_cast<float*>(m.gpu()),
-                   static_cast<float*>(v.gpu()), n, a);
+  // One range in group 0, on each device.
+  Buf begins = make(std::vector<float>(2, 0.f), DType::F32);  // 8 zero bytes: begins[0] = 0, groups[0] = 0
+  const ParamGroupTable cpu_t{static_cast<uint64_t*>(begins.cpu()), static_cast<uint8_t*>(begins.cpu()),
+                              nullptr, 1};
+  const ParamGroupTable gpu_t{static_cast<uint64_t*>(begins.gpu()), static_cast<uint8_t*>(begins.gpu()),
+                              nullptr, 1};
+  FusedAdamWArgs a;
+  a.lr[0] = 3e-4f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.weight_decay[0] = 0.1f, a.step = 7, a.grad_scale = 0.5f;
+  cpu_->adamw_fused_step(static_cast<float*>(p.cpu()), gr.cpu(), m.cpu(), v.cpu(), DType::F32, n, cpu_t, a);
+  gpu_->adamw_fused_step(static_cast<float*>(p.gpu()), gr.gpu(), m.gpu(), v.gpu(), DType::F32, n, gpu_t, a);
   EXPECT_TRUE(same("adamw param", p, 1e-5));
   EXPECT_TRUE(same("adamw m", m, 1e-5));
   EXPECT_TRUE(same("adamw v", v, 1e-5));

@@ -427,6 +427,10 @@ TEST_F(ParityTest, SumBeyond32BitIndices) {
 
 TEST_F(ParityTest, AdamW) {
   const size_t n = 100003;
+  auto begin0 = mirror(std::vector<uint64_t>{0});
+  auto group0 = mirror(std::vector<uint8_t>{0});
+  const ParamGroupTable cpu_t{begin0.cpu(), group0.cpu(), nullptr, 1};
+  const ParamGroupTable gpu_t{begin0.gpu(), group0.gpu(), nullptr, 1};
   for (const int64_t step : {int64_t{1}, int64_t{7}, int64_t{10000}}) {
     SCOPED_TRACE("step " + std::to_string(step));
     auto param = mirror(randn(n));
@@ -435,11 +439,11 @@ TEST_F(ParityTest, AdamW) {
     std::vector<float> v_host = randn(n, 0.01f);
     for (float& x : v_host) x = std::fabs(x);
     auto v = mirror(v_host);
-    AdamWArgs a;
-    a.lr = 3e-4f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f, a.step = step;
+    FusedAdamWArgs a;
+    a.lr[0] = 3e-4f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay[0] = 0.1f, a.step = step;
     a.grad_scale = 0.5f;
-    cpu_->adamw_step(param.cpu(), grad.cpu(), m.cpu(), v.cpu(), n, a);
-    gpu_->adamw_step(param.gpu(), grad.gpu(), m.gpu(), v.gpu(), n, a);
+    cpu_->adamw_fused_step(param.cpu(), grad.cpu(), m.cpu(), v.cpu(), DType::F32, n, cpu_t, a);
+    gpu_->adamw_fused_step(param.gpu(), grad.gpu(), m.gpu(), v.gpu(), DType::F32, n, gpu_t, a);
     EXPECT_TRUE(same("adamw param", param, kElementwiseTol));
     EXPECT_TRUE(same("adamw m", m, kElementwiseTol));
     EXPECT_TRUE(same("adamw v", v, kElementwiseTol));

@@ -1,6 +1,6 @@
-// AdamW: the adamw_step op against an independent double-precision transcription of PyTorch's AdamW
-// (decoupled weight decay, bias corrections, eps added after the bias-corrected sqrt(v)), and the
-// AdamW class's two parameter groups over the GPT-2 layout.
+// AdamW: the fused AdamW op (one range) against an independent double-precision transcription of PyTorch's
+// AdamW (decoupled weight decay, bias corrections, eps added after the bias-corrected sqrt(v)), and the AdamW
+// class's two parameter groups over the GPT-2 layout.
 #include "optim/adamw.hpp"
 
 #include <gtest/gtest.h>
@@ -51,19 +51,23 @@ TEST(AdamWStep, MatchesPyTorchFormulaOverSeveralSteps) {
   std::vector<RefElement> ref(n);
   for (size_t i = 0; i < n; ++i) ref[i].p = p[i] = rng.normal();
 
-  AdamWArgs a;
-  a.beta1 = 0.8f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f, a.grad_scale = 0.5f;
+  // One range in group 0 (host memory is the CPU device's memory).
+  const uint64_t begin0 = 0;
+  const uint8_t group0 = 0;
+  const ParamGroupTable one_range{&begin0, &group0, nullptr, 1};
+  FusedAdamWArgs a;
+  a.beta1 = 0.8f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay[0] = 0.1f, a.grad_scale = 0.5f;
   for (int64_t t = 1; t <= 6; ++t) {
     a.step = t;
-    a.lr = 1e-2f / float(t);  // a varying rate, as a schedule gives
+    a.lr[0] = 1e-2f / float(t);  // a varying rate, as a schedule gives
     for (size_t i = 0; i < n; ++i) g[i] = 3.0f * rng.normal();
     g[0] = 0.0f;                  // no gradient: only the decay moves it
     g[1] = 1e-9f;                 // |g| far below eps: the update depends on where eps is added
     g[2] = 1e4f;                  // large: the update saturates near lr
     g[3] = t % 2 ? 1.0f : -1.0f;  // alternating sign: the moments matter
-    ops->adamw_step(p.data(), g.data(), m.data(), v.data(), n, a);
+    ops->adamw_fused_step(p.data(), g.data(), m.data(), v.data(), DType::F32, n, one_range, a);
     for (size_t i = 0; i < n; ++i) {
-      ref[i].step(g[i], a.lr, a.weight_decay, a.beta1, a.beta2, a.eps, t, a.grad_scale);
+      ref[i].step(g[i], a.lr[0], a.weight_decay[0], a.beta1, a.beta2, a.eps, t, a.grad_scale);
       // v sums positive terms; m's terms are of the order of sqrt(v); p's of the order of 1.
       ASSERT_TRUE(close(v[i], ref[i].v, 0.0)) << "v[" << i << "] at step " << t;
       ASSERT_TRUE(close(m[i], ref[i].m, std::sqrt(ref[i].v))) << "m[" << i << "] at step " << t;

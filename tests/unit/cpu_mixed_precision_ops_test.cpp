@@ -332,10 +332,13 @@ TEST_P(CpuMixedPrecisionOps, AdamWWithGradientsOfTheGradientType) {
   std::vector<float> p = randn(n), m = randn(n, 0.1f), v(n);
   for (float& x : v) x = 0.01f * std::fabs(rng_.normal());
   std::vector<float> rp = p, rm = m, rv = v;
-  AdamWArgs a;
-  a.lr = 1e-2f, a.weight_decay = 0.1f, a.step = 4, a.grad_scale = 0.3f;
-  ops_->adamw_step(p.data(), grad.data(), m.data(), v.data(), n, a);
-  ref_->adamw_step(rp.data(), grad.values().data(), rm.data(), rv.data(), n, a);
+  const uint64_t begin0 = 0;
+  const uint8_t group0 = 0;
+  const ParamGroupTable one_range{&begin0, &group0, nullptr, 1};
+  FusedAdamWArgs a;
+  a.lr[0] = 1e-2f, a.weight_decay[0] = 0.1f, a.step = 4, a.grad_scale = 0.3f;
+  ops_->adamw_fused_step(p.data(), grad.data(), m.data(), v.data(), DType::F32, n, one_range, a);
+  ref_->adamw_fused_step(rp.data(), grad.values().data(), rm.data(), rv.data(), DType::F32, n, one_range, a);
   EXPECT_EQ(p, rp);
   EXPECT_EQ(m, rm);
   EXPECT_EQ(v, rv);

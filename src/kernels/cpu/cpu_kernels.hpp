@@ -127,8 +127,6 @@ double sum(const float* x, size_t n);
 
 void cast_weights(DType out_type, void* out, const float* master, size_t n, uint64_t rounding_seed);
 
-void adamw_step(DType grad_type, float* param, const void* grad, float* m, float* v, size_t n,
-                const AdamWArgs& a);
 void adamw_fused_step(DType grad_type, float* param, const void* grad, void* m, void* v, DType moment_dtype,
                       size_t n, const ParamGroupTable& g, const FusedAdamWArgs& a);
 void sgd_step(DType grad_type, float* param, const void* grad, float* momentum_buf, size_t n,

@@ -63,9 +63,7 @@ class CpuOps final : public Ops {
   void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) override {
     cpu::cast_weights(p_.compute, out, master, n, rounding_seed);
   }
-  void adamw_step(float* param, const void* grad, float* m, float* v, size_t n, const AdamWArgs& a) override {
-    cpu::adamw_step(p_.grad, param, grad, m, v, n, a);
-  }
+
   void adamw_fused_step(float* param, const void* grad, void* m, void* v, DType moment_dtype, size_t n,
                         const ParamGroupTable& g, const FusedAdamWArgs& a) override {
     cpu::adamw_fused_step(p_.grad, param, grad, m, v, moment_dtype, n, g, a);

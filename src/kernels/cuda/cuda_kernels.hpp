@@ -118,13 +118,9 @@ void cast_weights(cudaStream_t stream, anvil::DType out_type, void* out, const f
                   uint64_t rounding_seed);
 
 // --- optimizer.cu ------------------------------------------------------------------------------------
-// `step_size` = lr / (1 - b1^step) and `sqrt_bias2` = sqrt(1 - b2^step), computed on the host in fp64.
-void adamw_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad, float* m,
-                float* v, size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                float step_size, float sqrt_bias2, float grad_scale);
-
 // Fused AdamW / SGD over the ranges of a parameter-group table (see ParamGroupTable in kernels/ops.hpp;
-// per-group lr and weight decay arrays of kMaxParamGroups = 4 entries). `inv_bias1` = 1 / (1 - b1^step).
+// per-group lr and weight decay arrays of kMaxParamGroups = 4 entries). `inv_bias1` = 1 / (1 - b1^step)
+// and `sqrt_bias2` = sqrt(1 - b2^step), computed on the host in fp64.
 struct GroupTable {
   const uint64_t* begins;
   const uint8_t* groups;

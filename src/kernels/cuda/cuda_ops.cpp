@@ -122,15 +122,6 @@ class CudaOps final : public Ops {
     cuda::cast_weights(stream_, act_, out, master, n, rounding_seed);
   }
 
-  void adamw_step(float* param, const void* grad, float* m, float* v, size_t n, const AdamWArgs& a) override {
-    // Bias corrections in fp64 on the host: powf under --use_fast_math loses ~1e-3 for large steps.
-    const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-    const double bias2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
-    const auto step_size = static_cast<float>(a.lr / bias1);
-    const auto sqrt_bias2 = static_cast<float>(std::sqrt(bias2));
-    cuda::adamw_step(stream_, grad_, param, grad, m, v, n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                     step_size, sqrt_bias2, a.grad_scale);
-  }
   void adamw_fused_step(float* param, const void* grad, void* m, void* v, DType moment_dtype, size_t n,
                         const ParamGroupTable& g, const FusedAdamWArgs& a) override {
     const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
