@@ -438,8 +438,6 @@ TrainSummary Run::go() {
     }
   }
 
-  const double flops_per_token_summary = training_flops_per_token(model_cfg_, T);
-  const PeakFlops peak_summary = peak_flops(dev.name(), precision_label(cfg_), cfg_.peak_flops);
   TrainSummary s;
   const int64_t steps_run = total_steps_ - start_step;
   s.global_step = total_steps_;
@@ -472,34 +470,34 @@ TrainSummary Run::go() {
   json by_category = json::object();
   for (int c = 0; c < kMemoryCategories; ++c)
     by_category[memory_category_name(MemoryCategory(c))] = e.plan().bytes(MemoryCategory(c));
-  const json summary = {{"train_runtime", s.train_runtime},
-                        {"train_samples_per_second", s.train_samples_per_second},
-                        {"train_steps_per_second", s.train_steps_per_second},
-                        {"train_tokens_per_second", s.train_tokens_per_second},
-                        {"train_loss", s.train_loss},
-                        {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
-                        {"peak_memory_bytes", s.peak_memory_bytes},
-                        {"data_wait_seconds", s.data_wait_seconds},
-                        {"data_wait_fraction", s.data_wait_seconds / runtime},
-                        {"planned_memory_bytes", e.plan().total_bytes()},
-                        {"planned_memory_by_category", by_category},
-                        // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's
-                        // overhead measured when the device was made, the driver's peak in use (CUDA).
-                        {"allocator_peak_bytes", s.allocator_peak_bytes},
-                        {"context_overhead_bytes", dev.context_overhead_bytes()},
-                        {"driver_peak_bytes", peak_driver},
-                        {"precision", s.precision},
-                        {"flops_per_token", flops_per_token_summary},
-                        {"peak_flops", peak_summary.flops > 0 ? json(peak_summary.flops) : json(nullptr)},
-                        {"peak_flops_source", peak_summary.source},
-                        {"mfu", peak_summary.flops > 0 ? json(s.train_tokens_per_second *
-                                                              flops_per_token_summary / peak_summary.flops)
-                                                       : json(nullptr)},
-                        {"skipped_steps", s.skipped_steps},
-                        {"loss_scale", scaler_ ? json(s.loss_scale) : json(nullptr)},
-                        {"global_step", s.global_step},
-                        {"device", s.device},
-                        {"last_checkpoint", s.last_checkpoint}};
+  const json summary = {
+      {"train_runtime", s.train_runtime},
+      {"train_samples_per_second", s.train_samples_per_second},
+      {"train_steps_per_second", s.train_steps_per_second},
+      {"train_tokens_per_second", s.train_tokens_per_second},
+      {"train_loss", s.train_loss},
+      {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
+      {"peak_memory_bytes", s.peak_memory_bytes},
+      {"data_wait_seconds", s.data_wait_seconds},
+      {"data_wait_fraction", s.data_wait_seconds / runtime},
+      {"planned_memory_bytes", e.plan().total_bytes()},
+      {"planned_memory_by_category", by_category},
+      // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's
+      // overhead measured when the device was made, the driver's peak in use (CUDA).
+      {"allocator_peak_bytes", s.allocator_peak_bytes},
+      {"context_overhead_bytes", dev.context_overhead_bytes()},
+      {"driver_peak_bytes", peak_driver},
+      {"precision", s.precision},
+      {"flops_per_token", flops_per_token},
+      {"peak_flops", peak.flops > 0 ? json(peak.flops) : json(nullptr)},
+      {"peak_flops_source", peak.source},
+      {"mfu",
+       peak.flops > 0 ? json(s.train_tokens_per_second * flops_per_token / peak.flops) : json(nullptr)},
+      {"skipped_steps", s.skipped_steps},
+      {"loss_scale", scaler_ ? json(s.loss_scale) : json(nullptr)},
+      {"global_step", s.global_step},
+      {"device", s.device},
+      {"last_checkpoint", s.last_checkpoint}};
   io::write_text_file_synced((fs::path(cfg_.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
   return s;
 }
