@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpt2_train_bench import read_shard  # noqa: E402  (the Anvil token-shard reader)
+
 ANVIL_OPTIMS = ["adamw_torch_fused", "adafactor", "adamw_8bit", "sgd"]
 PRESETS = {"d12": (12, 12, 768), "d24": (24, 16, 1024)}
 LR = {"adamw_torch_fused": 6e-4, "adafactor": 1e-3, "adamw_8bit": 6e-4, "sgd": 0.1}
@@ -113,15 +116,6 @@ def anvil_train(args, optim, outdir):
             "loss_at_bnb_steps_mean20": float(np.mean(losses[args.bnb_steps - 20:args.bnb_steps])),
             "tokens_per_second": s["train_tokens_per_second"], "peak_bytes": s["peak_memory_bytes"],
             "lr": LR[optim]}
-
-
-def read_shard(path):
-    raw = Path(path).read_bytes()
-    assert raw[:8] == b"ANVILTOK", f"{path}: not an Anvil token shard"
-    version, dtype = np.frombuffer(raw[8:16], dtype=np.uint32)
-    count, vocab = np.frombuffer(raw[16:32], dtype=np.uint64)
-    tokens = np.frombuffer(raw[64:], dtype=np.uint16 if dtype == 1 else np.uint32)
-    return tokens.astype(np.int64), int(vocab)
 
 
 def bnb_train(args):

@@ -34,19 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpt2_train_bench import read_shard  # noqa: E402  (the Anvil token-shard reader)
+
 PRECISIONS = ["fp32", "tf32", "bf16", "fp16"]
 ACCUMS = [1, 4]
 CHECKPOINTING = ["none", "full", "selective"]
-
-
-def read_shard(path):
-    raw = Path(path).read_bytes()
-    assert raw[:8] == b"ANVILTOK", f"{path}: not an Anvil token shard"
-    version, dtype = np.frombuffer(raw[8:16], dtype=np.uint32)
-    count, vocab = np.frombuffer(raw[16:32], dtype=np.uint64)
-    tokens = np.frombuffer(raw[64:], dtype=np.uint16 if dtype == 1 else np.uint32)
-    assert len(tokens) == count
-    return tokens.astype(np.int64), int(vocab)
 
 
 def precision_flags(p):

@@ -20,13 +20,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct Corpus {
-  test::TempDir dir;
-  Corpus() {
-    test::write_file(dir / "corpus.txt", test::small_corpus(60000));
-    data::prepare_byte_corpus({dir / "corpus.txt"}, dir / "data", 0.1);
-  }
-};
+using Corpus = test::ByteCorpus;
 
 // A tiny GPT-2 on bytes; `micro` x `accum` sequences of 32 tokens per step.
 TrainConfig config(const Corpus& c, const std::string& out, int micro = 8, int accum = 1, int steps = 30) {

@@ -151,13 +151,7 @@ TEST(FusedAdamW, GroupMultipliersAndBf16Moments) {
 
 // --- through the trainer: every optimizer trains, resumes exactly, and is planned ---------------------
 
-struct Corpus {
-  test::TempDir dir;
-  Corpus() {
-    test::write_file(dir / "corpus.txt", test::small_corpus(60000));
-    data::prepare_byte_corpus({dir / "corpus.txt"}, dir / "data", 0.1);
-  }
-};
+using Corpus = test::ByteCorpus;
 
 TrainConfig config(const Corpus& c, const std::string& out, const std::string& optim) {
   json j = {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "anvil/error.hpp"
+#include "data/byte_corpus.hpp"
 
 namespace anvil::test {
 
@@ -91,5 +92,14 @@ inline std::string small_corpus(size_t approx_bytes) {
   while (s.size() < approx_bytes) s += lines[rng() % 5];
   return s;
 }
+
+// small_corpus prepared as byte-level token shards: dir/data/train.bin and dir/data/val.bin (10%).
+struct ByteCorpus {
+  TempDir dir;
+  explicit ByteCorpus(size_t approx_bytes = 60000) {
+    write_file(dir / "corpus.txt", small_corpus(approx_bytes));
+    data::prepare_byte_corpus({dir / "corpus.txt"}, dir / "data", 0.1);
+  }
+};
 
 }  // namespace anvil::test

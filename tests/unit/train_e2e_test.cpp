@@ -14,13 +14,7 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct Corpus {
-  test::TempDir dir;
-  Corpus() {
-    test::write_file(dir / "corpus.txt", test::small_corpus(60000));
-    data::prepare_byte_corpus({dir / "corpus.txt"}, dir / "data", 0.1);
-  }
-};
+using Corpus = test::ByteCorpus;
 
 TrainConfig small_config(const Corpus& c, const std::string& out) {
   json j = {

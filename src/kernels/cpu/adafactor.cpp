@@ -12,24 +12,6 @@
 namespace anvil::cpu {
 namespace {
 
-// Sum of term(i) over [0, n): a fixed number of chunks, each summed in order, then combined in order.
-template <class F>
-double fixed_sum(size_t n, F&& term) {
-  constexpr int kChunks = 64;
-  std::array<double, kChunks> partial{};
-  const size_t chunk = (n + kChunks - 1) / kChunks;
-#pragma omp parallel for schedule(static)
-  for (int k = 0; k < kChunks; ++k) {
-    const size_t begin = std::min(n, k * chunk), end = std::min(n, begin + chunk);
-    double s = 0;
-    for (size_t i = begin; i < end; ++i) s += term(i);
-    partial[k] = s;
-  }
-  double total = 0;
-  for (double p : partial) total += p;
-  return total;
-}
-
 float rsqrt(float x) {
   return 1.0f / std::sqrt(x);
 }
@@ -48,7 +30,7 @@ void tensor_step(float* param, const void* grad_, float* sq, float* exp_avg, con
   // HF's _get_lr, with RMS(p) of the parameter before this step.
   float lr = a.step_size[t.group];
   if (a.scale_parameter) {
-    const double ss = fixed_sum(n, [&](size_t i) { return double(p[i]) * double(p[i]); });
+    const double ss = fixed_order_sum<64>(n, [&](size_t i) { return double(p[i]) * double(p[i]); });
     lr = std::max(a.eps2, float(std::sqrt(ss / double(n)))) * lr;
   }
   const float beta2t = a.beta2t, one_minus = 1.0f - a.beta2t, eps1 = a.eps1;
@@ -82,8 +64,8 @@ void tensor_step(float* param, const void* grad_, float* sq, float* exp_avg, con
         }
       for (size_t c = c0; c < c1; ++c) col[c] = col[c] * beta2t + one_minus * float(s[c - c0] / double(rows));
     }
-    row_mean = float(fixed_sum(rows, [&](size_t r) { return double(row[r]); }) / double(rows));
-    sum_u2 = fixed_sum(rows, [&](size_t r) {
+    row_mean = float(fixed_order_sum<64>(rows, [&](size_t r) { return double(row[r]); }) / double(rows));
+    sum_u2 = fixed_order_sum<64>(rows, [&](size_t r) {
       const float rf = rsqrt(row[r] / row_mean);
       double s = 0;
       for (size_t c = 0; c < cols; ++c) {
@@ -99,7 +81,7 @@ void tensor_step(float* param, const void* grad_, float* sq, float* exp_avg, con
       const float gv = grad_at(i);
       v[i] = v[i] * beta2t + one_minus * (gv * gv + eps1);
     }
-    sum_u2 = fixed_sum(n, [&](size_t i) {
+    sum_u2 = fixed_order_sum<64>(n, [&](size_t i) {
       const float u = rsqrt(v[i]) * grad_at(i);
       return double(u) * double(u);
     });

@@ -13,6 +13,8 @@
 // (thread_scratch below), and are not part of the MemoryPlan: they are an artefact of emulating 16-bit
 // storage with an fp32 BLAS, allocated on the first step only. The fp32 path uses none of them.
 #pragma once
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -24,6 +26,24 @@
 #include "kernels/ops.hpp"
 
 namespace anvil::cpu {
+
+// Sum of term(i) over [0, n) in kChunks fixed chunks, each summed in order (in parallel), then combined in
+// order: the result does not depend on the number of threads.
+template <int kChunks, class F>
+double fixed_order_sum(size_t n, F&& term) {
+  std::array<double, kChunks> partial{};
+  const size_t chunk = (n + kChunks - 1) / kChunks;
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < kChunks; ++c) {
+    const size_t begin = std::min(n, c * chunk), end = std::min(n, begin + chunk);
+    double s = 0;
+    for (size_t i = begin; i < end; ++i) s += term(i);
+    partial[c] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
 
 // --- storage types -------------------------------------------------------------------------------------
 
