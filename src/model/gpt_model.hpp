@@ -93,7 +93,7 @@ class GptModel {
   std::vector<LayerTensors<size_t>> layer_offsets_;
 
   // The per-layer saved activations, by kind.
-  enum Saved { kLn1, kLn1Stats, kQkv, kAtty, kProbs, kRes2, kLn2, kLn2Stats, kFch, kFchGelu, kSavedKinds };
+  enum Saved { kLn1, kLn1Stats, kQkv, kAtty, kLse, kRes2, kLn2, kLn2Stats, kFch, kFchGelu, kSavedKinds };
   bool recomputed(int kind, int layer) const;  // kind's tensor of `layer` lives in the recompute buffer
   void* act(int kind, int layer) const;        // where `layer` keeps (or recomputes) that tensor
   float* stats(int kind, int layer) const { return static_cast<float*>(act(kind, layer)); }

@@ -97,7 +97,8 @@ void Adafactor::after_reset(Device& dev) {
   table_uploaded_ = true;
 }
 
-void Adafactor::step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) {
+void Adafactor::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+                       const float* grad_scale_device) {
   ANVIL_REQUIRE(step >= 1, "adafactor: step {} (the 1-based count of updates)", step);
   ANVIL_ASSERT(sq_ && table_, "adafactor: step before bind");
   if (!table_uploaded_ || step == 1) {
@@ -106,6 +107,7 @@ void Adafactor::step(Ops& ops, float* params, const void* grads, float lr, int64
   }
   AdafactorArgs a;
   a.grad_scale = grad_scale;
+  a.grad_scale_device = grad_scale_device;
   a.eps1 = h_.adafactor_eps1;
   a.eps2 = h_.adafactor_eps2;
   a.clip_threshold = h_.clip_threshold;

@@ -35,7 +35,6 @@ class Adafactor final : public Optimizer {
   Adafactor(const ParamLayout& layout, const OptimizerHyper& h, int64_t vocab_size = 0);
   OptimizerKind kind() const override { return OptimizerKind::Adafactor; }
 
-  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) override;
   // "adafactor.exp_avg_sq_row" (every matrix's rows, in layout order), "adafactor.exp_avg_sq_col" (every
   // matrix's columns), "adafactor.exp_avg_sq" (every vector's elements), "adafactor.exp_avg" (with beta1:
   // numel, indexed like the parameters); all fp32.
@@ -52,6 +51,8 @@ class Adafactor final : public Optimizer {
   size_t first_moment_floats() const { return h_.adafactor_beta1 ? numel() : 0; }
 
  protected:
+  void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+              const float* grad_scale_device) override;
   std::vector<std::pair<std::string, size_t>> state_buffers() const override;
   void bind_state(const std::vector<void*>& buffers) override;
 

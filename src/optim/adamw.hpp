@@ -17,7 +17,6 @@ class AdamW final : public Optimizer {
  public:
   AdamW(const ParamLayout& layout, const OptimizerHyper& h) : Optimizer(layout, h) {}
   OptimizerKind kind() const override { return OptimizerKind::AdamW; }
-  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) override;
   std::vector<OptimizerStateTensor> state_tensors() const override;
 
   DType moment_dtype() const { return h_.adamw_bf16_moments ? DType::BF16 : DType::F32; }
@@ -25,6 +24,8 @@ class AdamW final : public Optimizer {
   void* v() const { return v_; }
 
  protected:
+  void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+              const float* grad_scale_device) override;
   std::vector<std::pair<std::string, size_t>> state_buffers() const override;
   void bind_state(const std::vector<void*>& buffers) override;
 

@@ -180,7 +180,8 @@ void AdamW8bit::upload_constants(Device& dev) {
   uploaded_ = true;
 }
 
-void AdamW8bit::step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) {
+void AdamW8bit::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+                       const float* grad_scale_device) {
   ANVIL_ASSERT(maps_, "adamw_8bit: step before bind");
   if (!uploaded_ || step <= last_step_) upload_constants(ops.device());
   last_step_ = step;
@@ -189,6 +190,7 @@ void AdamW8bit::step(Ops& ops, float* params, const void* grads, float lr, int64
   if (num_blocks_) {
     AdamW8bitArgs a;
     a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step, a.grad_scale = grad_scale;
+    a.grad_scale_device = grad_scale_device;
     std::copy(lr_g, lr_g + kNumParamGroups, a.lr);
     std::copy(wd_g, wd_g + kNumParamGroups, a.weight_decay);
     ops.adamw8bit_step(params, grads, m_codes_, m_absmax_, v_codes_, v_absmax_, maps_, maps_ + 256, numel(),
@@ -197,6 +199,7 @@ void AdamW8bit::step(Ops& ops, float* params, const void* grads, float lr, int64
   if (nf_) {
     FusedAdamWArgs a;
     a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step, a.grad_scale = grad_scale;
+    a.grad_scale_device = grad_scale_device;
     std::copy(lr_g, lr_g + kNumParamGroups, a.lr);
     std::copy(wd_g, wd_g + kNumParamGroups, a.weight_decay);
     ops.adamw_fused_step(params, grads, m_fp32_, v_fp32_, DType::F32, numel(), gf_, a);

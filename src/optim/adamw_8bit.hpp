@@ -41,7 +41,6 @@ class AdamW8bit final : public Optimizer {
  public:
   AdamW8bit(const ParamLayout& layout, const OptimizerHyper& h);
   OptimizerKind kind() const override { return OptimizerKind::AdamW8bit; }
-  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) override;
   std::vector<OptimizerStateTensor> state_tensors() const override;
 
   // Whether the tensor's states are 8-bit (else fp32).
@@ -55,6 +54,8 @@ class AdamW8bit final : public Optimizer {
   const std::array<float, 256>& v_map() const { return v_map_; }
 
  protected:
+  void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+              const float* grad_scale_device) override;
   std::vector<std::pair<std::string, size_t>> state_buffers() const override;
   void bind_state(const std::vector<void*>& buffers) override;
 

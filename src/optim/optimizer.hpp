@@ -89,8 +89,14 @@ class Optimizer {
 
   // One update of every (fp32 master) parameter from gradients in the ops' gradient type. `lr` is the
   // scheduled learning rate (each group multiplies it by its lr_multiplier; Adafactor with relative_step
-  // ignores it); `step` is the 1-based count of applied updates; `grad_scale` multiplies the gradients.
-  virtual void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) = 0;
+  // ignores it); `step` is the 1-based count of applied updates; `grad_scale` multiplies the gradients, times
+  // *grad_scale_device when that is set: one fp32 value in device memory that the kernels read when they
+  // run (the trainer's clip factor, computed on the device so that the host never waits for the gradient
+  // norm inside a step).
+  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+            const float* grad_scale_device = nullptr) {
+    update(ops, params, grads, lr, step, grad_scale, grad_scale_device);
+  }
 
   // The state buffers, for checkpoints (names are stable across versions of the same optimizer).
   virtual std::vector<OptimizerStateTensor> state_tensors() const = 0;
@@ -102,6 +108,9 @@ class Optimizer {
   size_t numel() const { return layout_.total_numel(); }
 
  protected:
+  // Each optimizer's step() (the public step() is not virtual, so its default argument lives in one place).
+  virtual void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+                      const float* grad_scale_device) = 0;
   // Each optimizer's buffers, in a fixed order (name, bytes); bind_state() receives their pointers.
   virtual std::vector<std::pair<std::string, size_t>> state_buffers() const = 0;
   virtual void bind_state(const std::vector<void*>& buffers) = 0;

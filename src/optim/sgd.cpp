@@ -25,11 +25,13 @@ std::vector<OptimizerStateTensor> Sgd::state_tensors() const {
   return {{"momentum_buffer", DType::F32, numel(), momentum_}};
 }
 
-void Sgd::step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) {
+void Sgd::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+                 const float* grad_scale_device) {
   SgdArgs a;
   a.momentum = h_.momentum, a.dampening = h_.dampening, a.nesterov = h_.nesterov;
   a.first_step = step == 1;
   a.grad_scale = grad_scale;
+  a.grad_scale_device = grad_scale_device;
   group_args(lr, a.lr, a.weight_decay);
   ops.sgd_step(params, grads, momentum_, numel(), groups(), a);
 }

@@ -10,10 +10,11 @@ class Sgd final : public Optimizer {
  public:
   Sgd(const ParamLayout& layout, const OptimizerHyper& h);
   OptimizerKind kind() const override { return OptimizerKind::SGD; }
-  void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale) override;
   std::vector<OptimizerStateTensor> state_tensors() const override;
 
  protected:
+  void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+              const float* grad_scale_device) override;
   std::vector<std::pair<std::string, size_t>> state_buffers() const override;
   void bind_state(const std::vector<void*>& buffers) override;
 

@@ -24,6 +24,10 @@ size_t cuda_attention_scratch_bytes(DType, int, int, int, int) {
       "with a CUDA toolkit and ANVIL_CUDA=ON)");
 }
 
+const char* cuda_attention_implementation(DType, int, int) {
+  return "none (built without CUDA)";
+}
+
 std::unique_ptr<Ops> make_cuda_ops(Device&, bool, void*, size_t, OpsPrecision) {
   ANVIL_THROW("the CUDA backend is not available: this Anvil was built without CUDA");
 }

@@ -92,7 +92,7 @@ OptimizerHyper with_vocab(OptimizerHyper h, const TransformerConfig& cfg) {
 
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
 void plan_all(MemoryPlan& plan, GptModel& model, Optimizer* opt, const EngineOptions& o, size_t i_tokens[2],
-              size_t i_targets[2], size_t* i_gemm_ws) {
+              size_t i_targets[2], size_t* i_gemm_ws, size_t* i_step_scalars) {
   model.plan_memory(plan, o.device);
   if (opt) opt->plan_memory(plan);
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
@@ -102,6 +102,8 @@ void plan_all(MemoryPlan& plan, GptModel& model, Optimizer* opt, const EngineOpt
   }
   if (o.device == DeviceKind::CUDA)
     *i_gemm_ws = plan.add("cuBLASLt workspace", MemoryCategory::Workspace, kCudaGemmWorkspaceBytes);
+  // The step's loss, gradient norm and clip factor live on the device (no host read inside a step).
+  if (opt) *i_step_scalars = plan.add("step scalars", MemoryCategory::Workspace, sizeof(StepScalars));
 }
 
 // The last line of defence (the trainer checks first, and suggests configurations that fit): a plan
@@ -122,8 +124,8 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   std::unique_ptr<Optimizer> opt;
   if (o.training) opt = make_optimizer(o.optimizer, model.layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
-  size_t tokens[2], targets[2], ws = 0;
-  plan_all(plan, model, opt.get(), o, tokens, targets, &ws);
+  size_t tokens[2], targets[2], ws = 0, scalars = 0;
+  plan_all(plan, model, opt.get(), o, tokens, targets, &ws, &scalars);
   return plan;
 }
 
@@ -138,7 +140,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   size_t i_ws = 0;
-  plan_all(plan, *model_, optimizer_.get(), o, i_tokens_, i_targets_, &i_ws);
+  plan_all(plan, *model_, optimizer_.get(), o, i_tokens_, i_targets_, &i_ws, &i_step_scalars_);
   ensure_plan_fits(plan, *device_);
   arena_ = std::make_unique<Arena>(*device_, std::move(plan));
   // The CUDA ops take their GEMM workspace from the arena.
@@ -150,7 +152,13 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     optimizer_->bind(*arena_);
     optimizer_->reset(*device_);
     device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
+    device_->fill_zero(step_scalars(), sizeof(StepScalars));
   }
+}
+
+StepScalars* Engine::step_scalars() const {
+  ANVIL_ASSERT(optimizer_, "step_scalars: the engine was not built for training");
+  return arena_->get<StepScalars>(i_step_scalars_);
 }
 
 }  // namespace anvil

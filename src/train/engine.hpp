@@ -54,6 +54,16 @@ DeviceKind resolve_device(const std::string& name);
 // prints and what Engine allocates).
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o);
 
+// The scalars of one training step, kept in device memory so that the step needs no host read before its
+// end (the trainer reads the whole struct once, after the step's final synchronisation). Filled by the
+// device-result reductions of Ops (accumulate_sum, sum_squares_to, grad_clip_scale).
+struct StepScalars {
+  double loss_sum = 0;          // sum of the per-token losses of all the step's micro-batches
+  double grad_sum_squares = 0;  // sum of squares of the stored gradients (their loss scale included)
+  double grad_norm = 0;         // the global norm of the true gradient (stored ones x unscale)
+  float grad_scale = 0;         // the optimizer's gradient multiplier: clip factor x unscale
+};
+
 class Engine {
  public:
   // Makes the device of `o.device`, plans, and allocates the arena. Throws anvil::Error, before
@@ -71,6 +81,9 @@ class Engine {
   // Device token buffers [B, T]; two of each so the next batch's copy overlaps this batch's compute.
   int32_t* tokens(int slot) const { return arena_->get<int32_t>(i_tokens_[slot]); }
   int32_t* targets(int slot) const { return arena_->get<int32_t>(i_targets_[slot]); }
+  // The step's scalars in device memory (training engines only; a planned buffer like every other). The
+  // host may form pointers to the members (&step_scalars()->loss_sum) but reads them only by copying.
+  StepScalars* step_scalars() const;
 
  private:
   std::unique_ptr<Device> device_;
@@ -79,6 +92,7 @@ class Engine {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Arena> arena_;
   size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {0, 0};
+  size_t i_step_scalars_ = 0;
 };
 
 }  // namespace anvil

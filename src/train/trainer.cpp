@@ -264,6 +264,11 @@ TrainSummary Run::go() {
   const std::vector<int64_t>& inject = cfg_.debug_inject_overflow_steps;
   const double flops_per_token = training_flops_per_token(model_cfg_, T);
   const PeakFlops peak = peak_flops(dev.name(), precision_label(cfg_), cfg_.peak_flops);
+  // No host synchronisation inside a step: its loss, gradient norm and clip factor are computed into these
+  // device scalars, the optimizer reads the clip factor from there, and the host reads them once, after the
+  // step's final synchronisation. (With the fp16 loss scaler the host reads them once before the optimizer
+  // instead: see below.)
+  StepScalars* const scalars = e.step_scalars();
 
   // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute
   // ends.
@@ -302,11 +307,12 @@ TrainSummary Run::go() {
       model.set_memory_trace(trace.get());
     }
     dev.fill_zero(model.grad_buffer(), model.grad_bytes());
+    dev.fill_zero(scalars, sizeof(StepScalars));  // queued, like everything below until the end of the step
     const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
     // The loss of a step is the mean over every target token of all its micro-batches. Gradients are
     // accumulated as sums and divided by the step's token count in the optimizer, so N micro-batches of B
-    // give the same update as one batch of N*B whatever the padding.
-    double loss_sum_step = 0;
+    // give the same update as one batch of N*B whatever the padding. The target count is known on the host
+    // (counted when the batch was staged); the loss sum stays on the device.
     int64_t step_targets = 0;
     for (int micro = 0; micro < accum; ++micro) {
       if (profiler) profiler->phase("data (wait for the batch)");
@@ -320,7 +326,7 @@ TrainSummary Run::go() {
         resume_pos_ = train_loader_->position();
       }
       model.backward(e.ops(), e.tokens(slot), B, T);
-      loss_sum_step += e.ops().sum(model.losses(), bt);
+      e.ops().accumulate_sum(&scalars->loss_sum, model.losses(), bt);  // fp64, as Ops::sum; no wait
       slot ^= 1;
     }
     ANVIL_REQUIRE(step_targets > 0, "step {}: its batches contain no target tokens (all are ignore-index {})",
@@ -334,39 +340,56 @@ TrainSummary Run::go() {
       else
         dev.copy_to_device(model.grad_buffer(), &half_inf, sizeof(uint16_t));
     }
-    const double step_loss = loss_sum_step / double(step_targets);
     // Stored gradients x unscale = the gradient of the step's mean loss.
     const double unscale = nominal_tokens / (loss_scale * double(step_targets));
     if (profiler) profiler->phase("gradient norm");
-    const double grad_norm =
-        std::sqrt(e.ops().sum_squares(model.grad_buffer(), grad_dtype, nparams)) * unscale;
-    const bool overflow = !std::isfinite(step_loss) || !std::isfinite(grad_norm);
+    // The global norm and the optimizer's multiplier (clip factor x unscale), on the device: the same fp64
+    // arithmetic the host did before, so the same values (Ops::grad_clip_scale).
+    e.ops().sum_squares_to(&scalars->grad_sum_squares, model.grad_buffer(), grad_dtype, nparams);
+    e.ops().grad_clip_scale(&scalars->grad_scale, &scalars->grad_norm, &scalars->grad_sum_squares, unscale,
+                            cfg_.max_grad_norm);
+    StepScalars host;  // the step's scalars as the host reads them (once per step)
+    const auto read_scalars = [&] { dev.copy_to_host(&host, scalars, sizeof(StepScalars)); };
+    const auto not_finite = [&] {
+      return !std::isfinite(host.loss_sum / double(step_targets)) || !std::isfinite(host.grad_norm);
+    };
     bool skipped = false;
     if (scaler_) {
-      const LossScaler::Update u = scaler_->update(overflow, step + 1);
+      // fp16 with the loss scaler keeps a host decision before the optimizer: an overflowing step must be
+      // skipped (and the scale lowered) before it touches the weights, so the host waits for the norm here.
+      // This is the one synchronisation inside an fp16 step; fp32 / bf16 steps have none.
+      read_scalars();
+      const LossScaler::Update u = scaler_->update(not_finite(), step + 1);
       if (u.skip) {
         fmt::print("{}\n", u.message);
         skipped = true;
       }
-    } else {
-      ANVIL_REQUIRE(!overflow,
-                    "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate{}",
-                    step + 1, step_loss, grad_norm, cfg_.bf16 ? "" : " or try --bf16");
     }
     const double lr = lr_at(schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
     if (!skipped) {
-      const float clip = cfg_.max_grad_norm > 0 && grad_norm > cfg_.max_grad_norm
-                             ? float(cfg_.max_grad_norm / (grad_norm + 1e-6))
-                             : 1.0f;
       // The optimizer's own step count (bias correction) does not advance on skipped steps.
       const int64_t opt_step = step + 1 - (scaler_ ? scaler_->skipped_steps() : 0);
-      e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step,
-                         float(double(clip) * unscale));
+      // Host scale 1 times the device's clip x unscale: the very float the host used to pass.
+      e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step, 1.0f,
+                         &scalars->grad_scale);
       if (trace) trace->phase("optimizer");
       if (profiler) profiler->phase("optimizer");
       model.sync_weights(e.ops(), cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0);
     }
     dev.synchronize();
+    if (!scaler_) {
+      read_scalars();
+      // Without a loss scaler a non-finite loss or gradient norm stops the run, as it always did; it is
+      // only seen now, after the step's update was queued (the step no longer waits for the norm before the
+      // optimizer). The error is raised before anything of this step is logged, evaluated or saved, so the
+      // weights it produced are never written: the last checkpoint holds the last good state.
+      ANVIL_REQUIRE(!not_finite(),
+                    "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate{}",
+                    step + 1, host.loss_sum / double(step_targets), host.grad_norm,
+                    cfg_.bf16 ? "" : " or try --bf16");
+    }
+    const double step_loss = host.loss_sum / double(step_targets);
+    const double grad_norm = host.grad_norm;
     if (profiler && profiler->in_step()) profiler->end_step();
     if (trace) {
       model.set_memory_trace(nullptr);

@@ -50,7 +50,9 @@ struct Side {
   }
 };
 
-void run_parity(const OptimizerHyper& h, DType grad_type, int n_embd, int vocab) {
+// `device_scale`: the GPU gets its gradient scale 0.5 from device memory (host 1 x device 0.5, the
+// trainer's clip-factor path), the CPU on the host.
+void run_parity(const OptimizerHyper& h, DType grad_type, int n_embd, int vocab, bool device_scale = false) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
   TransformerConfig cfg;
   cfg.n_layer = 2, cfg.n_head = 4, cfg.n_embd = n_embd, cfg.vocab_size = vocab, cfg.block_size = 64;
@@ -64,6 +66,9 @@ void run_parity(const OptimizerHyper& h, DType grad_type, int n_embd, int vocab)
   gpu.dev->copy_to_device(gpu.params, p.data(), n * 4);
   const size_t gbytes = n * dtype_bits(grad_type) / 8;
   std::vector<char> g(gbytes);
+  const float half = 0.5f;
+  DeviceBuffer scale(*gpu.dev, sizeof(float));
+  gpu.dev->copy_to_device(scale.get(), &half, sizeof(float));
   for (int step = 1; step <= 5; ++step) {
     for (size_t i = 0; i < n; ++i) {
       const float v = 1e-2f * rng.normal() * std::exp(0.5f * rng.normal());
@@ -75,7 +80,11 @@ void run_parity(const OptimizerHyper& h, DType grad_type, int n_embd, int vocab)
     std::memcpy(cpu.grads, g.data(), gbytes);
     gpu.dev->copy_to_device(gpu.grads, g.data(), gbytes);
     cpu.opt->step(*cpu.ops, cpu.params, cpu.grads, 1e-3f, step, 0.5f);
-    gpu.opt->step(*gpu.ops, gpu.params, gpu.grads, 1e-3f, step, 0.5f);
+    if (device_scale)
+      gpu.opt->step(*gpu.ops, gpu.params, gpu.grads, 1e-3f, step, 1.0f,
+                    static_cast<const float*>(scale.get()));
+    else
+      gpu.opt->step(*gpu.ops, gpu.params, gpu.grads, 1e-3f, step, 0.5f);
   }
   std::vector<float> want(n), got(n);
   std::memcpy(want.data(), cpu.params, n * 4);
@@ -111,6 +120,11 @@ TEST(ParityAdafactor, Beta1DecayExternalLrBf16Grads) {
   h.adafactor_beta1 = 0.9f, h.weight_decay = 0.1f, h.relative_step = false, h.scale_parameter = false;
   h.lr_multiplier[2] = 0.5f;
   run_parity(h, DType::BF16, 160, 1000);
+}
+TEST(ParityAdafactor, GradScaleFromDevice) {
+  OptimizerHyper h;
+  h.adafactor_beta1 = 0.9f, h.weight_decay = 0.1f;
+  run_parity(h, DType::F32, 96, 300, /*device_scale=*/true);
 }
 TEST(ParityAdafactor, WideTensorsAcrossManyTiles) {
   OptimizerHyper h;

@@ -104,6 +104,12 @@ class MixedParity : public ::testing::TestWithParam<Case> {
     gpu_dev_->copy_to_device(b.gpu(), host.data(), host.size() * 4);
     return b;
   }
+  // The GPU copy takes the CPU copy's bytes.
+  void copy_cpu_to_gpu(Buf& b) {
+    std::vector<unsigned char> h(dtype_bytes(b.dtype, b.n));
+    cpu_dev_->copy_to_host(h.data(), b.cpu(), h.size());
+    gpu_dev_->copy_to_device(b.gpu(), h.data(), h.size());
+  }
   Buf act(const std::vector<float>& v) { return make(v, act_); }
   Buf grad(const std::vector<float>& v) { return make(v, grad_); }
   Buf f32(const std::vector<float>& v) { return make(v, DType::F32); }
@@ -175,26 +181,30 @@ TEST_P(MixedParity, Embedding) {
 }
 
 TEST_P(MixedParity, LayerNorm) {
-  const int N = 67, C = 192;
-  const size_t NC = size_t(N) * C;
-  Buf inp = act(randn(NC, 2.f, 3.f)), w = act(randn(C, 0.5f, 1.f)), b = act(randn(C, 0.5f));
-  Buf out = act(randn(NC, 100.f)), mean = f32(randn(N)), rstd = f32(randn(N));
-  cpu_->layernorm_fwd(out.cpu(), static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()), inp.cpu(),
-                      w.cpu(), b.cpu(), N, C);
-  gpu_->layernorm_fwd(out.gpu(), static_cast<float*>(mean.gpu()), static_cast<float*>(rstd.gpu()), inp.gpu(),
-                      w.gpu(), b.gpu(), N, C);
-  EXPECT_TRUE(same("layernorm_fwd out", out, ulps(act_, 2)));
-  EXPECT_TRUE(same("layernorm_fwd mean", mean, 1e-5));
-  EXPECT_TRUE(same("layernorm_fwd rstd", rstd, 1e-4));
-  Buf dout = act(randn(NC)), dinp = act(randn(NC)), dw = grad(randn(C)), db = grad(randn(C));
-  cpu_->layernorm_bwd(dinp.cpu(), dw.cpu(), db.cpu(), dout.cpu(), inp.cpu(), w.cpu(),
-                      static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()), N, C);
-  gpu_->layernorm_bwd(dinp.gpu(), dw.gpu(), db.gpu(), dout.gpu(), inp.gpu(), w.gpu(),
-                      static_cast<float*>(mean.gpu()), static_cast<float*>(rstd.gpu()), N, C);
-  EXPECT_TRUE(same("layernorm_bwd dinp", dinp, ulps(act_, 2)));
-  const double gtol = grad_ == DType::F32 ? 1e-4 : ulps(grad_, 4);
-  EXPECT_TRUE(same("layernorm_bwd dw", dw, gtol));
-  EXPECT_TRUE(same("layernorm_bwd db", db, gtol));
+  // C = 192: rows of whole 16-byte vectors (the vectorised kernels); C = 100: element by element.
+  for (const int C : {192, 100}) {
+    SCOPED_TRACE("C=" + std::to_string(C));
+    const int N = 67;
+    const size_t NC = size_t(N) * C;
+    Buf inp = act(randn(NC, 2.f, 3.f)), w = act(randn(C, 0.5f, 1.f)), b = act(randn(C, 0.5f));
+    Buf out = act(randn(NC, 100.f)), mean = f32(randn(N)), rstd = f32(randn(N));
+    cpu_->layernorm_fwd(out.cpu(), static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()),
+                        inp.cpu(), w.cpu(), b.cpu(), N, C);
+    gpu_->layernorm_fwd(out.gpu(), static_cast<float*>(mean.gpu()), static_cast<float*>(rstd.gpu()),
+                        inp.gpu(), w.gpu(), b.gpu(), N, C);
+    EXPECT_TRUE(same("layernorm_fwd out", out, ulps(act_, 2)));
+    EXPECT_TRUE(same("layernorm_fwd mean", mean, 1e-5));
+    EXPECT_TRUE(same("layernorm_fwd rstd", rstd, 1e-4));
+    Buf dout = act(randn(NC)), dinp = act(randn(NC)), dw = grad(randn(C)), db = grad(randn(C));
+    cpu_->layernorm_bwd(dinp.cpu(), dw.cpu(), db.cpu(), dout.cpu(), inp.cpu(), w.cpu(),
+                        static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()), N, C);
+    gpu_->layernorm_bwd(dinp.gpu(), dw.gpu(), db.gpu(), dout.gpu(), inp.gpu(), w.gpu(),
+                        static_cast<float*>(mean.gpu()), static_cast<float*>(rstd.gpu()), N, C);
+    EXPECT_TRUE(same("layernorm_bwd dinp", dinp, ulps(act_, 2)));
+    const double gtol = grad_ == DType::F32 ? 1e-4 : ulps(grad_, 4);
+    EXPECT_TRUE(same("layernorm_bwd dw", dw, gtol));
+    EXPECT_TRUE(same("layernorm_bwd db", db, gtol));
+  }
 }
 
 TEST_P(MixedParity, Matmul) {
@@ -220,32 +230,83 @@ TEST_P(MixedParity, Matmul) {
   }
 }
 
+TEST_P(MixedParity, MatmulGeluEpilogues) {
+  const int N = 256, K = 768, OC = 3072;
+  const size_t NK = size_t(N) * K, NOC = size_t(N) * OC, OCK = size_t(OC) * K;
+  Buf inp = act(randn(NK)), w = act(randn(OCK, 0.05f)), bias = act(randn(OC));
+  Buf out = act(randn(NOC, 100.f)), pre = act(randn(NOC, 100.f));
+  cpu_->matmul_gelu_fwd(out.cpu(), pre.cpu(), inp.cpu(), w.cpu(), bias.cpu(), N, K, OC);
+  gpu_->matmul_gelu_fwd(out.gpu(), pre.gpu(), inp.gpu(), w.gpu(), bias.gpu(), N, K, OC);
+  EXPECT_TRUE(same("matmul_gelu_fwd pre", pre, ulps(act_, 2)));
+  // The GPU applies GELU to the fp32 GEMM result, the CPU to the rounded pre-activation: two roundings.
+  EXPECT_TRUE(same("matmul_gelu_fwd out", out, ulps(act_, 3)));
+  copy_cpu_to_gpu(out);
+  copy_cpu_to_gpu(pre);
+  Buf w2 = act(randn(OCK, 0.05f)), dout = act(randn(NK)), dinp = act(randn(NOC, 100.f));
+  Buf dw = grad(randn(OCK)), dbias = grad(randn(K));
+  cpu_->matmul_bwd_dgelu(dinp.cpu(), dw.cpu(), dbias.cpu(), dout.cpu(), out.cpu(), w2.cpu(), pre.cpu(), N, OC,
+                         K);
+  gpu_->matmul_bwd_dgelu(dinp.gpu(), dw.gpu(), dbias.gpu(), dout.gpu(), out.gpu(), w2.gpu(), pre.gpu(), N, OC,
+                         K);
+  EXPECT_TRUE(same("matmul_bwd_dgelu dinp", dinp, ulps(act_, 3)));
+  const double gtol = grad_ == DType::F32 ? 2e-4 : ulps(grad_, 2);
+  EXPECT_TRUE(same("matmul_bwd_dgelu dw", dw, gtol));
+  EXPECT_TRUE(same("matmul_bwd_dgelu dbias", dbias, grad_ == DType::F32 ? 1e-4 : ulps(grad_, 4)));
+}
+
+// Both CUDA attention paths (cuDNN flash attention where the build and head size allow it, and the
+// materialised one) against the CPU, for every mask variant.
 TEST_P(MixedParity, Attention) {
   struct S {
     int B, T, C, NH;
   };
-  for (const S s : {S{2, 67, 48, 4}, S{4, 256, 384, 6}, S{3, 1, 32, 2}}) {
-    SCOPED_TRACE("B=" + std::to_string(s.B) + " T=" + std::to_string(s.T));
-    const size_t BTC = size_t(s.B) * s.T * s.C, P = size_t(s.B) * s.NH * s.T * s.T;
-    Buf qkv = act(randn(3 * BTC)), out = act(randn(BTC, 100.f)), probs = act(randn(P, 100.f));
-    DeviceBuffer cs(*cpu_dev_, std::max<size_t>(1, cpu_->attention_scratch_bytes(s.B, s.T, s.C, s.NH)));
-    DeviceBuffer gs(*gpu_dev_, gpu_->attention_scratch_bytes(s.B, s.T, s.C, s.NH));
-    cpu_->attention_fwd(out.cpu(), probs.cpu(), qkv.cpu(), cs.get(), s.B, s.T, s.C, s.NH);
-    gpu_->attention_fwd(out.gpu(), probs.gpu(), qkv.gpu(), gs.get(), s.B, s.T, s.C, s.NH);
-    EXPECT_TRUE(same("attention_fwd probs", probs, ulps(act_, 2)));
-    EXPECT_TRUE(same("attention_fwd out", out, ulps(act_, 4)));
-    Buf dout = act(randn(BTC)), dqkv = act(randn(3 * BTC, 100.f));
-    cpu_->attention_bwd(dqkv.cpu(), dout.cpu(), qkv.cpu(), probs.cpu(), cs.get(), s.B, s.T, s.C, s.NH);
-    gpu_->attention_bwd(dqkv.gpu(), dout.gpu(), qkv.gpu(), probs.gpu(), gs.get(), s.B, s.T, s.C, s.NH);
-    const std::vector<float> ref = read(dqkv, false), got = read(dqkv, true);
-    for (int part = 0; part < 3; ++part) {
-      std::vector<float> r, g;
-      for (size_t bt = 0; bt < size_t(s.B) * s.T; ++bt)
-        for (int c = 0; c < s.C; ++c)
-          r.push_back(ref[bt * 3 * s.C + part * s.C + c]), g.push_back(got[bt * 3 * s.C + part * s.C + c]);
-      EXPECT_TRUE(close(std::string("attention_bwd d") + "qkv"[part], r, g, ulps(act_, 6)));
+  for (const char* impl : {"auto", "materialized"}) {
+    setenv("ANVIL_ATTENTION", impl, 1);
+    for (const S s :
+         {S{2, 67, 48, 4}, S{2, 67, 64, 4}, S{4, 256, 384, 6}, S{3, 1, 32, 2}, S{2, 1024, 768, 12}}) {
+      for (int mask_kind = 0; mask_kind < 4; ++mask_kind) {
+        const bool causal = mask_kind % 2 == 0, padded = mask_kind >= 2;
+        if (s.T == 1024 && mask_kind != 0) continue;  // the GPT-2 shape: causal only (CPU time)
+        SCOPED_TRACE(std::string(cuda_attention_implementation(act_, s.C, s.NH)) +
+                     " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
+                     " NH=" + std::to_string(s.NH) + (causal ? " causal" : " bidirectional") +
+                     (padded ? " padded" : ""));
+        std::vector<int32_t> len_host(size_t(s.B), s.T);
+        for (size_t b = 1; b < len_host.size(); ++b) len_host[b] = 1 + int(rng_() % uint32_t(s.T));
+        Buf lengths = ints(len_host);
+        const AttentionMask cpu_mask{causal, padded ? static_cast<const int32_t*>(lengths.cpu()) : nullptr};
+        const AttentionMask gpu_mask{causal, padded ? static_cast<const int32_t*>(lengths.gpu()) : nullptr};
+        const size_t BTC = size_t(s.B) * s.T * s.C, R = size_t(s.B) * s.NH * s.T;
+        Buf qkv = act(randn(3 * BTC)), out = act(randn(BTC, 100.f)), lse = f32(randn(R, 100.f));
+        DeviceBuffer cs(*cpu_dev_, std::max<size_t>(1, cpu_->attention_scratch_bytes(s.B, s.T, s.C, s.NH)));
+        DeviceBuffer gs(*gpu_dev_, gpu_->attention_scratch_bytes(s.B, s.T, s.C, s.NH));
+        cpu_->attention_fwd(out.cpu(), static_cast<float*>(lse.cpu()), qkv.cpu(), cs.get(), s.B, s.T, s.C,
+                            s.NH, cpu_mask);
+        gpu_->attention_fwd(out.gpu(), static_cast<float*>(lse.gpu()), qkv.gpu(), gs.get(), s.B, s.T, s.C,
+                            s.NH, gpu_mask);
+        EXPECT_TRUE(same("attention_fwd lse", lse, 1e-5));
+        EXPECT_TRUE(same("attention_fwd out", out, ulps(act_, 4)));
+        // Both backwards from the CPU's forward outputs.
+        copy_cpu_to_gpu(out);
+        copy_cpu_to_gpu(lse);
+        Buf dout = act(randn(BTC)), dqkv = act(randn(3 * BTC, 100.f));
+        cpu_->attention_bwd(dqkv.cpu(), dout.cpu(), qkv.cpu(), out.cpu(),
+                            static_cast<const float*>(lse.cpu()), cs.get(), s.B, s.T, s.C, s.NH, cpu_mask);
+        gpu_->attention_bwd(dqkv.gpu(), dout.gpu(), qkv.gpu(), out.gpu(),
+                            static_cast<const float*>(lse.gpu()), gs.get(), s.B, s.T, s.C, s.NH, gpu_mask);
+        const std::vector<float> ref = read(dqkv, false), got = read(dqkv, true);
+        for (int part = 0; part < 3; ++part) {
+          std::vector<float> r, g;
+          for (size_t bt = 0; bt < size_t(s.B) * s.T; ++bt)
+            for (int c = 0; c < s.C; ++c)
+              r.push_back(ref[bt * 3 * s.C + part * s.C + c]),
+                  g.push_back(got[bt * 3 * s.C + part * s.C + c]);
+          EXPECT_TRUE(close(std::string("attention_bwd d") + "qkv"[part], r, g, ulps(act_, 6)));
+        }
+      }
     }
   }
+  unsetenv("ANVIL_ATTENTION");
 }
 
 TEST_P(MixedParity, GeluResidualLoss) {
@@ -263,19 +324,24 @@ TEST_P(MixedParity, GeluResidualLoss) {
   gpu_->residual_fwd(a.gpu(), a.gpu(), b.gpu(), n);
   EXPECT_TRUE(same("residual_fwd", a, 0.0));  // one rounding of an exact fp32 sum: identical
 
-  const int N = 24, V = 1000, Vp = 1024;
-  std::vector<float> lh = randn(size_t(N) * Vp, 3.f);
-  std::vector<int32_t> th(N);
-  std::uniform_int_distribution<int32_t> tok(0, V - 1);
-  for (int i = 0; i < N; ++i) th[i] = i % 5 == 2 ? kIgnoreIndex : tok(rng_);
-  Buf targets = ints(th), logits = act(lh), losses = f32(randn(N));
-  const float scale = act_ == DType::F16 ? 1024.f : 1.f;  // fp16 gradients carry a loss scale
-  cpu_->softmax_xent_fwd_bwd(static_cast<float*>(losses.cpu()), logits.cpu(),
-                             static_cast<int32_t*>(targets.cpu()), N, V, Vp, scale, true);
-  gpu_->softmax_xent_fwd_bwd(static_cast<float*>(losses.gpu()), logits.gpu(),
-                             static_cast<int32_t*>(targets.gpu()), N, V, Vp, scale, true);
-  EXPECT_TRUE(same("softmax_xent losses", losses, 1e-5));
-  EXPECT_TRUE(same("softmax_xent grad", logits, ulps(act_, 2)));
+  // Vocabulary widths: whole 16-byte vectors; vectors plus a scalar tail below V; rows not 16-byte aligned.
+  for (const auto& [V, Vp] : {std::pair{1000, 1024}, std::pair{1003, 1008}, std::pair{1003, 1005}}) {
+    SCOPED_TRACE("V=" + std::to_string(V) + " Vp=" + std::to_string(Vp));
+    const int N = 24;
+    std::vector<float> lh = randn(size_t(N) * Vp, 3.f);
+    std::vector<int32_t> th(N);
+    std::uniform_int_distribution<int32_t> tok(0, V - 1);
+    for (int i = 0; i < N; ++i) th[i] = i % 5 == 2 ? kIgnoreIndex : tok(rng_);
+    th[0] = V - 1;  // the last real column as a target
+    Buf targets = ints(th), logits = act(lh), losses = f32(randn(N));
+    const float scale = act_ == DType::F16 ? 1024.f : 1.f;  // fp16 gradients carry a loss scale
+    cpu_->softmax_xent_fwd_bwd(static_cast<float*>(losses.cpu()), logits.cpu(),
+                               static_cast<int32_t*>(targets.cpu()), N, V, Vp, scale, true);
+    gpu_->softmax_xent_fwd_bwd(static_cast<float*>(losses.gpu()), logits.gpu(),
+                               static_cast<int32_t*>(targets.gpu()), N, V, Vp, scale, true);
+    EXPECT_TRUE(same("softmax_xent losses", losses, 1e-5));
+    EXPECT_TRUE(same("softmax_xent grad", logits, ulps(act_, 2)));
+  }
 }
 
 TEST_P(MixedParity, ReductionCastAdamW) {

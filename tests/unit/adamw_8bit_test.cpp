@@ -263,8 +263,9 @@ TEST(AdamW8bitOp, SixteenBitGradientsWidenExactly) {
 }
 
 // The CUDA kernel against the CPU one (skipped without a GPU): a table with two 8-bit ranges in different
-// groups, a skipped range between them, padded blocks, a non-finite gradient and BF16 gradients. Both
-// kernels round every operation the same way (no FMA contraction), so the results agree bit for bit.
+// groups, a skipped range between them, padded blocks, a non-finite gradient, BF16 gradients and a gradient
+// scale from device memory. Both kernels round every operation the same way (no FMA contraction), so the
+// results agree bit for bit.
 TEST(AdamW8bitOp, CudaMatchesCpuBitForBit) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
   auto cpu_dev = make_cpu_device();
@@ -313,7 +314,13 @@ TEST(AdamW8bitOp, CudaMatchesCpuBitForBit) {
       a.lr[2] = 1e-3f, a.weight_decay[2] = 0.05f, a.grad_scale = 0.5f;
       cpu_ops->adamw8bit_step(c.p.data(), gh, c.m_codes.data(), c.m_absmax.data(), c.v_codes.data(),
                               c.v_absmax.data(), c.m_map.data(), c.v_map.data(), n, nb, ct, a);
-      gpu_ops->adamw8bit_step(p, gd, mc, ma, vc, va, mm, vm, n, nb, gpu_t, a);
+      // Even steps hand the GPU its scale through device memory (1 x 0.5: the trainer's clip factor path).
+      AdamW8bitArgs ga = a;
+      if (t % 2 == 0) {
+        ga.grad_scale = 1.f;
+        ga.grad_scale_device = static_cast<const float*>(up(&a.grad_scale, sizeof(float)));
+      }
+      gpu_ops->adamw8bit_step(p, gd, mc, ma, vc, va, mm, vm, n, nb, gpu_t, ga);
     }
     auto down = [&](const void* d, size_t bytes) {
       std::vector<char> h(bytes);

@@ -234,46 +234,36 @@ TEST_P(CpuMixedPrecisionOps, MatmulWideOutputInRowChunks) {
 }
 
 TEST_P(CpuMixedPrecisionOps, Attention) {
-  const int B = 2, T = 9, C = 16, NH = 2, HS = C / NH;
+  const int B = 2, T = 9, C = 16, NH = 2;
   Stored qkv = input(A(), size_t(B) * T * 3 * C, 1.5f);
   const std::vector<float> qkv_v = qkv.values();
-  Stored out(A(), size_t(B) * T * C), probs(A(), size_t(B) * NH * T * T, 7.0f);
-  std::vector<float> ref_out(out.size()), ref_probs(probs.size());
-  std::vector<unsigned char> scratch(ops_->attention_scratch_bytes(B, T, C, NH) + 1);
-  std::vector<unsigned char> ref_scratch(ref_->attention_scratch_bytes(B, T, C, NH) + 1);
-  ops_->attention_fwd(out.data(), probs.data(), qkv.data(), scratch.data(), B, T, C, NH);
-  ref_->attention_fwd(ref_out.data(), ref_probs.data(), qkv_v.data(), ref_scratch.data(), B, T, C, NH);
-  // The probabilities are the fp32 softmax rounded once (zeros above the diagonal).
-  EXPECT_TRUE(rounded_from(probs, ref_probs));
-
-  // The output is computed from the probabilities as stored: against a double-precision product of the
-  // stored probs and v it is within a rounding (plus fp32 accumulation); against the fp32 output it may
-  // also differ by the probs' rounding error, at most half an ulp of each prob times |v|.
-  const std::vector<float> p = probs.values(), o = out.values();
   const double vmax = max_abs(qkv_v);
-  double worst = 0;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < HS; ++i) {
-          double s = 0;
-          for (int t2 = 0; t2 <= t; ++t2)
-            s += double(p[((size_t(b) * NH + h) * T + t) * T + t2]) *
-                 qkv_v[(size_t(b) * T + t2) * 3 * C + 2 * C + h * HS + i];
-          const float got = o[(size_t(b) * T + t) * C + h * HS + i];
-          worst = std::max(worst, std::fabs(got - s) / (0.5 * spacing(A(), float(s)) + 1e-6 * vmax));
-        }
-  EXPECT_LE(worst, 1.0) << "output vs the stored probabilities";
-  EXPECT_TRUE(rounded_from(out, ref_out, spacing(A(), 1.0f) * vmax));
+  for (const AttentionMask mask : {AttentionMask{}, AttentionMask{false, nullptr}}) {
+    SCOPED_TRACE(mask.causal ? "causal" : "bidirectional");
+    Stored out(A(), size_t(B) * T * C, 7.0f);
+    std::vector<float> lse(size_t(B) * NH * T, 7.0f), ref_out(out.size()), ref_lse(lse.size());
+    std::vector<unsigned char> scratch(ops_->attention_scratch_bytes(B, T, C, NH) + 1);
+    std::vector<unsigned char> ref_scratch(ref_->attention_scratch_bytes(B, T, C, NH) + 1);
+    ops_->attention_fwd(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH, mask);
+    ref_->attention_fwd(ref_out.data(), ref_lse.data(), qkv_v.data(), ref_scratch.data(), B, T, C, NH, mask);
+    // The log-sum-exp comes from the same widened inputs in fp32: identical.
+    EXPECT_EQ(lse, ref_lse);
+    // The output multiplies v by the probabilities rounded to the storage type: within the probs' rounding
+    // error (half an ulp of each, times |v|) plus one rounding of the output.
+    EXPECT_TRUE(rounded_from(out, ref_out, spacing(A(), 1.0f) * vmax));
 
-  // Backward from the stored probs: the fp32 run gets the same (widened) probs.
-  Stored dout = input(A(), out.size());
-  Stored dqkv(A(), qkv.size(), 99.0f);  // overwritten
-  std::vector<float> ref_dqkv(qkv.size(), -5.0f);
-  ops_->attention_bwd(dqkv.data(), dout.data(), qkv.data(), probs.data(), scratch.data(), B, T, C, NH);
-  ref_->attention_bwd(ref_dqkv.data(), dout.values().data(), qkv_v.data(), p.data(), ref_scratch.data(), B, T,
-                      C, NH);
-  EXPECT_TRUE(rounded_from(dqkv, ref_dqkv));
+    // Backward: the same inputs widened for the fp32 run; the 16-bit one also rounds the probabilities
+    // multiplying dout (dv) and the result, so it is within a few of its ulps of the fp32 gradient.
+    Stored dout = input(A(), out.size());
+    Stored dqkv(A(), qkv.size(), 99.0f);  // overwritten
+    std::vector<float> ref_dqkv(qkv.size(), -5.0f);
+    const std::vector<float> out_v = out.values();
+    ops_->attention_bwd(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, C,
+                        NH, mask);
+    ref_->attention_bwd(ref_dqkv.data(), dout.values().data(), qkv_v.data(), out_v.data(), lse.data(),
+                        ref_scratch.data(), B, T, C, NH, mask);
+    EXPECT_TRUE(rounded_from(dqkv, ref_dqkv, 2 * spacing(A(), 1.0f) * max_abs(ref_dqkv)));
+  }
 }
 
 TEST_P(CpuMixedPrecisionOps, GeluAndResidual) {

@@ -151,32 +151,114 @@ TEST_F(GradCheckOps, Matmul) {
     for (int o = 0; o < OC; ++o) EXPECT_NEAR(out[r * OC + o] - nobias[r * OC + o], bias[o], 1e-5);
 }
 
+// The fused MLP ops are, on the CPU, exactly the unfused sequence (the CUDA epilogues are checked against
+// them by the parity suite).
+TEST_F(GradCheckOps, MatmulGeluFusedEqualsUnfused) {
+  const int N = 6, K = 5, OC = 7;
+  const std::vector<float> inp = randn(rng_, size_t(N) * K), w = randn(rng_, size_t(OC) * K),
+                           bias = randn(rng_, size_t(OC));
+  std::vector<float> out(size_t(N) * OC), pre(out.size()), ref_pre(out.size()), ref_out(out.size());
+  ops_->matmul_gelu_fwd(out.data(), pre.data(), inp.data(), w.data(), bias.data(), N, K, OC);
+  ops_->matmul_fwd(ref_pre.data(), inp.data(), w.data(), bias.data(), N, K, OC);
+  ops_->gelu_fwd(ref_out.data(), ref_pre.data(), ref_out.size());
+  EXPECT_EQ(pre, ref_pre);
+  EXPECT_EQ(out, ref_out);
+  // y = out @ w2^T: its backward with GELU's derivative applied to dinp.
+  const std::vector<float> w2 = randn(rng_, size_t(K) * OC), dout = randn(rng_, size_t(N) * K);
+  std::vector<float> dinp(out.size()), dw(w2.size(), 0.5f), db(size_t(K), 0.25f);
+  std::vector<float> ref_dinp(out.size()), ref_dw = dw, ref_db = db;
+  ops_->matmul_bwd_dgelu(dinp.data(), dw.data(), db.data(), dout.data(), out.data(), w2.data(), pre.data(), N,
+                         OC, K);
+  ops_->matmul_bwd(ref_dinp.data(), ref_dw.data(), ref_db.data(), dout.data(), out.data(), w2.data(), N, OC,
+                   K);
+  ops_->gelu_bwd(ref_dinp.data(), pre.data(), ref_dinp.data(), ref_dinp.size());
+  EXPECT_EQ(dinp, ref_dinp);
+  EXPECT_EQ(dw, ref_dw);
+  EXPECT_EQ(db, ref_db);
+}
+
+// Attention in double from its definition: explicit scores, mask, softmax, probabilities times v.
+void naive_attention(const std::vector<float>& qkv, int B, int T, int C, int NH, const AttentionMask& mask,
+                     std::vector<double>& out, std::vector<double>& lse) {
+  const int HS = C / NH;
+  out.assign(size_t(B) * T * C, 0.0);
+  lse.assign(size_t(B) * NH * T, 0.0);
+  auto at = [&](int b, int t, int part, int h, int i) {
+    return qkv[(size_t(b) * T + t) * 3 * C + part * C + h * HS + i];
+  };
+  for (int b = 0; b < B; ++b) {
+    const int len = mask.lengths ? mask.lengths[b] : T;
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < len; ++t) {
+        std::vector<double> s;
+        for (int t2 = 0; t2 < len && (!mask.causal || t2 <= t); ++t2) {
+          double d = 0;
+          for (int i = 0; i < HS; ++i) d += double(at(b, t, 0, h, i)) * at(b, t2, 1, h, i);
+          s.push_back(d / std::sqrt(double(HS)));
+        }
+        double mx = *std::max_element(s.begin(), s.end()), sum = 0;
+        for (double x : s) sum += std::exp(x - mx);
+        lse[(size_t(b) * NH + h) * T + t] = mx + std::log(sum);
+        for (size_t t2 = 0; t2 < s.size(); ++t2)
+          for (int i = 0; i < HS; ++i)
+            out[(size_t(b) * T + t) * C + h * HS + i] += std::exp(s[t2] - mx) / sum * at(b, int(t2), 2, h, i);
+      }
+  }
+}
+
 TEST_F(GradCheckOps, Attention) {
   const int B = 2, T = 5, C = 8, NH = 2;
-  // Unit-variance q and k give q.k/sqrt(HS) of order 1: the softmax is far from uniform.
-  std::vector<float> qkv = randn(rng_, size_t(B) * T * 3 * C);
-  const std::vector<float> R = randn(rng_, size_t(B) * T * C);
-  std::vector<float> out(R.size()), probs(size_t(B) * NH * T * T);
-  std::vector<float> scratch(std::max<size_t>(1, ops_->attention_scratch_bytes(B, T, C, NH) / sizeof(float)));
-  const Loss loss = [&] {
-    ops_->attention_fwd(out.data(), probs.data(), qkv.data(), scratch.data(), B, T, C, NH);
-    return dot(out, R);
+  const int32_t lengths[B] = {5, 3};
+  struct Case {
+    const char* name;
+    AttentionMask mask;
   };
-  loss();                                       // fills probs for the backward
-  std::vector<float> dqkv(qkv.size(), 123.0f);  // overwritten
-  ops_->attention_bwd(dqkv.data(), R.data(), qkv.data(), probs.data(), scratch.data(), B, T, C, NH);
-  EXPECT_TRUE(
-      gradient_matches(loss, qkv, dqkv, {.eps = 1e-2, .directions = 6, .coordinates = 10, .seed = 8}));
+  for (const Case& c :
+       {Case{"causal", {true, nullptr}}, Case{"bidirectional", {false, nullptr}},
+        Case{"bidirectional + padding", {false, lengths}}, Case{"causal + padding", {true, lengths}}}) {
+    SCOPED_TRACE(c.name);
+    // Unit-variance q and k give q.k/sqrt(HS) of order 1: the softmax is far from uniform.
+    std::vector<float> qkv = randn(rng_, size_t(B) * T * 3 * C);
+    const std::vector<float> R = randn(rng_, size_t(B) * T * C);
+    std::vector<float> out(R.size(), 9.0f), lse(size_t(B) * NH * T, 9.0f);
+    std::vector<float> scratch(
+        std::max<size_t>(1, ops_->attention_scratch_bytes(B, T, C, NH) / sizeof(float)));
+    const Loss loss = [&] {
+      ops_->attention_fwd(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH, c.mask);
+      return dot(out, R);
+    };
+    loss();  // fills out and lse for the backward
+    // The forward against the definition (padding rows are zero in both).
+    std::vector<double> ref_out, ref_lse;
+    naive_attention(qkv, B, T, C, NH, c.mask, ref_out, ref_lse);
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref_out[i], 1e-5) << "out " << i;
+    for (size_t i = 0; i < lse.size(); ++i) EXPECT_NEAR(lse[i], ref_lse[i], 1e-5) << "lse " << i;
 
-  // Causality: output 0 depends on q, k, v at position 0 only, so with dout nonzero only at t = 0
-  // every later row of dqkv is exactly zero.
-  std::vector<float> d0(R.size(), 0.0f);
-  for (int b = 0; b < B; ++b)
-    for (int c = 0; c < C; ++c) d0[size_t(b) * T * C + c] = R[size_t(b) * T * C + c];
-  ops_->attention_bwd(dqkv.data(), d0.data(), qkv.data(), probs.data(), scratch.data(), B, T, C, NH);
-  for (int b = 0; b < B; ++b)
-    for (int t = 1; t < T; ++t)
-      for (int j = 0; j < 3 * C; ++j) EXPECT_EQ(dqkv[(size_t(b) * T + t) * 3 * C + j], 0.0f) << b << "," << t;
+    std::vector<float> dqkv(qkv.size(), 123.0f);  // overwritten
+    ops_->attention_bwd(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, C,
+                        NH, c.mask);
+    EXPECT_TRUE(
+        gradient_matches(loss, qkv, dqkv, {.eps = 1e-2, .directions = 6, .coordinates = 10, .seed = 8}));
+    if (c.mask.lengths) {  // padding tokens get no gradient
+      for (int t = lengths[1]; t < T; ++t)
+        for (int j = 0; j < 3 * C; ++j) EXPECT_EQ(dqkv[(size_t(1) * T + t) * 3 * C + j], 0.0f) << t;
+    }
+
+    if (c.mask.causal && !c.mask.lengths) {
+      // Causality: output 0 depends on q, k, v at position 0 only, so with dout nonzero only at t = 0
+      // every later row of dqkv is exactly zero.
+      loss();  // out and lse of the unperturbed qkv again
+      std::vector<float> d0(R.size(), 0.0f);
+      for (int b = 0; b < B; ++b)
+        for (int j = 0; j < C; ++j) d0[size_t(b) * T * C + j] = R[size_t(b) * T * C + j];
+      ops_->attention_bwd(dqkv.data(), d0.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, C,
+                          NH, c.mask);
+      for (int b = 0; b < B; ++b)
+        for (int t = 1; t < T; ++t)
+          for (int j = 0; j < 3 * C; ++j)
+            EXPECT_EQ(dqkv[(size_t(b) * T + t) * 3 * C + j], 0.0f) << b << "," << t;
+    }
+  }
 }
 
 TEST_F(GradCheckOps, Gelu) {

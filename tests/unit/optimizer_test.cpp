@@ -230,6 +230,53 @@ TEST_P(EveryOptimizer, PlanHasTheOptimizersState) {
   }
 }
 
+// A training step computes its clip factor on the device and hands it to the optimizer as
+// grad_scale_device (no host read of the gradient norm inside the step). The update must be the one the
+// same factor gives on the host, bit for bit, in the parameters and in every state buffer: host s equals
+// (host 1, device s) and (host 1/4, device 4s), all products being exact.
+TEST_P(EveryOptimizer, DeviceGradScaleEqualsHostGradScale) {
+  OptimizerHyper h;
+  h.weight_decay = 0.1f;
+  h.momentum = 0.9f;         // SGD: a momentum buffer that carries the scale
+  h.min_8bit_size = 256;     // 8-bit AdamW: the tiny model's matrices get 8-bit states (the rest fp32)
+  h.adafactor_beta1 = 0.9f;  // Adafactor: a first moment too
+  const OptimizerKind kind = parse_optimizer(GetParam());
+  const float s = 0.37f;
+  struct Variant {
+    float host;
+    float device;
+    bool use_device;
+  };
+  const auto run = [&](Variant v) {
+    Rig rig(kind, h);
+    Device& dev = rig.e->device();
+    DeviceBuffer scalar(dev, sizeof(float));
+    dev.copy_to_device(scalar.get(), &v.device, sizeof(float));
+    const auto* device_scale = v.use_device ? static_cast<const float*>(scalar.get()) : nullptr;
+    for (int64_t t = 1; t <= 3; ++t) {
+      Rng rng(40 + uint64_t(t));
+      for (float& x : rig.g) x = rng.normal();
+      dev.copy_to_device(rig.e->model().grads(), rig.g.data(), rig.g.size() * sizeof(float));
+      rig.e->optimizer().step(rig.e->ops(), rig.e->model().params(), rig.e->model().grads(), 1e-2f, t, v.host,
+                              device_scale);
+    }
+    // Parameters, then every state buffer, as bytes.
+    std::vector<char> bytes(rig.g.size() * sizeof(float));
+    dev.copy_to_host(bytes.data(), rig.e->model().params(), bytes.size());
+    for (const OptimizerStateTensor& st : rig.e->optimizer().state_tensors()) {
+      const size_t at = bytes.size(), size = dtype_bytes(st.dtype, st.count);
+      bytes.resize(at + size);
+      dev.copy_to_host(bytes.data() + at, st.data, size);
+    }
+    return bytes;
+  };
+  const std::vector<char> host = run({s, 0.f, false});
+  EXPECT_TRUE(host == run({1.f, s, true})) << GetParam() << ": device scale s differs from host scale s";
+  EXPECT_TRUE(host == run({0.25f, 4 * s, true})) << GetParam() << ": the two scales are not multiplied";
+  // The comparison can see a wrong scale: an unscaled run differs (at least in the states).
+  EXPECT_FALSE(host == run({1.f, 0.f, false})) << GetParam();
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, EveryOptimizer,
                          testing::Values("adamw_torch_fused", "adafactor", "adamw_8bit", "sgd"));
 

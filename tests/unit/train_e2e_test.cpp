@@ -127,5 +127,27 @@ TEST(TrainE2E, InitFromCheckpointLoadsTheWeights) {
   EXPECT_NEAR(sb.eval_loss, sa["eval_loss"].get<double>(), 1e-6);
 }
 
+// Without a loss scaler a non-finite gradient norm stops the run with the same error as ever. The step no
+// longer waits for the norm before its optimizer (no host synchronisation inside a step), so the error
+// comes at the end of the step: before anything of that step is logged or saved, so the last checkpoint
+// and metrics line are those of the step before. (debug_inject_overflow_steps is an fp16 option in
+// configs; set directly here, it writes an infinite gradient into an fp32 run.)
+TEST(TrainE2E, NonFiniteGradientNormWithoutLossScalerStopsBeforeSaving) {
+  Corpus c;
+  TrainConfig cfg = small_config(c, c.dir / "run");
+  cfg.max_steps = 5;
+  cfg.save_steps = 1;
+  cfg.debug_inject_overflow_steps = {3};
+  ::testing::internal::CaptureStdout();
+  test::expect_error([&] { train(cfg); }, {"step 3: the loss (", "or gradient norm (inf) is not finite",
+                                           "lower the learning_rate", "or try --bf16"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("step     2/5"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step     3/5"), std::string::npos) << out;
+  EXPECT_EQ(losses_of(cfg.output_dir + "/metrics.jsonl").size(), 2u);
+  EXPECT_TRUE(fs::exists(cfg.output_dir + "/checkpoint-2/model.safetensors"));
+  EXPECT_FALSE(fs::exists(cfg.output_dir + "/checkpoint-3"));
+}
+
 }  // namespace
 }  // namespace anvil

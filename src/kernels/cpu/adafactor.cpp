@@ -24,7 +24,7 @@ void tensor_step(float* param, const void* grad_, float* sq, float* exp_avg, con
   float* p = param + t.offset;
   const auto* g = static_cast<const storage_t<G>*>(grad_) + t.offset;
   float* m = a.first_moment ? exp_avg + t.offset : nullptr;
-  const float scale = a.grad_scale;
+  const float scale = effective_grad_scale(a);
   const auto grad_at = [&](size_t i) { return Storage<G>::load(g[i]) * scale; };
 
   // HF's _get_lr, with RMS(p) of the parameter before this step.

@@ -44,6 +44,7 @@ void adamw8bit_t(float* param, const void* grad_, uint8_t* m_codes, float* m_abs
   const double sqrt_bias2 = std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step)));
   const float step_factor = float(sqrt_bias2 / bias1);
   const float eps_hat = float(a.eps * sqrt_bias2);
+  const float grad_scale = effective_grad_scale(a);
   constexpr size_t B = kAdamW8bitBlockSize;
 
 #pragma omp parallel for schedule(static)
@@ -66,7 +67,7 @@ void adamw8bit_t(float* param, const void* grad_, uint8_t* m_codes, float* m_abs
     float m_max = 0.0f, v_max = 0.0f;
     for (size_t j = 0; j < count; ++j) {
       const size_t s = s0 + j, i = p_begin + off + j;
-      const float gj = Storage<G>::load(grad[i]) * a.grad_scale;
+      const float gj = Storage<G>::load(grad[i]) * grad_scale;
       float mj = 0.0f, vj = 0.0f;
       if (std::isfinite(gj)) {
         mj = a.beta1 * (m_map[m_codes[s]] * m_scale) + (1.0f - a.beta1) * gj;

@@ -1,10 +1,10 @@
-// Causal multi-head attention, materialising the probabilities (flash attention comes later).
+// Multi-head attention, the reference of the flash-attention contract (ops.hpp): the forward keeps only each
+// row's log-sum-exp, the backward recomputes the probabilities from q, k and it.
 //
-// Scratch (in the arena): one fp32 row of T per (b, h): the backward's dL/dprobs row, and with 16-bit
-// storage the forward's unrounded softmax row. With 16-bit storage the probabilities are rounded when
-// stored and the output is computed from the rounded values (as the GPU multiplies the stored probs);
-// the backward reads the stored probs. Output and gradient sums are kept in fp32 (per-thread scratch
-// outside the arena, see cpu_kernels.hpp) and rounded once.
+// Scratch (in the arena): one fp32 row of T per (b, h) for one query's probabilities. With 16-bit storage
+// the probabilities are rounded to it before they multiply v (forward) or dout (dv), as the GPU's
+// tensor-core GEMMs do. Output and gradient sums are kept in fp32 (per-thread scratch outside the arena,
+// see cpu_kernels.hpp) and rounded once.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,13 +14,24 @@
 namespace anvil::cpu {
 namespace {
 
+// Whether query t of sequence b may see key t2 (AttentionMask).
+struct Visibility {
+  bool causal;
+  int len;  // real tokens of this sequence (T without padding)
+  bool row(int t) const { return t < len; }
+  int last_key(int t) const { return causal ? std::min(t, len - 1) : len - 1; }
+};
+
+Visibility visibility(const AttentionMask& mask, int b, int T) {
+  return {mask.causal, mask.lengths ? std::clamp(mask.lengths[b], 0, T) : T};
+}
+
 template <DType A>
-void attention_fwd_t(void* out_, void* probs_, const void* qkv_, void* scratch_, int B, int T, int C,
-                     int NH) {
+void attention_fwd_t(void* out_, float* lse, const void* qkv_, void* scratch_, int B, int T, int C, int NH,
+                     const AttentionMask& mask) {
   using S = Storage<A>;
   constexpr bool kF32 = A == DType::F32;
   auto* out = static_cast<storage_t<A>*>(out_);
-  auto* probs = static_cast<storage_t<A>*>(probs_);
   const auto* qkv = static_cast<const storage_t<A>*>(qkv_);
   const int HS = C / NH;
   const int64_t C3 = 3 * int64_t(C);
@@ -28,17 +39,20 @@ void attention_fwd_t(void* out_, void* probs_, const void* qkv_, void* scratch_,
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
+      const Visibility vis = visibility(mask, b, T);
+      float* p = static_cast<float*>(scratch_) + (int64_t(b) * NH + h) * T;  // this (b, h)'s softmax row
       for (int t = 0; t < T; ++t) {
         const auto* q = qkv + (int64_t(b) * T + t) * C3 + h * HS;
-        auto* prow = probs + ((int64_t(b) * NH + h) * T + t) * T;
-        // The fp32 softmax row: the stored row itself for fp32, else this (b, h)'s scratch row.
-        float* p;
-        if constexpr (kF32)
-          p = prow;
-        else
-          p = static_cast<float*>(scratch_) + (int64_t(b) * NH + h) * T;
+        auto* o = out + (int64_t(b) * T + t) * C + h * HS;
+        float& row_lse = lse[(int64_t(b) * NH + h) * T + t];
+        if (!vis.row(t)) {  // a padding query: zero output and lse
+          for (int i = 0; i < HS; ++i) o[i] = S::store(0.0f);
+          row_lse = 0;
+          continue;
+        }
+        const int last = vis.last_key(t);
         float maxv = -INFINITY;
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = 0; t2 <= last; ++t2) {
           const auto* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * HS;
           float dot = 0;
           for (int i = 0; i < HS; ++i) dot += S::load(q[i]) * S::load(k[i]);
@@ -46,27 +60,22 @@ void attention_fwd_t(void* out_, void* probs_, const void* qkv_, void* scratch_,
           maxv = std::max(maxv, p[t2]);
         }
         double sum = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = 0; t2 <= last; ++t2) {
           p[t2] = std::exp(p[t2] - maxv);
           sum += p[t2];
         }
+        row_lse = maxv + float(std::log(sum));
         const float inv = float(1.0 / sum);
-        for (int t2 = 0; t2 <= t; ++t2) {
-          p[t2] *= inv;
-          if constexpr (!kF32) {
-            prow[t2] = S::store(p[t2]);
-            p[t2] = S::load(prow[t2]);  // the output uses the probabilities as stored
-          }
-        }
-        for (int t2 = t + 1; t2 < T; ++t2) prow[t2] = S::store(0.0f);
-        auto* o = out + (int64_t(b) * T + t) * C + h * HS;
+        // With 16-bit storage the probabilities are rounded to it before multiplying v, as the GPU's
+        // tensor-core P @ V does.
+        for (int t2 = 0; t2 <= last; ++t2) p[t2] = S::load(S::store(p[t2] * inv));
         float* acc;
         if constexpr (kF32)
           acc = o;
         else
           acc = thread_scratch<float>(kScratchA, HS);
         for (int i = 0; i < HS; ++i) acc[i] = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
+        for (int t2 = 0; t2 <= last; ++t2) {
           const auto* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
           for (int i = 0; i < HS; ++i) acc[i] += p[t2] * S::load(v[i]);
         }
@@ -78,14 +87,14 @@ void attention_fwd_t(void* out_, void* probs_, const void* qkv_, void* scratch_,
 }
 
 template <DType A>
-void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const void* probs_, void* scratch_,
-                     int B, int T, int C, int NH) {
+void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const void* out_, const float* lse,
+                     void* scratch_, int B, int T, int C, int NH, const AttentionMask& mask) {
   using S = Storage<A>;
   constexpr bool kF32 = A == DType::F32;
   auto* dqkv = static_cast<storage_t<A>*>(dqkv_);
   const auto* dout = static_cast<const storage_t<A>*>(dout_);
   const auto* qkv = static_cast<const storage_t<A>*>(qkv_);
-  const auto* probs = static_cast<const storage_t<A>*>(probs_);
+  const auto* out = static_cast<const storage_t<A>*>(out_);
   float* scratch = static_cast<float*>(scratch_);
   const int HS = C / NH;
   const int64_t C3 = 3 * int64_t(C);
@@ -95,6 +104,7 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
+      const Visibility vis = visibility(mask, b, T);
       // Gradient accumulators for this head's q, k, v columns: dqkv itself for fp32 (row stride 3C), else
       // an fp32 [T, 3*HS] block rounded into dqkv at the end.
       float* acc;
@@ -108,30 +118,36 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
         std::fill(acc, acc + T * stride, 0.0f);
       }
       const int64_t koff = kF32 ? C : HS, voff = 2 * koff;  // k and v columns within an accumulator row
-      float* dp = scratch + (int64_t(b) * NH + h) * T;
-      for (int t = 0; t < T; ++t) {
-        const auto* p = probs + ((int64_t(b) * NH + h) * T + t) * T;
+      float* p = scratch + (int64_t(b) * NH + h) * T;       // the recomputed probabilities of one row
+      for (int t = 0; t < vis.len; ++t) {
+        const int last = vis.last_key(t);
         const auto* d = dout + (int64_t(b) * T + t) * C + h * HS;
+        const auto* o = out + (int64_t(b) * T + t) * C + h * HS;
         const auto* q = qkv + (int64_t(b) * T + t) * C3 + h * HS;
+        const float row_lse = lse[(int64_t(b) * NH + h) * T + t];
+        // rowsum(P * dP) = dout . out: the softmax backward's correction without the probabilities.
+        float d_dot_o = 0;
+        for (int i = 0; i < HS; ++i) d_dot_o += S::load(d[i]) * S::load(o[i]);
         float* dq = acc + t * stride;
-        double p_dot_dp = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const auto* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
-          float* dv = acc + t2 * stride + voff;
-          const float pt2 = S::load(p[t2]);
+        for (int t2 = 0; t2 <= last; ++t2) {
+          const auto* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * HS;
           float dot = 0;
+          for (int i = 0; i < HS; ++i) dot += S::load(q[i]) * S::load(k[i]);
+          p[t2] = std::exp(dot * scale - row_lse);
+        }
+        for (int t2 = 0; t2 <= last; ++t2) {
+          const auto* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * HS;
+          const auto* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
+          float* dk = acc + t2 * stride + koff;
+          float* dv = acc + t2 * stride + voff;
+          const float p_stored = S::load(S::store(p[t2]));  // as multiplied in the forward
+          float dp = 0;
           for (int i = 0; i < HS; ++i) {
             const float di = S::load(d[i]);
-            dot += di * S::load(v[i]);
-            dv[i] += pt2 * di;
+            dp += di * S::load(v[i]);
+            dv[i] += p_stored * di;
           }
-          dp[t2] = dot;
-          p_dot_dp += double(pt2) * dot;
-        }
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const float ds = S::load(p[t2]) * (dp[t2] - float(p_dot_dp)) * scale;
-          const auto* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * HS;
-          float* dk = acc + t2 * stride + koff;
+          const float ds = p[t2] * (dp - d_dot_o) * scale;
           for (int i = 0; i < HS; ++i) {
             dq[i] += ds * S::load(k[i]);
             dk[i] += ds * S::load(q[i]);
@@ -160,16 +176,16 @@ size_t attention_scratch_bytes(DType act, int B, int T, int C, int NH) {
   return sizeof(float) * size_t(B) * NH * T;
 }
 
-void attention_fwd(DType act, void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
-                   int NH) {
-  dispatch_float(act,
-                 [&](auto a) { attention_fwd_t<decltype(a)::value>(out, probs, qkv, scratch, B, T, C, NH); });
+void attention_fwd(DType act, void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C,
+                   int NH, const AttentionMask& mask) {
+  dispatch_float(
+      act, [&](auto a) { attention_fwd_t<decltype(a)::value>(out, lse, qkv, scratch, B, T, C, NH, mask); });
 }
 
-void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch,
-                   int B, int T, int C, int NH) {
+void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, const void* out,
+                   const float* lse, void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) {
   dispatch_float(act, [&](auto a) {
-    attention_bwd_t<decltype(a)::value>(dqkv, dout, qkv, probs, scratch, B, T, C, NH);
+    attention_bwd_t<decltype(a)::value>(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, mask);
   });
 }
 

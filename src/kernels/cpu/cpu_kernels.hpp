@@ -130,10 +130,10 @@ void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const 
                 const void* w, int N, int K, int OC);
 
 size_t attention_scratch_bytes(DType act, int B, int T, int C, int NH);
-void attention_fwd(DType act, void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
-                   int NH);
-void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch,
-                   int B, int T, int C, int NH);
+void attention_fwd(DType act, void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C,
+                   int NH, const AttentionMask& mask);
+void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, const void* out,
+                   const float* lse, void* scratch, int B, int T, int C, int NH, const AttentionMask& mask);
 
 void gelu_fwd(DType act, void* out, const void* inp, size_t n);
 void gelu_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);
@@ -144,8 +144,22 @@ void softmax_xent_fwd_bwd(DType act, float* losses, void* logits, const int32_t*
 
 double sum_squares(DType dtype, const void* x, size_t n);
 double sum(const float* x, size_t n);
+// The device-result forms (Ops::accumulate_sum, sum_squares_to, grad_clip_scale); "device" memory is host
+// memory here.
+void accumulate_sum(double* out, const float* x, size_t n);
+void sum_squares_to(DType dtype, double* out, const void* x, size_t n);
+void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
+                     double max_norm);
 
 void cast_weights(DType out_type, void* out, const float* master, size_t n, uint64_t rounding_seed);
+
+// The gradient multiplier of an optimizer step: grad_scale times *grad_scale_device when set (see the
+// optimizer args in kernels/ops.hpp). 1 * x == x exactly, so a factor moved from the host to the device
+// gives the same updates bit for bit.
+template <class Args>
+float effective_grad_scale(const Args& a) {
+  return a.grad_scale_device ? a.grad_scale * *a.grad_scale_device : a.grad_scale;
+}
 
 void adamw_fused_step(DType grad_type, float* param, const void* grad, void* m, void* v, DType moment_dtype,
                       size_t n, const ParamGroupTable& g, const FusedAdamWArgs& a);

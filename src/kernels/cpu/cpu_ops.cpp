@@ -39,13 +39,25 @@ class CpuOps final : public Ops {
                   int K, int OC) override {
     cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC);
   }
-  void attention_fwd(void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
-                     int NH) override {
-    cpu::attention_fwd(p_.compute, out, probs, qkv, scratch, B, T, C, NH);
+  // The CPU composes the unfused ops (bit-identical to running them one after the other).
+  void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int K,
+                       int OC) override {
+    cpu::matmul_fwd(p_.compute, pre, inp, w, bias, N, K, OC);
+    cpu::gelu_fwd(p_.compute, out, pre, size_t(N) * OC);
   }
-  void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch, int B,
-                     int T, int C, int NH) override {
-    cpu::attention_bwd(p_.compute, dqkv, dout, qkv, probs, scratch, B, T, C, NH);
+  void matmul_bwd_dgelu(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
+                        const void* gelu_pre, int N, int K, int OC) override {
+    ANVIL_ASSERT(dinp, "matmul_bwd_dgelu needs dinp");
+    cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC);
+    cpu::gelu_bwd(p_.compute, dinp, gelu_pre, dinp, size_t(N) * K);
+  }
+  void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C, int NH,
+                     const AttentionMask& mask) override {
+    cpu::attention_fwd(p_.compute, out, lse, qkv, scratch, B, T, C, NH, mask);
+  }
+  void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                     void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) override {
+    cpu::attention_bwd(p_.compute, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, mask);
   }
   void gelu_fwd(void* out, const void* inp, size_t n) override { cpu::gelu_fwd(p_.compute, out, inp, n); }
   void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
@@ -60,6 +72,14 @@ class CpuOps final : public Ops {
   }
   double sum_squares(const void* x, DType dtype, size_t n) override { return cpu::sum_squares(dtype, x, n); }
   double sum(const float* x, size_t n) override { return cpu::sum(x, n); }
+  void accumulate_sum(double* out, const float* x, size_t n) override { cpu::accumulate_sum(out, x, n); }
+  void sum_squares_to(double* out, const void* x, DType dtype, size_t n) override {
+    cpu::sum_squares_to(dtype, out, x, n);
+  }
+  void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
+                       double max_norm) override {
+    cpu::grad_clip_scale(scale_out, norm_out, sum_squares, unscale, max_norm);
+  }
   void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) override {
     cpu::cast_weights(p_.compute, out, master, n, rounding_seed);
   }

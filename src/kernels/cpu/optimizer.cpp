@@ -26,6 +26,7 @@ void adamw_fused_t(float* param, const void* grad_, void* m_, void* v_, size_t n
   const double bc1 = 1.0 - std::pow(double(a.beta1), double(a.step));
   const double bc2 = 1.0 - std::pow(double(a.beta2), double(a.step));
   const float bc2_sqrt = float(std::sqrt(bc2));
+  const float grad_scale = effective_grad_scale(a);
   for_each_range(t, n, [&](size_t begin, size_t end, int g, size_t state_begin) {
     // PyTorch's arithmetic, with the group's lr and weight decay.
     const float step_size = float(a.lr[g] / bc1);
@@ -33,7 +34,7 @@ void adamw_fused_t(float* param, const void* grad_, void* m_, void* v_, size_t n
 #pragma omp parallel for schedule(static)
     for (int64_t i = int64_t(begin); i < int64_t(end); ++i) {
       const size_t s = state_begin + size_t(i) - begin;
-      const float gr = Storage<G>::load(grad[i]) * a.grad_scale;
+      const float gr = Storage<G>::load(grad[i]) * grad_scale;
       float mi, vi;
       if constexpr (kBf16Moments) {
         auto* m = static_cast<uint16_t*>(m_);
@@ -59,11 +60,12 @@ template <DType G>
 void sgd_t(float* param, const void* grad_, float* buf, size_t n, const ParamGroupTable& t,
            const SgdArgs& a) {
   const auto* grad = static_cast<const storage_t<G>*>(grad_);
+  const float grad_scale = effective_grad_scale(a);
   for_each_range(t, n, [&](size_t begin, size_t end, int g, size_t state_begin) {
     const float lr = a.lr[g], wd = a.weight_decay[g];
 #pragma omp parallel for schedule(static)
     for (int64_t i = int64_t(begin); i < int64_t(end); ++i) {
-      float d = Storage<G>::load(grad[i]) * a.grad_scale;
+      float d = Storage<G>::load(grad[i]) * grad_scale;
       if (wd != 0.0f) d += wd * param[i];
       if (a.momentum != 0.0f) {
         const size_t s = state_begin + size_t(i) - begin;

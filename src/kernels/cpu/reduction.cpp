@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 
@@ -19,6 +20,26 @@ double sum_squares(DType dtype, const void* x, size_t n) {
 
 double sum(const float* x, size_t n) {
   return fixed_order_sum<256>(n, [x](size_t i) { return double(x[i]); });
+}
+
+// The CPU computes synchronously on the calling thread, so the device-result forms are the host ones
+// writing into (host) memory: the values are those of sum / sum_squares by construction.
+void accumulate_sum(double* out, const float* x, size_t n) {
+  *out += sum(x, n);
+}
+
+void sum_squares_to(DType dtype, double* out, const void* x, size_t n) {
+  *out = sum_squares(dtype, x, n);
+}
+
+void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
+                     double max_norm) {
+  // The trainer's former host arithmetic, operation for operation (the CUDA kernel repeats it in fp64 with
+  // explicitly rounded operations), so the clipped update is unchanged.
+  const double norm = std::sqrt(*sum_squares) * unscale;
+  const float clip = max_norm > 0 && norm > max_norm ? float(max_norm / (norm + 1e-6)) : 1.0f;
+  *norm_out = norm;
+  *scale_out = float(double(clip) * unscale);
 }
 
 }  // namespace anvil::cpu

@@ -126,6 +126,7 @@ __global__ void moments_kernel(const float* param, const G* grad, float* sq,
   __shared__ float col_part[kWarps][kTileCols];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const float one_minus = 1.f - a.beta2t;
+  const float grad_scale = effective_grad_scale(a.grad_scale, a.grad_scale_device);
   const uint64_t total = total_tiles(tensors, s, num_tensors);
   for (uint64_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const Tile T = locate(tensors, s, num_tensors, tile);
@@ -139,7 +140,7 @@ __global__ void moments_kernel(const float* param, const G* grad, float* sq,
         const uint64_t c = T.c0 + lane + uint64_t(j) * kWarpSize;
         const uint64_t i = r * T.v.cols + c;
         if (r >= T.v.rows || c >= T.v.cols || i >= T.v.n) continue;
-        const float g = to_float(grad[t.offset + i]) * a.grad_scale;
+        const float g = to_float(grad[t.offset + i]) * grad_scale;
         const float u = g * g + a.eps1;
         const float p = param[t.offset + i];
         p2 += p * p;
@@ -221,11 +222,12 @@ __device__ __forceinline__ void for_each_update(const G* grad, const float* sq, 
 template <class G>
 __global__ void rms_kernel(const G* grad, const float* sq, const AdafactorTensorDesc* tensors,
                            int num_tensors, TensorScratch* s, AdafactorParams a) {
+  const float grad_scale = effective_grad_scale(a.grad_scale, a.grad_scale_device);
   const uint64_t total = total_tiles(tensors, s, num_tensors);
   for (uint64_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const Tile T = locate(tensors, s, num_tensors, tile);
     float u2 = 0.f;
-    for_each_update(grad, sq, tensors[T.tensor], T, s[T.tensor].row_mean, a.grad_scale,
+    for_each_update(grad, sq, tensors[T.tensor], T, s[T.tensor].row_mean, grad_scale,
                     [&](uint64_t, float u) { u2 += u * u; });
     u2 = block_sum(u2);
     if (threadIdx.x == 0) atomicAdd(&s[T.tensor].sum_u2, double(u2));
@@ -236,6 +238,7 @@ template <class G>
 __global__ void apply_kernel(float* param, const G* grad, const float* sq, float* exp_avg,
                              const AdafactorTensorDesc* tensors, int num_tensors, const TensorScratch* s,
                              AdafactorParams a) {
+  const float grad_scale = effective_grad_scale(a.grad_scale, a.grad_scale_device);
   const uint64_t total = total_tiles(tensors, s, num_tensors);
   for (uint64_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const Tile T = locate(tensors, s, num_tensors, tile);
@@ -246,7 +249,7 @@ __global__ void apply_kernel(float* param, const G* grad, const float* sq, float
     const float decay = -group_value(a.weight_decay, t.group) * lr;
     float* p = param + t.offset;
     float* m = a.first_moment ? exp_avg + t.offset : nullptr;
-    for_each_update(grad, sq, t, T, ts.row_mean, a.grad_scale, [&](uint64_t i, float u) {
+    for_each_update(grad, sq, t, T, ts.row_mean, grad_scale, [&](uint64_t i, float u) {
       u = u / clip;
       u = u * lr;
       if (m) {

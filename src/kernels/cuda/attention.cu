@@ -1,14 +1,18 @@
-// Causal multi-head self-attention with materialised probabilities (not flash): heads are permuted into
-// contiguous [B,NH,T,HS] tensors so each step is one strided-batched GEMM over the B*NH heads. Storage
-// type T (fp32, bf16 or fp16) for q/k/v, probabilities and outputs; the scores and dprobs are fp32 so the
-// softmax and its gradient see full-precision inputs.
+// Multi-head self-attention with materialised probabilities, the CUDA path for fp32 and the fallback for
+// 16-bit when cuDNN's flash attention is not used (see cudnn_attention.cpp). Heads are permuted into
+// contiguous [B,NH,T,HS] tensors so each step is one strided-batched GEMM over the B*NH heads. Only one
+// layer's probabilities exist at a time (in scratch): the forward keeps each row's log-sum-exp and the
+// backward recomputes the probabilities from q, k and it (the flash-attention contract of ops.hpp).
+// Storage type T (fp32, bf16 or fp16) for q/k/v, probabilities and outputs; scores and dprobs are fp32 so
+// the softmax and its gradient see full-precision inputs.
 //
 // Scratch layout (S = B*T*C = B*NH*T*HS elements, P = B*NH*T*T; each region 256-byte aligned):
 //   [0,  S)  q          [1S, 2S)  k          [2S, 3S)  v                                 (type T)
 //   [3S, 4S) fwd: y (attention output per head); bwd: dout per head, then dq            (type T)
 //   [4S, 5S) bwd: dk    [5S, 6S)  bwd: dv                                                (type T)
-//   D: P fp32            fwd: scores (fp32 storage: the probs buffer itself, in place); bwd: dprobs
-//   E: P of type T       bwd: dscores (16-bit only; fp32 computes dscores in place over D)
+//   D: P fp32     scores; bwd with 16-bit T: dprobs (fp32 T: the probabilities, in place over the scores)
+//   E: P of T     16-bit T: the probabilities; fp32 T (bwd): dprobs
+//   F: P of T     bwd, 16-bit T only: dscores (fp32 computes them in place over dprobs)
 #include <cmath>
 #include <type_traits>
 
@@ -30,13 +34,15 @@ template <class T>
 struct Regions {
   T *q, *k, *v, *r3, *dk, *dv;
   float* d;
-  T* e;
+  void* e;
+  T* f;
 };
 
 template <class T>
 Regions<T> regions(void* scratch, int B, int T_, int C, int NH) {
   const size_t s = padded_bytes(static_cast<size_t>(B) * T_ * C * sizeof(T));
-  const size_t p32 = padded_bytes(static_cast<size_t>(B) * NH * T_ * T_ * sizeof(float));
+  const size_t p = static_cast<size_t>(B) * NH * T_ * T_;
+  const size_t p32 = padded_bytes(p * sizeof(float)), pt = padded_bytes(p * sizeof(T));
   char* base = static_cast<char*>(scratch);
   auto at = [&](size_t offset) { return reinterpret_cast<T*>(base + offset); };
   return {at(0),
@@ -46,7 +52,8 @@ Regions<T> regions(void* scratch, int B, int T_, int C, int NH) {
           at(4 * s),
           at(5 * s),
           reinterpret_cast<float*>(base + 6 * s),
-          at(6 * s + p32)};
+          base + 6 * s + p32,
+          at(6 * s + p32 + pt)};
 }
 
 // dst[b,h,t,d] = src[(b*T + t) * src_row_stride + h*HS + d], dst contiguous [B,NH,T,HS].
@@ -81,41 +88,80 @@ __global__ void heads_to_rows_kernel(T* dst, int dst_row_stride, const T* src, i
   }
 }
 
-// Rows of [B*NH*T, T] fp32 scores (scale * q.k): row r is query t = r % T, which sees keys 0..t. Writes
-// the softmax over those, and 0 above the diagonal, into probs (which may alias scores when T is float:
-// each element is read before the same thread writes it).
+// The keys row `row` (query t of sequence b, head any) sees: 0..last (last = -1: a padding query).
+__device__ inline int last_key(size_t row, int seq, int NH, bool causal, const int32_t* lengths) {
+  const int t = static_cast<int>(row % seq);
+  int len = seq;
+  if (lengths) len = min(max(lengths[row / seq / NH], 0), seq);
+  if (t >= len) return -1;
+  return causal ? min(t, len - 1) : len - 1;
+}
+
+// Rows of [B*NH*T, T] fp32 scores (scale * q.k). Writes the softmax over the visible keys, 0 elsewhere,
+// into probs (which may alias scores when T is float: each element is read before the same thread writes
+// it), and the row's log-sum-exp (0 for a padding query).
 template <class T>
-__global__ void causal_softmax_fwd_kernel(T* probs, const float* scores, size_t rows, int seq) {
+__global__ void softmax_fwd_kernel(T* probs, float* lse, const float* scores, size_t rows, int seq, int NH,
+                                   bool causal, const int32_t* lengths) {
   const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= rows) return;
-  const int t = static_cast<int>(row % seq);
+  const int last = last_key(row, seq, NH, causal, lengths);
   const float* s = scores + row * seq;
   T* p = probs + row * seq;
   MaxSum stats{-INFINITY, 0.f};
-  for (int j = lane; j <= t; j += kWarpSize) stats = max_sum_add(stats, s[j]);
+  for (int j = lane; j <= last; j += kWarpSize) stats = max_sum_add(stats, s[j]);
   stats = warp_max_sum(stats);
-  const float inv_sum = 1.f / stats.sum;
+  const float inv_sum = last >= 0 ? 1.f / stats.sum : 0.f;
   for (int j = lane; j < seq; j += kWarpSize)
-    p[j] = from_float<T>(j <= t ? __expf(s[j] - stats.max) * inv_sum : 0.f);
+    p[j] = from_float<T>(j <= last ? __expf(s[j] - stats.max) * inv_sum : 0.f);
+  if (lane == 0) lse[row] = last >= 0 ? stats.max + __logf(stats.sum) : 0.f;
 }
 
-// dscores = scale * P * (dP - rowsum(P * dP)); 0 above the diagonal. dscores may alias dp (T = float).
+// The probabilities again from the scores and the forward's log-sum-exp (probs may alias scores for float).
 template <class T>
-__global__ void causal_softmax_bwd_kernel(T* dscores, const float* dp, const T* probs, size_t rows, int seq,
-                                          float scale) {
+__global__ void probs_from_lse_kernel(T* probs, const float* scores, const float* lse, size_t rows, int seq,
+                                      int NH, bool causal, const int32_t* lengths) {
   const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= rows) return;
-  const int t = static_cast<int>(row % seq);
+  const int last = last_key(row, seq, NH, causal, lengths);
+  const float* s = scores + row * seq;
+  const float l = lse[row];
+  T* p = probs + row * seq;
+  for (int j = lane; j < seq; j += kWarpSize) p[j] = from_float<T>(j <= last ? __expf(s[j] - l) : 0.f);
+}
+
+// dscores = scale * P * (dP - rowsum(P * dP)) (0 wherever P is). dscores may alias dp (T = float).
+template <class T>
+__global__ void softmax_bwd_kernel(T* dscores, const float* dp, const T* probs, size_t rows, int seq,
+                                   float scale) {
+  const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= rows) return;
   const T* p = probs + row * seq;
   const float* g = dp + row * seq;
   T* out = dscores + row * seq;
   float dot = 0.f;
-  for (int j = lane; j <= t; j += kWarpSize) dot += to_float(p[j]) * g[j];
+  for (int j = lane; j < seq; j += kWarpSize) dot += to_float(p[j]) * g[j];
   dot = warp_sum(dot);
-  for (int j = lane; j < seq; j += kWarpSize)
-    out[j] = from_float<T>(j <= t ? scale * to_float(p[j]) * (g[j] - dot) : 0.f);
+  for (int j = lane; j < seq; j += kWarpSize) out[j] = from_float<T>(scale * to_float(p[j]) * (g[j] - dot));
+}
+
+// Zeroes the rows of padding tokens (t >= lengths[b]) of x [B,T,width] (and, when lse is given, of lse
+// [B,NH,T]): the contract's value there whatever a library kernel left.
+template <class T>
+__global__ void zero_padding_rows_kernel(T* x, int width, float* lse, int seq, int NH, const int32_t* lengths,
+                                         size_t total) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t bt = i / width;
+    const int b = static_cast<int>(bt / seq), t = static_cast<int>(bt % seq);
+    if (t < lengths[b]) continue;
+    x[i] = from_float<T>(0.f);
+    if (lse && static_cast<int>(i % width) < NH)
+      lse[(static_cast<size_t>(b) * NH + i % width) * seq + t] = 0.f;
+  }
 }
 
 template <class T>
@@ -154,8 +200,17 @@ void run_batched(Gemm& gemm, cudaStream_t stream, const void* a, bool trans_a, c
 }
 
 template <class T>
-void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* out, T* probs, const T* qkv,
-                         void* scratch, int B, int seq, int C, int NH) {
+void zero_padding_rows(cudaStream_t stream, T* x, int width, float* lse, int B, int seq, int NH,
+                       const int32_t* lengths) {
+  const size_t total = static_cast<size_t>(B) * seq * width;
+  zero_padding_rows_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(x, width, lse, seq, NH,
+                                                                               lengths, total);
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+template <class T>
+void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* out, float* lse, const T* qkv,
+                         void* scratch, int B, int seq, int C, int NH, bool causal, const int32_t* lengths) {
   const int HS = C / NH;
   const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
   rows_to_heads(stream, r.q, qkv, 3 * C, B, seq, NH, HS);
@@ -167,13 +222,13 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
   const int64_t probs_stride = static_cast<int64_t>(seq) * seq;
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   constexpr bool kFloat = std::is_same_v<T, float>;
-  // fp32 scores go straight into the probs buffer (softmax in place); 16-bit ones into scratch D.
-  float* scores = kFloat ? reinterpret_cast<float*>(probs) : r.d;
-  // scores[T,T] = scale * q[T,HS] @ k[T,HS]^T; the full square (the upper half is masked next).
-  run_batched(gemm, stream, r.q, false, r.k, true, scores, seq, seq, HS, scale, heads, head_stride,
-              head_stride, probs_stride, act, anvil::DType::F32);
+  // scores[T,T] = scale * q[T,HS] @ k[T,HS]^T; the full square (masked entries are zeroed next).
+  run_batched(gemm, stream, r.q, false, r.k, true, r.d, seq, seq, HS, scale, heads, head_stride, head_stride,
+              probs_stride, act, anvil::DType::F32);
+  T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
   const size_t rows = static_cast<size_t>(heads) * seq;
-  causal_softmax_fwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, scores, rows, seq);
+  softmax_fwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, lse, r.d, rows, seq, NH, causal,
+                                                                    lengths);
   ANVIL_CUDA_CHECK_LAST();
   // y[T,HS] = probs[T,T] @ v[T,HS]
   run_batched(gemm, stream, probs, false, r.v, false, r.r3, seq, HS, seq, 1.f, heads, probs_stride,
@@ -183,7 +238,8 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
 
 template <class T>
 void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* dqkv, const T* dout,
-                         const T* qkv, const T* probs, void* scratch, int B, int seq, int C, int NH) {
+                         const T* qkv, const float* lse, void* scratch, int B, int seq, int C, int NH,
+                         bool causal, const int32_t* lengths) {
   const int HS = C / NH;
   const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
   T* dout_heads = r.r3;
@@ -198,17 +254,24 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
   const int64_t probs_stride = static_cast<int64_t>(seq) * seq;
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   constexpr bool kFloat = std::is_same_v<T, float>;
+  T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
+  float* dprobs = kFloat ? static_cast<float*>(r.e) : r.d;
+  const size_t rows = static_cast<size_t>(heads) * seq;
+  // The probabilities again: scores into D, then exp(score - lse) (in place for fp32, into E for 16-bit).
+  run_batched(gemm, stream, r.q, false, r.k, true, r.d, seq, seq, HS, scale, heads, head_stride, head_stride,
+              probs_stride, act, anvil::DType::F32);
+  probs_from_lse_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, r.d, lse, rows, seq, NH, causal,
+                                                                       lengths);
+  ANVIL_CUDA_CHECK_LAST();
   // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32
-  run_batched(gemm, stream, dout_heads, false, r.v, true, r.d, seq, seq, HS, 1.f, heads, head_stride,
+  run_batched(gemm, stream, dout_heads, false, r.v, true, dprobs, seq, seq, HS, 1.f, heads, head_stride,
               head_stride, probs_stride, act, anvil::DType::F32);
   // dv[T,HS] = probs[T,T]^T @ dout[T,HS]
   run_batched(gemm, stream, probs, true, dout_heads, false, r.dv, seq, HS, seq, 1.f, heads, probs_stride,
               head_stride, head_stride, act, act);
   // dscores = scale * probs * (dprobs - rowsum(probs * dprobs)); in place for fp32
-  T* dscores = kFloat ? reinterpret_cast<T*>(r.d) : r.e;
-  const size_t rows = static_cast<size_t>(heads) * seq;
-  causal_softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(dscores, r.d, probs, rows, seq,
-                                                                           scale);
+  T* dscores = kFloat ? reinterpret_cast<T*>(dprobs) : r.f;
+  softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(dscores, dprobs, probs, rows, seq, scale);
   ANVIL_CUDA_CHECK_LAST();
   // dq[T,HS] = dscores[T,T] @ k[T,HS]
   run_batched(gemm, stream, dscores, false, r.k, false, dq, seq, HS, seq, 1.f, heads, probs_stride,
@@ -223,31 +286,43 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
 
 }  // namespace
 
-size_t attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH) {
+size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH) {
   const size_t elem = anvil::dtype_bits(act) / 8;
   const size_t s = padded_bytes(static_cast<size_t>(B) * T * C * elem);
   const size_t p = static_cast<size_t>(B) * NH * T * T;
-  const size_t e = act == anvil::DType::F32 ? 0 : padded_bytes(p * elem);
-  return 6 * s + padded_bytes(p * sizeof(float)) + e;
+  const bool fp32 = act == anvil::DType::F32;
+  return 6 * s + padded_bytes(p * sizeof(float)) + padded_bytes(p * elem) +
+         (fp32 ? 0 : padded_bytes(p * elem));
 }
 
-void attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, void* probs, const void* qkv,
-                   void* scratch, int B, int T, int C, int NH) {
+void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, float* lse,
+                                const void* qkv, void* scratch, int B, int T, int C, int NH, bool causal,
+                                const int32_t* lengths) {
   if (B <= 0 || T <= 0) return;
   dispatch_float(act, [&](auto t) {
     using E = decltype(t);
-    attention_fwd_typed<E>(stream, gemm, act, static_cast<E*>(out), static_cast<E*>(probs),
-                           static_cast<const E*>(qkv), scratch, B, T, C, NH);
+    attention_fwd_typed<E>(stream, gemm, act, static_cast<E*>(out), lse, static_cast<const E*>(qkv), scratch,
+                           B, T, C, NH, causal, lengths);
   });
 }
 
-void attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv, const void* dout,
-                   const void* qkv, const void* probs, void* scratch, int B, int T, int C, int NH) {
+void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv,
+                                const void* dout, const void* qkv, const float* lse, void* scratch, int B,
+                                int T, int C, int NH, bool causal, const int32_t* lengths) {
   if (B <= 0 || T <= 0) return;
   dispatch_float(act, [&](auto t) {
     using E = decltype(t);
     attention_bwd_typed<E>(stream, gemm, act, static_cast<E*>(dqkv), static_cast<const E*>(dout),
-                           static_cast<const E*>(qkv), static_cast<const E*>(probs), scratch, B, T, C, NH);
+                           static_cast<const E*>(qkv), lse, scratch, B, T, C, NH, causal, lengths);
+  });
+}
+
+void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int width, float* lse, int B,
+                            int T, int NH, const int32_t* lengths) {
+  if (B <= 0 || T <= 0 || !lengths) return;
+  dispatch_float(act, [&](auto t) {
+    using E = decltype(t);
+    zero_padding_rows<E>(stream, static_cast<E*>(x), width, lse, B, T, NH, lengths);
   });
 }
 

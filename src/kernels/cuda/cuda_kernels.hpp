@@ -35,6 +35,10 @@ struct GemmArgs {
   int m = 0, n = 0, k = 0;
   float alpha = 1.f, beta = 0.f;
   const void* bias = nullptr;  // [N]; only with batch == 1
+  // GELU (tanh approximation) fused into the epilogue, unbatched only. kGeluAux: D = gelu(op(A) op(B) + bias)
+  // and aux (shaped like C, of c_type) receives op(A) op(B) + bias. kDGelu: D = (op(A) op(B)) * gelu'(aux).
+  enum Gelu { kNoGelu = 0, kGeluAux = 1, kDGelu = 2 } gelu = kNoGelu;
+  void* aux = nullptr;
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements
   anvil::DType ab_type = anvil::DType::F32;
@@ -86,12 +90,18 @@ void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, voi
                    const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
                    int N, int C);
 
-// --- attention.cu ------------------------------------------------------------------------------------
-size_t attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH);
-void attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, void* probs, const void* qkv,
-                   void* scratch, int B, int T, int C, int NH);
-void attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv, const void* dout,
-                   const void* qkv, const void* probs, void* scratch, int B, int T, int C, int NH);
+// --- attention.cu: materialised attention (fp32, and the 16-bit fallback) -------------------------------
+// The Ops attention contract (kernels/ops.hpp) with AttentionMask unpacked into causal / lengths.
+size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH);
+void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, float* lse,
+                                const void* qkv, void* scratch, int B, int T, int C, int NH, bool causal,
+                                const int32_t* lengths);
+void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv,
+                                const void* dout, const void* qkv, const float* lse, void* scratch, int B,
+                                int T, int C, int NH, bool causal, const int32_t* lengths);
+// Zeroes the padding rows (t >= lengths[b]) of x [B,T,width], and of lse [B,NH,T] when not null.
+void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int width, float* lse, int B,
+                            int T, int NH, const int32_t* lengths);
 
 // --- activation.cu -----------------------------------------------------------------------------------
 void gelu_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
@@ -111,6 +121,13 @@ constexpr size_t kReduceScratchDoubles = kReducePartials + 1;
 // (synchronises).
 double reduce_sum(cudaStream_t stream, anvil::DType dtype, const void* x, size_t n, bool square,
                   double* scratch);
+// The same sum (the same kernels, so the same value) left in device memory, without synchronising:
+// *out = sum, or *out += sum when `accumulate`. `scratch` holds kReducePartials doubles.
+void reduce_sum_to(cudaStream_t stream, anvil::DType dtype, const void* x, size_t n, bool square,
+                   double* scratch, double* out, bool accumulate);
+// Ops::grad_clip_scale: one thread, fp64 with explicitly rounded operations (the host's arithmetic).
+void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, const double* sum_squares,
+                     double unscale, double max_norm);
 
 // --- precision.cu ------------------------------------------------------------------------------------
 // out[i] = master[i] in `out_type`; BF16 with a nonzero seed rounds stochastically (core/half.hpp).
@@ -118,6 +135,9 @@ void cast_weights(cudaStream_t stream, anvil::DType out_type, void* out, const f
                   uint64_t rounding_seed);
 
 // --- optimizer.cu ------------------------------------------------------------------------------------
+// Every optimizer launcher takes `grad_scale` and `grad_scale_device` (null, or one fp32 value in device
+// memory that the kernels multiply into grad_scale: the optimizer args of kernels/ops.hpp).
+//
 // Fused AdamW / SGD over the ranges of a parameter-group table (see ParamGroupTable in kernels/ops.hpp;
 // per-group lr and weight decay arrays of kMaxParamGroups = 4 entries). `inv_bias1` = 1 / (1 - b1^step)
 // and `sqrt_bias2` = sqrt(1 - b2^step), computed on the host in fp64.
@@ -129,11 +149,13 @@ struct GroupTable {
 };
 void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType moment_type, float* param,
                       const void* grad, void* m, void* v, size_t n, const GroupTable& g, float beta1,
-                      float beta2, float eps, float grad_scale, const float* lr4, const float* wd4,
-                      float inv_bias1, float sqrt_bias2, uint64_t rounding_seed);
+                      float beta2, float eps, float grad_scale, const float* grad_scale_device,
+                      const float* lr4, const float* wd4, float inv_bias1, float sqrt_bias2,
+                      uint64_t rounding_seed);
 void sgd_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
               float* momentum_buf, size_t n, const GroupTable& g, float momentum, float dampening,
-              bool nesterov, bool first_step, float grad_scale, const float* lr4, const float* wd4);
+              bool nesterov, bool first_step, float grad_scale, const float* grad_scale_device,
+              const float* lr4, const float* wd4);
 // [adafactor kernels]
 // adafactor.cu: one Adafactor step over a tensor table (AdafactorTensor and AdafactorArgs in kernels/ops.hpp,
 // mirrored here for nvcc; cuda_ops.cpp checks the layouts agree), in five launches whatever the tensor count.
@@ -142,6 +164,7 @@ struct AdafactorTensorDesc {
   uint32_t factored, group;
 };
 struct AdafactorParams {
+  const float* grad_scale_device;  // null, or multiplies grad_scale (read by the kernels)
   float grad_scale, eps1, eps2, clip_threshold, beta2t, beta1;
   bool first_moment, scale_parameter;
   float step_size[4], weight_decay[4];
@@ -156,7 +179,7 @@ void adafactor_step(cudaStream_t stream, anvil::DType grad_type, float* param, c
 void adamw8bit_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
                     uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax, const float* m_map,
                     const float* v_map, size_t n, size_t num_blocks, const GroupTable& g, float beta1,
-                    float beta2, float grad_scale, const float* lr4, const float* wd4, float step_factor,
-                    float eps_hat);
+                    float beta2, float grad_scale, const float* grad_scale_device, const float* lr4,
+                    const float* wd4, float step_factor, float eps_hat);
 
 }  // namespace anvil::cuda

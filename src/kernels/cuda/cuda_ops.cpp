@@ -1,14 +1,44 @@
 // CudaOps: the Ops contract on a CUDA device. Everything is queued on the device's compute stream; the
 // kernels and cuBLASLt plumbing live in the per-family .cu files (see cuda_kernels.hpp).
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/ops.hpp"
 #include "runtime/cuda/cuda_device.hpp"
 
 namespace anvil {
 namespace {
+
+// ANVIL_ATTENTION: unset, "" or "auto" (cuDNN flash attention where supported) or "materialized".
+bool materialized_attention_forced() {
+  const char* v = std::getenv("ANVIL_ATTENTION");
+  if (!v || !*v || std::string_view(v) == "auto") return false;
+  ANVIL_REQUIRE(std::string_view(v) == "materialized",
+                "ANVIL_ATTENTION={}: expected 'auto' or 'materialized'", v);
+  return true;
+}
+
+bool cudnn_attention_capable(DType compute, int C, int NH) {
+  return cuda::CudnnAttention::supports(compute, C, NH) && !materialized_attention_forced();
+}
+
+// cuDNN's SDPA rejects single-token sequences (s_q = s_kv = 1): those take the materialised path, whose
+// scratch at T = 1 the planned size covers too.
+bool use_cudnn_attention(DType compute, int T, int C, int NH) {
+  return T > 1 && cudnn_attention_capable(compute, C, NH);
+}
+
+size_t attention_scratch(DType compute, int B, int T, int C, int NH) {
+  if (!cudnn_attention_capable(compute, C, NH))
+    return cuda::materialized_attention_scratch_bytes(compute, B, T, C, NH);
+  return std::max(cuda::CudnnAttention::workspace_bytes(B, T, C, NH),
+                  cuda::materialized_attention_scratch_bytes(compute, B, 1, C, NH));
+}
 
 class CudaOps final : public Ops {
  public:
@@ -27,7 +57,7 @@ class CudaOps final : public Ops {
   OpsPrecision precision() const override { return p_; }
 
   size_t attention_scratch_bytes(int B, int T, int C, int NH) const override {
-    return cuda::attention_scratch_bytes(act_, B, T, C, NH);
+    return attention_scratch(act_, B, T, C, NH);
   }
 
   void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
@@ -64,34 +94,45 @@ class CudaOps final : public Ops {
   }
   void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, int N,
                   int K, int OC) override {
-    // dinp[N,K] = dout[N,OC] @ w[OC,K]
-    if (dinp)
-      gemm_.run(stream_,
-                {.a = dout, .b = w, .c = dinp, .m = N, .n = K, .k = OC, .ab_type = act_, .c_type = act_});
-    // dw[OC,K] += dout[N,OC]^T @ inp[N,K], accumulated in the gradient type
-    if (dw)
-      gemm_.run(stream_, {.a = dout,
-                          .trans_a = true,
-                          .b = inp,
-                          .c = dw,
-                          .m = OC,
-                          .n = K,
-                          .k = N,
-                          .beta = 1.f,
-                          .ab_type = act_,
-                          .c_type = grad_});
-    if (dbias) cuda::column_sums_accumulate(stream_, grad_, dbias, act_, dout, N, OC);
+    matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, nullptr, N, K, OC);
+  }
+  void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int K,
+                       int OC) override {
+    cuda::GemmArgs g;
+    g.a = inp, g.b = w, g.trans_b = true, g.c = out, g.m = N, g.n = OC, g.k = K, g.bias = bias;
+    g.ab_type = act_, g.c_type = act_, g.gelu = cuda::GemmArgs::kGeluAux, g.aux = pre;
+    gemm_.run(stream_, g);
+  }
+  void matmul_bwd_dgelu(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
+                        const void* gelu_pre, int N, int K, int OC) override {
+    ANVIL_ASSERT(dinp && gelu_pre, "matmul_bwd_dgelu needs dinp and gelu_pre");
+    matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, gelu_pre, N, K, OC);
   }
 
-  void attention_fwd(void* out, void* probs, const void* qkv, void* scratch, int B, int T, int C,
-                     int NH) override {
+  // `scratch` holds attention_scratch_bytes(B, T, C, NH), whichever path runs.
+  void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C, int NH,
+                     const AttentionMask& mask) override {
     check_heads(C, NH);
-    cuda::attention_fwd(stream_, gemm_, act_, out, probs, qkv, scratch, B, T, C, NH);
+    if (use_cudnn_attention(act_, T, C, NH)) {
+      flash_.fwd(stream_, act_, out, lse, qkv, scratch, cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B,
+                 T, C, NH, mask.causal, mask.lengths);
+      cuda::zero_attention_padding(stream_, act_, out, C, lse, B, T, NH, mask.lengths);
+    } else {
+      cuda::materialized_attention_fwd(stream_, gemm_, act_, out, lse, qkv, scratch, B, T, C, NH, mask.causal,
+                                       mask.lengths);
+    }
   }
-  void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch, int B,
-                     int T, int C, int NH) override {
+  void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                     void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) override {
     check_heads(C, NH);
-    cuda::attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, probs, scratch, B, T, C, NH);
+    if (use_cudnn_attention(act_, T, C, NH)) {
+      flash_.bwd(stream_, act_, dqkv, dout, qkv, out, lse, scratch,
+                 cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B, T, C, NH, mask.causal, mask.lengths);
+      cuda::zero_attention_padding(stream_, act_, dqkv, 3 * C, nullptr, B, T, NH, mask.lengths);
+    } else {
+      cuda::materialized_attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, lse, scratch, B, T, C, NH,
+                                       mask.causal, mask.lengths);
+    }
   }
 
   void gelu_fwd(void* out, const void* inp, size_t n) override { cuda::gelu_fwd(stream_, act_, out, inp, n); }
@@ -117,6 +158,19 @@ class CudaOps final : public Ops {
     return cuda::reduce_sum(stream_, DType::F32, x, n, /*square=*/false,
                             static_cast<double*>(reduce_scratch_.get()));
   }
+  // The device-result forms share the scratch with the forms above: everything is ordered on stream_.
+  void accumulate_sum(double* out, const float* x, size_t n) override {
+    cuda::reduce_sum_to(stream_, DType::F32, x, n, /*square=*/false,
+                        static_cast<double*>(reduce_scratch_.get()), out, /*accumulate=*/true);
+  }
+  void sum_squares_to(double* out, const void* x, DType dtype, size_t n) override {
+    auto* scratch = static_cast<double*>(reduce_scratch_.get());
+    cuda::reduce_sum_to(stream_, dtype, x, n, /*square=*/true, scratch, out, /*accumulate=*/false);
+  }
+  void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
+                       double max_norm) override {
+    cuda::grad_clip_scale(stream_, scale_out, norm_out, sum_squares, unscale, max_norm);
+  }
 
   void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) override {
     cuda::cast_weights(stream_, act_, out, master, n, rounding_seed);
@@ -126,16 +180,16 @@ class CudaOps final : public Ops {
                         const ParamGroupTable& g, const FusedAdamWArgs& a) override {
     const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
     const double bias2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
-    cuda::adamw_fused_step(stream_, grad_, moment_dtype, param, grad, m, v, n,
-                           {g.begins, g.groups, g.state_begins, g.count}, a.beta1, a.beta2, a.eps,
-                           a.grad_scale, a.lr, a.weight_decay, static_cast<float>(1.0 / bias1),
-                           static_cast<float>(std::sqrt(bias2)), a.rounding_seed);
+    cuda::adamw_fused_step(
+        stream_, grad_, moment_dtype, param, grad, m, v, n, {g.begins, g.groups, g.state_begins, g.count},
+        a.beta1, a.beta2, a.eps, a.grad_scale, a.grad_scale_device, a.lr, a.weight_decay,
+        static_cast<float>(1.0 / bias1), static_cast<float>(std::sqrt(bias2)), a.rounding_seed);
   }
   void sgd_step(float* param, const void* grad, float* momentum_buf, size_t n, const ParamGroupTable& g,
                 const SgdArgs& a) override {
     cuda::sgd_step(stream_, grad_, param, grad, momentum_buf, n,
                    {g.begins, g.groups, g.state_begins, g.count}, a.momentum, a.dampening, a.nesterov,
-                   a.first_step, a.grad_scale, a.lr, a.weight_decay);
+                   a.first_step, a.grad_scale, a.grad_scale_device, a.lr, a.weight_decay);
   }
   // [adafactor ops]
   void adafactor_step(float* param, const void* grad, float* sq, float* exp_avg,
@@ -146,6 +200,7 @@ class CudaOps final : public Ops {
                   offsetof(cuda::AdafactorTensorDesc, group) == offsetof(AdafactorTensor, group));
     static_assert(kMaxParamGroups == 4);
     cuda::AdafactorParams p{};
+    p.grad_scale_device = a.grad_scale_device;
     p.grad_scale = a.grad_scale, p.eps1 = a.eps1, p.eps2 = a.eps2, p.clip_threshold = a.clip_threshold;
     p.beta2t = a.beta2t, p.beta1 = a.beta1, p.first_moment = a.first_moment;
     p.scale_parameter = a.scale_parameter;
@@ -164,11 +219,40 @@ class CudaOps final : public Ops {
         std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
     cuda::adamw8bit_step(stream_, grad_, param, grad, m_codes, m_absmax, v_codes, v_absmax, m_map, v_map, n,
                          num_blocks, {g.begins, g.groups, g.state_begins, g.count}, a.beta1, a.beta2,
-                         a.grad_scale, a.lr, a.weight_decay, static_cast<float>(sqrt_bias2 / bias1),
-                         static_cast<float>(a.eps * sqrt_bias2));
+                         a.grad_scale, a.grad_scale_device, a.lr, a.weight_decay,
+                         static_cast<float>(sqrt_bias2 / bias1), static_cast<float>(a.eps * sqrt_bias2));
   }
 
  private:
+  // dinp (optionally times gelu'(gelu_pre), fused into the GEMM's epilogue), dw and dbias of matmul_bwd.
+  void matmul_bwd_impl(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
+                       const void* gelu_pre, int N, int K, int OC) {
+    // dinp[N,K] = dout[N,OC] @ w[OC,K] (* gelu'(gelu_pre))
+    if (dinp)
+      gemm_.run(stream_, {.a = dout,
+                          .b = w,
+                          .c = dinp,
+                          .m = N,
+                          .n = K,
+                          .k = OC,
+                          .gelu = gelu_pre ? cuda::GemmArgs::kDGelu : cuda::GemmArgs::kNoGelu,
+                          .aux = const_cast<void*>(gelu_pre),
+                          .ab_type = act_,
+                          .c_type = act_});
+    // dw[OC,K] += dout[N,OC]^T @ inp[N,K], accumulated in the gradient type
+    if (dw)
+      gemm_.run(stream_, {.a = dout,
+                          .trans_a = true,
+                          .b = inp,
+                          .c = dw,
+                          .m = OC,
+                          .n = K,
+                          .k = N,
+                          .beta = 1.f,
+                          .ab_type = act_,
+                          .c_type = grad_});
+    if (dbias) cuda::column_sums_accumulate(stream_, grad_, dbias, act_, dout, N, OC);
+  }
   static void check_heads(int C, int NH) {
     ANVIL_ASSERT(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
   }
@@ -176,7 +260,8 @@ class CudaOps final : public Ops {
   Device& dev_;
   cudaStream_t stream_;
   cuda::Gemm gemm_;
-  DeviceBuffer reduce_scratch_;  // kReduceScratchDoubles doubles for sum / sum_squares
+  cuda::CudnnAttention flash_;   // its cuDNN handle is created on first use
+  DeviceBuffer reduce_scratch_;  // kReduceScratchDoubles doubles for the reductions
   OpsPrecision p_;
   DType act_, grad_;
 };
@@ -184,7 +269,11 @@ class CudaOps final : public Ops {
 }  // namespace
 
 size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH) {
-  return cuda::attention_scratch_bytes(compute, B, T, C, NH);
+  return attention_scratch(compute, B, T, C, NH);
+}
+
+const char* cuda_attention_implementation(DType compute, int C, int NH) {
+  return cudnn_attention_capable(compute, C, NH) ? "cudnn flash attention" : "materialized attention";
 }
 
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,

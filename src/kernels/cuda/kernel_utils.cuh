@@ -85,6 +85,13 @@ void dispatch_float(anvil::DType dtype, F&& f) {
   }
 }
 
+// The gradient multiplier of an optimizer kernel: grad_scale, times *grad_scale_device when that is set
+// (the optimizer args of kernels/ops.hpp: a factor the device computed, e.g. the clip factor). Every thread
+// reads the same word (one cached load); the product is rounded once, as the CPU kernels' is.
+__device__ __forceinline__ float effective_grad_scale(float grad_scale, const float* grad_scale_device) {
+  return grad_scale_device ? __fmul_rn(grad_scale, __ldg(grad_scale_device)) : grad_scale;
+}
+
 template <class T>
 __device__ inline T warp_sum(T v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -136,5 +143,13 @@ __device__ inline MaxSum warp_max_sum(MaxSum s) {
   }
   return s;
 }
+
+// 16 bytes of T (8 bf16/fp16 or 4 fp32): one vector load or store. Memory-bound kernels use it where rows
+// are whole vectors and 16-byte aligned.
+template <class T>
+struct alignas(16) Vec16 {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
 
 }  // namespace anvil::cuda

@@ -1,5 +1,7 @@
 // LayerNorm over the last dimension: one warp per row for the row-wise work, and a tiled column
 // reduction for the parameter gradients.
+#include <initializer_list>
+
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "runtime/cuda/cuda_check.hpp"
@@ -10,26 +12,69 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kThreads = kRowsPerBlock * kWarpSize;
 
+// Row access in 16-byte vectors when the row is a whole number of them (and the buffers are aligned), else
+// element by element: Row<T, kVec>::for_each calls f(c, values[k]) for the row's elements in lane order.
+template <class T, bool kVec>
+struct Row {
+  static constexpr int kN = kVec ? Vec16<T>::kN : 1;
+  // Loads element group i (kN elements starting at i * kN) of row r into f.
+  __device__ static void load(const T* row, int i, float (&f)[kN]) {
+    if constexpr (kVec) {
+      const Vec16<T> v = reinterpret_cast<const Vec16<T>*>(row)[i];
+#pragma unroll
+      for (int k = 0; k < kN; ++k) f[k] = to_float(v.v[k]);
+    } else {
+      f[0] = to_float(row[i]);
+    }
+  }
+  __device__ static void store(T* row, int i, const float (&f)[kN]) {
+    if constexpr (kVec) {
+      Vec16<T> v;
+#pragma unroll
+      for (int k = 0; k < kN; ++k) v.v[k] = from_float<T>(f[k]);
+      reinterpret_cast<Vec16<T>*>(row)[i] = v;
+    } else {
+      row[i] = from_float<T>(f[0]);
+    }
+  }
+};
+
 // Two passes over the row (mean, then the centred variance) for accuracy; the row stays in L1/L2.
-template <class T>
+template <class T, bool kVec>
 __global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
                                      int N, int C, float eps) {
+  using R = Row<T, kVec>;
+  constexpr int kN = R::kN;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= N) return;  // whole warps exit together
   const T* x = inp + static_cast<size_t>(row) * C;
+  const int groups = C / kN;
+  float f[kN];
   float sum = 0.f;
-  for (int c = lane; c < C; c += kWarpSize) sum += to_float(x[c]);
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(x, i, f);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) sum += f[k];
+  }
   const float mu = warp_sum(sum) / C;
   float sq = 0.f;
-  for (int c = lane; c < C; c += kWarpSize) {
-    const float d = to_float(x[c]) - mu;
-    sq += d * d;
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(x, i, f);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) sq += (f[k] - mu) * (f[k] - mu);
   }
   const float rs = rsqrtf(warp_sum(sq) / C + eps);
   T* y = out + static_cast<size_t>(row) * C;
-  for (int c = lane; c < C; c += kWarpSize)
-    y[c] = from_float<T>((to_float(x[c]) - mu) * rs * to_float(w[c]) + to_float(b[c]));
+  float fw[kN], fb[kN];
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(x, i, f);
+    R::load(w, i, fw);
+    R::load(b, i, fb);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) f[k] = (f[k] - mu) * rs * fw[k] + fb[k];
+    R::store(y, i, f);
+  }
   if (lane == 0) {
     if (mean) mean[row] = mu;
     if (rstd) rstd[row] = rs;
@@ -37,9 +82,11 @@ __global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* 
 }
 
 // dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w.
-template <class T>
+template <class T, bool kVec>
 __global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp, const T* w,
                                            const float* mean, const float* rstd, int N, int C) {
+  using R = Row<T, kVec>;
+  constexpr int kN = R::kN;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= N) return;
@@ -47,20 +94,44 @@ __global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp,
   const T* x = inp + offset;
   const T* dy = dout + offset;
   const float mu = mean[row], rs = rstd[row];
+  const int groups = C / kN;
+  float fx[kN], fdy[kN], fw[kN], fdx[kN];
   float sum_dnorm = 0.f, sum_dnorm_xhat = 0.f;
-  for (int c = lane; c < C; c += kWarpSize) {
-    const float dnorm = to_float(dy[c]) * to_float(w[c]);
-    sum_dnorm += dnorm;
-    sum_dnorm_xhat += dnorm * (to_float(x[c]) - mu) * rs;
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(x, i, fx);
+    R::load(dy, i, fdy);
+    R::load(w, i, fw);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      const float dnorm = fdy[k] * fw[k];
+      sum_dnorm += dnorm;
+      sum_dnorm_xhat += dnorm * (fx[k] - mu) * rs;
+    }
   }
   const float mean_dnorm = warp_sum(sum_dnorm) / C;
   const float mean_dnorm_xhat = warp_sum(sum_dnorm_xhat) / C;
   T* dx = dinp + offset;
-  for (int c = lane; c < C; c += kWarpSize) {
-    const float xhat = (to_float(x[c]) - mu) * rs;
-    dx[c] = from_float<T>(to_float(dx[c]) +
-                          rs * (to_float(dy[c]) * to_float(w[c]) - mean_dnorm - xhat * mean_dnorm_xhat));
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(x, i, fx);
+    R::load(dy, i, fdy);
+    R::load(w, i, fw);
+    R::load(dx, i, fdx);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      const float xhat = (fx[k] - mu) * rs;
+      fdx[k] += rs * (fdy[k] * fw[k] - mean_dnorm - xhat * mean_dnorm_xhat);
+    }
+    R::store(dx, i, fdx);
   }
+}
+
+// Whether every row of these [N, C] buffers is a whole number of aligned 16-byte vectors.
+template <class T>
+bool rows_vectorizable(int C, std::initializer_list<const void*> ptrs) {
+  if (C % Vec16<T>::kN != 0) return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 constexpr int kColumnTile = 32;
@@ -108,9 +179,14 @@ void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean
   const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   dispatch_float(act, [&](auto t) {
     using T = decltype(t);
-    layernorm_fwd_kernel<<<blocks, kThreads, 0, stream>>>(
-        static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), static_cast<const T*>(w),
-        static_cast<const T*>(b), N, C, eps);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp),
+                                              static_cast<const T*>(w), static_cast<const T*>(b), N, C, eps);
+    };
+    if (rows_vectorizable<T>(C, {out, inp, w, b}))
+      launch(layernorm_fwd_kernel<T, true>);
+    else
+      launch(layernorm_fwd_kernel<T, false>);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
@@ -124,9 +200,15 @@ void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, voi
   const dim3 grid((C + kColumnTile - 1) / kColumnTile, (N + rows_per_chunk - 1) / rows_per_chunk);
   dispatch_float(act, [&](auto t) {
     using T = decltype(t);
-    layernorm_bwd_input_kernel<<<blocks, kThreads, 0, stream>>>(
-        static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
-        static_cast<const T*>(w), mean, rstd, N, C);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(dout),
+                                              static_cast<const T*>(inp), static_cast<const T*>(w), mean,
+                                              rstd, N, C);
+    };
+    if (rows_vectorizable<T>(C, {dinp, dout, inp, w}))
+      launch(layernorm_bwd_input_kernel<T, true>);
+    else
+      launch(layernorm_bwd_input_kernel<T, false>);
     ANVIL_CUDA_CHECK_LAST();
     dispatch_float(grad, [&](auto g) {
       using G = decltype(g);

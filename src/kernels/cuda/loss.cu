@@ -1,4 +1,4 @@
-// Fused softmax + cross-entropy over the (padded) vocabulary: one block per row.
+// Fused softmax + cross-entropy over the (padded) vocabulary: one block per row, 16-byte loads and stores.
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "runtime/cuda/cuda_check.hpp"
@@ -20,9 +20,12 @@ __device__ MaxSum block_max_sum(MaxSum s) {
   return warp_max_sum(total);
 }
 
+// The loss kernel streams the [N, Vp] logits, so its speed is its load/store width: 16-byte vectors.
 template <class T>
 __global__ void softmax_xent_kernel(float* losses, T* logits, const int32_t* targets, int V, int Vp,
-                                    float grad_scale, bool write_grad, int32_t ignore_index) {
+                                    float grad_scale, bool write_grad, int32_t ignore_index,
+                                    bool vectorized) {
+  constexpr int kN = Vec16<T>::kN;
   const size_t row = blockIdx.x;
   T* x = logits + row * Vp;
   const int target = targets[row];
@@ -38,15 +41,42 @@ __global__ void softmax_xent_kernel(float* losses, T* logits, const int32_t* tar
   const float target_logit = target_valid ? to_float(x[target]) : 0.f;
 
   MaxSum stats{-INFINITY, 0.f};
-  for (int j = threadIdx.x; j < V; j += blockDim.x) stats = max_sum_add(stats, to_float(x[j]));
+  int scalar_from = 0;
+  if (vectorized) {
+    // Whole vectors inside [0, V): one max per vector, then one rescale of the running sum.
+    const int full = V / kN;
+    const auto* xv = reinterpret_cast<const Vec16<T>*>(x);
+    for (int i = threadIdx.x; i < full; i += blockDim.x) {
+      const Vec16<T> in = xv[i];
+      float f[kN], m = stats.max;
+#pragma unroll
+      for (int k = 0; k < kN; ++k) f[k] = to_float(in.v[k]), m = fmaxf(m, f[k]);
+      float sum = stats.max == -INFINITY ? 0.f : stats.sum * __expf(stats.max - m);
+#pragma unroll
+      for (int k = 0; k < kN; ++k) sum += __expf(f[k] - m);
+      stats = {m, sum};
+    }
+    scalar_from = full * kN;
+  }
+  for (int j = scalar_from + threadIdx.x; j < V; j += blockDim.x) stats = max_sum_add(stats, to_float(x[j]));
   stats = block_max_sum(stats);
   if (threadIdx.x == 0) losses[row] = target_valid ? stats.max + __logf(stats.sum) - target_logit : NAN;
   if (!write_grad) return;
   const float inv_sum = 1.f / stats.sum;
-  for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-    float grad = 0.f;
-    if (j < V) grad = grad_scale * (__expf(to_float(x[j]) - stats.max) * inv_sum - (j == target ? 1.f : 0.f));
-    x[j] = from_float<T>(grad);
+  auto grad_of = [&](int j, float logit) {
+    if (j >= V) return 0.f;
+    return grad_scale * (__expf(logit - stats.max) * inv_sum - (j == target ? 1.f : 0.f));
+  };
+  if (vectorized) {
+    auto* xv = reinterpret_cast<Vec16<T>*>(x);
+    for (int i = threadIdx.x; i < Vp / kN; i += blockDim.x) {
+      Vec16<T> io = xv[i];
+#pragma unroll
+      for (int k = 0; k < kN; ++k) io.v[k] = from_float<T>(grad_of(i * kN + k, to_float(io.v[k])));
+      xv[i] = io;
+    }
+  } else {
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = from_float<T>(grad_of(j, to_float(x[j])));
   }
 }
 
@@ -58,8 +88,10 @@ void softmax_xent_fwd_bwd(cudaStream_t stream, anvil::DType act, float* losses, 
   if (N <= 0) return;
   dispatch_float(act, [&](auto t) {
     using T = decltype(t);
+    // Rows start 16-byte aligned when the padded width is a whole number of vectors (the buffer is aligned).
+    const bool vectorized = Vp % Vec16<T>::kN == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
     softmax_xent_kernel<<<N, kThreads, 0, stream>>>(losses, static_cast<T*>(logits), targets, V, Vp,
-                                                    grad_scale, write_grad, ignore_index);
+                                                    grad_scale, write_grad, ignore_index, vectorized);
   });
   ANVIL_CUDA_CHECK_LAST();
 }

@@ -93,8 +93,11 @@ uint32_t alignment_bytes(const void* p, int batch, int64_t stride_elems, size_t 
 std::string describe(const GemmArgs& g) {
   return "M=" + std::to_string(g.m) + " N=" + std::to_string(g.n) + " K=" + std::to_string(g.k) +
          " batch=" + std::to_string(g.batch) + (g.trans_a ? " A^T" : "") + (g.trans_b ? " B^T" : "") +
-         (g.bias ? " +bias" : "") + " " + anvil::dtype_name(g.ab_type).data() + "->" +
-         anvil::dtype_name(g.c_type).data();
+         (g.bias ? " +bias" : "") +
+         (g.gelu == GemmArgs::kGeluAux ? " gelu"
+          : g.gelu == GemmArgs::kDGelu ? " dgelu"
+                                       : "") +
+         " " + anvil::dtype_name(g.ab_type).data() + "->" + anvil::dtype_name(g.c_type).data();
 }
 
 }  // namespace
@@ -126,6 +129,7 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
   const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b, ab_bytes);
   const uint32_t align_c = alignment_bytes(g.c, g.batch, g.stride_c, c_bytes);
   const uint32_t align_bias = g.bias ? alignment_bytes(g.bias, 1, 0, c_bytes) : 0;
+  const uint32_t align_aux = g.aux ? alignment_bytes(g.aux, 1, 0, c_bytes) : 0;
   const PlanKey key{g.trans_a,
                     g.trans_b,
                     g.m,
@@ -142,7 +146,9 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
                     align_bias,
                     g.bias != nullptr,
                     int64_t(g.ab_type),
-                    int64_t(g.c_type)};
+                    int64_t(g.c_type),
+                    int64_t(g.gelu),
+                    align_aux};
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
@@ -160,13 +166,30 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
   ANVIL_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-  if (g.bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (g.gelu == GemmArgs::kGeluAux)
+    epilogue = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else if (g.gelu == GemmArgs::kDGelu)
+    epilogue = CUBLASLT_EPILOGUE_DGELU;
+  else if (g.bias)
+    epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     ANVIL_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    // The heuristic reads the pointer's alignment; run() sets the real pointer before every call.
+  // The heuristic reads the pointers' alignment; run() sets the real pointers before every call.
+  if (g.bias)
     ANVIL_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  if (g.gelu != GemmArgs::kNoGelu) {
+    // The auxiliary matrix is laid out like D: column-major [n, m] with leading dimension n.
+    const int64_t aux_ld = g.n;
+    const int32_t aux_type = cuda_type(g.c_type);
+    ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux,
+                                                      sizeof(g.aux)));
+    ANVIL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                                      &aux_type, sizeof(aux_type)));
   }
 
   // Stored (pre-op) column-major shapes. Row-major B is [K,N] (or [N,K] if trans_b) = column-major
@@ -207,10 +230,16 @@ void Gemm::run(cudaStream_t stream, const GemmArgs& g) {
   if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
   if (g.k <= 0) gemm_error("GEMM with an empty inner dimension: " + describe(g));
   if (g.bias && g.batch != 1) gemm_error("GEMM bias epilogue is only supported unbatched: " + describe(g));
+  if (g.gelu != GemmArgs::kNoGelu && (g.batch != 1 || !g.aux || g.beta != 0.f))
+    gemm_error("GEMM GELU epilogue needs an unbatched, non-accumulating GEMM with an aux buffer: " +
+               describe(g));
   Plan& plan = plan_for(g);
   if (g.bias)
     ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &g.bias, sizeof(g.bias)));
+  if (g.aux)
+    ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
   // C and D are the same buffer with the same layout: beta = 1 accumulates in place.
   ANVIL_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), plan.desc.get(), &g.alpha, g.b, plan.layout_first.get(),
                                     g.a, plan.layout_second.get(), &g.beta, g.c, plan.layout_out.get(), g.c,

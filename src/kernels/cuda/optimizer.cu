@@ -87,10 +87,12 @@ __device__ __forceinline__ float adamw_element(float p, float gr, void* m_, void
 template <class G, bool kBf16Moments>
 __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* v_, size_t n, GroupTable t,
                                    GroupHyper h, float beta1, float beta2, float eps, float grad_scale,
-                                   float inv_bias1, float sqrt_bias2, uint64_t seed) {
+                                   const float* grad_scale_device, float inv_bias1, float sqrt_bias2,
+                                   uint64_t seed) {
   __shared__ uint64_t s_begins[kMaxSharedRanges], s_states[kMaxSharedRanges];
   __shared__ uint8_t s_groups[kMaxSharedRanges];
   const RangeView rv = stage_table(t, s_begins, s_groups, s_states);
+  grad_scale = effective_grad_scale(grad_scale, grad_scale_device);
   const size_t quads = (n + 3) / 4;
   for (size_t q = blockIdx.x * size_t{blockDim.x} + threadIdx.x; q < quads;
        q += size_t{gridDim.x} * blockDim.x) {
@@ -138,11 +140,12 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
 
 template <class G>
 __global__ void sgd_kernel(float* param, const G* grad, float* buf, size_t n, GroupTable t, GroupHyper h,
-                           float momentum, float dampening, bool nesterov, bool first_step,
-                           float grad_scale) {
+                           float momentum, float dampening, bool nesterov, bool first_step, float grad_scale,
+                           const float* grad_scale_device) {
   __shared__ uint64_t s_begins[kMaxSharedRanges], s_states[kMaxSharedRanges];
   __shared__ uint8_t s_groups[kMaxSharedRanges];
   const RangeView rv = stage_table(t, s_begins, s_groups, s_states);
+  grad_scale = effective_grad_scale(grad_scale, grad_scale_device);
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     const int r = rv.find(i);
     const int g = rv.groups[r];
@@ -169,34 +172,36 @@ GroupHyper group_hyper(const float* lr4, const float* wd4) {
 
 void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType moment_type, float* param,
                       const void* grad, void* m, void* v, size_t n, const GroupTable& g, float beta1,
-                      float beta2, float eps, float grad_scale, const float* lr4, const float* wd4,
-                      float inv_bias1, float sqrt_bias2, uint64_t rounding_seed) {
+                      float beta2, float eps, float grad_scale, const float* grad_scale_device,
+                      const float* lr4, const float* wd4, float inv_bias1, float sqrt_bias2,
+                      uint64_t rounding_seed) {
   if (n == 0 || g.count == 0) return;
   const GroupHyper h = group_hyper(lr4, wd4);
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
     if (moment_type == anvil::DType::BF16)
       adamw_fused_kernel<G, true><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
-          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, inv_bias1,
-          sqrt_bias2, rounding_seed);
+          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, grad_scale_device,
+          inv_bias1, sqrt_bias2, rounding_seed);
     else
       adamw_fused_kernel<G, false><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
-          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, inv_bias1,
-          sqrt_bias2, rounding_seed);
+          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, grad_scale_device,
+          inv_bias1, sqrt_bias2, rounding_seed);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
 
 void sgd_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
               float* momentum_buf, size_t n, const GroupTable& g, float momentum, float dampening,
-              bool nesterov, bool first_step, float grad_scale, const float* lr4, const float* wd4) {
+              bool nesterov, bool first_step, float grad_scale, const float* grad_scale_device,
+              const float* lr4, const float* wd4) {
   if (n == 0 || g.count == 0) return;
   const GroupHyper h = group_hyper(lr4, wd4);
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
-    sgd_kernel<G><<<grid_for(n, kThreads), kThreads, 0, stream>>>(param, static_cast<const G*>(grad),
-                                                                  momentum_buf, n, g, h, momentum, dampening,
-                                                                  nesterov, first_step, grad_scale);
+    sgd_kernel<G><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        param, static_cast<const G*>(grad), momentum_buf, n, g, h, momentum, dampening, nesterov, first_step,
+        grad_scale, grad_scale_device);
   });
   ANVIL_CUDA_CHECK_LAST();
 }

@@ -1,5 +1,7 @@
 // Sums over up to billions of fp32/bf16/fp16 values: a fixed grid of blocks accumulates fp64 partials (so the
-// order, and the result, is deterministic for a given n), then one block adds the partials.
+// order, and the result, is deterministic for a given n), then one block adds the partials. No atomics:
+// the device-result form (reduce_sum_to) gives the same value as the host-returning one, run after run.
+// Also the gradient-clipping factor (grad_clip_scale), so a training step never reads its norm on the host.
 #include <type_traits>
 
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -39,11 +41,48 @@ __global__ void reduce_partials_kernel(double* partials, const T* x, size_t n) {
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+// *result = the sum of the partials, or *result += it with kAccumulate (one thread writes: ordered).
+template <bool kAccumulate>
 __global__ void reduce_final_kernel(double* result, const double* partials, int count) {
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) *result = acc;
+  if (threadIdx.x == 0) *result = kAccumulate ? *result + acc : acc;
+}
+
+// Both passes, queued on `stream`: partials into scratch[0, kReducePartials), the total into `result`.
+void queue_reduce(cudaStream_t stream, anvil::DType dtype, const void* x, size_t n, bool square,
+                  double* scratch, double* result, bool accumulate) {
+  const int blocks = static_cast<int>(std::min<size_t>(kReducePartials, (n + kThreads - 1) / kThreads));
+  if (blocks > 0) {
+    dispatch_float(dtype, [&](auto t) {
+      using T = decltype(t);
+      const T* xt = static_cast<const T*>(x);
+      if (square)
+        reduce_partials_kernel<true><<<blocks, kThreads, 0, stream>>>(scratch, xt, n);
+      else
+        reduce_partials_kernel<false><<<blocks, kThreads, 0, stream>>>(scratch, xt, n);
+    });
+    ANVIL_CUDA_CHECK_LAST();
+  }
+  // With n == 0 the final pass still runs (over no partials): *result = 0, or unchanged when accumulating.
+  if (accumulate)
+    reduce_final_kernel<true><<<1, kThreads, 0, stream>>>(result, scratch, blocks);
+  else
+    reduce_final_kernel<false><<<1, kThreads, 0, stream>>>(result, scratch, blocks);
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+// The trainer's host arithmetic (cpu::grad_clip_scale) in fp64, each operation explicitly rounded so that
+// nvcc cannot contract a multiply and an add into an FMA (which would round once instead of twice and
+// could change the clip factor's last bit). fp64 math is IEEE-exact under --use_fast_math.
+__global__ void grad_clip_scale_kernel(float* scale_out, double* norm_out, const double* sum_squares,
+                                       double unscale, double max_norm) {
+  const double norm = __dmul_rn(__dsqrt_rn(*sum_squares), unscale);
+  float clip = 1.0f;
+  if (max_norm > 0 && norm > max_norm) clip = __double2float_rn(__ddiv_rn(max_norm, __dadd_rn(norm, 1e-6)));
+  *norm_out = norm;
+  *scale_out = __double2float_rn(__dmul_rn(static_cast<double>(clip), unscale));
 }
 
 }  // namespace
@@ -51,23 +90,23 @@ __global__ void reduce_final_kernel(double* result, const double* partials, int 
 double reduce_sum(cudaStream_t stream, anvil::DType dtype, const void* x, size_t n, bool square,
                   double* scratch) {
   if (n == 0) return 0.0;
-  const int blocks = static_cast<int>(std::min<size_t>(kReducePartials, (n + kThreads - 1) / kThreads));
-  dispatch_float(dtype, [&](auto t) {
-    using T = decltype(t);
-    const T* xt = static_cast<const T*>(x);
-    if (square)
-      reduce_partials_kernel<true><<<blocks, kThreads, 0, stream>>>(scratch, xt, n);
-    else
-      reduce_partials_kernel<false><<<blocks, kThreads, 0, stream>>>(scratch, xt, n);
-  });
-  ANVIL_CUDA_CHECK_LAST();
   double* result = scratch + kReducePartials;
-  reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, scratch, blocks);
-  ANVIL_CUDA_CHECK_LAST();
+  queue_reduce(stream, dtype, x, n, square, scratch, result, /*accumulate=*/false);
   double host_result = 0.0;
   ANVIL_CUDA_CHECK(cudaMemcpyAsync(&host_result, result, sizeof(double), cudaMemcpyDeviceToHost, stream));
   ANVIL_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host_result;
+}
+
+void reduce_sum_to(cudaStream_t stream, anvil::DType dtype, const void* x, size_t n, bool square,
+                   double* scratch, double* out, bool accumulate) {
+  queue_reduce(stream, dtype, x, n, square, scratch, out, accumulate);
+}
+
+void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, const double* sum_squares,
+                     double unscale, double max_norm) {
+  grad_clip_scale_kernel<<<1, 1, 0, stream>>>(scale_out, norm_out, sum_squares, unscale, max_norm);
+  ANVIL_CUDA_CHECK_LAST();
 }
 
 }  // namespace anvil::cuda
