@@ -10,6 +10,18 @@ double training_flops_per_token(const TransformerConfig& m, int seq_len) {
 
 PeakFlops peak_flops(const std::string& device_name, const std::string& precision, double configured) {
   if (configured > 0) return {configured, "peak_flops (configured)"};
+  // Measured 16-bit dense GEMM peaks (anvil bench-gemm --precision bf16, 8192^3; docs/performance.md): what
+  // the machine really reaches, which MFU is reported against when known.
+  struct Measured {
+    const char* name_part;
+    double half;
+  };
+  static constexpr std::array<Measured, 1> kMeasured = {{{"H100 80GB HBM3", 795.8e12}}};
+  if (precision == "bf16" || precision == "fp16")
+    for (const Measured& m : kMeasured)
+      if (device_name.find(m.name_part) != std::string::npos)
+        return {m.half, std::string("measured dense 16-bit GEMM peak of ") + m.name_part +
+                            " (anvil bench-gemm, docs/performance.md)"};
   struct Known {
     const char* name_part;
     double fp32, tf32, half;  // dense, FLOP/s
