@@ -81,7 +81,10 @@ void GptModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   i_res3_ = plan.add("block output", M::Activations, L * BT * C * a);
   i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * a);
   i_lnf_stats_ = plan.add("ln_f mean/rstd", M::Activations, 2 * BT * f);
-  i_logits_ = plan.add("logits", M::Activations, BT * cfg_.padded_vocab_size() * a);
+  // A training model computes the LM head and loss in row chunks (forward()); only inference keeps all rows.
+  logits_rows_ = training_ ? std::min(BT, kLossChunkRows) : BT;
+  i_logits_ = plan.add(training_ ? "logits (one chunk of rows)" : "logits", M::Activations,
+                       logits_rows_ * cfg_.padded_vocab_size() * a);
   i_losses_ = plan.add("losses", M::Activations, BT * f);
   i_tmp_c_ = plan.add("projection scratch", M::Workspace, BT * C * a);
   i_attn_scratch_ = plan.add("attention scratch", M::Workspace,
@@ -256,26 +259,48 @@ void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, 
                     at(weights_, lnfb_off_), N, C);
   trace_alloc(trace_lnf_, "ln_f output + mean/rstd", MemoryCategory::Activations, sBTC * ae_ + 2 * sBT * 4,
               -1, "forward");
-  ops.matmul_fwd(logits_, lnf_, at(weights_, wte_off_), nullptr, N, C, Vp);
-  trace_alloc(trace_logits_, "logits", MemoryCategory::Activations, sBT * Vp * ae_, -1, "forward");
-  if (targets) {
-    ops.softmax_xent_fwd_bwd(losses_, logits_, targets, N, V, Vp, grad_scale, write_grad);
-    trace_alloc(trace_losses_, "losses", MemoryCategory::Activations, sBT * 4, -1, "forward");
+  const void* wte = at(weights_, wte_off_);
+  head_grad_ready_ = false;
+  if (!targets) {
+    ANVIL_REQUIRE(
+        size_t(N) <= logits_rows_,
+        "the logits of {} rows do not fit this model's {}-row logits buffer (a training model keeps "
+        "one loss chunk; ask for fewer rows)",
+        N, logits_rows_);
+    ops.matmul_fwd(logits_, lnf_, wte, nullptr, N, C, Vp);
+    trace_alloc(trace_logits_, "logits", MemoryCategory::Activations, logits_rows_ * Vp * ae_, -1, "forward");
+    return;
   }
+  // LM head + loss (+ the head's backward) one chunk of rows at a time: the logits of a chunk are
+  // overwritten by their gradient, which immediately gives the chunk's d(ln_f output) rows (into tmp_c_,
+  // where backward() picks them up) and its share of the tied wte gradient.
+  trace_alloc(trace_logits_, "logits (one chunk of rows)", MemoryCategory::Activations,
+              logits_rows_ * Vp * ae_, -1, "forward");
+  char* g0 = static_cast<char*>(grads_);
+  for (size_t r0 = 0; r0 < size_t(N); r0 += logits_rows_) {
+    const int n = int(std::min(logits_rows_, size_t(N) - r0));
+    const void* x = at(lnf_, r0 * C);
+    ops.matmul_fwd(logits_, x, wte, nullptr, n, C, Vp);
+    ops.softmax_xent_fwd_bwd(losses_ + r0, logits_, targets + r0, n, V, Vp, grad_scale, write_grad);
+    if (write_grad)
+      ops.matmul_bwd(at(tmp_c_, r0 * C), g0 + wte_off_ * ge_, nullptr, logits_, x, wte, n, C, Vp);
+  }
+  head_grad_ready_ = write_grad;
+  trace_free(trace_logits_, "forward");
+  trace_alloc(trace_losses_, "losses", MemoryCategory::Activations, sBT * 4, -1, "forward");
 }
 
 void GptModel::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   ANVIL_ASSERT(training_, "backward on a model planned without gradients");
-  const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, Vp = cfg_.padded_vocab_size();
+  const int C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer;
   const int N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
-  const void* wte = at(weights_, wte_off_);
   char* g0 = static_cast<char*>(grads_);
+  ANVIL_ASSERT(head_grad_ready_, "backward() needs the preceding forward() with targets and write_grad");
+  head_grad_ready_ = false;
 
-  // Head (tied to wte) and final norm. dlogits already sits in the logits buffer.
+  // The head's backward ran chunk by chunk in forward(): tmp_c_ holds d(ln_f output). Final norm next.
   trace_phase("backward head", -1);
-  ops.matmul_bwd(tmp_c_, g0 + wte_off_ * ge_, nullptr, logits_, lnf_, wte, N, C, Vp);
-  trace_free(trace_logits_, "backward");
   ops.device().fill_zero(dres_, size_t(N) * C * ae_);
   ops.layernorm_bwd(dres_, g0 + lnfw_off_ * ge_, g0 + lnfb_off_ * ge_, tmp_c_, at(res3_, (L - 1) * sBTC),
                     at(weights_, lnfw_off_), lnf_stats_, lnf_stats_ + sBT, N, C);

@@ -52,8 +52,12 @@ class GptModel {
   float* grads() const;
   size_t grad_bytes() const { return dtype_bytes(precision_.grad, layout_.total_numel()); }
   const float* losses() const { return losses_; }
-  // Logits [B, T, padded vocab] in the compute type; copy_logits_to_host widens rows to fp32.
+  // Logits [B, T, padded vocab] in the compute type, after a forward without targets (a forward with
+  // targets computes them in chunks of logits_rows() rows and keeps none); copy_logits_to_host widens rows
+  // to fp32.
   const void* logits() const { return logits_; }
+  // Rows the logits buffer holds: B*T for an inference model; at most kLossChunkRows for a training one.
+  size_t logits_rows() const { return logits_rows_; }
   void copy_logits_to_host(Device& dev, float* dst, size_t first_row, size_t rows) const;
 
   // GPT-2 initialisation, deterministic for a seed: N(0, 0.02) for matrices and embeddings,
@@ -66,10 +70,16 @@ class GptModel {
   // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
   void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const;
 
-  // tokens/targets are [B, T] in device memory. With targets, losses() receives the per-position loss.
-  // With write_grad, the logits buffer is overwritten by dloss/dlogits * grad_scale for backward().
+  // tokens/targets are [B, T] in device memory. With targets, losses() receives the per-position loss; the
+  // LM head and loss run in chunks of logits_rows() rows, so the [B*T, vocab] logits never exist at once.
+  // With write_grad, each chunk's backward through the head (tied wte gradient, d(ln_f output)) runs right
+  // after its loss, scaled by grad_scale; backward() continues from there. Without targets, the logits of
+  // all B*T rows are computed (B*T must fit logits_rows()).
   void forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T, float grad_scale,
                bool write_grad);
+  // Rows of one LM-head + loss chunk of a training model (a [rows, vocab] logits buffer: 0.8 GB for
+  // GPT-2's vocabulary in bf16).
+  static constexpr size_t kLossChunkRows = 8192;
   // Accumulates parameter gradients into grads(); needs the preceding forward with write_grad.
   void backward(Ops& ops, const int32_t* tokens, int B, int T);
 
@@ -139,6 +149,8 @@ class GptModel {
   void *encoded_ = nullptr, *res3_ = nullptr, *lnf_ = nullptr, *logits_ = nullptr, *tmp_c_ = nullptr,
        *dres_ = nullptr, *d4c_ = nullptr, *dqkv_ = nullptr, *attn_scratch_ = nullptr;
   float *lnf_stats_ = nullptr, *losses_ = nullptr;
+  size_t logits_rows_ = 0;
+  bool head_grad_ready_ = false;  // forward(write_grad) left d(ln_f output) in tmp_c_ for backward()
 };
 
 }  // namespace anvil

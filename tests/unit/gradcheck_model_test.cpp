@@ -19,6 +19,7 @@
 #include "gradcheck_util.hpp"
 #include "kernels/ops.hpp"
 #include "model/gpt_model.hpp"
+#include "test_util.hpp"
 #include "train/engine.hpp"
 
 namespace anvil {
@@ -150,6 +151,74 @@ TEST_F(GradCheckModel, NegativeControlWrongGradientFails) {
   for (float& v : g_lnf) v *= 1.1f;
   EXPECT_FALSE(gradient_matches([&] { return loss(); }, params().subspan(t.offset, t.numel()), g_lnf,
                                 {.eps = 1e-2, .directions = 2, .coordinates = 3}));
+}
+
+// A batch of more than GptModel::kLossChunkRows rows runs the LM head, loss and head backward in several
+// chunks: its losses and gradients equal those of the same sequences run one by one (one chunk each) and
+// accumulated, up to float summation order; and an inference model's full logits give the same losses.
+TEST(LossChunks, ManyChunksEqualOneByOne) {
+  TransformerConfig c;
+  c.n_layer = 1, c.n_head = 2, c.n_embd = 16, c.vocab_size = 40, c.block_size = 1024;
+  const int T = 1024, B = int(GptModel::kLossChunkRows / T) + 2;  // B*T rows: two chunks, the last partial
+  EngineOptions o;
+  o.device = DeviceKind::CPU, o.seq_len = T, o.training = true;
+  o.batch_size = B;
+  Engine big(c, o);
+  o.batch_size = 1;
+  Engine one(c, o);
+  o.training = false, o.batch_size = B;
+  Engine infer(c, o);
+  ASSERT_EQ(big.model().logits_rows(), GptModel::kLossChunkRows);
+  ASSERT_EQ(infer.model().logits_rows(), size_t(B) * T);
+  big.model().init_weights(3, big.device());
+  one.model().init_weights(3, one.device());
+  infer.model().init_weights(3, infer.device());
+  Rng rng(5);
+  std::vector<int32_t> tokens(size_t(B) * T), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = int32_t(rng.below(c.vocab_size));
+    targets[i] = i % 7 == 3 ? kIgnoreIndex : int32_t(rng.below(c.vocab_size));
+  }
+  const size_t P = big.model().layout().total_numel(), rows = tokens.size();
+  std::copy(tokens.begin(), tokens.end(), big.tokens(0));
+  std::copy(targets.begin(), targets.end(), big.targets(0));
+  std::fill_n(big.model().grads(), P, 0.0f);
+  big.model().forward(big.ops(), big.tokens(0), big.targets(0), B, T, 1.0f, true);
+  big.model().backward(big.ops(), big.tokens(0), B, T);
+  const std::vector<float> big_losses(big.model().losses(), big.model().losses() + rows);
+
+  std::fill_n(one.model().grads(), P, 0.0f);
+  std::vector<float> one_losses;
+  for (int b = 0; b < B; ++b) {
+    std::copy_n(tokens.begin() + size_t(b) * T, T, one.tokens(0));
+    std::copy_n(targets.begin() + size_t(b) * T, T, one.targets(0));
+    one.model().forward(one.ops(), one.tokens(0), one.targets(0), 1, T, 1.0f, true);
+    one.model().backward(one.ops(), one.tokens(0), 1, T);
+    one_losses.insert(one_losses.end(), one.model().losses(), one.model().losses() + T);
+  }
+  for (size_t i = 0; i < rows; ++i) ASSERT_NEAR(big_losses[i], one_losses[i], 1e-5) << "row " << i;
+  double gmax = 0;
+  for (size_t i = 0; i < P; ++i) gmax = std::max(gmax, double(std::abs(one.model().grads()[i])));
+  ASSERT_GT(gmax, 0.0);
+  for (size_t i = 0; i < P; ++i)
+    ASSERT_NEAR(big.model().grads()[i], one.model().grads()[i], 1e-4 * gmax) << i;
+
+  // The inference model's full logits: log-softmax at the target gives the same per-row losses.
+  std::copy(tokens.begin(), tokens.end(), infer.tokens(0));
+  infer.model().forward(infer.ops(), infer.tokens(0), nullptr, B, T, 0.0f, false);
+  const int Vp = c.padded_vocab_size();
+  const float* logits = static_cast<const float*>(infer.model().logits());
+  for (size_t r = 0; r < rows; r += 997) {
+    if (targets[r] == kIgnoreIndex) continue;
+    const float* z = logits + r * Vp;
+    const double mx = *std::max_element(z, z + c.vocab_size);
+    double sum = 0;
+    for (int j = 0; j < c.vocab_size; ++j) sum += std::exp(double(z[j]) - mx);
+    EXPECT_NEAR(big_losses[r], mx + std::log(sum) - z[targets[r]], 1e-4) << "row " << r;
+  }
+  // A training model asked for more rows of logits than one chunk says so.
+  test::expect_error([&] { big.model().forward(big.ops(), big.tokens(0), nullptr, B, T, 0.0f, false); },
+                     {"do not fit"});
 }
 
 }  // namespace
