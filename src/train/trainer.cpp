@@ -240,6 +240,9 @@ TrainSummary Run::go() {
     fmt::print("  activation checkpointing: {} every {} block(s)\n", cfg_.gradient_checkpointing_mode,
                cfg_.gradient_checkpointing_every);
   fmt::print("  precision: {}\n", precision_description(cfg_, scaler_ ? &*scaler_ : nullptr));
+  if (dev.kind() == DeviceKind::CUDA)  // which attention path the shapes and build take (docs/performance.md)
+    fmt::print("  attention: {}\n", cuda_attention_implementation(e.ops().precision().compute,
+                                                                  model_cfg_.n_embd, model_cfg_.n_head));
   fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
              format_bytes(e.optimizer().state_bytes()));
   if (e.optimizer().kind() == OptimizerKind::Adafactor && cfg_.adafactor_relative_step)
