@@ -22,6 +22,10 @@ GptModel::GptModel(TransformerConfig cfg, int max_batch, int max_seq, bool train
       B_(max_batch),
       T_(max_seq),
       training_(training),
+      // A training model computes the LM head and loss in row chunks (forward()); only inference keeps all
+      // rows.
+      logits_rows_(training ? std::min(size_t(max_batch) * max_seq, kLossChunkRows)
+                            : size_t(max_batch) * max_seq),
       checkpointing_(checkpointing),
       precision_(precision),
       ae_(dtype_bits(precision.compute) / 8),
@@ -81,8 +85,6 @@ void GptModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   i_res3_ = plan.add("block output", M::Activations, L * BT * C * a);
   i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * a);
   i_lnf_stats_ = plan.add("ln_f mean/rstd", M::Activations, 2 * BT * f);
-  // A training model computes the LM head and loss in row chunks (forward()); only inference keeps all rows.
-  logits_rows_ = training_ ? std::min(BT, kLossChunkRows) : BT;
   i_logits_ = plan.add(training_ ? "logits (one chunk of rows)" : "logits", M::Activations,
                        logits_rows_ * cfg_.padded_vocab_size() * a);
   i_losses_ = plan.add("losses", M::Activations, BT * f);

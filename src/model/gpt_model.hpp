@@ -133,6 +133,7 @@ class GptModel {
   size_t wte_off_, wpe_off_, lnfw_off_, lnfb_off_;  // offsets of the tensors outside the blocks
   int B_, T_;
   bool training_;
+  size_t logits_rows_;  // rows of the logits buffer (see logits_rows())
   CheckpointPolicy checkpointing_;
   OpsPrecision precision_;
   size_t ae_, ge_;  // bytes per element of the compute and gradient types
@@ -149,7 +150,6 @@ class GptModel {
   void *encoded_ = nullptr, *res3_ = nullptr, *lnf_ = nullptr, *logits_ = nullptr, *tmp_c_ = nullptr,
        *dres_ = nullptr, *d4c_ = nullptr, *dqkv_ = nullptr, *attn_scratch_ = nullptr;
   float *lnf_stats_ = nullptr, *losses_ = nullptr;
-  size_t logits_rows_ = 0;
   bool head_grad_ready_ = false;  // forward(write_grad) left d(ln_f output) in tmp_c_ for backward()
 };
 

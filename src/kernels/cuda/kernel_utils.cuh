@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 
 #include "anvil/dtype.hpp"
@@ -151,5 +152,14 @@ struct alignas(16) Vec16 {
   static constexpr int kN = 16 / sizeof(T);
   T v[kN];
 };
+
+// Whether every row of these [rows, width] buffers of T is a whole number of aligned 16-byte vectors.
+template <class T>
+bool rows_vectorizable(int width, std::initializer_list<const void*> ptrs) {
+  if (width % Vec16<T>::kN != 0) return false;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 }  // namespace anvil::cuda

@@ -1,7 +1,5 @@
 // LayerNorm over the last dimension: one warp per row for the row-wise work, and a tiled column
 // reduction for the parameter gradients.
-#include <initializer_list>
-
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "runtime/cuda/cuda_check.hpp"
@@ -123,15 +121,6 @@ __global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp,
     }
     R::store(dx, i, fdx);
   }
-}
-
-// Whether every row of these [N, C] buffers is a whole number of aligned 16-byte vectors.
-template <class T>
-bool rows_vectorizable(int C, std::initializer_list<const void*> ptrs) {
-  if (C % Vec16<T>::kN != 0) return false;
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
 }
 
 constexpr int kColumnTile = 32;

@@ -88,8 +88,7 @@ void softmax_xent_fwd_bwd(cudaStream_t stream, anvil::DType act, float* losses, 
   if (N <= 0) return;
   dispatch_float(act, [&](auto t) {
     using T = decltype(t);
-    // Rows start 16-byte aligned when the padded width is a whole number of vectors (the buffer is aligned).
-    const bool vectorized = Vp % Vec16<T>::kN == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+    const bool vectorized = rows_vectorizable<T>(Vp, {logits});
     softmax_xent_kernel<<<N, kThreads, 0, stream>>>(losses, static_cast<T*>(logits), targets, V, Vp,
                                                     grad_scale, write_grad, ignore_index, vectorized);
   });
