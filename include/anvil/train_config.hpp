@@ -108,6 +108,10 @@ struct TrainConfig {
   // Profiling: "A:B" profiles global steps A..B (1-based) into output_dir/profile_steps_A-B.json, a Chrome
   // trace (docs/performance.md); "" for none.
   std::string profile_steps;
+  // CUDA: replay each micro-batch's forward + backward from a CUDA graph recorded at its second use (one
+  // launch instead of hundreds). Steps that are profiled or memory-traced run without graphs. Ignored on
+  // the CPU.
+  bool cuda_graphs = true;
   // The device's dense peak FLOP/s for MFU (0: a known GPU's nominal figure, docs/performance.md).
   double peak_flops = 0;
   // Parsed profile_steps (0, 0 when unset).

@@ -3,6 +3,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +53,21 @@ class Device {
   virtual void wait_for_copies() = 0;
   // Blocks until the host buffer of the last async copy may be reused.
   virtual void sync_copies() = 0;
+  // Copies queued by copy_to_device_async after this call wait for the compute work queued before it: the
+  // device buffers that work reads may then be overwritten by the next batch (double-buffered inputs).
+  virtual void release_inputs_to_copies() {}
+
+  // Work recorded once and replayed with one launch (a CUDA graph). The recorded work keeps every pointer
+  // and every host-side scalar it was queued with; it must not synchronise, allocate or copy to the host.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void launch() = 0;  // queued on the compute stream like any other work
+  };
+  // Records the compute work that `record` queues (nothing runs while recording) into a Graph; nullptr on
+  // backends without graphs (the CPU). If `record` throws, the recording is abandoned and the error
+  // propagates.
+  virtual std::unique_ptr<Graph> capture(const std::function<void()>& record) { return nullptr; }
 
   virtual void synchronize() = 0;  // wait for all queued work
 

@@ -240,9 +240,13 @@ TrainSummary Run::go() {
     fmt::print("  activation checkpointing: {} every {} block(s)\n", cfg_.gradient_checkpointing_mode,
                cfg_.gradient_checkpointing_every);
   fmt::print("  precision: {}\n", precision_description(cfg_, scaler_ ? &*scaler_ : nullptr));
-  if (dev.kind() == DeviceKind::CUDA)  // which attention path the shapes and build take (docs/performance.md)
+  if (dev.kind() == DeviceKind::CUDA) {  // which attention path the shapes and build take (performance.md)
     fmt::print("  attention: {}\n", cuda_attention_implementation(e.ops().precision().compute,
                                                                   model_cfg_.n_embd, model_cfg_.n_head));
+    fmt::print("  cuda graphs: {}\n", cfg_.cuda_graphs
+                                          ? "on (each micro-batch's forward + backward replayed from a graph)"
+                                          : "off (--cuda_graphs false)");
+  }
   fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
              format_bytes(e.optimizer().state_bytes()));
   if (e.optimizer().kind() == OptimizerKind::Adafactor && cfg_.adafactor_relative_step)
@@ -300,6 +304,18 @@ TrainSummary Run::go() {
     profiler = std::make_unique<StepProfiler>(dev, path, first, last);
     model.set_profiler(profiler.get());
   }
+  // One micro-batch's forward, backward and loss sum, with the inputs of slot `s`.
+  const auto micro_batch = [&](int s, float grad_scale) {
+    model.forward(e.ops(), e.tokens(s), e.targets(s), B, T, grad_scale, true);
+    model.backward(e.ops(), e.tokens(s), B, T);
+    e.ops().accumulate_sum(&scalars->loss_sum, model.losses(), bt);  // fp64, as Ops::sum; no wait
+  };
+  // CUDA graphs (cuda_graphs): one per input slot, recorded with the loss-gradient scale it bakes in (the
+  // fp16 loss scale changes rarely; a change records again).
+  const bool use_graphs = cfg_.cuda_graphs && dev.kind() == DeviceKind::CUDA;
+  std::unique_ptr<Device::Graph> micro_graph[2];
+  float graph_grad_scale[2] = {0, 0};
+  int64_t slot_uses[2] = {0, 0};
   for (; step < total_steps_; ++step) {
     const auto ts = Clock::now();
     if (profiler) profiler->begin_step(step + 1);
@@ -317,19 +333,33 @@ TrainSummary Run::go() {
     // give the same update as one batch of N*B whatever the padding. The target count is known on the host
     // (counted when the batch was staged); the loss sum stays on the device.
     int64_t step_targets = 0;
+    const bool eager_step = !use_graphs || (profiler && profiler->profiling(step + 1)) || trace;
+    const float grad_scale = float(loss_scale / nominal_tokens);
     for (int micro = 0; micro < accum; ++micro) {
       if (profiler) profiler->phase("data (wait for the batch)");
       dev.wait_for_copies();
       const bool last_batch = step + 1 == total_steps_ && micro + 1 == accum;
       step_targets += valid_targets[slot];
-      model.forward(e.ops(), e.tokens(slot), e.targets(slot), B, T, float(loss_scale / nominal_tokens), true);
+      // A slot's first micro-batch runs eagerly: it builds the attention plans and GEMM algorithm choices
+      // that the graph then records.
+      if (eager_step || slot_uses[slot] == 0) {
+        micro_batch(slot, grad_scale);
+      } else {
+        if (!micro_graph[slot] || graph_grad_scale[slot] != grad_scale) {
+          micro_graph[slot] = dev.capture([&] { micro_batch(slot, grad_scale); });
+          graph_grad_scale[slot] = grad_scale;
+        }
+        micro_graph[slot]->launch();
+      }
+      ++slot_uses[slot];
+      // The next batch's copy overlaps this micro-batch's compute; it waits only for the previous
+      // micro-batch, the last reader of the buffers it fills.
       if (!last_batch) {
         stage(slot ^ 1);
       } else {
         resume_pos_ = train_loader_->position();
       }
-      model.backward(e.ops(), e.tokens(slot), B, T);
-      e.ops().accumulate_sum(&scalars->loss_sum, model.losses(), bt);  // fp64, as Ops::sum; no wait
+      dev.release_inputs_to_copies();
       slot ^= 1;
     }
     ANVIL_REQUIRE(step_targets > 0, "step {}: its batches contain no target tokens (all are ignore-index {})",

@@ -130,8 +130,18 @@ class CudaDevice final : public Device {
   }
 
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
-    if (bytes) ANVIL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_.get()));
+    if (!bytes) return;
+    if (inputs_released_) {  // the copy must not overwrite a buffer that queued compute still reads
+      ANVIL_CUDA_CHECK(cudaStreamWaitEvent(copy_.get(), inputs_released_event_.get(), 0));
+      inputs_released_ = false;
+    }
+    ANVIL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_.get()));
   }
+  void release_inputs_to_copies() override {
+    ANVIL_CUDA_CHECK(cudaEventRecord(inputs_released_event_.get(), compute_.get()));
+    inputs_released_ = true;
+  }
+  std::unique_ptr<Graph> capture(const std::function<void()>& record) override;
   void wait_for_copies() override {
     ANVIL_CUDA_CHECK(cudaEventRecord(copies_done_.get(), copy_.get()));
     ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_.get(), copies_done_.get(), 0));
@@ -196,8 +206,48 @@ class CudaDevice final : public Device {
   StreamHandle copy_;
   std::vector<EventHandle> timing_marks_;  // profiling (StepProfiler)
   EventHandle copies_done_;
+  EventHandle inputs_released_event_ = make_event();
+  bool inputs_released_ = false;  // recorded since the last async copy
   size_t context_overhead_ = 0;
 };
+
+struct GraphDestroyer {
+  void operator()(cudaGraph_t g) const noexcept { ANVIL_CUDA_WARN(cudaGraphDestroy(g)); }
+};
+using GraphHandle = std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, GraphDestroyer>;
+
+class CudaGraph final : public Device::Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { ANVIL_CUDA_WARN(cudaGraphExecDestroy(exec_)); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void launch() override { ANVIL_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+std::unique_ptr<Device::Graph> CudaDevice::capture(const std::function<void()>& record) {
+  // Thread-local mode: the loader's threads (pinned staging) may make CUDA calls while this one records.
+  ANVIL_CUDA_CHECK(cudaStreamBeginCapture(compute_.get(), cudaStreamCaptureModeThreadLocal));
+  try {
+    record();
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    (void)cudaStreamEndCapture(compute_.get(), &partial);  // ends the capture whatever its state
+    if (partial) ANVIL_CUDA_WARN(cudaGraphDestroy(partial));
+    (void)cudaGetLastError();  // an invalidated capture leaves its error behind; the original one propagates
+    throw;
+  }
+  cudaGraph_t raw = nullptr;
+  ANVIL_CUDA_CHECK(cudaStreamEndCapture(compute_.get(), &raw));
+  const GraphHandle graph(raw);
+  cudaGraphExec_t exec = nullptr;
+  ANVIL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph.get(), 0));
+  return std::make_unique<CudaGraph>(exec, compute_.get());
+}
 
 }  // namespace
 
