@@ -1,13 +1,11 @@
 #include "io/checkpoint.hpp"
 
-#include <cstring>
 #include <filesystem>
-#include <map>
-#include <memory>
 #include <tuple>
 #include <vector>
 
 #include "io/atomic_dir.hpp"
+#include "io/hf_weights.hpp"
 #include "io/safetensors.hpp"
 
 namespace anvil::io {
@@ -23,58 +21,6 @@ std::vector<int64_t> hf_shape(const ParamTensor& t, const TransformerConfig& cfg
   if (t.hf_transposed) return {t.shape[1], t.shape[0]};
   std::vector<int64_t> s(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.ndim);
   return s;
-}
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: renormalise
-      int e = -1;
-      uint32_t m = mant;
-      do {
-        ++e;
-        m <<= 1;
-      } while (!(m & 0x400));
-      bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | mant << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-void to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path) {
-  const size_t n = size_t(info.numel());
-  switch (info.dtype) {
-    case DType::F32:
-      std::memcpy(dst, src, n * 4);
-      return;
-    case DType::BF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t bits = uint32_t(static_cast<const uint16_t*>(src)[i]) << 16;
-        std::memcpy(dst + i, &bits, 4);
-      }
-      return;
-    case DType::F16:
-      for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(static_cast<const uint16_t*>(src)[i]);
-      return;
-    default:
-      ANVIL_THROW("{}: tensor '{}' has dtype {}; only F32, F16 and BF16 weights can be loaded", path,
-                  info.name, dtype_name(info.dtype));
-  }
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
 }
 
 }  // namespace
@@ -115,64 +61,6 @@ void save_model(const std::string& dir, const GptModel& model, Device& dev) {
   write_text_file_synced(dir + "/config.json", cfg.to_hf_json().dump(2) + "\n");
 }
 
-namespace {
-
-// The weight files of a model directory: model.safetensors, or the shards that
-// model.safetensors.index.json lists (Hugging Face's layout for large models).
-class WeightFiles {
- public:
-  explicit WeightFiles(const std::string& dir) {
-    const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
-    if (fs::exists(single)) {
-      readers_.push_back(std::make_unique<SafeTensorsReader>(single));
-      for (const SafeTensorInfo& t : readers_[0]->tensors()) where_[t.name] = 0;
-      return;
-    }
-    if (!fs::exists(index)) {
-      const bool bin = fs::exists(dir + "/pytorch_model.bin");
-      ANVIL_THROW(
-          "{}: no model.safetensors or model.safetensors.index.json{}", dir,
-          bin ? " (pytorch_model.bin is not supported: save the model with safe_serialization=True)" : "");
-    }
-    json j;
-    try {
-      j = json::parse(read_text_file(index));
-    } catch (const json::parse_error& e) {
-      ANVIL_THROW("{}: not valid JSON: {}", index, e.what());
-    }
-    ANVIL_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
-                  "{}: missing the 'weight_map' object", index);
-    std::map<std::string, size_t> file_index;
-    for (auto& [name, file] : j["weight_map"].items()) {
-      ANVIL_REQUIRE(file.is_string(), "{}: weight_map['{}'] must be a file name", index, name);
-      const std::string f = file.get<std::string>();
-      ANVIL_REQUIRE(f.find('/') == std::string::npos, "{}: weight_map['{}'] = '{}' is not a file in '{}'",
-                    index, name, f, dir);
-      auto [it, fresh] = file_index.emplace(f, readers_.size());
-      if (fresh) readers_.push_back(std::make_unique<SafeTensorsReader>(dir + "/" + f));
-      ANVIL_REQUIRE(readers_[it->second]->find(name), "{}: tensor '{}' is listed in {} but not stored there",
-                    dir + "/" + f, name, index);
-      where_[name] = it->second;
-    }
-  }
-
-  // The tensor and the file holding it, or {nullptr, nullptr}.
-  std::pair<const SafeTensorsReader*, const SafeTensorInfo*> find(const std::string& name) const {
-    auto it = where_.find(name);
-    if (it == where_.end()) return {nullptr, nullptr};
-    const SafeTensorsReader* r = readers_[it->second].get();
-    return {r, r->find(name)};
-  }
-  const std::map<std::string, size_t>& names() const { return where_; }
-  std::string path_of(const std::string& name) const { return readers_[where_.at(name)]->path(); }
-
- private:
-  std::vector<std::unique_ptr<SafeTensorsReader>> readers_;
-  std::map<std::string, size_t> where_;
-};
-
-}  // namespace
-
 void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
   const WeightFiles files(dir);
   const ParamLayout& layout = model.layout();
@@ -188,16 +76,16 @@ void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
     const std::vector<int64_t> want = hf_shape(t, cfg);
     ANVIL_REQUIRE(info->shape == want,
                   "{}: tensor '{}' has shape {} but the model config (config.json) needs {}", path,
-                  info->name, shape_str(info->shape), shape_str(want));
+                  info->name, shape_string(info->shape), shape_string(want));
     float* dst = host.data() + t.offset;
     if (t.hf_transposed) {
       tmp.resize(size_t(info->numel()));
-      to_f32(*info, reader->data(*info), tmp.data(), path);
+      tensor_to_f32(*info, reader->data(*info), tmp.data(), path);
       const int64_t rows = t.shape[0], cols = t.shape[1];  // Anvil [out, in]; file [in, out]
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = tmp[size_t(c * rows + r)];
     } else {
-      to_f32(*info, reader->data(*info), dst, path);
+      tensor_to_f32(*info, reader->data(*info), dst, path);
     }
   }
   for (const auto& [n, _] : files.names()) {
@@ -237,7 +125,7 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
     ANVIL_REQUIRE(
         info->dtype == t.dtype && info->shape == std::vector<int64_t>{int64_t(t.count)},
         "{}: tensor '{}' is {} {} but this run needs {} [{}] (a different model or optimizer setting)", path,
-        t.name, dtype_name(info->dtype), shape_str(info->shape), dtype_name(t.dtype), t.count);
+        t.name, dtype_name(info->dtype), shape_string(info->shape), dtype_name(t.dtype), t.count);
     const size_t bytes = dtype_bytes(t.dtype, t.count);
     if (bytes) dev.copy_to_device(t.data, reader.data(*info), bytes);
   }

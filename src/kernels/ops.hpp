@@ -7,7 +7,8 @@
 // into one buffer; activation gradients are OVERWRITTEN unless the comment says "accumulates".
 //
 // Op families (one implementation file per family under cpu/ and cuda/):
-//   embedding, layernorm, matmul, attention, activation (gelu, residual), loss (softmax cross-entropy),
+//   embedding (GPT-2's; BERT's with token types), layernorm, matmul, attention, activation (gelu, exact
+//   erf gelu, tanh, residual, first-token rows), loss (softmax cross-entropy; sequence classification),
 //   reduction (sums, sums of squares, the gradient-clipping factor), precision (weight casts), optimizer
 //   (AdamW, SGD, Adafactor, 8-bit AdamW).
 #pragma once
@@ -157,11 +158,25 @@ class Ops {
   // [grad] dwte[tokens[b,t],:] += dout[b,t,:]; [grad] dwpe[t,:] += dout[b,t,:]   (both accumulate)
   virtual void embedding_bwd(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                              int C) = 0;
+  // BERT's embedding sum (before its LayerNorm): out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] +
+  // wtt[types[b,t],:]. `types` [B,T] may be null (every token of type 0). wtt [TV,C].
+  virtual void bert_embedding_fwd(void* out, const int32_t* tokens, const int32_t* types, const void* wte,
+                                  const void* wpe, const void* wtt, int B, int T, int C) = 0;
+  // [grad] dwte[tokens[b,t],:] += dout[b,t,:] except where tokens[b,t] == skip_token (-1: none; HF's
+  // nn.Embedding padding_idx, whose row never receives a gradient); [grad] dwpe[t,:] += dout[b,t,:];
+  // [grad] dwtt[types[b,t],:] += dout[b,t,:] (types null: row 0). All three accumulate.
+  virtual void bert_embedding_bwd(void* dwte, void* dwpe, void* dwtt, const void* dout, const int32_t* tokens,
+                                  const int32_t* types, int B, int T, int C, int32_t skip_token) = 0;
 
-  // --- layernorm (eps = kLayerNormEps, biased variance) ----------------------------------------
-  // out[N,C] = (inp - mean) * rstd * w + b; writes mean[N], rstd[N] (fp32).
+  // --- layernorm (biased variance) ---------------------------------------------------------------
+  // out[N,C] = (inp - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps); writes mean[N], rstd[N] (fp32).
   virtual void layernorm_fwd(void* out, float* mean, float* rstd, const void* inp, const void* w,
-                             const void* b, int N, int C) = 0;
+                             const void* b, int N, int C, float eps) = 0;
+  // GPT-2's epsilon (kLayerNormEps). Implementations bring it into scope with `using Ops::layernorm_fwd;`.
+  void layernorm_fwd(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b,
+                     int N, int C) {
+    layernorm_fwd(out, mean, rstd, inp, w, b, N, C, kLayerNormEps);
+  }
   // dinp ACCUMULATES (it is the residual stream's gradient); [grad] dw, db accumulate.
   virtual void layernorm_bwd(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                              const float* mean, const float* rstd, int N, int C) = 0;
@@ -200,6 +215,19 @@ class Ops {
   virtual void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) = 0;
   // out = a + b (out may alias a or b).
   virtual void residual_fwd(void* out, const void* a, const void* b, size_t n) = 0;
+  // Exact GELU (PyTorch's default nn.GELU, BERT's "gelu"): 0.5 x (1 + erf(x / sqrt(2))). The cuBLASLt GELU
+  // epilogue of matmul_gelu_fwd is the tanh approximation, so models with exact GELU run matmul_fwd + this.
+  virtual void gelu_erf_fwd(void* out, const void* inp, size_t n) = 0;
+  // dinp = dout * gelu_erf'(inp); dinp may alias dout.
+  virtual void gelu_erf_bwd(void* dinp, const void* inp, const void* dout, size_t n) = 0;
+  // out = tanh(inp) (BERT's pooler); out may alias inp.
+  virtual void tanh_fwd(void* out, const void* inp, size_t n) = 0;
+  // dinp = dout * (1 - out^2), from the forward's OUTPUT; dinp may alias dout.
+  virtual void tanh_bwd(void* dinp, const void* out, const void* dout, size_t n) = 0;
+  // The first position of every sequence (BERT's [CLS] rows): out[b,:] = inp[b,0,:], inp [B,T,C], out [B,C].
+  virtual void first_token_fwd(void* out, const void* inp, int B, int T, int C) = 0;
+  // Its backward: dinp [B,T,C] is overwritten with dout[b,:] at t = 0 and zero elsewhere.
+  virtual void first_token_bwd(void* dinp, const void* dout, int B, int T, int C) = 0;
 
   // --- loss: fused softmax + cross-entropy over the vocabulary --------------------------------------
   // logits [N,Vp] with only the first V columns real (Vp >= V is the padded vocabulary). For each row
@@ -208,6 +236,16 @@ class Ops {
   // grad_scale * (softmax - onehot) on real columns of valid rows, 0 on padded columns and ignored rows.
   virtual void softmax_xent_fwd_bwd(float* losses, void* logits, const int32_t* targets, int N, int V, int Vp,
                                     float grad_scale, bool write_grad) = 0;
+  // Sequence classification (Hugging Face BertForSequenceClassification's losses, per row), logits [N, NL] in
+  // the compute type, losses [N] fp32:
+  //   NL >= 2 (`labels` int32 [N]): cross-entropy, losses[i] = logsumexp(logits[i,:]) - logits[i,labels[i]];
+  //     a row with labels[i] == kIgnoreIndex gets loss 0 and gradient 0. A label outside [0, NL) is a data
+  //     error: the CPU throws naming it, CUDA writes a NaN loss (the step's non-finite check catches it).
+  //   NL == 1 (`labels` fp32 [N]): regression, losses[i] = (logits[i] - labels[i])^2.
+  // With `dlogits` (not null) it receives grad_scale * d(losses[i]) / d(logits[i,:]): softmax - onehot, or
+  // 2 (logit - label). logits and dlogits must not alias.
+  virtual void classification_loss(float* losses, void* dlogits, const void* logits, const void* labels,
+                                   int N, int NL, float grad_scale) = 0;
 
   // --- reduction -------------------------------------------------------------------------------------
   // Sum over x[0..n) of x^2 (x of type `dtype`: F32, BF16 or F16), accumulated in at least fp32 with a

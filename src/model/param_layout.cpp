@@ -22,6 +22,8 @@ void ParamLayout::add(std::string name, Shape shape, bool decay, ParamTensor::In
 
 ParamLayout ParamLayout::gpt2(const TransformerConfig& cfg) {
   using I = ParamTensor::Init;
+  ANVIL_REQUIRE(cfg.family == "gpt2", "model family '{}' cannot be built as a GPT-2 (family gpt2)",
+                cfg.family);
   const int64_t C = cfg.n_embd;
   ParamLayout l;
   l.begin_unit("embedding");
@@ -46,6 +48,47 @@ ParamLayout ParamLayout::gpt2(const TransformerConfig& cfg) {
   l.begin_unit("final");
   l.add("transformer.ln_f.weight", {C}, false, I::Ones);
   l.add("transformer.ln_f.bias", {C}, false, I::Zeros);
+  return l;
+}
+
+ParamLayout ParamLayout::bert(const TransformerConfig& cfg) {
+  using I = ParamTensor::Init;
+  ANVIL_REQUIRE(cfg.family == "bert", "model family '{}' cannot be built as a BERT (family bert)",
+                cfg.family);
+  const int64_t C = cfg.n_embd, F = cfg.ffn_size();
+  ParamLayout l;
+  l.begin_unit("embedding");
+  l.add("bert.embeddings.word_embeddings.weight", {cfg.vocab_size, C}, true, I::Normal);
+  l.add("bert.embeddings.position_embeddings.weight", {cfg.block_size, C}, true, I::Normal);
+  l.add("bert.embeddings.token_type_embeddings.weight", {cfg.type_vocab_size, C}, true, I::Normal);
+  l.add("bert.embeddings.LayerNorm.weight", {C}, false, I::Ones);
+  l.add("bert.embeddings.LayerNorm.bias", {C}, false, I::Zeros);
+  for (int i = 0; i < cfg.n_layer; ++i) {
+    const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
+    l.begin_unit("block." + std::to_string(i));
+    // query, key, value adjacent: one [3C, C] matrix (and below one [3C] bias) for the fused QKV GEMM.
+    l.add(p + "attention.self.query.weight", {C, C}, true, I::Normal);
+    l.add(p + "attention.self.key.weight", {C, C}, true, I::Normal);
+    l.add(p + "attention.self.value.weight", {C, C}, true, I::Normal);
+    l.add(p + "attention.output.dense.weight", {C, C}, true, I::Normal);
+    l.add(p + "intermediate.dense.weight", {F, C}, true, I::Normal);
+    l.add(p + "output.dense.weight", {C, F}, true, I::Normal);
+    l.add(p + "attention.self.query.bias", {C}, false, I::Zeros);
+    l.add(p + "attention.self.key.bias", {C}, false, I::Zeros);
+    l.add(p + "attention.self.value.bias", {C}, false, I::Zeros);
+    l.add(p + "attention.output.dense.bias", {C}, false, I::Zeros);
+    l.add(p + "attention.output.LayerNorm.weight", {C}, false, I::Ones);
+    l.add(p + "attention.output.LayerNorm.bias", {C}, false, I::Zeros);
+    l.add(p + "intermediate.dense.bias", {F}, false, I::Zeros);
+    l.add(p + "output.dense.bias", {C}, false, I::Zeros);
+    l.add(p + "output.LayerNorm.weight", {C}, false, I::Ones);
+    l.add(p + "output.LayerNorm.bias", {C}, false, I::Zeros);
+  }
+  l.begin_unit("final");
+  l.add("bert.pooler.dense.weight", {C, C}, true, I::Normal);
+  l.add("classifier.weight", {cfg.num_labels, C}, true, I::Normal);
+  l.add("bert.pooler.dense.bias", {C}, false, I::Zeros);
+  l.add("classifier.bias", {cfg.num_labels}, false, I::Zeros);
   return l;
 }
 

@@ -1,6 +1,7 @@
 // Flat parameter storage (DESIGN principle 2). The model's parameters live in ONE contiguous fp32
-// buffer made of units: the embedding, each transformer block, and the final norm (the head is tied
-// to the token embedding). Gradients and optimizer states mirror this layout exactly.
+// buffer made of units: the embedding, each transformer block, and the final unit (GPT-2: the final norm,
+// the head being tied to the token embedding; BERT: the pooler and the classifier). Gradients and optimizer
+// states mirror this layout exactly.
 //
 // Within a unit, tensors that take weight decay come first and those that do not (biases, norm
 // weights) come after, so the optimizer updates each unit with two contiguous range calls.
@@ -13,6 +14,22 @@
 //   final:     transformer.ln_f.weight [C], transformer.ln_f.bias [C]
 // Matrix weights are stored [out, in] (PyTorch Linear); Hugging Face GPT-2 stores its Conv1D weights
 // [in, out], so those are transposed on import/export (`hf_transposed`).
+//
+// BERT order (Hugging Face BertForSequenceClassification names; C = n_embd, I = intermediate size,
+// P = max positions, TV = type vocabulary, NL = num_labels; "L." = "bert.encoder.layer.L."):
+//   embedding: bert.embeddings.word_embeddings.weight [V, C], .position_embeddings.weight [P, C],
+//              .token_type_embeddings.weight [TV, C] | bert.embeddings.LayerNorm.weight [C], .bias [C]
+//   block L:   L.attention.self.query.weight [C, C], .key.weight [C, C], .value.weight [C, C],
+//              L.attention.output.dense.weight [C, C], L.intermediate.dense.weight [I, C],
+//              L.output.dense.weight [C, I] | L.attention.self.query.bias [C], .key.bias [C], .value.bias
+//              [C], L.attention.output.dense.bias [C], L.attention.output.LayerNorm.weight [C], .bias [C],
+//              L.intermediate.dense.bias [I], L.output.dense.bias [C], L.output.LayerNorm.weight [C], .bias
+//              [C]
+//   final:     bert.pooler.dense.weight [C, C], classifier.weight [NL, C] | bert.pooler.dense.bias [C],
+//              classifier.bias [NL]
+// Query, key and value weights are adjacent, so together they are the [3C, C] matrix of one fused QKV GEMM,
+// and their biases the [3C] bias. BERT's Linear weights are [out, in] in Hugging Face too (no transpose), and
+// the word embeddings are not padded (there is no LM head).
 #pragma once
 #include <cstddef>
 #include <string>
@@ -44,6 +61,7 @@ struct ParamUnit {
 class ParamLayout {
  public:
   static ParamLayout gpt2(const TransformerConfig& cfg);
+  static ParamLayout bert(const TransformerConfig& cfg);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   const std::vector<ParamUnit>& units() const { return units_; }

@@ -119,9 +119,13 @@ void embedding_fwd(DType act, void* out, const int32_t* tokens, const void* wte,
                    int T, int C);
 void embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
                    int B, int T, int C);
+void bert_embedding_fwd(DType act, void* out, const int32_t* tokens, const int32_t* types, const void* wte,
+                        const void* wpe, const void* wtt, int B, int T, int C);
+void bert_embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, void* dwtt, const void* dout,
+                        const int32_t* tokens, const int32_t* types, int B, int T, int C, int32_t skip_token);
 
 void layernorm_fwd(DType act, void* out, float* mean, float* rstd, const void* inp, const void* w,
-                   const void* b, int N, int C);
+                   const void* b, int N, int C, float eps = kLayerNormEps);
 void layernorm_bwd(DType act, DType grad, void* dinp, void* dw, void* db, const void* dout, const void* inp,
                    const void* w, const float* mean, const float* rstd, int N, int C);
 
@@ -138,9 +142,17 @@ void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, con
 void gelu_fwd(DType act, void* out, const void* inp, size_t n);
 void gelu_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);
 void residual_fwd(DType act, void* out, const void* a, const void* b, size_t n);
+void gelu_erf_fwd(DType act, void* out, const void* inp, size_t n);
+void gelu_erf_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);
+void tanh_fwd(DType act, void* out, const void* inp, size_t n);
+void tanh_bwd(DType act, void* dinp, const void* out, const void* dout, size_t n);
+void first_token_fwd(DType act, void* out, const void* inp, int B, int T, int C);
+void first_token_bwd(DType act, void* dinp, const void* dout, int B, int T, int C);
 
 void softmax_xent_fwd_bwd(DType act, float* losses, void* logits, const int32_t* targets, int N, int V,
                           int Vp, float grad_scale, bool write_grad);
+void classification_loss(DType act, float* losses, void* dlogits, const void* logits, const void* labels,
+                         int N, int NL, float grad_scale);
 
 double sum_squares(DType dtype, const void* x, size_t n);
 double sum(const float* x, size_t n);

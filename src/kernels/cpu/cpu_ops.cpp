@@ -23,9 +23,18 @@ class CpuOps final : public Ops {
                      int C) override {
     cpu::embedding_bwd(p_.compute, p_.grad, dwte, dwpe, dout, tokens, B, T, C);
   }
+  void bert_embedding_fwd(void* out, const int32_t* tokens, const int32_t* types, const void* wte,
+                          const void* wpe, const void* wtt, int B, int T, int C) override {
+    cpu::bert_embedding_fwd(p_.compute, out, tokens, types, wte, wpe, wtt, B, T, C);
+  }
+  void bert_embedding_bwd(void* dwte, void* dwpe, void* dwtt, const void* dout, const int32_t* tokens,
+                          const int32_t* types, int B, int T, int C, int32_t skip_token) override {
+    cpu::bert_embedding_bwd(p_.compute, p_.grad, dwte, dwpe, dwtt, dout, tokens, types, B, T, C, skip_token);
+  }
+  using Ops::layernorm_fwd;
   void layernorm_fwd(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b,
-                     int N, int C) override {
-    cpu::layernorm_fwd(p_.compute, out, mean, rstd, inp, w, b, N, C);
+                     int N, int C, float eps) override {
+    cpu::layernorm_fwd(p_.compute, out, mean, rstd, inp, w, b, N, C, eps);
   }
   void layernorm_bwd(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                      const float* mean, const float* rstd, int N, int C) override {
@@ -66,9 +75,29 @@ class CpuOps final : public Ops {
   void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
     cpu::residual_fwd(p_.compute, out, a, b, n);
   }
+  void gelu_erf_fwd(void* out, const void* inp, size_t n) override {
+    cpu::gelu_erf_fwd(p_.compute, out, inp, n);
+  }
+  void gelu_erf_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
+    cpu::gelu_erf_bwd(p_.compute, dinp, inp, dout, n);
+  }
+  void tanh_fwd(void* out, const void* inp, size_t n) override { cpu::tanh_fwd(p_.compute, out, inp, n); }
+  void tanh_bwd(void* dinp, const void* out, const void* dout, size_t n) override {
+    cpu::tanh_bwd(p_.compute, dinp, out, dout, n);
+  }
+  void first_token_fwd(void* out, const void* inp, int B, int T, int C) override {
+    cpu::first_token_fwd(p_.compute, out, inp, B, T, C);
+  }
+  void first_token_bwd(void* dinp, const void* dout, int B, int T, int C) override {
+    cpu::first_token_bwd(p_.compute, dinp, dout, B, T, C);
+  }
   void softmax_xent_fwd_bwd(float* losses, void* logits, const int32_t* targets, int N, int V, int Vp,
                             float grad_scale, bool write_grad) override {
     cpu::softmax_xent_fwd_bwd(p_.compute, losses, logits, targets, N, V, Vp, grad_scale, write_grad);
+  }
+  void classification_loss(float* losses, void* dlogits, const void* logits, const void* labels, int N,
+                           int NL, float grad_scale) override {
+    cpu::classification_loss(p_.compute, losses, dlogits, logits, labels, N, NL, grad_scale);
   }
   double sum_squares(const void* x, DType dtype, size_t n) override { return cpu::sum_squares(dtype, x, n); }
   double sum(const float* x, size_t n) override { return cpu::sum(x, n); }

@@ -76,7 +76,85 @@ void embedding_bwd_t(void* dwte_, void* dwpe_, const void* dout_, const int32_t*
   }
 }
 
+template <DType A>
+void bert_embedding_fwd_t(void* out_, const int32_t* tokens, const int32_t* types, const void* wte_,
+                          const void* wpe_, const void* wtt_, int B, int T, int C) {
+  using S = Storage<A>;
+  auto* out = static_cast<storage_t<A>*>(out_);
+  const auto* wte = static_cast<const storage_t<A>*>(wte_);
+  const auto* wpe = static_cast<const storage_t<A>*>(wpe_);
+  const auto* wtt = static_cast<const storage_t<A>*>(wtt_);
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
+    const auto* te = wte + int64_t(tokens[bt]) * C;
+    const auto* ye = wtt + int64_t(types ? types[bt] : 0) * C;
+    const auto* pe = wpe + (bt % T) * C;
+    auto* o = out + bt * C;
+    // Hugging Face's order: (word + token type) + position, in fp32.
+    for (int c = 0; c < C; ++c) o[c] = S::store(S::load(te[c]) + S::load(ye[c]) + S::load(pe[c]));
+  }
+}
+
+// dtable[ids[i],:] += dout[i,:] for every row i in [0, n) whose id is not `skip` (ids null: every row has id
+// 0). Each table row receives its rows in increasing i whatever the thread count: the rows are grouped by id
+// (sorting (id, row) keys keeps each group in row order) and threads split the groups.
+template <DType A, DType G>
+void scatter_add_rows(storage_t<G>* dtable, const storage_t<A>* dout, const int32_t* ids, int64_t n, int C,
+                      int32_t skip) {
+  if (!ids) {
+    if (skip != 0) add_rows<A, G>(dtable, dout, nullptr, n, 1, C);
+    return;
+  }
+  uint64_t* rows = thread_scratch<uint64_t>(kScratchB, size_t(n));
+  int64_t* starts = thread_scratch<int64_t>(kScratchC, size_t(n) + 1);
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] != skip) rows[m++] = uint64_t(uint32_t(ids[i])) << 32 | uint64_t(i);
+  std::sort(rows, rows + m);
+  int64_t ngroups = 0;
+  for (int64_t i = 0; i < m; ++i)
+    if (i == 0 || rows[i] >> 32 != rows[i - 1] >> 32) starts[ngroups++] = i;
+  starts[ngroups] = m;
+  for (int64_t i = 0; i < m; ++i) rows[i] &= 0xffffffffu;  // keep the row
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t g = 0; g < ngroups; ++g) {
+    const int64_t begin = starts[g];
+    add_rows<A, G>(dtable + int64_t(ids[rows[begin]]) * C, dout, rows + begin, starts[g + 1] - begin, 0, C);
+  }
+}
+
+template <DType A, DType G>
+void bert_embedding_bwd_t(void* dwte_, void* dwpe_, void* dwtt_, const void* dout_, const int32_t* tokens,
+                          const int32_t* types, int B, int T, int C, int32_t skip_token) {
+  auto* dwte = static_cast<storage_t<G>*>(dwte_);
+  auto* dwpe = static_cast<storage_t<G>*>(dwpe_);
+  auto* dwtt = static_cast<storage_t<G>*>(dwtt_);
+  const auto* dout = static_cast<const storage_t<A>*>(dout_);
+  const int64_t BT = int64_t(B) * T;
+  // dwpe: position t sums rows t, T + t, 2T + t, ...
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; ++t) add_rows<A, G>(dwpe + int64_t(t) * C, dout + int64_t(t) * C, nullptr, B, T, C);
+  scatter_add_rows<A, G>(dwte, dout, tokens, BT, C, skip_token);
+  scatter_add_rows<A, G>(dwtt, dout, types, BT, C, -1);
+}
+
 }  // namespace
+
+void bert_embedding_fwd(DType act, void* out, const int32_t* tokens, const int32_t* types, const void* wte,
+                        const void* wpe, const void* wtt, int B, int T, int C) {
+  dispatch_float(act, [&](auto a) {
+    bert_embedding_fwd_t<decltype(a)::value>(out, tokens, types, wte, wpe, wtt, B, T, C);
+  });
+}
+
+void bert_embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, void* dwtt, const void* dout,
+                        const int32_t* tokens, const int32_t* types, int B, int T, int C,
+                        int32_t skip_token) {
+  dispatch_act_grad(act, grad, [&](auto a, auto g) {
+    bert_embedding_bwd_t<decltype(a)::value, decltype(g)::value>(dwte, dwpe, dwtt, dout, tokens, types, B, T,
+                                                                 C, skip_token);
+  });
+}
 
 void embedding_fwd(DType act, void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
                    int T, int C) {

@@ -8,7 +8,7 @@ namespace {
 
 template <DType A>
 void layernorm_fwd_t(void* out_, float* mean, float* rstd, const void* inp_, const void* w_, const void* b_,
-                     int N, int C) {
+                     int N, int C, float eps) {
   using S = Storage<A>;
   auto* out = static_cast<storage_t<A>*>(out_);
   const auto* inp = static_cast<const storage_t<A>*>(inp_);
@@ -25,7 +25,7 @@ void layernorm_fwd_t(void* out_, float* mean, float* rstd, const void* inp_, con
       const float xc = S::load(x[c]);
       v += double(xc - m) * (xc - m);
     }
-    const float rs = float(1.0 / std::sqrt(v / C + kLayerNormEps));
+    const float rs = float(1.0 / std::sqrt(v / C + double(eps)));
     auto* o = out + r * C;
     for (int c = 0; c < C; ++c) o[c] = S::store((S::load(x[c]) - m) * rs * S::load(w[c]) + S::load(b[c]));
     mean[r] = m;
@@ -90,8 +90,9 @@ void layernorm_bwd_t(void* dinp_, void* dw_, void* db_, const void* dout_, const
 }  // namespace
 
 void layernorm_fwd(DType act, void* out, float* mean, float* rstd, const void* inp, const void* w,
-                   const void* b, int N, int C) {
-  dispatch_float(act, [&](auto a) { layernorm_fwd_t<decltype(a)::value>(out, mean, rstd, inp, w, b, N, C); });
+                   const void* b, int N, int C, float eps) {
+  dispatch_float(act,
+                 [&](auto a) { layernorm_fwd_t<decltype(a)::value>(out, mean, rstd, inp, w, b, N, C, eps); });
 }
 
 void layernorm_bwd(DType act, DType grad, void* dinp, void* dw, void* db, const void* dout, const void* inp,

@@ -1,4 +1,5 @@
-// GELU (tanh approximation) and the residual add: elementwise, grid-stride over size_t counts.
+// GELU (tanh approximation and exact erf), tanh, the residual add and the first-token rows: elementwise,
+// grid-stride over size_t counts.
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "runtime/cuda/cuda_check.hpp"
@@ -46,7 +47,121 @@ __global__ void residual_fwd_kernel(T* out, const T* a, const T* b, size_t n) {
     out[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
 }
 
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+// erff has no fast-math intrinsic: it stays the accurate (2 ulp) library function under --use_fast_math.
+template <class T>
+__global__ void gelu_erf_fwd_kernel(T* out, const T* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const float x = to_float(inp[i]);
+    out[i] = from_float<T>(0.5f * x * (1.f + erff(x * kInvSqrt2)));
+  }
+}
+
+// d/dx [x Phi(x)] = Phi(x) + x phi(x). dinp may alias dout (read before written, by the same thread).
+template <class T>
+__global__ void gelu_erf_bwd_kernel(T* dinp, const T* inp, const T* dout, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const float x = to_float(inp[i]);
+    const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * __expf(-0.5f * x * x);
+    dinp[i] = from_float<T>(to_float(dout[i]) * (cdf + x * pdf));
+  }
+}
+
+template <class T>
+__global__ void tanh_fwd_kernel(T* out, const T* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    out[i] = from_float<T>(accurate_tanh(to_float(inp[i])));
+}
+
+template <class T>
+__global__ void tanh_bwd_kernel(T* dinp, const T* out, const T* dout, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const float y = to_float(out[i]);
+    dinp[i] = from_float<T>(to_float(dout[i]) * (1.f - y * y));
+  }
+}
+
+// out [B,C] = inp[:, 0, :] of [B,T,C]: a plain copy of stored values.
+template <class T>
+__global__ void first_token_fwd_kernel(T* out, const T* inp, int T_, int C, size_t total) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t b = i / C;
+    out[i] = inp[b * T_ * C + (i - b * C)];
+  }
+}
+
+template <class T>
+__global__ void first_token_bwd_kernel(T* dinp, const T* dout, int T_, int C, size_t total) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const size_t bt = i / C;
+    dinp[i] = bt % T_ == 0 ? dout[(bt / T_) * C + (i - bt * C)] : from_float<T>(0.f);
+  }
+}
+
+template <class Kernel>
+void launch_elementwise(cudaStream_t stream, anvil::DType act, size_t n, Kernel&& kernel) {
+  if (n == 0) return;
+  dispatch_float(act, [&](auto t) { kernel(t, grid_for(n, kThreads)); });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
 }  // namespace
+
+void gelu_erf_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n) {
+  launch_elementwise(stream, act, n, [&](auto t, unsigned grid) {
+    using T = decltype(t);
+    gelu_erf_fwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(inp), n);
+  });
+}
+
+void gelu_erf_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout,
+                  size_t n) {
+  launch_elementwise(stream, act, n, [&](auto t, unsigned grid) {
+    using T = decltype(t);
+    gelu_erf_bwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(inp),
+                                                       static_cast<const T*>(dout), n);
+  });
+}
+
+void tanh_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n) {
+  launch_elementwise(stream, act, n, [&](auto t, unsigned grid) {
+    using T = decltype(t);
+    tanh_fwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(inp), n);
+  });
+}
+
+void tanh_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* out, const void* dout,
+              size_t n) {
+  launch_elementwise(stream, act, n, [&](auto t, unsigned grid) {
+    using T = decltype(t);
+    tanh_bwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(out),
+                                                   static_cast<const T*>(dout), n);
+  });
+}
+
+void first_token_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(B) * C;
+  launch_elementwise(stream, act, total, [&](auto t, unsigned grid) {
+    using E = decltype(t);
+    first_token_fwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<E*>(out), static_cast<const E*>(inp), T,
+                                                          C, total);
+  });
+}
+
+void first_token_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* dout, int B, int T,
+                     int C) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  launch_elementwise(stream, act, total, [&](auto t, unsigned grid) {
+    using E = decltype(t);
+    first_token_bwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<E*>(dinp), static_cast<const E*>(dout),
+                                                          T, C, total);
+  });
+}
 
 void gelu_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n) {
   if (n == 0) return;

@@ -82,6 +82,14 @@ void embedding_fwd(cudaStream_t stream, anvil::DType act, void* out, const int32
                    const void* wpe, int B, int T, int C);
 void embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, void* dwpe,
                    const void* dout, const int32_t* tokens, int B, int T, int C);
+// BERT's word + position + token-type embedding sum and its backward (Ops::bert_embedding_fwd/bwd; types
+// may be null = all 0; tokens equal to skip_token give no word-embedding gradient).
+void bert_embedding_fwd(cudaStream_t stream, anvil::DType act, void* out, const int32_t* tokens,
+                        const int32_t* types, const void* wte, const void* wpe, const void* wtt, int B, int T,
+                        int C);
+void bert_embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, void* dwpe,
+                        void* dwtt, const void* dout, const int32_t* tokens, const int32_t* types, int B,
+                        int T, int C, int32_t skip_token);
 
 // --- layernorm.cu ------------------------------------------------------------------------------------
 void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean, float* rstd,
@@ -107,11 +115,25 @@ void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int 
 void gelu_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
 void gelu_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout, size_t n);
 void residual_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* a, const void* b, size_t n);
+// Exact (erf) GELU, tanh, and the first-token rows of [B,T,C] (Ops::gelu_erf_*, tanh_*, first_token_*).
+void gelu_erf_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
+void gelu_erf_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout,
+                  size_t n);
+void tanh_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
+void tanh_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* out, const void* dout, size_t n);
+void first_token_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, int B, int T, int C);
+void first_token_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* dout, int B, int T,
+                     int C);
 
 // --- loss.cu -----------------------------------------------------------------------------------------
 void softmax_xent_fwd_bwd(cudaStream_t stream, anvil::DType act, float* losses, void* logits,
                           const int32_t* targets, int N, int V, int Vp, float grad_scale, bool write_grad,
                           int32_t ignore_index);
+// Ops::classification_loss: cross-entropy over NL >= 2 classes (int32 labels, ignore_index rows give 0; an
+// out-of-range label gives a NaN loss and gradient) or, for NL == 1, squared error against fp32 labels.
+void classification_loss(cudaStream_t stream, anvil::DType act, float* losses, void* dlogits,
+                         const void* logits, const void* labels, int N, int NL, float grad_scale,
+                         int32_t ignore_index);
 
 // --- reduction.cu ------------------------------------------------------------------------------------
 // Device scratch the reductions need: kReducePartials per-block partial sums plus the final result.

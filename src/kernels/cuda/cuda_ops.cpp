@@ -68,10 +68,20 @@ class CudaOps final : public Ops {
                      int C) override {
     cuda::embedding_bwd(stream_, act_, grad_, dwte, dwpe, dout, tokens, B, T, C);
   }
+  void bert_embedding_fwd(void* out, const int32_t* tokens, const int32_t* types, const void* wte,
+                          const void* wpe, const void* wtt, int B, int T, int C) override {
+    cuda::bert_embedding_fwd(stream_, act_, out, tokens, types, wte, wpe, wtt, B, T, C);
+  }
+  void bert_embedding_bwd(void* dwte, void* dwpe, void* dwtt, const void* dout, const int32_t* tokens,
+                          const int32_t* types, int B, int T, int C, int32_t skip_token) override {
+    cuda::bert_embedding_bwd(stream_, act_, grad_, dwte, dwpe, dwtt, dout, tokens, types, B, T, C,
+                             skip_token);
+  }
 
+  using Ops::layernorm_fwd;
   void layernorm_fwd(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b,
-                     int N, int C) override {
-    cuda::layernorm_fwd(stream_, act_, out, mean, rstd, inp, w, b, N, C, kLayerNormEps);
+                     int N, int C, float eps) override {
+    cuda::layernorm_fwd(stream_, act_, out, mean, rstd, inp, w, b, N, C, eps);
   }
   void layernorm_bwd(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                      const float* mean, const float* rstd, int N, int C) override {
@@ -142,12 +152,34 @@ class CudaOps final : public Ops {
   void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
     cuda::residual_fwd(stream_, act_, out, a, b, n);
   }
+  void gelu_erf_fwd(void* out, const void* inp, size_t n) override {
+    cuda::gelu_erf_fwd(stream_, act_, out, inp, n);
+  }
+  void gelu_erf_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
+    cuda::gelu_erf_bwd(stream_, act_, dinp, inp, dout, n);
+  }
+  void tanh_fwd(void* out, const void* inp, size_t n) override { cuda::tanh_fwd(stream_, act_, out, inp, n); }
+  void tanh_bwd(void* dinp, const void* out, const void* dout, size_t n) override {
+    cuda::tanh_bwd(stream_, act_, dinp, out, dout, n);
+  }
+  void first_token_fwd(void* out, const void* inp, int B, int T, int C) override {
+    cuda::first_token_fwd(stream_, act_, out, inp, B, T, C);
+  }
+  void first_token_bwd(void* dinp, const void* dout, int B, int T, int C) override {
+    cuda::first_token_bwd(stream_, act_, dinp, dout, B, T, C);
+  }
 
   void softmax_xent_fwd_bwd(float* losses, void* logits, const int32_t* targets, int N, int V, int Vp,
                             float grad_scale, bool write_grad) override {
     ANVIL_ASSERT(V > 0 && V <= Vp, "softmax_xent: need 0 < V <= Vp, got V={} Vp={}", V, Vp);
     cuda::softmax_xent_fwd_bwd(stream_, act_, losses, logits, targets, N, V, Vp, grad_scale, write_grad,
                                kIgnoreIndex);
+  }
+  void classification_loss(float* losses, void* dlogits, const void* logits, const void* labels, int N,
+                           int NL, float grad_scale) override {
+    ANVIL_ASSERT(NL >= 1, "classification_loss: num_labels must be >= 1, got {}", NL);
+    cuda::classification_loss(stream_, act_, losses, dlogits, logits, labels, N, NL, grad_scale,
+                              kIgnoreIndex);
   }
 
   double sum_squares(const void* x, DType dtype, size_t n) override {

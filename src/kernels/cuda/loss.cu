@@ -1,4 +1,5 @@
 // Fused softmax + cross-entropy over the (padded) vocabulary: one block per row, 16-byte loads and stores.
+// Sequence classification losses over [N, num_labels] logits: one warp per row.
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "runtime/cuda/cuda_check.hpp"
@@ -80,7 +81,70 @@ __global__ void softmax_xent_kernel(float* losses, T* logits, const int32_t* tar
   }
 }
 
+constexpr int kClassRowsPerBlock = 8;  // warps per block, one row each
+
+// Cross-entropy over NL classes per row (the rows are short: a warp's online max/sum is enough).
+template <class T>
+__global__ void classification_xent_kernel(float* losses, T* dlogits, const T* logits, const int32_t* labels,
+                                           int N, int NL, float grad_scale, int32_t ignore_index) {
+  const int row = blockIdx.x * kClassRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;  // whole warps exit together
+  const T* x = logits + static_cast<size_t>(row) * NL;
+  T* dx = dlogits ? dlogits + static_cast<size_t>(row) * NL : nullptr;
+  const int32_t label = labels[row];
+  if (label == ignore_index) {
+    if (lane == 0) losses[row] = 0.f;
+    if (dx)
+      for (int j = lane; j < NL; j += kWarpSize) dx[j] = from_float<T>(0.f);
+    return;
+  }
+  // An out-of-range label is a data bug: a NaN loss (and gradient) rather than an out-of-bounds read.
+  const bool valid = label >= 0 && label < NL;
+  MaxSum s{-INFINITY, 0.f};
+  for (int j = lane; j < NL; j += kWarpSize) s = max_sum_add(s, to_float(x[j]));
+  s = warp_max_sum(s);
+  if (lane == 0) losses[row] = valid ? s.max + __logf(s.sum) - to_float(x[label]) : NAN;
+  if (!dx) return;
+  const float inv_sum = 1.f / s.sum;
+  for (int j = lane; j < NL; j += kWarpSize)
+    dx[j] = from_float<T>(
+        valid ? grad_scale * (__expf(to_float(x[j]) - s.max) * inv_sum - (j == label ? 1.f : 0.f)) : NAN);
+}
+
+// Regression (one output): squared error against fp32 labels.
+template <class T>
+__global__ void classification_mse_kernel(float* losses, T* dlogits, const T* logits, const float* labels,
+                                          int N, float grad_scale) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += gridDim.x * blockDim.x) {
+    const float d = to_float(logits[i]) - labels[i];
+    losses[i] = d * d;
+    if (dlogits) dlogits[i] = from_float<T>(grad_scale * 2.f * d);
+  }
+}
+
 }  // namespace
+
+void classification_loss(cudaStream_t stream, anvil::DType act, float* losses, void* dlogits,
+                         const void* logits, const void* labels, int N, int NL, float grad_scale,
+                         int32_t ignore_index) {
+  if (N <= 0) return;
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    if (NL == 1) {
+      constexpr int kThreads1 = 256;
+      classification_mse_kernel<<<grid_for(static_cast<size_t>(N), kThreads1), kThreads1, 0, stream>>>(
+          losses, static_cast<T*>(dlogits), static_cast<const T*>(logits), static_cast<const float*>(labels),
+          N, grad_scale);
+    } else {
+      const unsigned blocks = (N + kClassRowsPerBlock - 1) / kClassRowsPerBlock;
+      classification_xent_kernel<<<blocks, kClassRowsPerBlock * kWarpSize, 0, stream>>>(
+          losses, static_cast<T*>(dlogits), static_cast<const T*>(logits),
+          static_cast<const int32_t*>(labels), N, NL, grad_scale, ignore_index);
+    }
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
 
 void softmax_xent_fwd_bwd(cudaStream_t stream, anvil::DType act, float* losses, void* logits,
                           const int32_t* targets, int N, int V, int Vp, float grad_scale, bool write_grad,

@@ -1,0 +1,41 @@
+// Helpers shared by the Hugging Face model-directory loaders (GPT-2 in checkpoint.cpp, BERT in
+// bert_checkpoint.cpp): the weight files of a directory (one model.safetensors or the shards an index lists),
+// widening stored tensors to fp32, and shapes in messages.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io/safetensors.hpp"
+
+namespace anvil::io {
+
+// The weight files of a model directory: model.safetensors, or the shards that model.safetensors.index.json
+// lists (Hugging Face's layout for large models). Throws naming the directory when neither exists
+// (pytorch_model.bin is named as unsupported), or when the index is malformed or points at a tensor its shard
+// does not hold.
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& dir);
+
+  // The tensor and the file holding it, or {nullptr, nullptr}.
+  std::pair<const SafeTensorsReader*, const SafeTensorInfo*> find(const std::string& name) const;
+  const std::map<std::string, size_t>& names() const { return where_; }
+  std::string path_of(const std::string& name) const { return readers_[where_.at(name)]->path(); }
+
+ private:
+  std::vector<std::unique_ptr<SafeTensorsReader>> readers_;
+  std::map<std::string, size_t> where_;
+};
+
+// Widens a stored F32 / F16 / BF16 tensor (`src`, possibly unaligned) into dst[0, numel); any other dtype is
+// an error naming `path` and the tensor.
+void tensor_to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path);
+
+// "[a, b, c]"
+std::string shape_string(const std::vector<int64_t>& shape);
+
+}  // namespace anvil::io

@@ -1,0 +1,408 @@
+#include "model/bert_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "anvil/rng.hpp"
+#include "core/half.hpp"
+
+namespace anvil {
+namespace {
+constexpr const char* kSavedNames[] = {"qkv",
+                                       "attention output",
+                                       "attention lse",
+                                       "attention residual",
+                                       "attention LayerNorm mean/rstd",
+                                       "attention LayerNorm output",
+                                       "mlp pre-activation",
+                                       "mlp activation",
+                                       "mlp residual",
+                                       "output LayerNorm mean/rstd"};
+}  // namespace
+
+BertModel::BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
+                     CheckpointPolicy checkpointing, OpsPrecision precision)
+    : cfg_(std::move(cfg)),
+      layout_(ParamLayout::bert(cfg_)),
+      B_(max_batch),
+      T_(max_seq),
+      training_(training),
+      checkpointing_(checkpointing),
+      precision_(precision),
+      ae_(dtype_bits(precision.compute) / 8),
+      ge_(dtype_bits(precision.grad) / 8) {
+  validate_ops_precision(precision);
+  ANVIL_REQUIRE(checkpointing.every >= 1, "gradient_checkpointing_every must be >= 1, got {}",
+                checkpointing.every);
+  cfg_.validate();
+  ANVIL_REQUIRE(max_batch >= 1, "batch size must be >= 1, got {}", max_batch);
+  ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
+                "sequence length {} must be between 1 and the model's max_position_embeddings {}", max_seq,
+                cfg_.block_size);
+  auto off = [&](const std::string& name) { return layout_.get(name).offset; };
+  wte_off_ = off("bert.embeddings.word_embeddings.weight");
+  wpe_off_ = off("bert.embeddings.position_embeddings.weight");
+  wtt_off_ = off("bert.embeddings.token_type_embeddings.weight");
+  lnew_off_ = off("bert.embeddings.LayerNorm.weight");
+  lneb_off_ = off("bert.embeddings.LayerNorm.bias");
+  poolw_off_ = off("bert.pooler.dense.weight");
+  poolb_off_ = off("bert.pooler.dense.bias");
+  clsw_off_ = off("classifier.weight");
+  clsb_off_ = off("classifier.bias");
+  const size_t C = cfg_.n_embd;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
+    auto at = [&](const char* name) { return off(p + name); };
+    const size_t q = at("attention.self.query.weight"), qb = at("attention.self.query.bias");
+    // The fused QKV GEMM reads query, key and value as one [3C, C] matrix and one [3C] bias.
+    ANVIL_ASSERT(at("attention.self.key.weight") == q + C * C &&
+                     at("attention.self.value.weight") == q + 2 * C * C &&
+                     at("attention.self.key.bias") == qb + C && at("attention.self.value.bias") == qb + 2 * C,
+                 "layer {}: query, key and value are not contiguous in the parameter layout", l);
+    layer_offsets_.push_back({q, qb, at("attention.output.dense.weight"), at("attention.output.dense.bias"),
+                              at("attention.output.LayerNorm.weight"), at("attention.output.LayerNorm.bias"),
+                              at("intermediate.dense.weight"), at("intermediate.dense.bias"),
+                              at("output.dense.weight"), at("output.dense.bias"),
+                              at("output.LayerNorm.weight"), at("output.LayerNorm.bias")});
+  }
+}
+
+void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
+  using M = MemoryCategory;
+  const size_t f = sizeof(float), a = ae_;
+  const size_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size(), NL = cfg_.num_labels;
+  const size_t B = B_, BT = size_t(B_) * T_, P = layout_.total_numel();
+  if (precision_.compute != DType::F32) {
+    i_master_ = plan.add("master weights (fp32)", M::MasterWeights, P * f);
+    i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) + ")",
+                          M::Weights, P * a);
+  } else {
+    i_weights_ = plan.add("parameters", M::Weights, P * f);
+  }
+  if (training_) i_grads_ = plan.add("gradients", M::Gradients, P * ge_);
+  i_emb_sum_ = plan.add("embedding sum", M::Activations, BT * C * a);
+  i_emb_stats_ = plan.add("embedding LayerNorm mean/rstd", M::Activations, 2 * BT * f);
+  i_encoded_ = plan.add("embedding output", M::Activations, BT * C * a);
+  // Per-layer saved activations: stored per layer, or (checkpointed blocks) in one recompute buffer.
+  const size_t per_layer[kSavedKinds] = {3 * BT * C * a, BT * C * a, B * NH * T_ * f, BT * C * a, 2 * BT * f,
+                                         BT * C * a,     BT * F * a, BT * F * a,      BT * C * a, 2 * BT * f};
+  for (int k = 0; k < kSavedKinds; ++k) {
+    SavedKind& sk = saved_[k];
+    sk.bytes = per_layer[k];
+    sk.slot.assign(L, -1);
+    int stored = 0;
+    for (size_t l = 0; l < L; ++l)
+      if (!recomputed(k, int(l))) sk.slot[l] = stored++;
+    if (stored) sk.i_stored = plan.add(kSavedNames[k], M::Activations, size_t(stored) * sk.bytes);
+    if (stored < int(L))
+      sk.i_recompute = plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, sk.bytes);
+  }
+  i_block_out_ = plan.add("block output", M::Activations, L * BT * C * a);
+  i_cls_ = plan.add("first-token rows", M::Activations, B * C * a);
+  i_pooled_ = plan.add("pooler output", M::Activations, B * C * a);
+  i_logits_ = plan.add("logits", M::Activations, B * NL * a);
+  i_losses_ = plan.add("losses", M::Activations, B * f);
+  i_attn_scratch_ = plan.add("attention scratch", M::Workspace,
+                             attention_scratch_bytes(backend, precision_.compute, B_, T_, int(C), int(NH)));
+  if (training_) {
+    i_dlogits_ = plan.add("logits gradient", M::Workspace, B * NL * a);
+    i_dhead_ = plan.add("pooler gradients", M::Workspace, 2 * B * C * a);
+    i_d0_ = plan.add("residual gradient", M::Workspace, BT * C * a);
+    i_d1_ = plan.add("residual gradient 2", M::Workspace, BT * C * a);
+    i_dfc_ = plan.add("mlp gradient", M::Workspace, BT * F * a);
+    i_dqkv_ = plan.add("qkv gradient", M::Workspace, 3 * BT * C * a);
+  }
+}
+
+void BertModel::bind(const Arena& ar) {
+  weights_ = ar.get<void>(i_weights_);
+  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_) : ar.get<float>(i_master_);
+  emb_sum_ = ar.get<void>(i_emb_sum_), emb_stats_ = ar.get<float>(i_emb_stats_),
+  encoded_ = ar.get<void>(i_encoded_);
+  for (SavedKind& sk : saved_) {
+    const int recomputed_layers = int(std::count(sk.slot.begin(), sk.slot.end(), -1));
+    sk.stored = recomputed_layers < int(sk.slot.size()) ? ar.get<char>(sk.i_stored) : nullptr;
+    sk.recompute = recomputed_layers > 0 ? ar.get<char>(sk.i_recompute) : nullptr;
+  }
+  block_out_ = ar.get<void>(i_block_out_), cls_ = ar.get<void>(i_cls_), pooled_ = ar.get<void>(i_pooled_);
+  logits_ = ar.get<void>(i_logits_), losses_ = ar.get<float>(i_losses_);
+  attn_scratch_ = ar.get<void>(i_attn_scratch_);
+  if (training_) {
+    grads_ = ar.get<void>(i_grads_), dlogits_ = ar.get<void>(i_dlogits_), dhead_ = ar.get<void>(i_dhead_);
+    d0_ = ar.get<void>(i_d0_), d1_ = ar.get<void>(i_d1_), dfc_ = ar.get<void>(i_dfc_),
+    dqkv_ = ar.get<void>(i_dqkv_);
+  }
+}
+
+float* BertModel::grads() const {
+  ANVIL_ASSERT(precision_.grad == DType::F32, "grads(): the gradients are {}, not F32",
+               dtype_name(precision_.grad));
+  return static_cast<float*>(grads_);
+}
+
+void BertModel::upload_weights(Device& dev, const float* host) const {
+  const size_t n = layout_.total_numel();
+  dev.copy_to_device(master_, host, n * sizeof(float));
+  if (precision_.compute == DType::F32) return;
+  std::vector<uint16_t> half(n);
+  const bool bf16 = precision_.compute == DType::BF16;
+  for (size_t i = 0; i < n; ++i) half[i] = bf16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
+  dev.copy_to_device(weights_, half.data(), n * sizeof(uint16_t));
+}
+
+void BertModel::sync_weights(Ops& ops, uint64_t rounding_seed) const {
+  if (precision_.compute == DType::F32) return;
+  ops.cast_weights(weights_, master_, layout_.total_numel(), rounding_seed);
+}
+
+void BertModel::copy_logits_to_host(Device& dev, float* dst, int B) const {
+  ANVIL_ASSERT(B >= 0 && B <= B_, "copy_logits_to_host: {} rows of a model planned for {}", B, B_);
+  const size_t n = size_t(B) * cfg_.num_labels;
+  if (precision_.compute == DType::F32) {
+    dev.copy_to_host(dst, logits_, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> half(n);
+  dev.copy_to_host(half.data(), logits_, n * sizeof(uint16_t));
+  const bool bf16 = precision_.compute == DType::BF16;
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+}
+
+void BertModel::init_weights(uint64_t seed, Device& dev) const {
+  std::vector<float> host(layout_.total_numel(), 0.0f);
+  Rng rng(seed);
+  const float stddev = float(cfg_.initializer_range);
+  for (const ParamTensor& t : layout_.tensors()) {
+    float* p = host.data() + t.offset;
+    const size_t n = t.numel();
+    switch (t.init) {
+      case ParamTensor::Init::Normal:
+      case ParamTensor::Init::NormalResidual:
+        for (size_t i = 0; i < n; ++i) p[i] = stddev * rng.normal();
+        break;
+      case ParamTensor::Init::Ones:
+        std::fill_n(p, n, 1.0f);
+        break;
+      case ParamTensor::Init::Zeros:
+        break;
+    }
+  }
+  // nn.Embedding(padding_idx=pad_token_id) starts its padding row at zero.
+  if (cfg_.pad_token_id >= 0)
+    std::fill_n(host.data() + wte_off_ + size_t(cfg_.pad_token_id) * cfg_.n_embd, cfg_.n_embd, 0.0f);
+  upload_weights(dev, host.data());
+}
+
+BertModel::LayerParams BertModel::layer_params(void* base, size_t e, int l) const {
+  const LayerTensors<size_t>& o = layer_offsets_[l];
+  char* b = static_cast<char*>(base);
+  return {b + o.qkvw * e, b + o.qkvb * e, b + o.attow * e, b + o.attob * e, b + o.ln1w * e, b + o.ln1b * e,
+          b + o.fcw * e,  b + o.fcb * e,  b + o.projw * e, b + o.projb * e, b + o.ln2w * e, b + o.ln2b * e};
+}
+
+bool BertModel::recomputed(int kind, int layer) const {
+  if (!checkpointing_.checkpointed(layer)) return false;
+  // LayerNorm 2 produced the stored block output: its statistics (2 floats a row) are kept, so the
+  // recompute stops at its input.
+  if (kind == kLn2Stats) return false;
+  if (checkpointing_.mode == CheckpointMode::Full) return true;
+  return kind != kQkv && kind != kAtty && kind != kLse;  // selective keeps the attention tensors
+}
+
+void* BertModel::act(int kind, int layer) const {
+  const SavedKind& sk = saved_[kind];
+  const int slot = sk.slot[layer];
+  return slot < 0 ? sk.recompute : sk.stored + size_t(slot) * sk.bytes;
+}
+
+void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask,
+                              bool only_recomputed) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size(), N = B * T;
+  const float eps = float(cfg_.layer_norm_eps);
+  const size_t sBT = size_t(B_) * T_;
+  const LayerParams p = layer_params(weights_, ae_, l);
+  const void* x = l == 0 ? encoded_ : block_out(l - 1);
+  void *qkv = act(kQkv, l), *atty = act(kAtty, l), *res1 = act(kRes1, l), *h1 = act(kH1, l);
+  void *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l), *res2 = act(kRes2, l);
+  float *ln1_stats = stats(kLn1Stats, l), *ln2_stats = stats(kLn2Stats, l);
+  auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
+  if (run(kQkv)) ops.matmul_fwd(qkv, x, p.qkvw, p.qkvb, N, C, 3 * C);
+  if (run(kAtty)) ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, mask);
+  if (run(kRes1)) {  // x + attention output projection, the projection written in place
+    ops.matmul_fwd(res1, atty, p.attow, p.attob, N, C, C);
+    ops.residual_fwd(res1, res1, x, size_t(N) * C);
+  }
+  if (run(kH1)) ops.layernorm_fwd(h1, ln1_stats, ln1_stats + sBT, res1, p.ln1w, p.ln1b, N, C, eps);
+  if (cfg_.exact_gelu()) {
+    if (run(kFch)) ops.matmul_fwd(fch, h1, p.fcw, p.fcb, N, C, F);
+    if (run(kFchGelu)) ops.gelu_erf_fwd(fch_gelu, fch, size_t(N) * F);
+  } else if (run(kFch)) {
+    ops.matmul_gelu_fwd(fch_gelu, fch, h1, p.fcw, p.fcb, N, C, F);  // GELU in the GEMM's epilogue
+  } else if (run(kFchGelu)) {
+    ops.gelu_fwd(fch_gelu, fch, size_t(N) * F);
+  }
+  if (run(kRes2)) {
+    ops.matmul_fwd(res2, fch_gelu, p.projw, p.projb, N, F, C);
+    ops.residual_fwd(res2, res2, h1, size_t(N) * C);
+  }
+  if (trace_) {
+    // Stored kinds stay live until this block's backward; in the forward pass the recompute buffers are
+    // scratch that the next block overwrites; rebuilt (recompute phase) they live until the backward.
+    const char* phase = only_recomputed ? "recompute" : "forward";
+    for (int k = 0; k < kSavedKinds; ++k) {
+      const bool rec = recomputed(k, l);
+      if (only_recomputed && !rec) continue;
+      int& id = trace_saved_[l][k];
+      trace_alloc(id, kSavedNames[k], rec ? MemoryCategory::Recompute : MemoryCategory::Activations,
+                  saved_[k].bytes, l, phase);
+      if (rec && !only_recomputed) trace_free(id, phase);
+    }
+  }
+  if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
+  ops.layernorm_fwd(block_out(l), ln2_stats, ln2_stats + sBT, res2, p.ln2w, p.ln2b, N, C, eps);
+  trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, sBT * C * ae_, l, "forward");
+}
+
+void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths,
+                        const void* labels, int B, int T, float grad_scale, bool write_grad) {
+  ANVIL_ASSERT(B >= 1 && T >= 1 && B <= B_ && T <= T_, "forward shape {}x{} outside the planned {}x{}", B, T,
+               B_, T_);
+  ANVIL_ASSERT(!write_grad || (training_ && labels), "write_grad needs a training model and labels");
+  ANVIL_ASSERT(ops.precision().compute == precision_.compute && ops.precision().grad == precision_.grad,
+               "the ops' precision does not match the model's");
+  const int C = cfg_.n_embd, L = cfg_.n_layer, NL = cfg_.num_labels, N = B * T;
+  const size_t sBT = size_t(B_) * T_;
+  const AttentionMask mask{false, lengths};
+  head_grad_ready_ = false;
+  trace_phase("forward", -1);
+  ops.bert_embedding_fwd(emb_sum_, tokens, token_types, at(weights_, wte_off_), at(weights_, wpe_off_),
+                         at(weights_, wtt_off_), B, T, C);
+  ops.layernorm_fwd(encoded_, emb_stats_, emb_stats_ + sBT, emb_sum_, at(weights_, lnew_off_),
+                    at(weights_, lneb_off_), N, C, float(cfg_.layer_norm_eps));
+  trace_alloc(trace_embedding_, "embedding sum + LayerNorm output + mean/rstd", MemoryCategory::Activations,
+              2 * sBT * C * ae_ + 2 * sBT * sizeof(float), -1, "forward");
+  for (int l = 0; l < L; ++l) {
+    trace_phase("forward", l);
+    block_forward(ops, l, B, T, mask, false);
+  }
+  trace_phase("forward head", -1);
+  // Pooler: tanh(dense(first token)), the tanh in place; then the classifier.
+  ops.first_token_fwd(cls_, block_out(L - 1), B, T, C);
+  ops.matmul_fwd(pooled_, cls_, at(weights_, poolw_off_), at(weights_, poolb_off_), B, C, C);
+  ops.tanh_fwd(pooled_, pooled_, size_t(B) * C);
+  ops.matmul_fwd(logits_, pooled_, at(weights_, clsw_off_), at(weights_, clsb_off_), B, C, NL);
+  trace_alloc(trace_head_, "pooler input/output + logits + losses", MemoryCategory::Activations,
+              (2 * size_t(B_) * C + size_t(B_) * NL) * ae_ + size_t(B_) * sizeof(float), -1, "forward");
+  if (!labels) return;
+  ops.classification_loss(losses_, write_grad ? dlogits_ : nullptr, logits_, labels, B, NL, grad_scale);
+  head_grad_ready_ = write_grad;
+  fwd_B_ = B, fwd_T_ = T;
+}
+
+void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMask& mask) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size(), N = B * T;
+  const size_t sBT = size_t(B_) * T_, NC = size_t(N) * C;
+  const LayerParams p = layer_params(weights_, ae_, l);
+  const LayerParams g = layer_params(grads_, ge_, l);
+  const void* x = l == 0 ? encoded_ : block_out(l - 1);
+  const float* ln1_stats = stats(kLn1Stats, l);
+  const float* ln2_stats = stats(kLn2Stats, l);
+  // d0_ holds d(out). Output LayerNorm: d1_ = d(res2), res2 = h1 + f Wout^T + bout.
+  ops.device().fill_zero(d1_, NC * ae_);
+  ops.layernorm_bwd(d1_, g.ln2w, g.ln2b, d0_, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N, C);
+  // MLP: dfc_ = d(pre-activation); then d0_ = d(h1) = d(res2) + the MLP path.
+  if (cfg_.exact_gelu()) {
+    ops.matmul_bwd(dfc_, g.projw, g.projb, d1_, act(kFchGelu, l), p.projw, N, F, C);
+    ops.gelu_erf_bwd(dfc_, act(kFch, l), dfc_, size_t(N) * F);
+  } else {
+    ops.matmul_bwd_dgelu(dfc_, g.projw, g.projb, d1_, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C);
+  }
+  ops.matmul_bwd(d0_, g.fcw, g.fcb, dfc_, act(kH1, l), p.fcw, N, C, F);
+  ops.residual_fwd(d0_, d0_, d1_, NC);
+  // Attention LayerNorm: d1_ = d(res1), res1 = x + a Wo^T + bo.
+  ops.device().fill_zero(d1_, NC * ae_);
+  ops.layernorm_bwd(d1_, g.ln1w, g.ln1b, d0_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
+  ops.matmul_bwd(d0_, g.attow, g.attob, d1_, act(kAtty, l), p.attow, N, C, C);
+  ops.attention_bwd(dqkv_, d0_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
+                    mask);
+  ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, N, C, 3 * C);
+  ops.residual_fwd(d0_, d0_, d1_, NC);  // d(x) = the attention path + the residual
+}
+
+void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths,
+                         int B, int T) {
+  ANVIL_ASSERT(training_, "backward on a model planned without gradients");
+  ANVIL_ASSERT(head_grad_ready_, "backward() needs the preceding forward() with labels and write_grad");
+  ANVIL_ASSERT(B == fwd_B_ && T == fwd_T_, "backward shape {}x{} differs from the forward's {}x{}", B, T,
+               fwd_B_, fwd_T_);
+  head_grad_ready_ = false;
+  const int C = cfg_.n_embd, L = cfg_.n_layer, NL = cfg_.num_labels, N = B * T;
+  const size_t sBT = size_t(B_) * T_;
+  const AttentionMask mask{false, lengths};
+  char* g0 = static_cast<char*>(grads_);
+  auto grad = [&](size_t off) { return g0 + off * ge_; };
+
+  // Head: classifier, tanh (in place), pooler, then the first-token rows into d0_ (zero elsewhere).
+  trace_phase("backward head", -1);
+  void* dpooled = dhead_;
+  void* dcls = at(dhead_, size_t(B_) * C);
+  ops.matmul_bwd(dpooled, grad(clsw_off_), grad(clsb_off_), dlogits_, pooled_, at(weights_, clsw_off_), B, C,
+                 NL);
+  ops.tanh_bwd(dpooled, pooled_, dpooled, size_t(B) * C);
+  ops.matmul_bwd(dcls, grad(poolw_off_), grad(poolb_off_), dpooled, cls_, at(weights_, poolw_off_), B, C, C);
+  ops.first_token_bwd(d0_, dcls, B, T, C);
+  trace_free(trace_head_, "backward");
+  trace_free(trace_block_out_[L - 1], "backward");
+
+  for (int l = L - 1; l >= 0; --l) {
+    if (checkpointing_.checkpointed(l)) {
+      trace_phase("recompute", l);
+      block_forward(ops, l, B, T, mask, true);
+    }
+    trace_phase("backward", l);
+    block_backward(ops, l, B, T, mask);
+    if (trace_) {
+      for (int& id : trace_saved_[l]) trace_free(id, "backward");
+      if (l > 0) trace_free(trace_block_out_[l - 1], "backward");  // this block's input
+    }
+  }
+
+  // Embedding: its LayerNorm, then the three tables (the pad token's word row gets nothing, as in HF).
+  trace_phase("backward embedding", -1);
+  ops.device().fill_zero(d1_, size_t(N) * C * ae_);
+  ops.layernorm_bwd(d1_, grad(lnew_off_), grad(lneb_off_), d0_, emb_sum_, at(weights_, lnew_off_), emb_stats_,
+                    emb_stats_ + sBT, N, C);
+  ops.bert_embedding_bwd(grad(wte_off_), grad(wpe_off_), grad(wtt_off_), d1_, tokens, token_types, B, T, C,
+                         cfg_.pad_token_id);
+  trace_free(trace_embedding_, "backward");
+}
+
+void BertModel::set_memory_trace(MemoryTrace* trace) {
+  trace_ = trace;
+  trace_saved_.assign(cfg_.n_layer, {});
+  for (auto& ids : trace_saved_) ids.fill(-1);
+  trace_block_out_.assign(cfg_.n_layer, -1);
+  trace_embedding_ = trace_head_ = -1;
+}
+
+void BertModel::trace_phase(const char* name, int layer) {
+  if (trace_) trace_->phase(name, layer);
+  if (profiler_) profiler_->phase(name, layer);
+}
+
+void BertModel::trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer,
+                            const char* phase) {
+  if (!trace_) return;
+  if (id >= 0) trace_->free(id, phase);  // overwritten (e.g. the next micro-batch)
+  id = trace_->alloc(name, c, bytes, layer, phase);
+}
+
+void BertModel::trace_free(int& id, const char* phase) {
+  if (!trace_ || id < 0) return;
+  trace_->free(id, phase);
+  id = -1;
+}
+
+}  // namespace anvil

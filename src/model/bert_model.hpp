@@ -1,0 +1,171 @@
+// BERT (Hugging Face BertForSequenceClassification) with explicit forward and backward per layer (DESIGN
+// principle 3), mirroring GptModel's interface: the model owns no memory; it adds its buffers to a MemoryPlan
+// and binds to the Arena carved from it, and nothing is allocated in forward() or backward().
+//
+// The network, exactly as transformers computes it in eval mode (docs/bert.md):
+//   embedding: e = LayerNorm(word[tokens] + token_type[types] + position[t])
+//   block:     qkv = x Wqkv^T + b (query, key and value fused: one GEMM); a = attention(qkv) over the real
+//              tokens of each sequence (bidirectional, padding keys masked out);
+//              h1 = LayerNorm(x + a Wo^T + bo);  f = gelu(h1 Wi^T + bi);  out = LayerNorm(h1 + f Wout^T +
+//              bout)
+//   head:      pooled = tanh(out_L[:, 0] Wp^T + bp) (the first token);  logits = pooled Wc^T + bc
+//   loss:      cross-entropy over num_labels (labels int32, kIgnoreIndex ignored) or, with one label,
+//              squared error (labels fp32): per sequence, in losses()
+// "gelu" is the exact erf GELU (matmul_fwd + gelu_erf_fwd: the cuBLASLt epilogue is the tanh approximation,
+// which hidden_act "gelu_new" selects and then uses fused). Training runs WITHOUT dropout (a deterministic
+// step; the dropout probabilities of config.json are carried for export only).
+//
+// Padding: `lengths` [B] (int32, device memory; null = every sequence is T tokens) gives each sequence's
+// real tokens, 1 <= lengths[b] <= T; the rest is padding, which no query attends to. Padding positions carry
+// values that never reach the logits, and get exactly zero gradient.
+//
+// Precision (OpsPrecision) as in GptModel: weights, activations and activation gradients in the compute
+// type, parameter gradients in the gradient type, LayerNorm statistics and losses in fp32, fp32 master
+// weights for a 16-bit compute type (sync_weights() rounds them into the compute-type copy).
+//
+// Saved activations per layer (what backward reads): qkv, attention output, attention log-sum-exp, the
+// attention residual (LayerNorm 1's input) with LayerNorm 1's mean/rstd and output, the MLP pre-activation
+// and activation, the MLP residual (LayerNorm 2's input) with LayerNorm 2's mean/rstd, and the block output
+// (always stored: it is the next block's input and checkpoint). Under a CheckpointPolicy a checkpointed
+// block's activations of the recomputed kinds live in shared recompute buffers and are rebuilt by re-running
+// the block's forward just before its backward: "full" recomputes all of them (LayerNorm 2's statistics
+// excepted: they produced the stored output and are tiny), "selective" keeps the attention tensors.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "anvil/memory_plan.hpp"
+#include "anvil/model_config.hpp"
+#include "kernels/ops.hpp"
+#include "memory/memory_trace.hpp"
+#include "model/checkpointing.hpp"
+#include "model/param_layout.hpp"
+#include "runtime/arena.hpp"
+#include "runtime/step_profiler.hpp"
+
+namespace anvil {
+
+class BertModel {
+ public:
+  // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
+  // backward workspace are planned too.
+  BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
+            CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
+
+  // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
+  void plan_memory(MemoryPlan& plan, DeviceKind backend);
+  void bind(const Arena& arena);
+
+  const TransformerConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  int max_batch() const { return B_; }
+  int max_seq() const { return T_; }
+  OpsPrecision precision() const { return precision_; }
+  // The fp32 (master) weights, in the flat layout: the weights themselves when the compute type is fp32.
+  float* params() const { return master_; }
+  // The weights the ops read, in the compute type (== params() for fp32).
+  void* weights() const { return weights_; }
+  // Parameter gradients in the gradient type; grads() is for fp32 gradients only.
+  void* grad_buffer() const { return grads_; }
+  float* grads() const;
+  size_t grad_bytes() const { return dtype_bytes(precision_.grad, layout_.total_numel()); }
+  // Per-sequence losses [B] (fp32) of the last forward with labels (0 for ignored labels).
+  const float* losses() const { return losses_; }
+  // Logits [B, num_labels] in the compute type, after any forward; copy_logits_to_host widens them to fp32.
+  const void* logits() const { return logits_; }
+  void copy_logits_to_host(Device& dev, float* dst, int B) const;
+  // The element type forward() expects its labels in: I32 (class ids), or F32 for regression.
+  DType label_dtype() const { return cfg_.is_regression() ? DType::F32 : DType::I32; }
+
+  // Hugging Face BERT initialisation, deterministic for a seed: N(0, initializer_range) for matrices and
+  // embeddings (the word embedding's pad_token_id row 0), LayerNorm (1, 0), biases 0.
+  void init_weights(uint64_t seed, Device& dev) const;
+  // Sets the weights from fp32 host values (flat layout): the master weights and, for a 16-bit compute type,
+  // their round-to-nearest copy.
+  void upload_weights(Device& dev, const float* host) const;
+  // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
+  // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
+  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const;
+
+  // tokens [B, T] and token_types [B, T] (null: all type 0), lengths [B] (null: no padding) and labels [B]
+  // (label_dtype(); null: inference, logits only) in device memory. With labels, losses() receives the
+  // per-sequence loss; with write_grad the loss gradient (times grad_scale) is kept for backward().
+  void forward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths,
+               const void* labels, int B, int T, float grad_scale, bool write_grad);
+  // Accumulates parameter gradients into grad_buffer(); needs the preceding forward with labels and
+  // write_grad, and the same inputs.
+  void backward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths, int B,
+                int T);
+
+  // Memory history (docs/memory.md) and profiling, as GptModel: while set, forward and backward record
+  // phases and when each saved activation is live. nullptr stops.
+  void set_memory_trace(MemoryTrace* trace);
+  void set_profiler(StepProfiler* profiler) { profiler_ = profiler; }
+
+ private:
+  // The tensors of one block as offsets into the flat buffer (looked up by name once), or as pointers.
+  // qkvw / qkvb are the query weight / bias: key and value follow contiguously.
+  template <class T>
+  struct LayerTensors {
+    T qkvw, qkvb, attow, attob, ln1w, ln1b, fcw, fcb, projw, projb, ln2w, ln2b;
+  };
+  using LayerParams = LayerTensors<void*>;
+  LayerParams layer_params(void* base, size_t elem_bytes, int l) const;
+  std::vector<LayerTensors<size_t>> layer_offsets_;
+  // Offsets of the tensors outside the blocks.
+  size_t wte_off_, wpe_off_, wtt_off_, lnew_off_, lneb_off_, poolw_off_, poolb_off_, clsw_off_, clsb_off_;
+
+  // The per-layer saved activations, by kind.
+  enum Saved { kQkv, kAtty, kLse, kRes1, kLn1Stats, kH1, kFch, kFchGelu, kRes2, kLn2Stats, kSavedKinds };
+  bool recomputed(int kind, int layer) const;  // kind's tensor of `layer` lives in the recompute buffer
+  void* act(int kind, int layer) const;        // where `layer` keeps (or recomputes) that tensor
+  float* stats(int kind, int layer) const { return static_cast<float*>(act(kind, layer)); }
+  // The block's forward; with `only_recomputed`, just the steps whose outputs are recomputed for it.
+  void block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask, bool only_recomputed);
+  void block_backward(Ops& ops, int l, int B, int T, const AttentionMask& mask);
+  struct SavedKind {
+    size_t bytes = 0;       // per layer, at the planned batch and sequence length
+    std::vector<int> slot;  // per layer: index in the stored buffer, or -1 (recompute buffer)
+    size_t i_stored = 0, i_recompute = 0;
+    char *stored = nullptr, *recompute = nullptr;
+  };
+  SavedKind saved_[kSavedKinds];
+
+  // Memory-trace bookkeeping (see GptModel): live ids per (layer, kind), per block output, and outside.
+  void trace_phase(const char* name, int layer);
+  void trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer, const char* phase);
+  void trace_free(int& id, const char* phase);
+  MemoryTrace* trace_ = nullptr;
+  StepProfiler* profiler_ = nullptr;
+  std::vector<std::array<int, kSavedKinds>> trace_saved_;
+  std::vector<int> trace_block_out_;
+  int trace_embedding_ = -1, trace_head_ = -1;
+
+  TransformerConfig cfg_;
+  ParamLayout layout_;
+  int B_, T_;
+  bool training_;
+  CheckpointPolicy checkpointing_;
+  OpsPrecision precision_;
+  size_t ae_, ge_;  // bytes per element of the compute and gradient types
+  // Element `i` of a compute-type buffer.
+  void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * ae_; }
+  void* block_out(int l) const { return at(block_out_, size_t(l) * B_ * T_ * cfg_.n_embd); }
+
+  // Plan indices.
+  size_t i_master_ = 0, i_weights_ = 0, i_grads_ = 0, i_emb_sum_ = 0, i_emb_stats_ = 0, i_encoded_ = 0,
+         i_block_out_ = 0, i_cls_ = 0, i_pooled_ = 0, i_logits_ = 0, i_losses_ = 0, i_attn_scratch_ = 0,
+         i_dlogits_ = 0, i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0;
+
+  float* master_ = nullptr;
+  void *weights_ = nullptr, *grads_ = nullptr;
+  void *emb_sum_ = nullptr, *encoded_ = nullptr, *block_out_ = nullptr, *cls_ = nullptr, *pooled_ = nullptr,
+       *logits_ = nullptr, *attn_scratch_ = nullptr, *dlogits_ = nullptr, *dhead_ = nullptr, *d0_ = nullptr,
+       *d1_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr;
+  float *emb_stats_ = nullptr, *losses_ = nullptr;
+  bool head_grad_ready_ = false;  // forward(write_grad) left the loss gradient in dlogits_ for backward()
+  int fwd_B_ = 0, fwd_T_ = 0;     // the shape of that forward
+};
+
+}  // namespace anvil
