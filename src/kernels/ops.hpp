@@ -215,6 +215,13 @@ class Ops {
   virtual void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) = 0;
   // out = a + b (out may alias a or b).
   virtual void residual_fwd(void* out, const void* a, const void* b, size_t n) = 0;
+  // The residual stream's next value and its LayerNorm in one pass: out[N,C] = a + b, then ln =
+  // LayerNorm(out) with mean / rstd as layernorm_fwd writes them. Exactly residual_fwd followed by
+  // layernorm_fwd (out is rounded to the compute type before it is normalised); on CUDA one kernel that reads
+  // out back from cache instead of memory. out may alias a or b; ln must not alias any input.
+  virtual void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a,
+                                      const void* b, const void* w, const void* bias, int N, int C,
+                                      float eps) = 0;
   // Exact GELU (PyTorch's default nn.GELU, BERT's "gelu"): 0.5 x (1 + erf(x / sqrt(2))). The cuBLASLt GELU
   // epilogue of matmul_gelu_fwd is the tanh approximation, so models with exact GELU run matmul_fwd + this.
   virtual void gelu_erf_fwd(void* out, const void* inp, size_t n) = 0;

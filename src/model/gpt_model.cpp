@@ -206,14 +206,22 @@ void GptModel::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed
   void *res2 = act(kRes2, l), *ln2 = act(kLn2, l), *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l);
   float *ln1_stats = stats(kLn1Stats, l), *ln2_stats = stats(kLn2Stats, l);
   auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
-  if (run(kLn1)) ops.layernorm_fwd(ln1, ln1_stats, ln1_stats + sBT, x, p.ln1w, p.ln1b, N, C);
+  // In the full forward pass the previous block's output step already wrote this LayerNorm (fused with its
+  // residual add); a recompute pass rebuilds it here.
+  if (run(kLn1) && (only_recomputed || l == 0))
+    ops.layernorm_fwd(ln1, ln1_stats, ln1_stats + sBT, x, p.ln1w, p.ln1b, N, C);
   if (run(kQkv)) ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
   if (run(kAtty)) ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, AttentionMask{});
   if (run(kRes2)) {
     ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, C, C);
-    ops.residual_fwd(res2, x, tmp_c_, size_t(N) * C);
+    if (run(kLn2))  // the residual add and the next LayerNorm in one pass
+      ops.residual_layernorm_fwd(res2, ln2, ln2_stats, ln2_stats + sBT, x, tmp_c_, p.ln2w, p.ln2b, N, C,
+                                 kLayerNormEps);
+    else
+      ops.residual_fwd(res2, x, tmp_c_, size_t(N) * C);
+  } else if (run(kLn2)) {
+    ops.layernorm_fwd(ln2, ln2_stats, ln2_stats + sBT, res2, p.ln2w, p.ln2b, N, C);
   }
-  if (run(kLn2)) ops.layernorm_fwd(ln2, ln2_stats, ln2_stats + sBT, res2, p.ln2w, p.ln2b, N, C);
   // One fused GEMM + GELU. (Checkpointing recomputes the pre-activation and its GELU together; should only
   // the GELU output be missing, it is recomputed alone.)
   if (run(kFch))
@@ -235,7 +243,18 @@ void GptModel::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed
   }
   if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
   ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
-  ops.residual_fwd(at(res3_, l * sBTC), res2, tmp_c_, size_t(N) * C);
+  // The block output and the LayerNorm that reads it next, in one pass: the next block's ln_1 (into its
+  // stored or recompute buffer, which nothing else writes before that block runs), or ln_f after the last.
+  void* out = at(res3_, l * sBTC);
+  if (l + 1 < cfg_.n_layer) {
+    const LayerParams pn = layer_params(weights_, ae_, l + 1);
+    float* next_stats = stats(kLn1Stats, l + 1);
+    ops.residual_layernorm_fwd(out, act(kLn1, l + 1), next_stats, next_stats + sBT, res2, tmp_c_, pn.ln1w,
+                               pn.ln1b, N, C, kLayerNormEps);
+  } else {
+    ops.residual_layernorm_fwd(out, lnf_, lnf_stats_, lnf_stats_ + sBT, res2, tmp_c_, at(weights_, lnfw_off_),
+                               at(weights_, lnfb_off_), N, C, kLayerNormEps);
+  }
   trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, size_t(B_) * T_ * C * ae_, l,
               "forward");
 }
@@ -256,9 +275,7 @@ void GptModel::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, 
     trace_phase("forward", l);
     block_forward(ops, l, B, T, false);
   }
-  trace_phase("forward head", -1);
-  ops.layernorm_fwd(lnf_, lnf_stats_, lnf_stats_ + sBT, at(res3_, (L - 1) * sBTC), at(weights_, lnfw_off_),
-                    at(weights_, lnfb_off_), N, C);
+  trace_phase("forward head", -1);  // ln_f was computed by the last block (fused with its residual add)
   trace_alloc(trace_lnf_, "ln_f output + mean/rstd", MemoryCategory::Activations, sBTC * ae_ + 2 * sBT * 4,
               -1, "forward");
   const void* wte = at(weights_, wte_off_);

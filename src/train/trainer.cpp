@@ -403,10 +403,10 @@ TrainSummary Run::go() {
       // The optimizer's own step count (bias correction) does not advance on skipped steps.
       const int64_t opt_step = step + 1 - (scaler_ ? scaler_->skipped_steps() : 0);
       // Host scale 1 times the device's clip x unscale: the very float the host used to pass.
+      if (profiler) profiler->phase("optimizer");  // the update and the compute-type weight copy
       e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step, 1.0f,
                          &scalars->grad_scale);
       if (trace) trace->phase("optimizer");
-      if (profiler) profiler->phase("optimizer");
       model.sync_weights(e.ops(), cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0);
     }
     dev.synchronize();

@@ -164,6 +164,32 @@ TEST_F(ParityTest, Embedding) {
 
 // --- layernorm -------------------------------------------------------------------------------------
 
+TEST_F(ParityTest, ResidualLayerNorm) {
+  struct Shape {
+    int N, C;
+  };
+  for (const Shape s : {Shape{37, 200}, Shape{64, 768}, Shape{5, 7}, Shape{1030, 96}}) {
+    for (const bool alias : {false, true}) {  // out written over a, as the op allows
+      SCOPED_TRACE("N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + (alias ? " out = a" : ""));
+      const size_t NC = size_t(s.N) * s.C;
+      auto a = mirror(randn(NC, 2.f, 3.f));
+      auto b = mirror(randn(NC, 0.5f));
+      auto w = mirror(randn(s.C, 0.5f, 1.f));
+      auto bias = mirror(randn(s.C, 0.5f));
+      auto sum = output(NC), ln = output(NC), mean = output(s.N), rstd = output(s.N);
+      auto& out = alias ? a : sum;
+      cpu_->residual_layernorm_fwd(out.cpu(), ln.cpu(), mean.cpu(), rstd.cpu(), a.cpu(), b.cpu(), w.cpu(),
+                                   bias.cpu(), s.N, s.C, 1e-5f);
+      gpu_->residual_layernorm_fwd(out.gpu(), ln.gpu(), mean.gpu(), rstd.gpu(), a.gpu(), b.gpu(), w.gpu(),
+                                   bias.gpu(), s.N, s.C, 1e-5f);
+      EXPECT_TRUE(same("residual_layernorm_fwd out", out, kRowReductionTol));
+      EXPECT_TRUE(same("residual_layernorm_fwd ln", ln, kRowReductionTol));
+      EXPECT_TRUE(same("residual_layernorm_fwd mean", mean, kRowReductionTol));
+      EXPECT_TRUE(same("residual_layernorm_fwd rstd", rstd, kRowReductionTol));
+    }
+  }
+}
+
 TEST_F(ParityTest, LayerNorm) {
   struct Shape {
     int N, C;

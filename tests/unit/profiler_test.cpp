@@ -1,6 +1,7 @@
 // --profile_steps: a Chrome trace of the chosen steps with a range per phase (data, forward and backward
 // per block, recompute, head, gradient norm, optimizer) on the device track and the step on the host
-// track; MFU's FLOPs per token and peak figures.
+// track (the CPU has no kernel track, and the trace says so); MFU's FLOPs per token and peak figures. The
+// kernel track itself is tested on a GPU (tests/parity/kernel_activity_test.cpp).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include "anvil/trainer.hpp"
 #include "data/byte_corpus.hpp"
+#include "runtime/kernel_activity.hpp"
 #include "test_util.hpp"
 #include "train/mfu.hpp"
 
@@ -36,7 +38,12 @@ TEST(Profiler, ChromeTraceOfTheChosenSteps) {
   const json trace = json::parse(test::read_file(dir / "run/profile_steps_2-3.json"));
   std::map<int64_t, std::map<std::string, int>> names;  // step -> phase name -> count
   std::map<int64_t, std::vector<std::pair<double, double>>> device_spans;
+  // The CPU backend runs no kernels: no kernel track, and the metadata says why.
+  const std::string kernel_track = trace.at("otherData").at("kernel_track");
+  EXPECT_EQ(kernel_track.rfind("none: the CPU backend", 0), 0u) << kernel_track;
+  EXPECT_FALSE(trace.at("otherData").contains("top_kernels"));
   for (const json& e : trace.at("traceEvents")) {
+    EXPECT_EQ(e.at("pid"), 0) << e.dump();
     if (e.at("ph") != "X") continue;
     const int64_t step = e.at("args").at("step");
     EXPECT_TRUE(step == 2 || step == 3) << e.dump();
@@ -70,6 +77,26 @@ TEST(Profiler, ChromeTraceOfTheChosenSteps) {
   std::string line;
   std::getline(metrics, line);
   EXPECT_TRUE(json::parse(line).contains("mfu")) << line;
+}
+
+TEST(Profiler, ShortKernelNames) {
+  EXPECT_EQ(
+      short_kernel_name("void anvil::(anonymous namespace)::gelu_fwd_kernel<float>(float*, const float*, "
+                        "unsigned long)"),
+      "anvil::gelu_fwd_kernel<float>");
+  // Parentheses inside template arguments stay; only the trailing parameter list goes.
+  EXPECT_EQ(short_kernel_name("void k<(anvil::DType)2, 4>(int)"), "k<(anvil::DType)2, 4>");
+  EXPECT_EQ(short_kernel_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"),
+            "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n");
+  EXPECT_EQ(short_kernel_name("memcpy HtoD"), "memcpy HtoD");
+  EXPECT_EQ(short_kernel_name(std::string(200, 'k'), 20), std::string(17, 'k') + "...");
+}
+
+TEST(Profiler, NoKernelRecorderOnTheCpu) {
+  auto dev = make_cpu_device();
+  std::string why_not;
+  EXPECT_EQ(make_kernel_activity(*dev, why_not), nullptr);
+  EXPECT_NE(why_not.find("CPU backend"), std::string::npos) << why_not;
 }
 
 TEST(Profiler, BadRangesAreErrors) {

@@ -75,6 +75,11 @@ class CpuOps final : public Ops {
   void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
     cpu::residual_fwd(p_.compute, out, a, b, n);
   }
+  void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a, const void* b,
+                              const void* w, const void* bias, int N, int C, float eps) override {
+    cpu::residual_fwd(p_.compute, out, a, b, size_t(N) * C);  // the reference: the two ops in sequence
+    cpu::layernorm_fwd(p_.compute, ln, mean, rstd, out, w, bias, N, C, eps);
+  }
   void gelu_erf_fwd(void* out, const void* inp, size_t n) override {
     cpu::gelu_erf_fwd(p_.compute, out, inp, n);
   }

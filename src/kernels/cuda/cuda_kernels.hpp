@@ -94,6 +94,9 @@ void bert_embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad
 // --- layernorm.cu ------------------------------------------------------------------------------------
 void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean, float* rstd,
                    const void* inp, const void* w, const void* b, int N, int C, float eps);
+void residual_layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, void* ln, float* mean,
+                            float* rstd, const void* a, const void* b, const void* w, const void* bias, int N,
+                            int C, float eps);
 void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
                    const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
                    int N, int C);

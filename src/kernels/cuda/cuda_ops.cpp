@@ -152,6 +152,10 @@ class CudaOps final : public Ops {
   void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
     cuda::residual_fwd(stream_, act_, out, a, b, n);
   }
+  void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a, const void* b,
+                              const void* w, const void* bias, int N, int C, float eps) override {
+    cuda::residual_layernorm_fwd(stream_, act_, out, ln, mean, rstd, a, b, w, bias, N, C, eps);
+  }
   void gelu_erf_fwd(void* out, const void* inp, size_t n) override {
     cuda::gelu_erf_fwd(stream_, act_, out, inp, n);
   }

@@ -79,6 +79,54 @@ __global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* 
   }
 }
 
+// out = a + b (rounded to T, as residual_fwd stores it), then layernorm_fwd_kernel's three passes over the
+// row; the second and third read out back, which this warp has just written (an L1/L2 hit, not DRAM).
+template <class T, bool kVec>
+__global__ void residual_layernorm_fwd_kernel(T* out, T* ln, float* mean, float* rstd, const T* a, const T* b,
+                                              const T* w, const T* bias, int N, int C, float eps) {
+  using R = Row<T, kVec>;
+  constexpr int kN = R::kN;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;  // whole warps exit together
+  const size_t offset = static_cast<size_t>(row) * C;
+  T* x = out + offset;
+  const int groups = C / kN;
+  float f[kN], fb[kN];
+  float sum = 0.f;
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(a + offset, i, f);
+    R::load(b + offset, i, fb);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) f[k] = to_float(from_float<T>(f[k] + fb[k]));
+    R::store(x, i, f);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) sum += f[k];
+  }
+  const float mu = warp_sum(sum) / C;
+  float sq = 0.f;
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(x, i, f);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) sq += (f[k] - mu) * (f[k] - mu);
+  }
+  const float rs = rsqrtf(warp_sum(sq) / C + eps);
+  T* y = ln + offset;
+  float fw[kN];
+  for (int i = lane; i < groups; i += kWarpSize) {
+    R::load(x, i, f);
+    R::load(w, i, fw);
+    R::load(bias, i, fb);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) f[k] = (f[k] - mu) * rs * fw[k] + fb[k];
+    R::store(y, i, f);
+  }
+  if (lane == 0) {
+    if (mean) mean[row] = mu;
+    if (rstd) rstd[row] = rs;
+  }
+}
+
 // dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w.
 template <class T, bool kVec>
 __global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp, const T* w,
@@ -176,6 +224,26 @@ void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean
       launch(layernorm_fwd_kernel<T, true>);
     else
       launch(layernorm_fwd_kernel<T, false>);
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+void residual_layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, void* ln, float* mean,
+                            float* rstd, const void* a, const void* b, const void* w, const void* bias, int N,
+                            int C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(
+          static_cast<T*>(out), static_cast<T*>(ln), mean, rstd, static_cast<const T*>(a),
+          static_cast<const T*>(b), static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
+    };
+    if (rows_vectorizable<T>(C, {out, ln, a, b, w, bias}))
+      launch(residual_layernorm_fwd_kernel<T, true>);
+    else
+      launch(residual_layernorm_fwd_kernel<T, false>);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
