@@ -3,6 +3,7 @@
 // derived value is computed once and validated with errors that name the key and the value.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -15,17 +16,25 @@ namespace anvil {
 struct LossScalerConfig;  // precision/loss_scaler.hpp
 
 struct TrainConfig {
-  // Model: a preset name ("tiny", "d12", ...) or an explicit shape; or weights to start from.
+  // Model: a preset name ("tiny", "d12", ..., "bert-tiny", "bert-base", "bert-large"), a Hugging Face
+  // config.json (GPT2Config / BertConfig; shape only), or an explicit shape (an object of TransformerConfig
+  // fields, with "family"); or weights to start from.
   TransformerConfig model = TransformerConfig::preset("tiny");
   std::string model_preset = "tiny";  // "" when the shape was given explicitly
-  std::string init_from;              // Hugging Face model directory or Anvil checkpoint to start from
+  // Hugging Face model directory or Anvil checkpoint to start from (also set by HF's name for it,
+  // model_name_or_path).
+  std::string init_from;
   // "bytes" (vocab 256), or a tokenizer.json / vocab.txt. Used for the end-of-run sample and copied
   // into checkpoints; "" means "bytes" (or the tokenizer a checkpoint being resumed carries).
   std::string tokenizer;
   // Derived: the model's vocab_size follows the tokenizer (a preset, or a shape without vocab_size).
   bool vocab_from_tokenizer = true;
+  // Derived (BERT): num_labels and the label names follow the classification data (a preset, a shape
+  // without num_labels / label_names, a config.json without id2label / num_labels).
+  bool labels_from_data = true;
 
-  // Data: token shards (see docs/data.md).
+  // Data (docs/data.md): token shards (language modelling, GPT-2) or classification shards (BERT), told
+  // apart by their magic bytes.
   std::string train_data;
   std::string val_data;
 
@@ -131,6 +140,8 @@ struct TrainConfig {
   static TrainConfig from_file(const std::string& path);
   nlohmann::json to_json() const;
   static std::vector<std::string> keys();
+  // Other names accepted for a key (as config keys and flags), never written: alias -> key.
+  static const std::map<std::string, std::string>& key_aliases();
 
   // Derived values.
   int seq_len() const { return max_seq_length > 0 ? max_seq_length : model.block_size; }

@@ -15,6 +15,7 @@ struct TrainSummary {
   double train_tokens_per_second = 0;
   double train_loss = 0;            // mean loss over the optimizer steps of this run
   double eval_loss = -1;            // last evaluation (-1: none)
+  double eval_accuracy = -1;        // classification: last evaluation's accuracy (-1: none)
   double data_wait_seconds = 0;     // time the step loop waited for the loader
   size_t peak_memory_bytes = 0;     // the arena (planned) plus, on CUDA, what the driver reports in use
   size_t planned_memory_bytes = 0;  // the memory plan's total (the arena)

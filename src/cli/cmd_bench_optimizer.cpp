@@ -36,7 +36,7 @@ int run_bench(const BenchArgs& a) {
   o.optim = optimizer_hyper(cfg);
   if (a.grad_dtype == "bf16") o.precision = Precision::BF16, o.half_precision_grads = true;
   Engine e(cfg.model, o);
-  GptModel& m = e.model();
+  Model& m = e.model();
   const size_t n = m.layout().total_numel();
   m.init_weights(1, e.device());
   // Random gradients of a realistic scale, in the gradient type.

@@ -1,6 +1,9 @@
-// anvil convert: a GPT-2 model directory (Hugging Face, possibly sharded or fp16/bf16, or an Anvil
+// anvil convert: a GPT-2 or BERT model directory (Hugging Face, possibly sharded or fp16/bf16, or an Anvil
 // checkpoint) -> a Hugging Face directory with one fp32 model.safetensors, config.json and the tokenizer
-// files, written atomically. The output loads in transformers and in Anvil (init_from, generate).
+// files, written atomically. The output loads in transformers and in Anvil (init_from; generate for GPT-2,
+// predict for a BERT classifier). A BERT directory without a classifier (a BertModel checkpoint) gets a
+// freshly initialised pooler / classifier, as transformers' BertForSequenceClassification would, and the
+// command says so.
 #include <filesystem>
 #include <memory>
 
@@ -28,7 +31,9 @@ int run_convert(const ConvertArgs& a) {
   const TransformerConfig cfg = io::read_model_config(a.input);
   EngineOptions o;  // CPU, inference-sized activations: only the weights matter here
   Engine engine(cfg, o);
-  io::load_model_weights(a.input, engine.model(), engine.device());
+  // BERT heads a BertModel checkpoint lacks keep the initialisation (seeded: the output is reproducible).
+  if (cfg.is_bert()) engine.model().init_weights(42, engine.device());
+  const io::BertLoadReport report = io::load_model_weights(a.input, engine.model(), engine.device());
   io::AtomicDirectory out(a.output);
   io::save_model(out.path(), engine.model(), engine.device());
   std::vector<std::string> copied;
@@ -39,15 +44,21 @@ int run_convert(const ConvertArgs& a) {
     copied.push_back(f);
   }
   out.commit();
-  fmt::print("converted {} ({:.2f}M parameters) -> {}/model.safetensors + config.json{}{}\n", a.input,
-             cfg.num_parameters() / 1e6, a.output, copied.empty() ? "" : " + ", fmt::join(copied, ", "));
+  fmt::print("converted {} ({} {:.2f}M parameters) -> {}/model.safetensors + config.json{}{}\n", a.input,
+             cfg.family, cfg.num_parameters() / 1e6, a.output, copied.empty() ? "" : " + ",
+             fmt::join(copied, ", "));
+  if (!report.kept.empty())
+    fmt::print("  not in {}, newly initialised (seed 42): {}\n", a.input, fmt::join(report.kept, ", "));
+  if (!report.ignored.empty())
+    fmt::print("  not converted (no BERT classifier part): {}\n", fmt::join(report.ignored, ", "));
   return 0;
 }
 
 Command make_convert(CLI::App& parent) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* app = parent.add_subcommand(
-      "convert", "GPT-2 model directory (HF, sharded/fp16/bf16, or Anvil checkpoint) -> HF directory (fp32)");
+      "convert",
+      "GPT-2 or BERT model directory (HF, sharded/fp16/bf16, or Anvil checkpoint) -> HF directory (fp32)");
   app->add_option("--input", a->input, "model or checkpoint directory")->required();
   app->add_option("--output", a->output, "output directory (replaced atomically)")->required();
   return {app, [a] { return run_convert(*a); }};

@@ -87,6 +87,10 @@ std::vector<CheckpointPolicy> sweep_policies(const CheckpointPolicy& configured)
 }
 
 std::string model_line(const TransformerConfig& m) {
+  if (m.is_bert())
+    return fmt::format(
+        "bert ({} layers, {} heads, {} dims, intermediate {}, vocab {}, {} labels; {:.2f}M parameters)",
+        m.n_layer, m.n_head, m.n_embd, m.ffn_size(), m.vocab_size, m.num_labels, m.num_parameters() / 1e6);
   return fmt::format("gpt2 ({} layers, {} heads, {} dims, vocab {}; {:.2f}M parameters)", m.n_layer, m.n_head,
                      m.n_embd, m.vocab_size, m.num_parameters() / 1e6);
 }
@@ -204,8 +208,13 @@ Command make_estimate(CLI::App& parent) {
   app->add_option("--overhead_bytes", ef->overhead_bytes,
                   "CUDA context overhead to assume instead of measuring it (e.g. 560MiB)");
   return {app, [flags, ef] {
-            const TrainConfig cfg = flags->resolve();
-            const TransformerConfig model = resolve_run_model(cfg).config;
+            TrainConfig cfg = flags->resolve();
+            RunModel rm = resolve_run_model(cfg);
+            // A classifier's plan depends on its data (the labels, and the sequence length when
+            // max_seq_length is 0), exactly as the run will see it; without train_data the config's values
+            // are planned.
+            if (rm.config.is_bert() && !cfg.train_data.empty()) open_run_data(cfg, rm);
+            const TransformerConfig model = rm.config;
             const Target t = target_device(cfg.device, ef->overhead_bytes);
             // The budget for the total (arena + overhead).
             std::optional<size_t> budget;

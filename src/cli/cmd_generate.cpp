@@ -20,12 +20,17 @@ struct GenerateArgs {
 
 int run_generate(const GenerateArgs& a) {
   const TransformerConfig cfg = io::read_model_config(a.checkpoint);
+  ANVIL_REQUIRE(
+      !cfg.is_bert(),
+      "{}: a BERT sequence classifier generates no text (anvil generate needs a GPT-2 model); classify "
+      "texts with `anvil predict --model {}`",
+      a.checkpoint, a.checkpoint);
   EngineOptions o;
   o.device = resolve_device(a.device);
   o.batch_size = 1;
   o.seq_len = cfg.block_size;
   Engine engine(cfg, o);
-  io::load_model_weights(a.checkpoint, engine.model(), engine.device());
+  io::load_model_weights(a.checkpoint, engine.gpt(), engine.device());
   std::string spec = a.tokenizer.empty() ? io::find_tokenizer_file(a.checkpoint) : a.tokenizer;
   const auto tok = data::load_tokenizer(spec.empty() ? "bytes" : spec);
   std::vector<int32_t> prompt;

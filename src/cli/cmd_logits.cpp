@@ -17,6 +17,11 @@ struct LogitsArgs {
 
 int run_logits(const LogitsArgs& a) {
   const TransformerConfig cfg = io::read_model_config(a.checkpoint);
+  ANVIL_REQUIRE(
+      !cfg.is_bert(),
+      "{}: anvil logits writes a language model's per-token logits; this is a BERT sequence classifier "
+      "(its class probabilities: `anvil predict --model {}`)",
+      a.checkpoint, a.checkpoint);
   const io::SafeTensorsReader in(a.input_ids);
   const io::SafeTensorInfo& t = in.at("input_ids");
   ANVIL_REQUIRE(t.dtype == DType::I32 && t.shape.size() == 2,
@@ -37,12 +42,13 @@ int run_logits(const LogitsArgs& a) {
   o.batch_size = B;
   o.seq_len = T;
   Engine e(cfg, o);
-  io::load_model_weights(a.checkpoint, e.model(), e.device());
+  GptModel& model = e.gpt();
+  io::load_model_weights(a.checkpoint, model, e.device());
   e.device().copy_to_device(e.tokens(0), ids.data(), ids.size() * sizeof(int32_t));
-  e.model().forward(e.ops(), e.tokens(0), nullptr, B, T, 0.0f, false);
+  model.forward(e.ops(), e.tokens(0), nullptr, B, T, 0.0f, false);
   const int V = cfg.vocab_size, Vp = cfg.padded_vocab_size();
   std::vector<float> padded(size_t(B) * T * Vp), logits(size_t(B) * T * V);
-  e.model().copy_logits_to_host(e.device(), padded.data(), 0, size_t(B) * T);
+  model.copy_logits_to_host(e.device(), padded.data(), 0, size_t(B) * T);
   for (size_t r = 0; r < size_t(B) * T; ++r) std::memcpy(&logits[r * V], &padded[r * Vp], V * sizeof(float));
   io::SafeTensorsWriter w;
   w.add("logits", DType::F32, {B, T, V}, logits.data());

@@ -16,6 +16,7 @@ void print_summary(const TrainSummary& s) {
   fmt::print("  data wait: {:.3f}s ({:.2f}% of the time)\n", s.data_wait_seconds,
              100.0 * s.data_wait_seconds / s.train_runtime);
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
+  if (s.eval_accuracy >= 0) fmt::print("  eval_accuracy: {:.4f}\n", s.eval_accuracy);
   fmt::print("  {} memory occupied: {} MB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",
              s.peak_memory_bytes >> 20);
   fmt::print("  allocator peak: {} bytes (plan: {} bytes)\n", s.allocator_peak_bytes, s.planned_memory_bytes);

@@ -11,7 +11,9 @@ using json = nlohmann::json;
 void ConfigFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--config", config_path, "JSON training config (see docs/config.md)");
   const json defaults = TrainConfig().to_json();
-  for (const std::string& key : TrainConfig::keys()) {
+  std::vector<std::string> names = TrainConfig::keys();
+  for (const auto& [alias, key] : TrainConfig::key_aliases()) names.push_back(alias);
+  for (const std::string& key : names) {
     CLI::Option* opt = cmd->add_option("--" + key, values[key], "override config key '" + key + "'");
     // Boolean keys also work as bare flags: `--fp16` is `--fp16 true`.
     if (defaults.contains(key) && defaults[key].is_boolean()) {
@@ -37,8 +39,17 @@ TrainConfig ConfigFlags::resolve() {
   }
   for (const auto& [key, opt] : bare_flags)
     if (opt->count() > 0 && values[key].empty()) values[key] = "true";
-  for (const auto& [key, value] : values)
-    if (!value.empty()) set_config_override(j, key, value);
+  // An alias flag overrides its key like the key's own flag would (a file's value for either is replaced).
+  for (const auto& [key, value] : values) {
+    if (value.empty()) continue;
+    const auto alias = TrainConfig::key_aliases().find(key);
+    if (alias != TrainConfig::key_aliases().end()) {
+      j.erase(key);
+      set_config_override(j, alias->second, value);
+    } else {
+      set_config_override(j, key, value);
+    }
+  }
   // --model '{"n_layer": 2, ...}' gives the shape as JSON.
   const std::string& model = values["model"];
   if (!model.empty() && model.front() == '{') {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -329,6 +330,12 @@ ClassificationShard::ClassificationShard(const std::string& path) : path_(path) 
 }
 
 ClassificationShard::~ClassificationShard() = default;
+
+bool is_classification_shard(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[8] = {};
+  return f.read(magic, 8) && std::memcmp(magic, kMagic, 8) == 0;
+}
 
 uint32_t ClassificationShard::length(uint64_t i) const {
   ANVIL_REQUIRE(i < num_examples_, "classification shard '{}': example {} out of range (the shard has {})",

@@ -68,6 +68,10 @@ class ClassificationShardWriter {
   bool committed_ = false;
 };
 
+// Whether `path` is a file that starts with the classification shard's magic ("ANVILCLS"): how the trainer
+// tells classification data from token shards (whatever the file is named). No other validation.
+bool is_classification_shard(const std::string& path);
+
 // Writes a whole shard (tests and small data sets).
 void write_classification_shard(const std::string& path, uint64_t vocab_size, uint32_t max_length,
                                 const std::vector<std::string>& label_names,

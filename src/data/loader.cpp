@@ -23,6 +23,14 @@ uint64_t epoch_seed(uint64_t seed, uint64_t epoch) {
   return mix64(seed + mix64(epoch + 0x5DA7A10ADE5ull));
 }
 
+}  // namespace
+
+uint64_t shuffle_seed(uint64_t seed, uint64_t epoch) {
+  return epoch_seed(seed, epoch);
+}
+
+namespace {
+
 uint64_t count_windows(const TokenShard& shard, int seq_len) {
   return shard.size() < 2 ? 0 : (shard.size() - 1) / static_cast<uint64_t>(seq_len);
 }

@@ -39,6 +39,10 @@ struct LoaderPosition {
   bool operator==(const LoaderPosition&) const = default;
 };
 
+// The seed of epoch `epoch`'s shuffle for a run seeded with `seed` (shared by the classification loader, so
+// both kinds of data are shuffled the same way).
+uint64_t shuffle_seed(uint64_t seed, uint64_t epoch);
+
 struct HostBatch {
   const int32_t* inputs;   // [batch_size, seq_len], row-major, pinned host memory
   const int32_t* targets;  // [batch_size, seq_len]: inputs shifted by one token

@@ -649,15 +649,37 @@ void run_lm(Context& ctx) {
   ctx.out.committed(report.val.path);
 }
 
+}  // namespace
+
+ClassificationEncoder::ClassificationEncoder(const Tokenizer& tokenizer, uint32_t max_length,
+                                             const std::string& what)
+    : tokenizer_(tokenizer), cls_(tokenizer.token_to_id("[CLS]")), sep_(tokenizer.token_to_id("[SEP]")) {
+  ANVIL_REQUIRE(max_length >= (wraps() ? 3u : 1u), "{}: --max_length {} is too small (at least {}{})", what,
+                max_length, wraps() ? 3 : 1, wraps() ? ": [CLS], one token and [SEP]" : "");
+  content_max_ = max_length - (wraps() ? 2 : 0);
+}
+
+std::vector<uint32_t> ClassificationEncoder::encode(std::string_view text, bool* truncated) const {
+  std::vector<uint32_t> ids = tokenizer_.encode(text);
+  if (truncated) *truncated = ids.size() > content_max_;
+  if (ids.size() > content_max_) ids.resize(content_max_);
+  if (!wraps()) return ids;
+  std::vector<uint32_t> out;
+  out.reserve(ids.size() + 2);
+  out.push_back(*cls_);
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.push_back(*sep_);
+  return out;
+}
+
+namespace {
+
 void run_classification(Context& ctx) {
   PrepareReport& report = ctx.report;
   const PrepareOptions& o = ctx.options;
-  const std::optional<uint32_t> cls = ctx.tokenizer.token_to_id("[CLS]"),
-                                sep = ctx.tokenizer.token_to_id("[SEP]");
-  const bool wrap = cls && sep;  // BERT-style examples: [CLS] text [SEP]
-  ANVIL_REQUIRE(o.max_length >= (wrap ? 3u : 1u), "prepare: --max_length {} is too small (at least {}{})",
-                o.max_length, wrap ? 3 : 1, wrap ? ": [CLS], one token and [SEP]" : "");
-  const size_t content_max = o.max_length - (wrap ? 2 : 0);
+  const ClassificationEncoder encoder(ctx.tokenizer, o.max_length);
+  const bool wrap = encoder.wraps();  // BERT-style examples: [CLS] text [SEP]
+  const std::optional<uint32_t> cls = encoder.cls_id(), sep = encoder.sep_id();
 
   std::unordered_map<std::string, int32_t> given_ids;  // --labels; read by the workers
   for (size_t i = 0; i < o.labels.size(); ++i) given_ids.emplace(o.labels[i], static_cast<int32_t>(i));
@@ -684,19 +706,7 @@ void run_classification(Context& ctx) {
              fmt::format("label '{}' is not one of --labels ({})", r.label, given_labels));
         continue;
       }
-      std::vector<uint32_t> ids = ctx.tokenizer.encode(r.text);
-      if (ids.size() > content_max) {
-        ids.resize(content_max);
-        out.truncated = true;
-      }
-      if (wrap) {
-        out.ids.reserve(ids.size() + 2);
-        out.ids.push_back(*cls);
-        out.ids.insert(out.ids.end(), ids.begin(), ids.end());
-        out.ids.push_back(*sep);
-      } else {
-        out.ids = std::move(ids);
-      }
+      out.ids = encoder.encode(r.text, &out.truncated);
     }
   };
 

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,25 @@ struct PrepareReport {
   std::vector<std::string> labels;  // classification, in id order
   unsigned threads = 0;
   double seconds = 0;
+};
+
+// How a text becomes a classification example, in prepare-data and in `anvil predict` alike: the
+// tokenizer's ids cut to max_length tokens in all, and when the tokenizer has [CLS] and [SEP] (BERT-style
+// WordPiece) wrapped as [CLS] ids [SEP] (the text then cut to max_length - 2).
+class ClassificationEncoder {
+ public:
+  // Throws anvil::Error when max_length cannot hold one token (and [CLS] / [SEP]); `what` prefixes it.
+  ClassificationEncoder(const Tokenizer& tokenizer, uint32_t max_length, const std::string& what = "prepare");
+  // The example's ids; *truncated (if given) says whether the text was cut.
+  std::vector<uint32_t> encode(std::string_view text, bool* truncated = nullptr) const;
+  bool wraps() const { return cls_.has_value() && sep_.has_value(); }
+  std::optional<uint32_t> cls_id() const { return cls_; }
+  std::optional<uint32_t> sep_id() const { return sep_; }
+
+ private:
+  const Tokenizer& tokenizer_;
+  std::optional<uint32_t> cls_, sep_;
+  size_t content_max_ = 0;
 };
 
 // Runs the preparation; throws anvil::Error (naming the file, line, field or value) on bad options

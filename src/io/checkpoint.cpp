@@ -97,6 +97,17 @@ void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
   model.upload_weights(dev, host.data());
 }
 
+void save_model(const std::string& dir, const Model& model, Device& dev) {
+  if (model.config().is_bert()) return save_bert_model(dir, static_cast<const BertModel&>(model), dev);
+  save_model(dir, static_cast<const GptModel&>(model), dev);
+}
+
+BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev) {
+  if (model.config().is_bert()) return load_bert_weights(dir, static_cast<BertModel&>(model), dev);
+  load_model_weights(dir, static_cast<GptModel&>(model), dev);
+  return {};
+}
+
 void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev) {
   SafeTensorsWriter w;
   w.set_metadata("optimizer", optimizer_name(opt.kind()));
@@ -131,7 +142,7 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
   }
 }
 
-void save_checkpoint(const std::string& dir, const GptModel& model, const Optimizer& opt, const json& state,
+void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& opt, const json& state,
                      const std::string& tokenizer_file, Device& dev) {
   AtomicDirectory out(dir);
   save_model(out.path(), model, dev);

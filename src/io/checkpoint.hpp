@@ -1,8 +1,10 @@
-// Checkpoints and Hugging Face model directories.
+// Checkpoints and Hugging Face model directories, for either model family (GPT-2 here; BERT's weights in
+// bert_checkpoint.hpp, which the Model overloads below dispatch to).
 //
 // A checkpoint directory (written atomically through AtomicDirectory) holds:
-//   model.safetensors     weights with Hugging Face GPT-2 names and shapes (loads in transformers)
-//   config.json           Hugging Face GPT2Config fields
+//   model.safetensors     weights with Hugging Face names and shapes (GPT2LMHeadModel or
+//                         BertForSequenceClassification: loads in transformers)
+//   config.json           Hugging Face GPT2Config / BertConfig fields (a classifier's id2label = its labels)
 //   optimizer.safetensors the optimizer's state buffers, each a 1-D tensor named as the optimizer names it
 //                         (AdamW: exp_avg, exp_avg_sq over the flat layout), metadata "optimizer" = its name
 //   trainer_state.json    global step, data position, RNG state, schedule, the full training config
@@ -11,12 +13,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "io/bert_checkpoint.hpp"
 #include "model/gpt_model.hpp"
+#include "model/model.hpp"
 #include "optim/optimizer.hpp"
 
 namespace anvil::io {
 
-// Reads <dir>/config.json as a GPT2Config.
+// Reads <dir>/config.json: a GPT2Config or a BertConfig (TransformerConfig::from_hf_json).
 TransformerConfig read_model_config(const std::string& dir);
 
 // Writes model.safetensors and config.json into `dir` (an existing directory).
@@ -26,6 +30,11 @@ void save_model(const std::string& dir, const GptModel& model, Device& dev);
 // a missing tensor or a shape that disagrees with the config is an error naming both.
 void load_model_weights(const std::string& dir, GptModel& model, Device& dev);
 
+// Either family: GptModel's functions above, or save_bert_model / load_bert_weights. The BERT loader's report
+// (head tensors the directory lacks, which keep their values; tensors skipped) is returned; it is empty for
+// GPT-2.
+void save_model(const std::string& dir, const Model& model, Device& dev);
+BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev);
 void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev);
 // Restores every state buffer; a checkpoint of another optimizer, or a buffer whose name, type or size
 // differs, is an error naming the file and what differs.
@@ -33,7 +42,7 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev);
 
 // Writes a whole checkpoint directory atomically. `tokenizer_file` (a tokenizer.json or vocab.txt, or
 // "" for none) is copied in under its Hugging Face name, so the checkpoint is self-contained.
-void save_checkpoint(const std::string& dir, const GptModel& model, const Optimizer& opt,
+void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& opt,
                      const nlohmann::json& state, const std::string& tokenizer_file, Device& dev);
 
 // The tokenizer file a model directory carries (tokenizer.json, else vocab.txt), or "".

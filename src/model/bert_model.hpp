@@ -1,6 +1,7 @@
 // BERT (Hugging Face BertForSequenceClassification) with explicit forward and backward per layer (DESIGN
-// principle 3), mirroring GptModel's interface: the model owns no memory; it adds its buffers to a MemoryPlan
-// and binds to the Arena carved from it, and nothing is allocated in forward() or backward().
+// principle 3), implementing the Model interface (model.hpp) as GptModel does: the model owns no memory; it
+// adds its buffers to a MemoryPlan and binds to the Arena carved from it, and nothing is allocated in
+// forward() or backward().
 //
 // The network, exactly as transformers computes it in eval mode (docs/bert.md):
 //   embedding: e = LayerNorm(word[tokens] + token_type[types] + position[t])
@@ -40,13 +41,14 @@
 #include "kernels/ops.hpp"
 #include "memory/memory_trace.hpp"
 #include "model/checkpointing.hpp"
+#include "model/model.hpp"
 #include "model/param_layout.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/step_profiler.hpp"
 
 namespace anvil {
 
-class BertModel {
+class BertModel final : public Model {
  public:
   // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
   // backward workspace are planned too.
@@ -54,24 +56,25 @@ class BertModel {
             CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
 
   // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
-  void plan_memory(MemoryPlan& plan, DeviceKind backend);
-  void bind(const Arena& arena);
+  void plan_memory(MemoryPlan& plan, DeviceKind backend) override;
+  void bind(const Arena& arena) override;
 
-  const TransformerConfig& config() const { return cfg_; }
-  const ParamLayout& layout() const { return layout_; }
-  int max_batch() const { return B_; }
-  int max_seq() const { return T_; }
-  OpsPrecision precision() const { return precision_; }
+  const TransformerConfig& config() const override { return cfg_; }
+  const ParamLayout& layout() const override { return layout_; }
+  int max_batch() const override { return B_; }
+  int max_seq() const override { return T_; }
+  OpsPrecision precision() const override { return precision_; }
   // The fp32 (master) weights, in the flat layout: the weights themselves when the compute type is fp32.
-  float* params() const { return master_; }
+  float* params() const override { return master_; }
   // The weights the ops read, in the compute type (== params() for fp32).
-  void* weights() const { return weights_; }
+  void* weights() const override { return weights_; }
   // Parameter gradients in the gradient type; grads() is for fp32 gradients only.
-  void* grad_buffer() const { return grads_; }
-  float* grads() const;
-  size_t grad_bytes() const { return dtype_bytes(precision_.grad, layout_.total_numel()); }
+  void* grad_buffer() const override { return grads_; }
+  float* grads() const override;
+  size_t grad_bytes() const override { return dtype_bytes(precision_.grad, layout_.total_numel()); }
   // Per-sequence losses [B] (fp32) of the last forward with labels (0 for ignored labels).
-  const float* losses() const { return losses_; }
+  const float* losses() const override { return losses_; }
+  size_t loss_rows(int B, int /*T*/) const override { return size_t(B); }
   // Logits [B, num_labels] in the compute type, after any forward; copy_logits_to_host widens them to fp32.
   const void* logits() const { return logits_; }
   void copy_logits_to_host(Device& dev, float* dst, int B) const;
@@ -80,13 +83,13 @@ class BertModel {
 
   // Hugging Face BERT initialisation, deterministic for a seed: N(0, initializer_range) for matrices and
   // embeddings (the word embedding's pad_token_id row 0), LayerNorm (1, 0), biases 0.
-  void init_weights(uint64_t seed, Device& dev) const;
+  void init_weights(uint64_t seed, Device& dev) const override;
   // Sets the weights from fp32 host values (flat layout): the master weights and, for a 16-bit compute type,
   // their round-to-nearest copy.
-  void upload_weights(Device& dev, const float* host) const;
+  void upload_weights(Device& dev, const float* host) const override;
   // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
   // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
-  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const;
+  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const override;
 
   // tokens [B, T] and token_types [B, T] (null: all type 0), lengths [B] (null: no padding) and labels [B]
   // (label_dtype(); null: inference, logits only) in device memory. With labels, losses() receives the
@@ -97,11 +100,18 @@ class BertModel {
   // write_grad, and the same inputs.
   void backward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths, int B,
                 int T);
+  // The Model interface: tokens, token types, lengths and labels of `in`.
+  void forward(Ops& ops, const ModelInputs& in, float grad_scale, bool write_grad) override {
+    forward(ops, in.tokens, in.token_types, in.lengths, in.labels, in.B, in.T, grad_scale, write_grad);
+  }
+  void backward(Ops& ops, const ModelInputs& in) override {
+    backward(ops, in.tokens, in.token_types, in.lengths, in.B, in.T);
+  }
 
   // Memory history (docs/memory.md) and profiling, as GptModel: while set, forward and backward record
   // phases and when each saved activation is live. nullptr stops.
-  void set_memory_trace(MemoryTrace* trace);
-  void set_profiler(StepProfiler* profiler) { profiler_ = profiler; }
+  void set_memory_trace(MemoryTrace* trace) override;
+  void set_profiler(StepProfiler* profiler) override { profiler_ = profiler; }
 
  private:
   // The tensors of one block as offsets into the flat buffer (looked up by name once), or as pointers.

@@ -21,13 +21,14 @@
 #include "kernels/ops.hpp"
 #include "memory/memory_trace.hpp"
 #include "model/checkpointing.hpp"
+#include "model/model.hpp"
 #include "model/param_layout.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/step_profiler.hpp"
 
 namespace anvil {
 
-class GptModel {
+class GptModel final : public Model {
  public:
   // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
   // backward workspace are planned too.
@@ -35,23 +36,25 @@ class GptModel {
            CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
 
   // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
-  void plan_memory(MemoryPlan& plan, DeviceKind backend);
-  void bind(const Arena& arena);
+  void plan_memory(MemoryPlan& plan, DeviceKind backend) override;
+  void bind(const Arena& arena) override;
 
-  const TransformerConfig& config() const { return cfg_; }
-  const ParamLayout& layout() const { return layout_; }
-  int max_batch() const { return B_; }
-  int max_seq() const { return T_; }
-  OpsPrecision precision() const { return precision_; }
+  const TransformerConfig& config() const override { return cfg_; }
+  const ParamLayout& layout() const override { return layout_; }
+  int max_batch() const override { return B_; }
+  int max_seq() const override { return T_; }
+  OpsPrecision precision() const override { return precision_; }
   // The fp32 (master) weights, in the flat layout: the weights themselves when the compute type is fp32.
-  float* params() const { return master_; }
+  float* params() const override { return master_; }
   // The weights the ops read, in the compute type (== params() for fp32).
-  void* weights() const { return weights_; }
+  void* weights() const override { return weights_; }
   // Parameter gradients in the gradient type; grads() is for fp32 gradients only.
-  void* grad_buffer() const { return grads_; }
-  float* grads() const;
-  size_t grad_bytes() const { return dtype_bytes(precision_.grad, layout_.total_numel()); }
-  const float* losses() const { return losses_; }
+  void* grad_buffer() const override { return grads_; }
+  float* grads() const override;
+  size_t grad_bytes() const override { return dtype_bytes(precision_.grad, layout_.total_numel()); }
+  // Per-position losses [B*T] (0 at ignore-index targets).
+  const float* losses() const override { return losses_; }
+  size_t loss_rows(int B, int T) const override { return size_t(B) * size_t(T); }
   // Logits [B, T, padded vocab] in the compute type, after a forward without targets (a forward with
   // targets computes them in chunks of logits_rows() rows and keeps none); copy_logits_to_host widens rows
   // to fp32.
@@ -62,13 +65,13 @@ class GptModel {
 
   // GPT-2 initialisation, deterministic for a seed: N(0, 0.02) for matrices and embeddings,
   // N(0, 0.02/sqrt(2 n_layer)) for the residual projections, LayerNorm (1, 0), biases 0, padded vocab rows 0.
-  void init_weights(uint64_t seed, Device& dev) const;
+  void init_weights(uint64_t seed, Device& dev) const override;
   // Sets the weights from fp32 host values (flat layout): the master weights and, for a 16-bit compute
   // type, their round-to-nearest copy.
-  void upload_weights(Device& dev, const float* host) const;
+  void upload_weights(Device& dev, const float* host) const override;
   // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
   // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
-  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const;
+  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const override;
 
   // tokens/targets are [B, T] in device memory. With targets, losses() receives the per-position loss; the
   // LM head and loss run in chunks of logits_rows() rows, so the [B*T, vocab] logits never exist at once.
@@ -82,13 +85,18 @@ class GptModel {
   static constexpr size_t kLossChunkRows = 8192;
   // Accumulates parameter gradients into grads(); needs the preceding forward with write_grad.
   void backward(Ops& ops, const int32_t* tokens, int B, int T);
+  // The Model interface: tokens and targets of `in`.
+  void forward(Ops& ops, const ModelInputs& in, float grad_scale, bool write_grad) override {
+    forward(ops, in.tokens, in.targets, in.B, in.T, grad_scale, write_grad);
+  }
+  void backward(Ops& ops, const ModelInputs& in) override { backward(ops, in.tokens, in.B, in.T); }
 
   // Memory history (docs/memory.md): while a trace is set, forward and backward record when each saved
   // activation becomes live (written) and dead (last read), per layer, with phase markers. nullptr stops.
-  void set_memory_trace(MemoryTrace* trace);
+  void set_memory_trace(MemoryTrace* trace) override;
   // Profiling: while set, each phase (forward / recompute / backward per block, head, embedding) starts a
   // range of the profiler. nullptr stops.
-  void set_profiler(StepProfiler* profiler) { profiler_ = profiler; }
+  void set_profiler(StepProfiler* profiler) override { profiler_ = profiler; }
 
  private:
   // The tensors of one block, as offsets into the flat buffer (looked up by name once) or as pointers

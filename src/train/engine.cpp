@@ -90,15 +90,31 @@ OptimizerHyper with_vocab(OptimizerHyper h, const TransformerConfig& cfg) {
   return h;
 }
 
+// Plan indices of the input buffers of both slots (see engine.hpp).
+struct InputIndices {
+  size_t tokens[2] = {0, 0};
+  size_t targets[2] = {SIZE_MAX, SIZE_MAX}, lengths[2] = {SIZE_MAX, SIZE_MAX},
+         labels[2] = {SIZE_MAX, SIZE_MAX};
+};
+
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
-void plan_all(MemoryPlan& plan, GptModel& model, Optimizer* opt, const EngineOptions& o, size_t i_tokens[2],
-              size_t i_targets[2], size_t* i_gemm_ws, size_t* i_step_scalars) {
+void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOptions& o, InputIndices& in,
+              size_t* i_gemm_ws, size_t* i_step_scalars) {
   model.plan_memory(plan, o.device);
   if (opt) opt->plan_memory(plan);
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
+  // Labels are int32 class ids or fp32 regression targets: 4 bytes either way.
+  const size_t row_bytes = size_t(o.batch_size) * sizeof(int32_t);
+  static_assert(sizeof(float) == sizeof(int32_t));
   for (int s = 0; s < 2; ++s) {
-    i_tokens[s] = plan.add("input tokens " + std::to_string(s), MemoryCategory::Data, tok_bytes);
-    i_targets[s] = plan.add("target tokens " + std::to_string(s), MemoryCategory::Data, tok_bytes);
+    const std::string n = std::to_string(s);
+    in.tokens[s] = plan.add("input tokens " + n, MemoryCategory::Data, tok_bytes);
+    if (model.config().is_bert()) {
+      in.lengths[s] = plan.add("sequence lengths " + n, MemoryCategory::Data, row_bytes);
+      in.labels[s] = plan.add("labels " + n, MemoryCategory::Data, row_bytes);
+    } else {
+      in.targets[s] = plan.add("target tokens " + n, MemoryCategory::Data, tok_bytes);
+    }
   }
   if (o.device == DeviceKind::CUDA)
     *i_gemm_ws = plan.add("cuBLASLt workspace", MemoryCategory::Workspace, kCudaGemmWorkspaceBytes);
@@ -120,12 +136,14 @@ void ensure_plan_fits(const MemoryPlan& plan, const Device& dev) {
 }  // namespace
 
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o) {
-  GptModel model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
+  const std::unique_ptr<Model> model =
+      make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
   std::unique_ptr<Optimizer> opt;
-  if (o.training) opt = make_optimizer(o.optimizer, model.layout(), with_vocab(o.optim, cfg));
+  if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
-  size_t tokens[2], targets[2], ws = 0, scalars = 0;
-  plan_all(plan, model, opt.get(), o, tokens, targets, &ws, &scalars);
+  InputIndices inputs;
+  size_t ws = 0, scalars = 0;
+  plan_all(plan, *model, opt.get(), o, inputs, &ws, &scalars);
   return plan;
 }
 
@@ -135,12 +153,16 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique_ptr<Device> device)
     : device_(std::move(device)) {
   ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
-  model_ =
-      std::make_unique<GptModel>(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
+  model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   size_t i_ws = 0;
-  plan_all(plan, *model_, optimizer_.get(), o, i_tokens_, i_targets_, &i_ws, &i_step_scalars_);
+  InputIndices in;
+  plan_all(plan, *model_, optimizer_.get(), o, in, &i_ws, &i_step_scalars_);
+  for (int s = 0; s < 2; ++s) {
+    i_tokens_[s] = in.tokens[s], i_targets_[s] = in.targets[s];
+    i_lengths_[s] = in.lengths[s], i_labels_[s] = in.labels[s];
+  }
   ensure_plan_fits(plan, *device_);
   arena_ = std::make_unique<Arena>(*device_, std::move(plan));
   // The CUDA ops take their GEMM workspace from the arena.
@@ -154,6 +176,52 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
     device_->fill_zero(step_scalars(), sizeof(StepScalars));
   }
+}
+
+GptModel& Engine::gpt() {
+  ANVIL_REQUIRE(!is_bert(),
+                "this needs a GPT-2 (causal language) model, but the model is of family 'bert' (a sequence "
+                "classifier: train it with classification data, run it with `anvil predict`)");
+  return static_cast<GptModel&>(*model_);
+}
+
+BertModel& Engine::bert() {
+  ANVIL_REQUIRE(is_bert(),
+                "this needs a BERT sequence classifier, but the model is of family '{}' (a causal language "
+                "model)",
+                model_->config().family);
+  return static_cast<BertModel&>(*model_);
+}
+
+int32_t* Engine::targets(int slot) const {
+  ANVIL_ASSERT(i_targets_[slot] != SIZE_MAX, "targets(): a {} engine has no target buffers",
+               model_->config().family);
+  return arena_->get<int32_t>(i_targets_[slot]);
+}
+
+int32_t* Engine::lengths(int slot) const {
+  ANVIL_ASSERT(i_lengths_[slot] != SIZE_MAX, "lengths(): a {} engine has no length buffers",
+               model_->config().family);
+  return arena_->get<int32_t>(i_lengths_[slot]);
+}
+
+void* Engine::labels(int slot) const {
+  ANVIL_ASSERT(i_labels_[slot] != SIZE_MAX, "labels(): a {} engine has no label buffers",
+               model_->config().family);
+  return arena_->get<void>(i_labels_[slot]);
+}
+
+ModelInputs Engine::inputs(int slot, int B, int T, bool with_loss) const {
+  ModelInputs in;
+  in.tokens = tokens(slot);
+  in.B = B, in.T = T;
+  if (is_bert()) {
+    in.lengths = lengths(slot);
+    if (with_loss) in.labels = labels(slot);
+  } else if (with_loss) {
+    in.targets = targets(slot);
+  }
+  return in;
 }
 
 StepScalars* Engine::step_scalars() const {

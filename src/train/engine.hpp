@@ -1,12 +1,16 @@
 // Everything one device needs to run a model: the device, its ops, the memory plan and the arena
-// carved from it, the model and (for training) the optimizer, plus double-buffered token buffers.
+// carved from it, the model of the config's family and (for training) the optimizer, plus the family's
+// double-buffered input buffers.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <optional>
 
 #include "anvil/train_config.hpp"
 #include "kernels/ops.hpp"
+#include "model/bert_model.hpp"
 #include "model/gpt_model.hpp"
+#include "model/model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/arena.hpp"
@@ -38,8 +42,9 @@ struct EngineOptions {
 };
 
 // The engine a training run of `cfg` uses (also what `anvil estimate` plans, so the two agree exactly):
-// the device, the larger of the train and (with val_data) eval batch, the sequence length, TF32,
-// checkpointing and AdamW settings. The second form takes the device kind as given (planning for a
+// the device, the larger of the train and (with val_data) eval batch, the sequence length (cfg.seq_len():
+// for a classification run, resolve_classification_data() has fixed it from the data), TF32,
+// checkpointing and optimizer settings. The second form takes the device kind as given (planning for a
 // device that is not here).
 EngineOptions training_engine_options(const TrainConfig& cfg);
 EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device);
@@ -64,6 +69,13 @@ struct StepScalars {
   float grad_scale = 0;         // the optimizer's gradient multiplier: clip factor x unscale
 };
 
+// Input buffers per slot (two slots, so the next batch's copy overlaps this batch's compute), by family:
+//   gpt2: "input tokens s" [B, T] and "target tokens s" [B, T] (int32)
+//   bert: "input tokens s" [B, T], "sequence lengths s" [B] (int32) and "labels s" [B] (int32 class ids, or
+//         fp32 targets for regression). No token-type buffer: classification shards hold single texts, so
+//         every token type is 0, which BertModel reads from a null pointer without memory.
+// B and T are the planned maxima (EngineOptions); a batch of B' x T' <= B x T uses the first B' x T' elements
+// of each buffer, row-major.
 class Engine {
  public:
   // Makes the device of `o.device`, plans, and allocates the arena. Throws anvil::Error, before
@@ -74,13 +86,24 @@ class Engine {
 
   Device& device() { return *device_; }
   Ops& ops() { return *ops_; }
-  GptModel& model() { return *model_; }
+  // The model, through the family-independent interface.
+  Model& model() { return *model_; }
+  // The model as its family's class; an anvil::Error naming both families when it is of the other one
+  // (e.g. `anvil generate` given a BERT classifier).
+  GptModel& gpt();
+  BertModel& bert();
+  bool is_bert() const { return model_->config().is_bert(); }
   Optimizer& optimizer() { return *optimizer_; }
   bool training() const { return optimizer_ != nullptr; }
   const MemoryPlan& plan() const { return arena_->plan(); }
-  // Device token buffers [B, T]; two of each so the next batch's copy overlaps this batch's compute.
+  // The input buffers of `slot` (see above); targets() is GPT-2's, lengths() and labels() BERT's.
   int32_t* tokens(int slot) const { return arena_->get<int32_t>(i_tokens_[slot]); }
-  int32_t* targets(int slot) const { return arena_->get<int32_t>(i_targets_[slot]); }
+  int32_t* targets(int slot) const;
+  int32_t* lengths(int slot) const;
+  void* labels(int slot) const;
+  // The inputs of a B x T batch held in `slot`, for Model::forward / backward; without `with_loss`, no
+  // targets / labels (logits only).
+  ModelInputs inputs(int slot, int B, int T, bool with_loss = true) const;
   // The step's scalars in device memory (training engines only; a planned buffer like every other). The
   // host may form pointers to the members (&step_scalars()->loss_sum) but reads them only by copying.
   StepScalars* step_scalars() const;
@@ -88,10 +111,12 @@ class Engine {
  private:
   std::unique_ptr<Device> device_;
   std::unique_ptr<Ops> ops_;
-  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Arena> arena_;
-  size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {0, 0};
+  // Plan indices of the input buffers (see above); SIZE_MAX where the family has none.
+  size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {SIZE_MAX, SIZE_MAX}, i_lengths_[2] = {SIZE_MAX, SIZE_MAX},
+         i_labels_[2] = {SIZE_MAX, SIZE_MAX};
   size_t i_step_scalars_ = 0;
 };
 

@@ -136,17 +136,21 @@ std::vector<OptimizerKind> plannable_optimizers() {
 }
 
 double relative_time_per_token(const TransformerConfig& m, int seq_len, const MemoryScenario& s) {
-  const double C = m.n_embd, T = seq_len, L = m.n_layer, Vp = m.padded_vocab_size();
-  // Multiply-adds per token of one block's forward: qkv 3C^2, attention 2TC, projection C^2, MLP 8C^2.
-  const double block = 12 * C * C + 2 * T * C;
-  const double step = 3 * (L * block + Vp * C);  // forward + backward (2x forward), head included
+  const double C = m.n_embd, T = seq_len, L = m.n_layer, F = m.ffn_size();
+  // Multiply-adds per token of one block's forward: qkv 3C^2, attention 2TC, projection C^2, MLP 2CF
+  // (8C^2 for GPT-2).
+  const double block = 4 * C * C + 2 * C * F + 2 * T * C;
+  // The LM head multiplies every token (GPT-2); BERT's pooler and classifier run once per sequence.
+  const double head = m.is_bert() ? 0 : double(m.padded_vocab_size()) * C;
+  const double step = 3 * (L * block + head);  // forward + backward (2x forward)
   // Re-running a checkpointed block's forward (checkpointing.hpp): full repeats all but the MLP's output
   // projection (the block output is stored); selective repeats the attention and MLP input projections.
   double recompute = 0;
   if (s.checkpointing.mode != CheckpointMode::None) {
     int checkpointed = 0;
     for (int l = 0; l < m.n_layer; ++l) checkpointed += s.checkpointing.checkpointed(l) ? 1 : 0;
-    const double per_block = s.checkpointing.mode == CheckpointMode::Full ? 8 * C * C + 2 * T * C : 5 * C * C;
+    const double per_block =
+        s.checkpointing.mode == CheckpointMode::Full ? 4 * C * C + C * F + 2 * T * C : C * C + C * F;
     recompute = checkpointed * per_block;
   }
   const double tokens = double(s.micro_batch) * seq_len;

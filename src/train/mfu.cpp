@@ -5,7 +5,15 @@
 namespace anvil {
 
 double training_flops_per_token(const TransformerConfig& m, int seq_len) {
-  return 6.0 * double(m.num_parameters()) + 12.0 * m.n_layer * double(m.n_embd) * seq_len;
+  const double attention = 12.0 * m.n_layer * double(m.n_embd) * seq_len;
+  if (m.is_bert()) {
+    // Only the encoder's matrices multiply every token: the embedding tables are lookups (BERT has no LM
+    // head reusing them), and the pooler and classifier run once per sequence.
+    const double C = m.n_embd, F = m.ffn_size();
+    const double block_matmul = 4 * C * C + 4 * C + 2 * C * F + F + C;  // weights and biases of the 6 Linears
+    return 6.0 * m.n_layer * block_matmul + attention;
+  }
+  return 6.0 * double(m.num_parameters()) + attention;
 }
 
 PeakFlops peak_flops(const std::string& device_name, const std::string& precision, double configured) {

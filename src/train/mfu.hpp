@@ -7,10 +7,12 @@
 
 namespace anvil {
 
-// Training FLOPs per token of a GPT-2 shaped model at sequence length `seq_len`: 6 N (forward + backward
-// of every parameter's multiply-add) + 12 L C T (attention scores and weighted values), the nanoGPT /
-// PaLM convention. Recomputation for activation checkpointing is not counted (model FLOPs, not hardware
-// FLOPs), so checkpointing shows as lower MFU.
+// Training FLOPs per token of a model at sequence length `seq_len`: 6 N (forward + backward of every
+// parameter's multiply-add) + 12 L C T (attention scores and weighted values), the nanoGPT / PaLM
+// convention. GPT-2: N = every parameter (the tied embedding is the LM head's matrix); BERT: N = the
+// encoder blocks' parameters (embeddings are lookups; the pooler and classifier run once per sequence).
+// Recomputation for activation checkpointing is not counted (model FLOPs, not hardware FLOPs), so
+// checkpointing shows as lower MFU.
 double training_flops_per_token(const TransformerConfig& m, int seq_len);
 
 struct PeakFlops {

@@ -32,7 +32,7 @@ int32_t sample_token(const float* logits, int V, const SampleOptions& o, Rng& rn
 
 std::vector<int32_t> generate(Engine& engine, const std::vector<int32_t>& prompt, const SampleOptions& o,
                               Rng& rng) {
-  GptModel& model = engine.model();
+  GptModel& model = engine.gpt();
   const TransformerConfig& cfg = model.config();
   ANVIL_REQUIRE(!prompt.empty(), "generate: the prompt must contain at least one token");
   for (int32_t id : prompt)

@@ -1,6 +1,7 @@
 #include "anvil/train_config.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -15,6 +16,7 @@
 namespace anvil {
 namespace {
 
+namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 std::string type_name(const json& v) {
@@ -54,6 +56,119 @@ struct Reader {
 
 using Setter = std::function<void(TrainConfig&, const Reader&, const std::string&, const json&)>;
 
+// "model" as a string: a preset name, or a Hugging Face config.json (the file, or a directory holding one):
+// the shape only, the weights start fresh (init_from / model_name_or_path load weights too).
+void set_model_from_string(TrainConfig& c, const Reader& r, const std::string& name) {
+  const std::vector<std::string> presets = TransformerConfig::preset_names();
+  if (std::find(presets.begin(), presets.end(), name) != presets.end() || !fs::exists(name)) {
+    try {
+      c.model = TransformerConfig::preset(name);
+    } catch (const Error& e) {
+      ANVIL_THROW("{}: 'model': {} (or give the path of a Hugging Face config.json)", r.source, e.what());
+    }
+    c.model_preset = name;
+    c.vocab_from_tokenizer = true;
+    c.labels_from_data = true;
+    return;
+  }
+  const std::string path = fs::is_directory(name) ? (fs::path(name) / "config.json").string() : name;
+  std::ifstream f(path);
+  ANVIL_REQUIRE(f.good(), "{}: 'model': '{}' is neither a preset nor a readable config.json ({} not found)",
+                r.source, name, path);
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::parse_error& e) {
+    ANVIL_THROW("{}: 'model': {} is not valid JSON: {}", r.source, path, e.what());
+  }
+  c.model = TransformerConfig::from_hf_json(j, path);
+  c.model_preset.clear();
+  c.vocab_from_tokenizer = false;
+  // A config.json without id2label / num_labels (e.g. a pre-training checkpoint's) leaves the labels open.
+  c.labels_from_data = !(j.is_object() && (j.contains("id2label") || j.contains("num_labels")));
+}
+
+// "model" as an object: the fields of TransformerConfig by name. Missing fields take the values of the
+// family's smallest preset (tiny, bert-tiny); "family" is read first so the defaults are the family's.
+void set_model_from_object(TrainConfig& c, const Reader& r, const json& v) {
+  std::string family = "gpt2";
+  if (v.contains("family")) family = r.string("model.family", v["family"]);
+  ANVIL_REQUIRE(family == "gpt2" || family == "bert", "{}: 'model.family' must be gpt2 or bert, got '{}'",
+                r.source, family);
+  TransformerConfig m = TransformerConfig::preset(family == "bert" ? "bert-tiny" : "tiny");
+  static const std::vector<std::string> model_keys = {"family",
+                                                      "n_layer",
+                                                      "n_head",
+                                                      "n_embd",
+                                                      "vocab_size",
+                                                      "block_size",
+                                                      "eos_token_id",
+                                                      "intermediate_size",
+                                                      "layer_norm_eps",
+                                                      "hidden_act",
+                                                      "type_vocab_size",
+                                                      "pad_token_id",
+                                                      "num_labels",
+                                                      "problem_type",
+                                                      "label_names",
+                                                      "initializer_range",
+                                                      "hidden_dropout_prob",
+                                                      "attention_probs_dropout_prob"};
+  for (auto& [k, val] : v.items()) {
+    const std::string full = "model." + k;
+    if (k == "family")
+      m.family = family;
+    else if (k == "n_layer")
+      m.n_layer = int(r.integer(full, val));
+    else if (k == "n_head")
+      m.n_head = int(r.integer(full, val));
+    else if (k == "n_embd")
+      m.n_embd = int(r.integer(full, val));
+    else if (k == "vocab_size")
+      m.vocab_size = int(r.integer(full, val));
+    else if (k == "block_size")
+      m.block_size = int(r.integer(full, val));
+    else if (k == "eos_token_id")
+      m.eos_token_id = int(r.integer(full, val));
+    else if (k == "intermediate_size")
+      m.intermediate_size = int(r.integer(full, val));
+    else if (k == "layer_norm_eps")
+      m.layer_norm_eps = r.number(full, val);
+    else if (k == "hidden_act")
+      m.hidden_act = r.string(full, val);
+    else if (k == "type_vocab_size")
+      m.type_vocab_size = int(r.integer(full, val));
+    else if (k == "pad_token_id")
+      m.pad_token_id = int(r.integer(full, val));
+    else if (k == "num_labels")
+      m.num_labels = int(r.integer(full, val));
+    else if (k == "problem_type")
+      m.problem_type = r.string(full, val);
+    else if (k == "initializer_range")
+      m.initializer_range = r.number(full, val);
+    else if (k == "hidden_dropout_prob")
+      m.hidden_dropout_prob = r.number(full, val);
+    else if (k == "attention_probs_dropout_prob")
+      m.attention_probs_dropout_prob = r.number(full, val);
+    else if (k == "label_names") {
+      r.expect(val.is_array(), full, val, "an array of label names");
+      m.label_names.clear();
+      for (const json& name : val) m.label_names.push_back(r.string(full, name));
+    } else {
+      const std::string near = nearest_key(k, model_keys);
+      ANVIL_THROW("{}: unknown key '{}'{}", r.source, full,
+                  near.empty() ? "" : " (did you mean 'model." + near + "'?)");
+    }
+  }
+  // Names without a count fix the count.
+  if (v.contains("label_names") && !v.contains("num_labels")) m.num_labels = int(m.label_names.size());
+  m.validate(r.source + ": model");
+  c.model = m;
+  c.model_preset.clear();
+  c.vocab_from_tokenizer = !v.contains("vocab_size");
+  c.labels_from_data = !v.contains("num_labels") && !v.contains("label_names");
+}
+
 const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = [] {
     std::map<std::string, Setter> t;
@@ -83,42 +198,9 @@ const std::map<std::string, Setter>& setters() {
       };
     };
     t["model"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
-      if (v.is_string()) {
-        c.model = TransformerConfig::preset(v.get<std::string>());
-        c.model_preset = v.get<std::string>();
-        c.vocab_from_tokenizer = true;
-        return;
-      }
-      r.expect(v.is_object(), key, v, "a preset name or an object");
-      TransformerConfig m = TransformerConfig::preset("tiny");
-      static const std::vector<std::string> model_keys = {"family",     "n_layer",    "n_head",      "n_embd",
-                                                          "vocab_size", "block_size", "eos_token_id"};
-      for (auto& [k, val] : v.items()) {
-        const std::string full = "model." + k;
-        if (k == "family")
-          m.family = r.string(full, val);
-        else if (k == "n_layer")
-          m.n_layer = int(r.integer(full, val));
-        else if (k == "n_head")
-          m.n_head = int(r.integer(full, val));
-        else if (k == "n_embd")
-          m.n_embd = int(r.integer(full, val));
-        else if (k == "vocab_size")
-          m.vocab_size = int(r.integer(full, val));
-        else if (k == "block_size")
-          m.block_size = int(r.integer(full, val));
-        else if (k == "eos_token_id")
-          m.eos_token_id = int(r.integer(full, val));
-        else {
-          const std::string near = nearest_key(k, model_keys);
-          ANVIL_THROW("{}: unknown key '{}'{}", r.source, full,
-                      near.empty() ? "" : " (did you mean 'model." + near + "'?)");
-        }
-      }
-      m.validate(r.source + ": model");
-      c.model = m;
-      c.model_preset.clear();
-      c.vocab_from_tokenizer = !v.contains("vocab_size");
+      if (v.is_string()) return set_model_from_string(c, r, v.get<std::string>());
+      r.expect(v.is_object(), key, v, "a preset name, a config.json path or an object");
+      set_model_from_object(c, r, v);
     };
     str_field("init_from", &TrainConfig::init_from);
     str_field("tokenizer", &TrainConfig::tokenizer);
@@ -272,6 +354,12 @@ std::vector<std::string> TrainConfig::keys() {
   return k;
 }
 
+const std::map<std::string, std::string>& TrainConfig::key_aliases() {
+  // model_name_or_path: the name Hugging Face's example scripts give the pretrained model to start from.
+  static const std::map<std::string, std::string> aliases = {{"model_name_or_path", "init_from"}};
+  return aliases;
+}
+
 TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   ANVIL_REQUIRE(j.is_object(), "{}: the config must be a JSON object, got {}", source, type_name(j));
   TrainConfig c;
@@ -280,12 +368,22 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   // "model" first, so that keys depending on it (e.g. max_seq_length) validate against the right shape.
   if (j.contains("model")) table.at("model")(c, r, "model", j["model"]);
   std::set<std::string> given;
-  for (auto& [key, value] : j.items()) {
+  for (auto& [name, value] : j.items()) {
+    // An alias sets its key (and may not disagree with it).
+    std::string key = name;
+    if (const auto alias = key_aliases().find(name); alias != key_aliases().end()) {
+      key = alias->second;
+      ANVIL_REQUIRE(!j.contains(key) || j[key] == value,
+                    "{}: '{}' ({}) and '{}' ({}) name the same setting; give one", source, name, value.dump(),
+                    key, j[key].dump());
+    }
     given.insert(key);
     if (key == "model") continue;
     auto it = table.find(key);
     if (it == table.end()) {
-      const std::string near = nearest_key(key, keys());
+      std::vector<std::string> valid = keys();
+      for (const auto& [alias, _] : key_aliases()) valid.push_back(alias);
+      const std::string near = nearest_key(key, valid);
       ANVIL_THROW("{}: unknown key '{}'{}", source, key,
                   near.empty() ? "" : " (did you mean '" + near + "'?)");
     }
@@ -445,6 +543,22 @@ json TrainConfig::to_json() const {
          {"vocab_size", model.vocab_size},
          {"block_size", model.block_size},
          {"eos_token_id", model.eos_token_id}};
+    if (model.is_bert()) {  // every encoder field, so the file reads back into the same model
+      m["intermediate_size"] = model.intermediate_size;
+      m["layer_norm_eps"] = model.layer_norm_eps;
+      m["hidden_act"] = model.hidden_act;
+      m["type_vocab_size"] = model.type_vocab_size;
+      m["pad_token_id"] = model.pad_token_id;
+      m["initializer_range"] = model.initializer_range;
+      m["hidden_dropout_prob"] = model.hidden_dropout_prob;
+      m["attention_probs_dropout_prob"] = model.attention_probs_dropout_prob;
+      m["problem_type"] = model.problem_type;
+      // The labels only when the config fixed them (otherwise they follow the data, on reading back too).
+      if (!labels_from_data) {
+        m["num_labels"] = model.num_labels;
+        m["label_names"] = model.label_names;
+      }
+    }
   }
   return {{"model", m},
           {"init_from", init_from},

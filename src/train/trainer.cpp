@@ -6,10 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "anvil/rng.hpp"
+#include "data/classification_loader.hpp"
 #include "data/loader.hpp"
 #include "data/token_shard.hpp"
 #include "data/tokenizer.hpp"
@@ -36,15 +39,10 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::shared_ptr<data::TokenShard> open_shard(const std::string& path, const char* key,
-                                             const TransformerConfig& m) {
-  ANVIL_REQUIRE(!path.empty(), "{} is not set: give the token shard to train on (see `anvil prepare-data`)",
-                key);
-  auto shard = std::make_shared<data::TokenShard>(path);
-  ANVIL_REQUIRE(shard->vocab_size() <= uint64_t(m.vocab_size),
-                "{} '{}': its vocabulary has {} tokens but the model's vocab_size is {}", key, path,
-                shard->vocab_size(), m.vocab_size);
-  return shard;
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 // fp32 | tf32 | bf16 | fp16
@@ -75,13 +73,31 @@ std::string checkpoint_dir(const TrainConfig& cfg, int64_t step) {
   return (fs::path(cfg.output_dir) / ("checkpoint-" + std::to_string(step))).string();
 }
 
+// An evaluation's results: the mean loss over the evaluated rows (tokens for GPT-2, sequences for BERT)
+// and, for classification, the fraction of sequences whose most likely class is the label.
+struct EvalResult {
+  double loss = -1;
+  double accuracy = -1;  // -1: not a classification run
+};
+
 class Run {
  public:
   explicit Run(const TrainConfig& cfg) : cfg_(cfg) {}
   TrainSummary go();
 
  private:
-  double evaluate(int slot);
+  EvalResult evaluate(int slot);
+  EvalResult evaluate_classification(int slot);
+  // The training loader of the run's kind (LM windows or classification examples).
+  uint64_t batches_per_epoch() const {
+    return classification_ ? example_loader_->batches_per_epoch() : train_loader_->batches_per_epoch();
+  }
+  data::LoaderPosition train_position() const {
+    return classification_ ? example_loader_->position() : train_loader_->position();
+  }
+  double data_wait_seconds() const {
+    return classification_ ? example_loader_->wait_seconds() : train_loader_->wait_seconds();
+  }
   // `loss_sum`/`loss_steps`: the running train-loss total over all steps so far (including before a resume).
   void save(int64_t step, double loss_sum, int64_t loss_steps);
   void log_json(const json& j) {
@@ -92,8 +108,10 @@ class Run {
   TrainConfig cfg_;  // as run: auto_find_batch_size may change the micro-batch and accumulation
   TransformerConfig model_cfg_;
   std::unique_ptr<Engine> engine_;
+  // Language modelling (GPT-2): token windows; classification (BERT): labelled examples.
+  bool classification_ = false;
   std::unique_ptr<data::DataLoader> train_loader_, val_loader_;
-  std::shared_ptr<data::TokenShard> val_shard_;
+  std::unique_ptr<data::ClassificationLoader> example_loader_, val_example_loader_;
   std::ofstream metrics_;
   Rng rng_{0};
   int64_t total_steps_ = 0;
@@ -105,10 +123,11 @@ class Run {
   std::string tokenizer_file_;  // copied into checkpoints ("" for the byte tokenizer)
 };
 
-// Uses the device token buffers of `slot`, which must not hold a staged training batch.
-double Run::evaluate(int slot) {
+// Uses the device input buffers of `slot`, which must not hold a staged training batch.
+EvalResult Run::evaluate(int slot) {
+  if (classification_) return evaluate_classification(slot);
   Engine& e = *engine_;
-  if (!val_loader_) return -1;
+  if (!val_loader_) return {};
   val_loader_->seek({});
   const int64_t n = std::min<int64_t>(cfg_.max_eval_batches, int64_t(val_loader_->batches_per_epoch()));
   double sum = 0;
@@ -118,11 +137,45 @@ double Run::evaluate(int slot) {
     const size_t bt = size_t(b.batch_size) * b.seq_len;
     e.device().copy_to_device(e.tokens(slot), b.inputs, bt * sizeof(int32_t));
     e.device().copy_to_device(e.targets(slot), b.targets, bt * sizeof(int32_t));
-    e.model().forward(e.ops(), e.tokens(slot), e.targets(slot), b.batch_size, b.seq_len, 0.0f, false);
+    e.gpt().forward(e.ops(), e.tokens(slot), e.targets(slot), b.batch_size, b.seq_len, 0.0f, false);
     sum += e.ops().sum(e.model().losses(), bt);
     count += int64_t(bt);
   }
-  return sum / double(count);
+  return {sum / double(count), -1};
+}
+
+// The first max_eval_batches batches of val_data (the last one may be partial): the mean loss over the
+// labelled sequences and the accuracy of the argmax of the logits.
+EvalResult Run::evaluate_classification(int slot) {
+  Engine& e = *engine_;
+  if (!val_example_loader_) return {};
+  BertModel& model = e.bert();
+  val_example_loader_->seek({});
+  const int64_t n =
+      std::min<int64_t>(cfg_.max_eval_batches, int64_t(val_example_loader_->batches_per_epoch()));
+  const int NL = model.config().num_labels;
+  std::vector<float> logits;
+  double sum = 0;
+  int64_t count = 0, correct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const data::ClassificationHostBatch& b = val_example_loader_->next();
+    const size_t rows = size_t(b.batch_size);
+    e.device().copy_to_device(e.tokens(slot), b.ids, rows * size_t(b.length) * sizeof(int32_t));
+    e.device().copy_to_device(e.lengths(slot), b.lengths, rows * sizeof(int32_t));
+    e.device().copy_to_device(e.labels(slot), b.labels, rows * sizeof(int32_t));
+    model.forward(e.ops(), e.inputs(slot, b.batch_size, b.length), 0.0f, false);
+    sum += e.ops().sum(model.losses(), rows);  // ignored labels contribute 0
+    logits.resize(rows * size_t(NL));
+    model.copy_logits_to_host(e.device(), logits.data(), b.batch_size);
+    for (size_t r = 0; r < rows; ++r) {
+      if (b.labels[r] == kIgnoreIndex) continue;
+      const float* row = logits.data() + r * size_t(NL);
+      correct += int64_t(std::max_element(row, row + NL) - row) == b.labels[r] ? 1 : 0;
+      ++count;
+    }
+  }
+  if (count == 0) return {0, 0};
+  return {sum / double(count), double(correct) / double(count)};
 }
 
 void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
@@ -145,18 +198,21 @@ void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
 TrainSummary Run::go() {
   // --- model shape, starting point and tokenizer ----------------------------------------------------
   RunModel rm = resolve_run_model(cfg_);
-  model_cfg_ = rm.config;
   const std::string weights_from = rm.weights_from;
   tokenizer_file_ = rm.tokenizer_file;
   tokenizer_ = std::move(rm.tokenizer);
   json resume_state;
   if (!cfg_.resume_from_checkpoint.empty())
     resume_state = io::read_trainer_state(cfg_.resume_from_checkpoint);
-  const int T = cfg_.seq_len();
 
-  // --- data ------------------------------------------------------------------------------------
-  auto train_shard = open_shard(cfg_.train_data, "train_data", model_cfg_);
-  if (!cfg_.val_data.empty()) val_shard_ = open_shard(cfg_.val_data, "val_data", model_cfg_);
+  // --- data: its kind must be the model's; a classifier takes its labels and sequence length from it --
+  const RunData data = open_run_data(cfg_, rm);
+  classification_ = data.classification;
+  model_cfg_ = rm.config;
+  const int T = cfg_.seq_len();  // classification: the longest batch the data can make (open_run_data)
+  ANVIL_REQUIRE(!model_cfg_.is_bert() || cfg_.sample_prompt.empty(),
+                "sample_prompt generates text, which needs a GPT-2 model; the model is a BERT classifier "
+                "(use `anvil predict` on the trained checkpoint)");
 
   // --- memory: auto_find_batch_size and the out-of-memory check, before anything is allocated ------
   std::unique_ptr<Device> device = make_device(resolve_device(cfg_.device));
@@ -173,33 +229,58 @@ TrainSummary Run::go() {
 
   const int workers = std::max(1, cfg_.dataloader_num_workers);
   const bool pin = cfg_.dataloader_pin_memory;
-  train_loader_ = std::make_unique<data::DataLoader>(
-      train_shard, data::LoaderConfig{B, T, cfg_.seed, true, 4, workers, pin}, dev);
-  if (val_shard_)
-    val_loader_ = std::make_unique<data::DataLoader>(
-        val_shard_, data::LoaderConfig{cfg_.eval_batch_size(), T, cfg_.seed, false, 2, workers, pin}, dev);
+  if (classification_) {
+    // Padding holds the model's pad token (its value reaches nothing; BERT masks padded keys).
+    const int32_t pad = std::max(0, model_cfg_.pad_token_id);
+    example_loader_ = std::make_unique<data::ClassificationLoader>(
+        data.train_examples,
+        data::ClassificationLoaderConfig{B, T, cfg_.seed, true, true, pad, 8, 4, workers, pin}, dev);
+    // Evaluation sees every example once, in order: the last batch may be partial.
+    if (data.val_examples)
+      val_example_loader_ = std::make_unique<data::ClassificationLoader>(
+          data.val_examples,
+          data::ClassificationLoaderConfig{cfg_.eval_batch_size(), T, cfg_.seed, false, false, pad, 8, 2,
+                                           workers, pin},
+          dev);
+  } else {
+    train_loader_ = std::make_unique<data::DataLoader>(
+        data.train_tokens, data::LoaderConfig{B, T, cfg_.seed, true, 4, workers, pin}, dev);
+    if (data.val_tokens)
+      val_loader_ = std::make_unique<data::DataLoader>(
+          data.val_tokens, data::LoaderConfig{cfg_.eval_batch_size(), T, cfg_.seed, false, 2, workers, pin},
+          dev);
+  }
 
   const int accum = cfg_.gradient_accumulation_steps;
   total_steps_ =
       cfg_.max_steps > 0
           ? cfg_.max_steps
-          : std::max<int64_t>(1, int64_t(std::ceil(cfg_.num_train_epochs *
-                                                   double(train_loader_->batches_per_epoch()) / accum)));
+          : std::max<int64_t>(
+                1, int64_t(std::ceil(cfg_.num_train_epochs * double(batches_per_epoch()) / accum)));
   const LrSchedule schedule = parse_lr_schedule(cfg_.lr_scheduler_type);
 
   int64_t start_step = 0;
   rng_.set_state(cfg_.seed);
   if (cfg_.fp16) scaler_.emplace(cfg_.loss_scaler());
+  // A BERT directory may lack the classifier (and the pooler): those keep their initialisation, as
+  // transformers initialises a new head, so a BERT model is initialised before any load.
+  if (weights_from.empty() || model_cfg_.is_bert()) e.model().init_weights(cfg_.seed, dev);
   if (!weights_from.empty()) {
-    io::load_model_weights(weights_from, e.model(), dev);
-  } else {
-    e.model().init_weights(cfg_.seed, dev);
+    const io::BertLoadReport report = io::load_model_weights(weights_from, e.model(), dev);
+    if (!report.kept.empty())
+      fmt::print("  newly initialised (not in {}): {}\n", weights_from, join_names(report.kept));
+    if (!report.ignored.empty())
+      fmt::print("  not used from {}: {}\n", weights_from, join_names(report.ignored));
   }
   if (!resume_state.is_null()) {
     try {
       start_step = resume_state.at("global_step").get<int64_t>();
-      train_loader_->seek({resume_state.at("loader").at("epoch").get<uint64_t>(),
-                           resume_state.at("loader").at("batch").get<uint64_t>()});
+      const data::LoaderPosition pos{resume_state.at("loader").at("epoch").get<uint64_t>(),
+                                     resume_state.at("loader").at("batch").get<uint64_t>()};
+      if (classification_)
+        example_loader_->seek(pos);
+      else
+        train_loader_->seek(pos);
       rng_.set_state(resume_state.at("rng_state").get<uint64_t>());
       loss_sum_before_ = resume_state.value("train_loss_sum", 0.0);
       steps_before_ = resume_state.value("train_loss_steps", int64_t(0));
@@ -222,20 +303,41 @@ TrainSummary Run::go() {
   io::write_text_file_synced((fs::path(cfg_.output_dir) / "train_config.json").string(),
                              cfg_.to_json().dump(2) + "\n");
 
-  fmt::print("anvil train: {} on {}\n",
-             cfg_.model_preset.empty() ? "gpt2 (custom shape)" : "gpt2 " + cfg_.model_preset, dev.name());
-  fmt::print("  model: {} layers, {} heads, {} dims, vocab {} (padded {}), context {}: {:.2f}M parameters\n",
-             model_cfg_.n_layer, model_cfg_.n_head, model_cfg_.n_embd, model_cfg_.vocab_size,
-             model_cfg_.padded_vocab_size(), model_cfg_.block_size, model_cfg_.num_parameters() / 1e6);
-  fmt::print("  data: {} tokens in {} ({} batches/epoch)\n", train_shard->size(), cfg_.train_data,
-             train_loader_->batches_per_epoch());
-  fmt::print(
-      "  batch: {} x {} tokens x {} accumulation = effective batch {} sequences, {} tokens/step; {} steps "
-      "({}), "
-      "lr {} {} warmup {}\n",
-      B, T, accum, B * accum, cfg_.tokens_per_step(), total_steps_,
-      start_step ? fmt::format("resuming at {}", start_step) : "from scratch", cfg_.learning_rate,
-      cfg_.lr_scheduler_type, cfg_.warmup_steps);
+  const std::string model_name =
+      !cfg_.model_preset.empty() && weights_from.empty()
+          ? (model_cfg_.is_bert() ? cfg_.model_preset : "gpt2 " + cfg_.model_preset)
+          : model_cfg_.family + (weights_from.empty() ? " (custom shape)" : " from " + weights_from);
+  fmt::print("anvil train: {} on {}\n", model_name, dev.name());
+  const std::string run_text = start_step ? fmt::format("resuming at {}", start_step) : "from scratch";
+  if (classification_) {
+    fmt::print(
+        "  model: {} layers, {} heads, {} dims, intermediate {}, vocab {}, max positions {}, {} labels ({}): "
+        "{:.2f}M parameters\n",
+        model_cfg_.n_layer, model_cfg_.n_head, model_cfg_.n_embd, model_cfg_.ffn_size(),
+        model_cfg_.vocab_size, model_cfg_.block_size, model_cfg_.num_labels,
+        join_names(model_cfg_.label_names), model_cfg_.num_parameters() / 1e6);
+    fmt::print("  data: {} examples ({} tokens) in {}, {} batches/epoch; sequence length {} ({})\n",
+               data.train_examples->size(), data.train_examples->num_tokens(), cfg_.train_data,
+               batches_per_epoch(), T, data.seq_len_note);
+    fmt::print(
+        "  batch: {} sequences (padded per batch to a multiple of 8, at most {} tokens) x {} accumulation = "
+        "effective batch {} sequences; {} steps ({}), lr {} {} warmup {}\n",
+        B, T, accum, B * accum, total_steps_, run_text, cfg_.learning_rate, cfg_.lr_scheduler_type,
+        cfg_.warmup_steps);
+  } else {
+    fmt::print(
+        "  model: {} layers, {} heads, {} dims, vocab {} (padded {}), context {}: {:.2f}M parameters\n",
+        model_cfg_.n_layer, model_cfg_.n_head, model_cfg_.n_embd, model_cfg_.vocab_size,
+        model_cfg_.padded_vocab_size(), model_cfg_.block_size, model_cfg_.num_parameters() / 1e6);
+    fmt::print("  data: {} tokens in {} ({} batches/epoch)\n", data.train_tokens->size(), cfg_.train_data,
+               batches_per_epoch());
+    fmt::print(
+        "  batch: {} x {} tokens x {} accumulation = effective batch {} sequences, {} tokens/step; {} steps "
+        "({}), "
+        "lr {} {} warmup {}\n",
+        B, T, accum, B * accum, cfg_.tokens_per_step(), total_steps_, run_text, cfg_.learning_rate,
+        cfg_.lr_scheduler_type, cfg_.warmup_steps);
+  }
   if (cfg_.gradient_checkpointing)
     fmt::print("  activation checkpointing: {} every {} block(s)\n", cfg_.gradient_checkpointing_mode,
                cfg_.gradient_checkpointing_every);
@@ -256,20 +358,25 @@ TrainSummary Run::go() {
   fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
 
   // --- the loop ----------------------------------------------------------------------------------
-  GptModel& model = e.model();
+  Model& model = e.model();
   const size_t nparams = model.layout().total_numel();
   const DType grad_dtype = model.precision().grad;
   const size_t bt = size_t(B) * T;
   const auto t0 = Clock::now();
-  double loss_sum = 0, eval_loss = -1;
+  double loss_sum = 0;
+  EvalResult eval;
   size_t peak_driver = 0;
   int64_t step = start_step;
   std::string last_ckpt;
-  // Gradients carry the factor loss_scale / nominal tokens of the step (so fp16 sees the magnitudes of a
-  // mean loss times the scale, as in DeepSpeed); the optimizer divides by it and by the real target count.
-  const double nominal_tokens = double(cfg_.tokens_per_step());
+  // Gradients carry the factor loss_scale / nominal loss rows of the step (so fp16 sees the magnitudes of a
+  // mean loss times the scale, as in DeepSpeed); the optimizer divides by it and by the real count of rows
+  // with a target. The rows are target tokens (GPT-2) or labelled sequences (classification).
+  const double nominal_rows = classification_ ? double(B) * accum : double(cfg_.tokens_per_step());
   const std::vector<int64_t>& inject = cfg_.debug_inject_overflow_steps;
-  const double flops_per_token = training_flops_per_token(model_cfg_, T);
+  // Work per step, for tokens/s and MFU: classification batches are padded to their own length, so the
+  // tokens and FLOPs of a step are summed over its micro-batches (each B x its length).
+  int64_t step_tokens = 0, tokens_total = 0;
+  double step_flops = 0, flops_total = 0;
   const PeakFlops peak = peak_flops(dev.name(), precision_label(cfg_), cfg_.peak_flops);
   // No host synchronisation inside a step: its loss, gradient norm and clip factor are computed into these
   // device scalars, the optimizer reads the clip factor from there, and the host reads them once, after the
@@ -280,13 +387,31 @@ TrainSummary Run::go() {
   // Stage the first micro-batch; afterwards each micro-batch's copy is issued before the previous compute
   // ends.
   int slot = 0;
-  int64_t valid_targets[2] = {0, 0};  // target tokens (not ignore-index) of the batch staged in each slot
+  // The shape of the batch staged in each slot and its rows with a target (not ignore-index): target tokens
+  // (GPT-2) or labelled sequences (classification).
+  struct Staged {
+    int B = 0, T = 0;
+    int64_t valid = 0;
+  };
+  Staged staged[2];
   auto stage = [&](int s) {
     dev.sync_copies();  // the host slot handed out two calls ago may now be reused by the loader
+    if (classification_) {
+      const data::ClassificationHostBatch& b = example_loader_->next();
+      resume_pos_ = b.pos;
+      const size_t rows = size_t(b.batch_size);
+      staged[s] = {
+          b.batch_size, b.length,
+          int64_t(std::count_if(b.labels, b.labels + rows, [](int32_t l) { return l != kIgnoreIndex; }))};
+      dev.copy_to_device_async(e.tokens(s), b.ids, rows * size_t(b.length) * sizeof(int32_t));
+      dev.copy_to_device_async(e.lengths(s), b.lengths, rows * sizeof(int32_t));
+      dev.copy_to_device_async(e.labels(s), b.labels, rows * sizeof(int32_t));
+      return;
+    }
     const data::HostBatch& b = train_loader_->next();
     resume_pos_ = b.pos;
-    valid_targets[s] =
-        int64_t(std::count_if(b.targets, b.targets + bt, [](int32_t t) { return t != kIgnoreIndex; }));
+    staged[s] = {
+        B, T, int64_t(std::count_if(b.targets, b.targets + bt, [](int32_t t) { return t != kIgnoreIndex; }))};
     dev.copy_to_device_async(e.tokens(s), b.inputs, bt * sizeof(int32_t));
     dev.copy_to_device_async(e.targets(s), b.targets, bt * sizeof(int32_t));
   };
@@ -306,16 +431,22 @@ TrainSummary Run::go() {
   }
   // One micro-batch's forward, backward and loss sum, with the inputs of slot `s`.
   const auto micro_batch = [&](int s, float grad_scale) {
-    model.forward(e.ops(), e.tokens(s), e.targets(s), B, T, grad_scale, true);
-    model.backward(e.ops(), e.tokens(s), B, T);
-    e.ops().accumulate_sum(&scalars->loss_sum, model.losses(), bt);  // fp64, as Ops::sum; no wait
+    const ModelInputs in = e.inputs(s, staged[s].B, staged[s].T);
+    model.forward(e.ops(), in, grad_scale, true);
+    model.backward(e.ops(), in);
+    // fp64, as Ops::sum; no wait
+    e.ops().accumulate_sum(&scalars->loss_sum, model.losses(), model.loss_rows(in.B, in.T));
   };
-  // CUDA graphs (cuda_graphs): one per input slot, recorded with the loss-gradient scale it bakes in (the
-  // fp16 loss scale changes rarely; a change records again).
+  // CUDA graphs (cuda_graphs): one per input slot and batch shape (classification batches differ in padded
+  // length; a graph replays exactly the shapes it recorded), recorded at the second use of its (slot, shape)
+  // with the loss-gradient scale it bakes in (the fp16 loss scale changes rarely; a change records again).
   const bool use_graphs = cfg_.cuda_graphs && dev.kind() == DeviceKind::CUDA;
-  std::unique_ptr<Device::Graph> micro_graph[2];
-  float graph_grad_scale[2] = {0, 0};
-  int64_t slot_uses[2] = {0, 0};
+  struct MicroGraph {
+    std::unique_ptr<Device::Graph> graph;
+    float grad_scale = 0;
+    int64_t uses = 0;
+  };
+  std::map<std::tuple<int, int, int>, MicroGraph> micro_graphs;  // by (slot, B, T)
   for (; step < total_steps_; ++step) {
     const auto ts = Clock::now();
     if (profiler) profiler->begin_step(step + 1);
@@ -328,42 +459,47 @@ TrainSummary Run::go() {
     dev.fill_zero(model.grad_buffer(), model.grad_bytes());
     dev.fill_zero(scalars, sizeof(StepScalars));  // queued, like everything below until the end of the step
     const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-    // The loss of a step is the mean over every target token of all its micro-batches. Gradients are
-    // accumulated as sums and divided by the step's token count in the optimizer, so N micro-batches of B
-    // give the same update as one batch of N*B whatever the padding. The target count is known on the host
-    // (counted when the batch was staged); the loss sum stays on the device.
-    int64_t step_targets = 0;
+    // The loss of a step is the mean over every target token (classification: every labelled sequence) of
+    // all its micro-batches. Gradients are accumulated as sums and divided by the step's count in the
+    // optimizer, so N micro-batches of B give the same update as one batch of N*B whatever the padding. The
+    // count is known on the host (counted when the batch was staged); the loss sum stays on the device.
+    int64_t step_valid = 0;
+    step_tokens = 0, step_flops = 0;
     const bool eager_step = !use_graphs || (profiler && profiler->profiling(step + 1)) || trace;
-    const float grad_scale = float(loss_scale / nominal_tokens);
+    const float grad_scale = float(loss_scale / nominal_rows);
     for (int micro = 0; micro < accum; ++micro) {
       if (profiler) profiler->phase("data (wait for the batch)");
       dev.wait_for_copies();
       const bool last_batch = step + 1 == total_steps_ && micro + 1 == accum;
-      step_targets += valid_targets[slot];
-      // A slot's first micro-batch runs eagerly: it builds the attention plans and GEMM algorithm choices
-      // that the graph then records.
-      if (eager_step || slot_uses[slot] == 0) {
+      const Staged& in = staged[slot];
+      step_valid += in.valid;
+      step_tokens += int64_t(in.B) * in.T;
+      step_flops += double(in.B) * in.T * training_flops_per_token(model_cfg_, in.T);
+      // A (slot, shape)'s first micro-batch runs eagerly: it builds the attention plans and GEMM algorithm
+      // choices that the graph then records.
+      MicroGraph* g = use_graphs ? &micro_graphs[{slot, in.B, in.T}] : nullptr;
+      if (eager_step || g->uses == 0) {
         micro_batch(slot, grad_scale);
       } else {
-        if (!micro_graph[slot] || graph_grad_scale[slot] != grad_scale) {
-          micro_graph[slot] = dev.capture([&] { micro_batch(slot, grad_scale); });
-          graph_grad_scale[slot] = grad_scale;
+        if (!g->graph || g->grad_scale != grad_scale) {
+          g->graph = dev.capture([&] { micro_batch(slot, grad_scale); });
+          g->grad_scale = grad_scale;
         }
-        micro_graph[slot]->launch();
+        g->graph->launch();
       }
-      ++slot_uses[slot];
+      if (g) ++g->uses;
       // The next batch's copy overlaps this micro-batch's compute; it waits only for the previous
       // micro-batch, the last reader of the buffers it fills.
       if (!last_batch) {
         stage(slot ^ 1);
       } else {
-        resume_pos_ = train_loader_->position();
+        resume_pos_ = train_position();
       }
       dev.release_inputs_to_copies();
       slot ^= 1;
     }
-    ANVIL_REQUIRE(step_targets > 0, "step {}: its batches contain no target tokens (all are ignore-index {})",
-                  step + 1, kIgnoreIndex);
+    ANVIL_REQUIRE(step_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})", step + 1,
+                  classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
     if (std::binary_search(inject.begin(), inject.end(), step + 1)) {
       // Test hook: an infinite gradient, as an fp16 overflow in backward would leave.
       const float inf = std::numeric_limits<float>::infinity();
@@ -374,7 +510,7 @@ TrainSummary Run::go() {
         dev.copy_to_device(model.grad_buffer(), &half_inf, sizeof(uint16_t));
     }
     // Stored gradients x unscale = the gradient of the step's mean loss.
-    const double unscale = nominal_tokens / (loss_scale * double(step_targets));
+    const double unscale = nominal_rows / (loss_scale * double(step_valid));
     if (profiler) profiler->phase("gradient norm");
     // The global norm and the optimizer's multiplier (clip factor x unscale), on the device: the same fp64
     // arithmetic the host did before, so the same values (Ops::grad_clip_scale).
@@ -384,7 +520,7 @@ TrainSummary Run::go() {
     StepScalars host;  // the step's scalars as the host reads them (once per step)
     const auto read_scalars = [&] { dev.copy_to_host(&host, scalars, sizeof(StepScalars)); };
     const auto not_finite = [&] {
-      return !std::isfinite(host.loss_sum / double(step_targets)) || !std::isfinite(host.grad_norm);
+      return !std::isfinite(host.loss_sum / double(step_valid)) || !std::isfinite(host.grad_norm);
     };
     bool skipped = false;
     if (scaler_) {
@@ -418,10 +554,10 @@ TrainSummary Run::go() {
       // weights it produced are never written: the last checkpoint holds the last good state.
       ANVIL_REQUIRE(!not_finite(),
                     "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate{}",
-                    step + 1, host.loss_sum / double(step_targets), host.grad_norm,
+                    step + 1, host.loss_sum / double(step_valid), host.grad_norm,
                     cfg_.bf16 ? "" : " or try --bf16");
     }
-    const double step_loss = host.loss_sum / double(step_targets);
+    const double step_loss = host.loss_sum / double(step_valid);
     const double grad_norm = host.grad_norm;
     if (profiler && profiler->in_step()) profiler->end_step();
     if (trace) {
@@ -432,22 +568,28 @@ TrainSummary Run::go() {
       trace.reset();
     }
     loss_sum += skipped ? 0.0 : step_loss;
+    tokens_total += step_tokens;
+    flops_total += step_flops;
     peak_driver = std::max(peak_driver, dev.driver_used_bytes());
     const double step_time = seconds_since(ts);
     const double elapsed = seconds_since(t0);
     const size_t peak_mem = std::max(e.plan().total_bytes(), peak_driver);
     if ((step + 1) % cfg_.logging_steps == 0 || step + 1 == total_steps_ || step == start_step || skipped) {
-      const double tps = double(cfg_.tokens_per_step()) / step_time;
-      const double mfu = peak.flops > 0 ? tps * flops_per_token / peak.flops : -1;
+      const double tps = double(step_tokens) / step_time;
+      const double mfu = peak.flops > 0 ? step_flops / step_time / peak.flops : -1;
+      // Classification runs count sequences first (their padded tokens/s follows).
+      const double sps = double(B) * accum / step_time;
+      const std::string sps_text = classification_ ? fmt::format(" {:>8.1f} samples/s |", sps) : "";
       const std::string mfu_text = mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * mfu) : "";
       const std::string scale_text =
           scaler_ ? fmt::format(" | scale {} | skipped {}", format_loss_scale(scaler_->scale()),
                                 scaler_->skipped_steps())
                   : "";
       fmt::print(
-          "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f}{} | {:>9.0f} tok/s{} | {:7.1f}s | peak "
+          "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f}{} |{} {:>9.0f} tok/s{} | {:7.1f}s | "
+          "peak "
           "{}\n",
-          step + 1, total_steps_, step_loss, lr, grad_norm, scale_text, tps, mfu_text, elapsed,
+          step + 1, total_steps_, step_loss, lr, grad_norm, scale_text, sps_text, tps, mfu_text, elapsed,
           format_bytes(peak_mem));
       std::fflush(stdout);
       json line = {{"step", step + 1},
@@ -457,8 +599,9 @@ TrainSummary Run::go() {
                    {"tokens_per_second", tps},
                    {"step_time", step_time},
                    {"elapsed", elapsed},
-                   {"data_wait_seconds", train_loader_->wait_seconds()},
+                   {"data_wait_seconds", data_wait_seconds()},
                    {"peak_memory_bytes", peak_mem}};
+      if (classification_) line["samples_per_second"] = sps;
       if (mfu >= 0) line["mfu"] = mfu;
       if (scaler_) {
         line["loss_scale"] = scaler_->scale();
@@ -468,11 +611,18 @@ TrainSummary Run::go() {
       log_json(line);
     }
     const bool last = step + 1 == total_steps_;
-    if (val_loader_ && ((cfg_.eval_steps > 0 && (step + 1) % cfg_.eval_steps == 0) || last)) {
-      eval_loss = evaluate(slot ^ 1);  // `slot` may hold the staged next batch
-      fmt::print("eval  {:>5}/{} | eval_loss {:.4f} | perplexity {:.2f}\n", step + 1, total_steps_, eval_loss,
-                 std::exp(eval_loss));
-      log_json({{"step", step + 1}, {"eval_loss", eval_loss}});
+    if ((val_loader_ || val_example_loader_) &&
+        ((cfg_.eval_steps > 0 && (step + 1) % cfg_.eval_steps == 0) || last)) {
+      eval = evaluate(slot ^ 1);  // `slot` may hold the staged next batch
+      if (classification_) {
+        fmt::print("eval  {:>5}/{} | eval_loss {:.4f} | eval_accuracy {:.4f}\n", step + 1, total_steps_,
+                   eval.loss, eval.accuracy);
+        log_json({{"step", step + 1}, {"eval_loss", eval.loss}, {"eval_accuracy", eval.accuracy}});
+      } else {
+        fmt::print("eval  {:>5}/{} | eval_loss {:.4f} | perplexity {:.2f}\n", step + 1, total_steps_,
+                   eval.loss, std::exp(eval.loss));
+        log_json({{"step", step + 1}, {"eval_loss", eval.loss}});
+      }
     }
     if ((cfg_.save_steps > 0 && (step + 1) % cfg_.save_steps == 0) || last) {
       save(step + 1, loss_sum_before_ + loss_sum, steps_before_ + step + 1 - start_step);
@@ -500,18 +650,21 @@ TrainSummary Run::go() {
   s.train_runtime = runtime;
   s.train_steps_per_second = steps_run / runtime;
   s.train_samples_per_second = double(steps_run) * B * accum / runtime;
-  s.train_tokens_per_second = double(steps_run) * cfg_.tokens_per_step() / runtime;
+  // GPT-2's tokens are the nominal ones (every window is full); classification counts padded batch tokens.
+  s.train_tokens_per_second =
+      classification_ ? double(tokens_total) / runtime : double(steps_run) * cfg_.tokens_per_step() / runtime;
   const int64_t skipped_total = scaler_ ? scaler_->skipped_steps() : 0;
   s.train_loss =
       (loss_sum + loss_sum_before_) / double(std::max<int64_t>(1, steps_run + steps_before_ - skipped_total));
   s.precision = precision_label(cfg_);
   s.skipped_steps = skipped_total;
   s.loss_scale = scaler_ ? scaler_->scale() : 0.0;
-  s.eval_loss = eval_loss;
+  s.eval_loss = eval.loss;
+  s.eval_accuracy = eval.accuracy;
   s.peak_memory_bytes = std::max(e.plan().total_bytes(), peak_driver);
   s.allocator_peak_bytes = dev.memory_stats().peak_allocated_bytes;
   s.planned_memory_bytes = e.plan().total_bytes();
-  s.data_wait_seconds = train_loader_->wait_seconds();
+  s.data_wait_seconds = data_wait_seconds();
   s.device = dev.name();
   s.last_checkpoint = last_ckpt;
 
@@ -523,37 +676,41 @@ TrainSummary Run::go() {
     s.sample = cfg_.sample_prompt + decode_ids(*tokenizer_, ids);
   }
 
+  // GPT-2: the FLOPs of a token at the run's length; classification: the run's average (lengths vary).
+  const double flops_per_token = classification_ ? (tokens_total > 0 ? flops_total / double(tokens_total) : 0)
+                                                 : training_flops_per_token(model_cfg_, T);
   json by_category = json::object();
   for (int c = 0; c < kMemoryCategories; ++c)
     by_category[memory_category_name(MemoryCategory(c))] = e.plan().bytes(MemoryCategory(c));
-  const json summary = {
-      {"train_runtime", s.train_runtime},
-      {"train_samples_per_second", s.train_samples_per_second},
-      {"train_steps_per_second", s.train_steps_per_second},
-      {"train_tokens_per_second", s.train_tokens_per_second},
-      {"train_loss", s.train_loss},
-      {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
-      {"peak_memory_bytes", s.peak_memory_bytes},
-      {"data_wait_seconds", s.data_wait_seconds},
-      {"data_wait_fraction", s.data_wait_seconds / runtime},
-      {"planned_memory_bytes", e.plan().total_bytes()},
-      {"planned_memory_by_category", by_category},
-      // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's
-      // overhead measured when the device was made, the driver's peak in use (CUDA).
-      {"allocator_peak_bytes", s.allocator_peak_bytes},
-      {"context_overhead_bytes", dev.context_overhead_bytes()},
-      {"driver_peak_bytes", peak_driver},
-      {"precision", s.precision},
-      {"flops_per_token", flops_per_token},
-      {"peak_flops", peak.flops > 0 ? json(peak.flops) : json(nullptr)},
-      {"peak_flops_source", peak.source},
-      {"mfu",
-       peak.flops > 0 ? json(s.train_tokens_per_second * flops_per_token / peak.flops) : json(nullptr)},
-      {"skipped_steps", s.skipped_steps},
-      {"loss_scale", scaler_ ? json(s.loss_scale) : json(nullptr)},
-      {"global_step", s.global_step},
-      {"device", s.device},
-      {"last_checkpoint", s.last_checkpoint}};
+  json summary = {{"train_runtime", s.train_runtime},
+                  {"train_samples_per_second", s.train_samples_per_second},
+                  {"train_steps_per_second", s.train_steps_per_second},
+                  {"train_tokens_per_second", s.train_tokens_per_second},
+                  {"train_loss", s.train_loss},
+                  {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
+                  {"peak_memory_bytes", s.peak_memory_bytes},
+                  {"data_wait_seconds", s.data_wait_seconds},
+                  {"data_wait_fraction", s.data_wait_seconds / runtime},
+                  {"planned_memory_bytes", e.plan().total_bytes()},
+                  {"planned_memory_by_category", by_category},
+                  // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's
+                  // overhead measured when the device was made, the driver's peak in use (CUDA).
+                  {"allocator_peak_bytes", s.allocator_peak_bytes},
+                  {"context_overhead_bytes", dev.context_overhead_bytes()},
+                  {"driver_peak_bytes", peak_driver},
+                  {"precision", s.precision},
+                  {"flops_per_token", flops_per_token},
+                  {"peak_flops", peak.flops > 0 ? json(peak.flops) : json(nullptr)},
+                  {"peak_flops_source", peak.source},
+                  {"mfu", peak.flops > 0 ? json(s.train_tokens_per_second * flops_per_token / peak.flops)
+                                         : json(nullptr)},
+                  {"skipped_steps", s.skipped_steps},
+                  {"loss_scale", scaler_ ? json(s.loss_scale) : json(nullptr)},
+                  {"global_step", s.global_step},
+                  {"device", s.device},
+                  {"last_checkpoint", s.last_checkpoint}};
+  if (classification_)
+    summary["eval_accuracy"] = s.eval_accuracy >= 0 ? json(s.eval_accuracy) : json(nullptr);
   io::write_text_file_synced((fs::path(cfg_.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
   return s;
 }

@@ -1,4 +1,4 @@
-// A BertModel with everything a test step needs around it (the trainer integration comes later): a device, a
+// A BertModel with everything a test step needs around it: a device, a
 // MemoryPlan holding the model's buffers plus the inputs (tokens, token types, lengths, labels), one arena,
 // and the ops. Used by the unit tests (CPU) and the parity tests (CPU and CUDA).
 #pragma once

@@ -76,7 +76,7 @@ TEST(GoldenGpt2, MatchesTransformers) {
   e.device().copy_to_device(e.targets(0), targets.data(), targets.size() * sizeof(int32_t));
 
   // Logits (before the loss overwrites them with their gradient).
-  GptModel& m = e.model();
+  GptModel& m = e.gpt();
   m.forward(e.ops(), e.tokens(0), nullptr, B, T, 0, false);
   const int V = cfg.vocab_size, Vp = cfg.padded_vocab_size();
   std::vector<float> logits_p(size_t(B) * T * Vp), logits(size_t(B) * T * V);

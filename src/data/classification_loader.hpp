@@ -1,0 +1,130 @@
+// The classification data loader: batches of (token ids, length, label) examples from a classification
+// shard, padded per batch, assembled ahead of time on a background thread (and helper threads) into pinned
+// host buffers ready for an asynchronous copy to the device. The design is the LM DataLoader's (loader.hpp):
+// a ring of prefetched batches indexed by a sequence number, a generation counter that seek() bumps, and
+// the same contract for how long a returned batch stays valid.
+//
+// Batches: an epoch visits every example once, in a Fisher-Yates permutation drawn from the same per-epoch
+// seed as the LM loader (shuffle_seed(seed, epoch)), or in order without shuffling. Batch b of an epoch is
+// the examples at permutation positions [b*B, (b+1)*B). With drop_last the final partial batch is dropped
+// (training: every micro-batch has B sequences); without it the last batch has the remaining examples
+// (evaluation: every example counts once). A batch's length L is its longest example rounded up to a
+// multiple of pad_multiple, capped at max_length; each row holds the example's ids then pad_id, and its
+// real length (the attention mask is that prefix). What a batch contains is a pure function of (shard,
+// batch_size, max_length, pad settings, seed, shuffle, drop_last, position), so seeking to a saved position
+// reproduces a run exactly.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "data/classification_shard.hpp"
+#include "data/loader.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil::data {
+
+struct ClassificationLoaderConfig {
+  int batch_size = 0;
+  // The longest batch the consumer can take (the engine's planned sequence length). An example longer than
+  // this is an error at construction, naming the shard and the example (nothing is cut silently).
+  int max_length = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool drop_last = true;      // drop the final partial batch of an epoch
+  int32_t pad_id = 0;         // the id padding positions hold (what it is changes nothing in BERT's outputs)
+  uint32_t pad_multiple = 8;  // batch lengths are multiples of this (Tensor Core friendly GEMM shapes)
+  int prefetch = 4;           // batches assembled ahead of the consumer
+  int num_workers = 1;        // threads assembling a batch (its rows are split among them)
+  bool pin_memory = true;     // stage batches in page-locked memory (fast, truly async device copies)
+};
+
+struct ClassificationHostBatch {
+  const int32_t* ids;      // [batch_size, length], row-major (pinned host memory)
+  const int32_t* lengths;  // [batch_size] real tokens of each row
+  const int32_t* labels;   // [batch_size] class ids in [0, num_labels)
+  int batch_size;          // rows (smaller than the configured batch only for a final partial batch)
+  int length;              // padded length of every row
+  LoaderPosition pos;      // the position this batch was produced for
+};
+
+class ClassificationLoader {
+ public:
+  ClassificationLoader(std::shared_ptr<const ClassificationShard> shard, ClassificationLoaderConfig cfg,
+                       Device& dev);
+  ~ClassificationLoader();  // stops and joins the threads
+  ClassificationLoader(const ClassificationLoader&) = delete;
+  ClassificationLoader& operator=(const ClassificationLoader&) = delete;
+
+  // Blocks until the batch at position() is ready and returns it. The returned batch stays valid and
+  // unchanged until next() has been called twice more (so batch k may be copied asynchronously while
+  // batch k+1 is asked for). Rethrows an exception raised while the batch was being assembled.
+  const ClassificationHostBatch& next();
+  LoaderPosition position() const;  // the position of the batch the next call of next() returns
+  // Discards prefetched batches and restarts production at p (resume, or evaluation from the start).
+  // Throws anvil::Error if p.batch >= batches_per_epoch().
+  void seek(LoaderPosition p);
+
+  uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+  uint64_t num_examples() const { return shard_->size(); }
+  double wait_seconds() const;  // total time next() spent blocked waiting for the producer
+
+  // The longest example of a shard (a scan of its offsets).
+  static uint32_t longest_example(const ClassificationShard& shard);
+
+ private:
+  struct Slot {
+    ClassificationHostBatch batch;
+    int32_t *ids, *lengths, *labels;
+  };
+
+  void producer_loop();
+  void fill(Slot& slot, LoaderPosition pos);
+  void fill_rows(Slot& slot, uint64_t first, uint64_t row_begin, uint64_t row_end) const;
+  void worker_loop(int k);
+  void ensure_permutation(uint64_t epoch);  // producer thread only
+  LoaderPosition advance(LoaderPosition p) const;
+  Slot& slot_for(uint64_t sequence) { return slots_[sequence % slots_.size()]; }
+  uint64_t example_at(uint64_t index) const { return cfg_.shuffle ? permutation_[index] : index; }
+
+  std::shared_ptr<const ClassificationShard> shard_;
+  ClassificationLoaderConfig cfg_;
+  uint64_t batches_per_epoch_ = 0;
+
+  PinnedBuffer pinned_staging_;            // every slot's ids, lengths and labels (pin_memory)
+  std::vector<int32_t> pageable_staging_;  // the same without pin_memory
+  std::vector<Slot> slots_;                // ring indexed by batch sequence number
+  std::vector<uint64_t> permutation_;      // producer thread only: example order of permutation_epoch_
+  uint64_t permutation_epoch_ = UINT64_MAX;
+
+  // Guarded by mutex_ (the LM loader's protocol: sequence numbers keep counting across seeks, so slots the
+  // caller still holds are never reused).
+  mutable std::mutex mutex_;
+  std::condition_variable producer_cv_, consumer_cv_;
+  uint64_t produced_ = 0, consumed_ = 0, released_ = 0, generation_ = 0;
+  LoaderPosition produce_pos_, consumer_pos_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  double wait_seconds_ = 0.0;
+
+  // Helpers of the producer for num_workers > 1: helper k fills rows [k*n/W, (k+1)*n/W) of the batch the
+  // producer hands out (its length already decided), then the producer joins them.
+  std::mutex work_mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  Slot* work_slot_ = nullptr;
+  uint64_t work_first_ = 0;  // permutation index of the batch's first row
+  uint64_t work_rows_ = 0;
+  uint64_t work_round_ = 0;
+  int work_pending_ = 0;
+  bool work_stop_ = false;
+  std::exception_ptr work_error_;
+  std::vector<std::thread> workers_;
+
+  std::thread thread_;  // last member: started once everything above is initialised
+};
+
+}  // namespace anvil::data

@@ -1,0 +1,16 @@
+#include "model/model.hpp"
+
+#include "model/bert_model.hpp"
+#include "model/gpt_model.hpp"
+
+namespace anvil {
+
+std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, int max_seq, bool training,
+                                  CheckpointPolicy checkpointing, OpsPrecision precision) {
+  cfg.validate();  // names an unknown family before either constructor sees it
+  if (cfg.is_bert())
+    return std::make_unique<BertModel>(cfg, max_batch, max_seq, training, checkpointing, precision);
+  return std::make_unique<GptModel>(cfg, max_batch, max_seq, training, checkpointing, precision);
+}
+
+}  // namespace anvil

@@ -1,0 +1,90 @@
+// The common interface of the model families (GptModel: causal LM; BertModel: encoder + sequence
+// classification head): what the Engine, the trainer, checkpoints and the optimizers need, independent of
+// the family. A model owns no memory: it adds its buffers to a MemoryPlan and binds to the Arena carved from
+// it; its parameters are one flat buffer in the family's ParamLayout.
+//
+// Calls through this interface are a handful per micro-batch (forward, backward, the loss rows) and per
+// step (weights, gradients, sync): a virtual call each, against a step of hundreds of kernel launches.
+// Code that knows the family (the models' own layers, the tests of one family) uses the concrete classes,
+// which are `final`, so their calls are direct.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "anvil/memory_plan.hpp"
+#include "anvil/model_config.hpp"
+#include "kernels/ops.hpp"
+#include "memory/memory_trace.hpp"
+#include "model/checkpointing.hpp"
+#include "model/param_layout.hpp"
+#include "runtime/arena.hpp"
+#include "runtime/step_profiler.hpp"
+
+namespace anvil {
+
+// One batch of inputs in device memory, for any family; each family reads its own fields (the others stay
+// null). B x T must fit the shape the model was planned for.
+struct ModelInputs {
+  const int32_t* tokens = nullptr;       // [B, T] token ids
+  const int32_t* targets = nullptr;      // GPT-2: [B, T] next-token targets (null: logits only)
+  const int32_t* token_types = nullptr;  // BERT: [B, T] segment ids, or null (all 0)
+  const int32_t* lengths = nullptr;  // BERT: [B] real tokens per sequence (a prefix), or null (none padded)
+  const void* labels = nullptr;      // BERT: [B] labels (BertModel::label_dtype()), or null (logits only)
+  int B = 0, T = 0;
+  // Whether the batch carries what the loss needs (targets or labels).
+  bool has_loss_inputs() const { return targets != nullptr || labels != nullptr; }
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
+  virtual void plan_memory(MemoryPlan& plan, DeviceKind backend) = 0;
+  virtual void bind(const Arena& arena) = 0;
+
+  virtual const TransformerConfig& config() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+  virtual OpsPrecision precision() const = 0;
+  virtual int max_batch() const = 0;
+  virtual int max_seq() const = 0;
+  // The fp32 (master) weights in the flat layout (the weights themselves for an fp32 compute type).
+  virtual float* params() const = 0;
+  // The weights the ops read, in the compute type.
+  virtual void* weights() const = 0;
+  // Parameter gradients in the gradient type; grads() is for fp32 gradients only.
+  virtual void* grad_buffer() const = 0;
+  virtual float* grads() const = 0;
+  virtual size_t grad_bytes() const = 0;
+
+  // The per-row fp32 losses of the last forward with targets / labels: loss_rows(B, T) of them (GPT-2: one
+  // per position; BERT: one per sequence). Rows without a target (ignore index) hold 0.
+  virtual const float* losses() const = 0;
+  virtual size_t loss_rows(int B, int T) const = 0;
+
+  // The family's deterministic initialisation for a seed; upload_weights sets the weights from fp32 host
+  // values in the flat layout; sync_weights rounds the master weights into the compute-type copy after an
+  // optimizer step (stochastically with a nonzero seed, bf16), a no-op for fp32.
+  virtual void init_weights(uint64_t seed, Device& dev) const = 0;
+  virtual void upload_weights(Device& dev, const float* host) const = 0;
+  virtual void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const = 0;
+
+  // The family's forward (losses() receives the loss rows when the inputs carry targets / labels; with
+  // write_grad the loss gradient times grad_scale is kept for backward) and backward (accumulates parameter
+  // gradients into grad_buffer(); same inputs as the preceding forward with write_grad).
+  virtual void forward(Ops& ops, const ModelInputs& in, float grad_scale, bool write_grad) = 0;
+  virtual void backward(Ops& ops, const ModelInputs& in) = 0;
+
+  // Memory history and profiling (docs/memory.md, docs/performance.md): while set, forward and backward
+  // record phases and when each saved activation is live. nullptr stops.
+  virtual void set_memory_trace(MemoryTrace* trace) = 0;
+  virtual void set_profiler(StepProfiler* profiler) = 0;
+};
+
+// The model of cfg.family ("gpt2": GptModel, "bert": BertModel), planned for inputs up to max_batch x
+// max_seq; with `training`, gradients and the backward workspace too.
+std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, int max_seq, bool training,
+                                  CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
+
+}  // namespace anvil
