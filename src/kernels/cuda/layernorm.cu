@@ -37,25 +37,16 @@ struct Row {
   }
 };
 
-// Two passes over the row (mean, then the centred variance) for accuracy; the row stays in L1/L2.
+// The rest of a row's LayerNorm once its sum is known (this warp's lanes hold partial sums): the centred
+// variance (a second pass, for accuracy), then the normalised output, reading the row x back from L1/L2.
 template <class T, bool kVec>
-__global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
-                                     int N, int C, float eps) {
+__device__ void layernorm_row(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int row,
+                              int lane, int C, float eps, float partial_sum) {
   using R = Row<T, kVec>;
   constexpr int kN = R::kN;
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= N) return;  // whole warps exit together
-  const T* x = inp + static_cast<size_t>(row) * C;
   const int groups = C / kN;
+  const float mu = warp_sum(partial_sum) / C;
   float f[kN];
-  float sum = 0.f;
-  for (int i = lane; i < groups; i += kWarpSize) {
-    R::load(x, i, f);
-#pragma unroll
-    for (int k = 0; k < kN; ++k) sum += f[k];
-  }
-  const float mu = warp_sum(sum) / C;
   float sq = 0.f;
   for (int i = lane; i < groups; i += kWarpSize) {
     R::load(x, i, f);
@@ -63,7 +54,6 @@ __global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* 
     for (int k = 0; k < kN; ++k) sq += (f[k] - mu) * (f[k] - mu);
   }
   const float rs = rsqrtf(warp_sum(sq) / C + eps);
-  T* y = out + static_cast<size_t>(row) * C;
   float fw[kN], fb[kN];
   for (int i = lane; i < groups; i += kWarpSize) {
     R::load(x, i, f);
@@ -79,8 +69,28 @@ __global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* 
   }
 }
 
-// out = a + b (rounded to T, as residual_fwd stores it), then layernorm_fwd_kernel's three passes over the
-// row; the second and third read out back, which this warp has just written (an L1/L2 hit, not DRAM).
+// One warp per row: the sum pass, then layernorm_row.
+template <class T, bool kVec>
+__global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
+                                     int N, int C, float eps) {
+  using R = Row<T, kVec>;
+  constexpr int kN = R::kN;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;  // whole warps exit together
+  const size_t offset = static_cast<size_t>(row) * C;
+  float f[kN];
+  float sum = 0.f;
+  for (int i = lane; i < C / kN; i += kWarpSize) {
+    R::load(inp + offset, i, f);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) sum += f[k];
+  }
+  layernorm_row<T, kVec>(out + offset, mean, rstd, inp + offset, w, b, row, lane, C, eps, sum);
+}
+
+// out = a + b (rounded to T, as residual_fwd stores it) in the sum pass, then layernorm_row over out, which
+// this warp has just written (read back from L1/L2, not DRAM).
 template <class T, bool kVec>
 __global__ void residual_layernorm_fwd_kernel(T* out, T* ln, float* mean, float* rstd, const T* a, const T* b,
                                               const T* w, const T* bias, int N, int C, float eps) {
@@ -90,41 +100,18 @@ __global__ void residual_layernorm_fwd_kernel(T* out, T* ln, float* mean, float*
   const int lane = threadIdx.x % kWarpSize;
   if (row >= N) return;  // whole warps exit together
   const size_t offset = static_cast<size_t>(row) * C;
-  T* x = out + offset;
-  const int groups = C / kN;
   float f[kN], fb[kN];
   float sum = 0.f;
-  for (int i = lane; i < groups; i += kWarpSize) {
+  for (int i = lane; i < C / kN; i += kWarpSize) {
     R::load(a + offset, i, f);
     R::load(b + offset, i, fb);
 #pragma unroll
     for (int k = 0; k < kN; ++k) f[k] = to_float(from_float<T>(f[k] + fb[k]));
-    R::store(x, i, f);
+    R::store(out + offset, i, f);
 #pragma unroll
     for (int k = 0; k < kN; ++k) sum += f[k];
   }
-  const float mu = warp_sum(sum) / C;
-  float sq = 0.f;
-  for (int i = lane; i < groups; i += kWarpSize) {
-    R::load(x, i, f);
-#pragma unroll
-    for (int k = 0; k < kN; ++k) sq += (f[k] - mu) * (f[k] - mu);
-  }
-  const float rs = rsqrtf(warp_sum(sq) / C + eps);
-  T* y = ln + offset;
-  float fw[kN];
-  for (int i = lane; i < groups; i += kWarpSize) {
-    R::load(x, i, f);
-    R::load(w, i, fw);
-    R::load(bias, i, fb);
-#pragma unroll
-    for (int k = 0; k < kN; ++k) f[k] = (f[k] - mu) * rs * fw[k] + fb[k];
-    R::store(y, i, f);
-  }
-  if (lane == 0) {
-    if (mean) mean[row] = mu;
-    if (rstd) rstd[row] = rs;
-  }
+  layernorm_row<T, kVec>(ln + offset, mean, rstd, out + offset, w, bias, row, lane, C, eps, sum);
 }
 
 // dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w.
