@@ -81,6 +81,8 @@ struct TrainConfig {
   std::string output_dir = "runs/default";
   int64_t logging_steps = 1;
   int64_t save_steps = 0;  // 0: save only at the end
+  // "steps": checkpoints every save_steps and at the end; "no": none (HF's save_strategy="no").
+  std::string save_strategy = "steps";
   int64_t eval_steps = 0;  // 0: evaluate only at the end (if val_data is set)
   int64_t max_eval_batches = 20;
   std::string device = "auto";  // auto | cpu | cuda

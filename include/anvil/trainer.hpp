@@ -24,6 +24,8 @@ struct TrainSummary {
   int64_t skipped_steps = 0;        // fp16: steps skipped on gradient overflow (all runs, after a resume)
   double loss_scale = 0;            // fp16: the loss scale at the end (0 otherwise)
   std::string device;
+  // CUDA graphs (cuda_graphs): graphs recorded, graph launches, and steps replayed whole from one graph.
+  int64_t cuda_graphs_recorded = 0, cuda_graph_launches = 0, cuda_graph_whole_steps = 0;
   std::string last_checkpoint;
   std::string sample;  // generated text (if sample_prompt was set)
 };

@@ -12,10 +12,12 @@
 //   reduction (sums, sums of squares, the gradient-clipping factor), precision (weight casts), optimizer
 //   (AdamW, SGD, Adafactor, 8-bit AdamW).
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
+#include "kernels/step_values.hpp"
 #include "runtime/device.hpp"
 
 namespace anvil {
@@ -51,6 +53,9 @@ struct FusedAdamWArgs {
   float lr[kMaxParamGroups] = {};
   float weight_decay[kMaxParamGroups] = {};
   uint64_t rounding_seed = 0;  // BF16 moments: the stochastic-rounding seed of this step (nonzero)
+  // Null, or the step's values in device memory (lr, step, bias terms, seed: kernels/step_values.hpp), read
+  // by the kernels when they run instead of the fields above (a CUDA graph replays the host's latest).
+  const StepValues* step_values = nullptr;
 };
 
 // SGD with momentum (PyTorch semantics): g = grad * grad_scale + wd * p; with momentum,
@@ -64,6 +69,9 @@ struct SgdArgs {
   const float* grad_scale_device = nullptr;  // null, or a device multiplier of grad_scale
   float lr[kMaxParamGroups] = {};
   float weight_decay[kMaxParamGroups] = {};
+  // Null, or the step's values in device memory (lr and step: step 1 is the first: kernels/step_values.hpp),
+  // read by the kernels when they run instead of the fields above (a CUDA graph replays the host's latest).
+  const StepValues* step_values = nullptr;
 };
 
 // 8-bit AdamW (bitsandbytes' AdamW8bit, block_wise=True): the moments of the ranges of a ParamGroupTable
@@ -83,6 +91,9 @@ struct AdamW8bitArgs {
   const float* grad_scale_device = nullptr;  // null, or a device multiplier of grad_scale
   float lr[kMaxParamGroups] = {};
   float weight_decay[kMaxParamGroups] = {};
+  // Null, or the step's values in device memory (lr and bias terms: kernels/step_values.hpp), read
+  // by the kernels when they run instead of the fields above (a CUDA graph replays the host's latest).
+  const StepValues* step_values = nullptr;
 };
 
 // Adafactor (transformers.optimization.Adafactor): one tensor of the flat buffer as the fused step sees it
@@ -118,7 +129,34 @@ struct AdafactorArgs {
   float step_size[kMaxParamGroups] =
       {};  // HF's relative step size or external lr, times the group's multiplier
   float weight_decay[kMaxParamGroups] = {};
+  // Null, or the step's values in device memory (step sizes in lr, beta2t: kernels/step_values.hpp), read
+  // by the kernels when they run instead of the fields above (a CUDA graph replays the host's latest).
+  const StepValues* step_values = nullptr;
 };
+
+// The step's values of each optimizer's by-value arguments: what its kernels use when no step_values
+// pointer is given, and what the optimizers write into a device copy (one place for the fp64 bias terms).
+inline void fill_step_values(const FusedAdamWArgs& a, StepValues& sv) {
+  for (int g = 0; g < kMaxParamGroups; ++g) sv.lr[g] = a.lr[g];
+  sv.step = a.step;
+  sv.bias1 = 1.0 - std::pow(double(a.beta1), double(a.step));
+  sv.bias2 = 1.0 - std::pow(double(a.beta2), double(a.step));
+  sv.moment_seed = a.rounding_seed;
+}
+inline void fill_step_values(const SgdArgs& a, StepValues& sv) {
+  for (int g = 0; g < kMaxParamGroups; ++g) sv.lr[g] = a.lr[g];
+  sv.step = a.first_step ? 1 : 2;  // SGD only tells the first step from the others
+}
+inline void fill_step_values(const AdamW8bitArgs& a, StepValues& sv) {
+  for (int g = 0; g < kMaxParamGroups; ++g) sv.lr[g] = a.lr[g];
+  sv.step = a.step;
+  sv.bias1 = 1.0 - std::pow(double(a.beta1), double(a.step));
+  sv.bias2 = 1.0 - std::pow(double(a.beta2), double(a.step));
+}
+inline void fill_step_values(const AdafactorArgs& a, StepValues& sv) {
+  for (int g = 0; g < kMaxParamGroups; ++g) sv.lr[g] = a.step_size[g];
+  sv.beta2t = a.beta2t;
+}
 // The device scratch adafactor_step needs, per tensor (contents unspecified between calls).
 constexpr size_t kAdafactorScratchBytesPerTensor = 64;
 
@@ -279,14 +317,18 @@ class Ops {
   //   scale_out[0] = fp32(clip * unscale)                (for the optimizer's grad_scale_device)
   // `unscale` turns stored gradients into true ones (1 / (loss scale x tokens) and the like). A NaN norm
   // gives clip 1 and an infinite one clip 0: the caller must check norm_out before it trusts the step.
+  // With `step_values` set, unscale is step_values->unscale, read when the op runs (a graph-safe step).
   virtual void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
-                               double max_norm) = 0;
+                               double max_norm, const StepValues* step_values) = 0;
 
   // --- precision ------------------------------------------------------------------------------------
   // out[i] = master[i] in the compute type (a copy when it is F32). With a nonzero `rounding_seed` and
   // BF16, rounds stochastically with the bits of rounding_bits(rounding_seed, i) (core/half.hpp), the
   // same on every backend; otherwise to nearest even.
-  virtual void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) = 0;
+  // With `step_values` set, a nonzero rounding_seed only selects stochastic rounding: the seed is
+  // step_values->cast_seed, read when the op runs.
+  virtual void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed,
+                            const StepValues* step_values) = 0;
 
   // --- optimizer ---------------------------------------------------------------------------------------
   // PyTorch AdamW (decoupled weight decay) over every range of `g` in one launch, per element with the

@@ -89,7 +89,8 @@ class BertModel final : public Model {
   void upload_weights(Device& dev, const float* host) const override;
   // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
   // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
-  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const override;
+  void sync_weights(Ops& ops, uint64_t rounding_seed = 0,
+                    const StepValues* step_values = nullptr) const override;
 
   // tokens [B, T] and token_types [B, T] (null: all type 0), lengths [B] (null: no padding) and labels [B]
   // (label_dtype(); null: inference, logits only) in device memory. With labels, losses() receives the

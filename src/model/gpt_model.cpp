@@ -134,9 +134,9 @@ void GptModel::upload_weights(Device& dev, const float* host) const {
   dev.copy_to_device(weights_, half.data(), n * sizeof(uint16_t));
 }
 
-void GptModel::sync_weights(Ops& ops, uint64_t rounding_seed) const {
+void GptModel::sync_weights(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
   if (precision_.compute == DType::F32) return;
-  ops.cast_weights(weights_, master_, layout_.total_numel(), rounding_seed);
+  ops.cast_weights(weights_, master_, layout_.total_numel(), rounding_seed, step_values);
 }
 
 void GptModel::copy_logits_to_host(Device& dev, float* dst, size_t first_row, size_t rows) const {

@@ -71,7 +71,8 @@ class GptModel final : public Model {
   void upload_weights(Device& dev, const float* host) const override;
   // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
   // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
-  void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const override;
+  void sync_weights(Ops& ops, uint64_t rounding_seed = 0,
+                    const StepValues* step_values = nullptr) const override;
 
   // tokens/targets are [B, T] in device memory. With targets, losses() receives the per-position loss; the
   // LM head and loss run in chunks of logits_rows() rows, so the [B*T, vocab] logits never exist at once.

@@ -65,10 +65,12 @@ class Model {
 
   // The family's deterministic initialisation for a seed; upload_weights sets the weights from fp32 host
   // values in the flat layout; sync_weights rounds the master weights into the compute-type copy after an
-  // optimizer step (stochastically with a nonzero seed, bf16), a no-op for fp32.
+  // optimizer step (stochastically with a nonzero seed, bf16), a no-op for fp32; with `step_values` (device
+  // memory) the seed of a stochastic cast is read there when the cast runs (Ops::cast_weights).
   virtual void init_weights(uint64_t seed, Device& dev) const = 0;
   virtual void upload_weights(Device& dev, const float* host) const = 0;
-  virtual void sync_weights(Ops& ops, uint64_t rounding_seed = 0) const = 0;
+  virtual void sync_weights(Ops& ops, uint64_t rounding_seed = 0,
+                            const StepValues* step_values = nullptr) const = 0;
 
   // The family's forward (losses() receives the loss rows when the inputs carry targets / labels; with
   // write_grad the loss gradient times grad_scale is kept for backward) and backward (accumulates parameter

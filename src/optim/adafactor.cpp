@@ -97,17 +97,9 @@ void Adafactor::after_reset(Device& dev) {
   table_uploaded_ = true;
 }
 
-void Adafactor::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-                       const float* grad_scale_device) {
+AdafactorArgs Adafactor::args(float lr, int64_t step) const {
   ANVIL_REQUIRE(step >= 1, "adafactor: step {} (the 1-based count of updates)", step);
-  ANVIL_ASSERT(sq_ && table_, "adafactor: step before bind");
-  if (!table_uploaded_ || step == 1) {
-    ops.device().copy_to_device(table_, tensors_.data(), tensors_.size() * sizeof(AdafactorTensor));
-    table_uploaded_ = true;
-  }
   AdafactorArgs a;
-  a.grad_scale = grad_scale;
-  a.grad_scale_device = grad_scale_device;
   a.eps1 = h_.adafactor_eps1;
   a.eps2 = h_.adafactor_eps2;
   a.clip_threshold = h_.clip_threshold;
@@ -119,6 +111,25 @@ void Adafactor::update(Ops& ops, float* params, const void* grads, float lr, int
     a.step_size[g] = step_size(lr, step, ParamGroup(g));
     a.weight_decay[g] = ParamGroup(g) == ParamGroup::NoDecay ? 0.0f : h_.weight_decay;
   }
+  return a;
+}
+
+void Adafactor::fill_step_values(float lr, int64_t step, StepValues& out) const {
+  anvil::fill_step_values(args(lr, step), out);
+  out.step = step;
+}
+
+void Adafactor::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+                       const float* grad_scale_device, const StepValues* step_values) {
+  ANVIL_ASSERT(sq_ && table_, "adafactor: step before bind");
+  if (!table_uploaded_ || step == 1) {
+    ops.device().copy_to_device(table_, tensors_.data(), tensors_.size() * sizeof(AdafactorTensor));
+    table_uploaded_ = true;
+  }
+  AdafactorArgs a = args(lr, step);
+  a.grad_scale = grad_scale;
+  a.grad_scale_device = grad_scale_device;
+  a.step_values = step_values;
   ops.adafactor_step(params, grads, sq_, exp_avg_, table_, int(tensors_.size()), scratch_, a);
 }
 

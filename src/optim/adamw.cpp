@@ -24,14 +24,25 @@ std::vector<OptimizerStateTensor> AdamW::state_tensors() const {
   return {{"exp_avg", moment_dtype(), numel(), m_}, {"exp_avg_sq", moment_dtype(), numel(), v_}};
 }
 
-void AdamW::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-                   const float* grad_scale_device) {
+FusedAdamWArgs AdamW::args(float lr, int64_t step) const {
   FusedAdamWArgs a;
-  a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step, a.grad_scale = grad_scale;
-  a.grad_scale_device = grad_scale_device;
+  a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step;
   group_args(lr, a.lr, a.weight_decay);
   // bf16 moments: a fresh stochastic-rounding stream per step (nonzero).
   if (h_.adamw_bf16_moments) a.rounding_seed = Rng(0xada3u ^ (uint64_t(step) << 20)).next_u64() | 1;
+  return a;
+}
+
+void AdamW::fill_step_values(float lr, int64_t step, StepValues& out) const {
+  anvil::fill_step_values(args(lr, step), out);
+}
+
+void AdamW::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+                   const float* grad_scale_device, const StepValues* step_values) {
+  FusedAdamWArgs a = args(lr, step);
+  a.grad_scale = grad_scale;
+  a.grad_scale_device = grad_scale_device;
+  a.step_values = step_values;
   ops.adamw_fused_step(params, grads, m_, v_, moment_dtype(), numel(), groups(), a);
 }
 

@@ -25,11 +25,13 @@ class AdamW final : public Optimizer {
 
  protected:
   void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-              const float* grad_scale_device) override;
+              const float* grad_scale_device, const StepValues* step_values) override;
+  void fill_step_values(float lr, int64_t step, StepValues& out) const override;
   std::vector<std::pair<std::string, size_t>> state_buffers() const override;
   void bind_state(const std::vector<void*>& buffers) override;
 
  private:
+  FusedAdamWArgs args(float lr, int64_t step) const;  // everything but the gradient scale
   void *m_ = nullptr, *v_ = nullptr;
 };
 

@@ -180,28 +180,43 @@ void AdamW8bit::upload_constants(Device& dev) {
   uploaded_ = true;
 }
 
+AdamW8bitArgs AdamW8bit::args(float lr, int64_t step) const {
+  AdamW8bitArgs a;
+  a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step;
+  group_args(lr, a.lr, a.weight_decay);
+  return a;
+}
+
+// The fp32-state ranges take the same lr, step and bias terms as the 8-bit ones (one set of step values).
+FusedAdamWArgs AdamW8bit::fp32_args(float lr, int64_t step) const {
+  FusedAdamWArgs a;
+  a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step;
+  group_args(lr, a.lr, a.weight_decay);
+  return a;
+}
+
+void AdamW8bit::fill_step_values(float lr, int64_t step, StepValues& out) const {
+  anvil::fill_step_values(args(lr, step), out);
+}
+
 void AdamW8bit::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-                       const float* grad_scale_device) {
+                       const float* grad_scale_device, const StepValues* step_values) {
   ANVIL_ASSERT(maps_, "adamw_8bit: step before bind");
   if (!uploaded_ || step <= last_step_) upload_constants(ops.device());
   last_step_ = step;
-  float lr_g[kNumParamGroups], wd_g[kNumParamGroups];
-  group_args(lr, lr_g, wd_g);
   if (num_blocks_) {
-    AdamW8bitArgs a;
-    a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step, a.grad_scale = grad_scale;
+    AdamW8bitArgs a = args(lr, step);
+    a.grad_scale = grad_scale;
     a.grad_scale_device = grad_scale_device;
-    std::copy(lr_g, lr_g + kNumParamGroups, a.lr);
-    std::copy(wd_g, wd_g + kNumParamGroups, a.weight_decay);
+    a.step_values = step_values;
     ops.adamw8bit_step(params, grads, m_codes_, m_absmax_, v_codes_, v_absmax_, maps_, maps_ + 256, numel(),
                        num_blocks_, g8_, a);
   }
   if (nf_) {
-    FusedAdamWArgs a;
-    a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step, a.grad_scale = grad_scale;
+    FusedAdamWArgs a = fp32_args(lr, step);
+    a.grad_scale = grad_scale;
     a.grad_scale_device = grad_scale_device;
-    std::copy(lr_g, lr_g + kNumParamGroups, a.lr);
-    std::copy(wd_g, wd_g + kNumParamGroups, a.weight_decay);
+    a.step_values = step_values;
     ops.adamw_fused_step(params, grads, m_fp32_, v_fp32_, DType::F32, numel(), gf_, a);
   }
 }

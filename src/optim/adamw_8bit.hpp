@@ -55,11 +55,14 @@ class AdamW8bit final : public Optimizer {
 
  protected:
   void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-              const float* grad_scale_device) override;
+              const float* grad_scale_device, const StepValues* step_values) override;
+  void fill_step_values(float lr, int64_t step, StepValues& out) const override;
   std::vector<std::pair<std::string, size_t>> state_buffers() const override;
   void bind_state(const std::vector<void*>& buffers) override;
 
  private:
+  AdamW8bitArgs args(float lr, int64_t step) const;        // the 8-bit ranges, but the gradient scale
+  FusedAdamWArgs fp32_args(float lr, int64_t step) const;  // the fp32-state ranges, likewise
   // A ParamGroupTable on the host: the 8-bit or the fp32 view of the flat buffer.
   struct HostTable {
     std::vector<uint64_t> begins, state_begins;

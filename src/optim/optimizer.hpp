@@ -92,11 +92,16 @@ class Optimizer {
   // ignores it); `step` is the 1-based count of applied updates; `grad_scale` multiplies the gradients, times
   // *grad_scale_device when that is set: one fp32 value in device memory that the kernels read when they
   // run (the trainer's clip factor, computed on the device so that the host never waits for the gradient
-  // norm inside a step).
+  // norm inside a step). With `step_values` (device memory) the kernels read the learning rates, step and
+  // seeds there when they run, and `lr` and `step` are ignored: a step recorded in a CUDA graph replays
+  // with the values the host last copied there (fill_step_values).
   void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-            const float* grad_scale_device = nullptr) {
-    update(ops, params, grads, lr, step, grad_scale, grad_scale_device);
+            const float* grad_scale_device = nullptr, const StepValues* step_values = nullptr) {
+    update(ops, params, grads, lr, step, grad_scale, grad_scale_device, step_values);
   }
+  // Writes this optimizer's fields of the step values for (lr, step): a step() given a device copy of
+  // them updates exactly as step() with this lr and step. Other fields are left as they are.
+  virtual void fill_step_values(float lr, int64_t step, StepValues& out) const = 0;
 
   // The state buffers, for checkpoints (names are stable across versions of the same optimizer).
   virtual std::vector<OptimizerStateTensor> state_tensors() const = 0;
@@ -110,7 +115,7 @@ class Optimizer {
  protected:
   // Each optimizer's step() (the public step() is not virtual, so its default argument lives in one place).
   virtual void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-                      const float* grad_scale_device) = 0;
+                      const float* grad_scale_device, const StepValues* step_values) = 0;
   // Each optimizer's buffers, in a fixed order (name, bytes); bind_state() receives their pointers.
   virtual std::vector<std::pair<std::string, size_t>> state_buffers() const = 0;
   virtual void bind_state(const std::vector<void*>& buffers) = 0;

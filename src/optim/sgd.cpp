@@ -25,14 +25,25 @@ std::vector<OptimizerStateTensor> Sgd::state_tensors() const {
   return {{"momentum_buffer", DType::F32, numel(), momentum_}};
 }
 
-void Sgd::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-                 const float* grad_scale_device) {
+SgdArgs Sgd::args(float lr, int64_t step) const {
   SgdArgs a;
   a.momentum = h_.momentum, a.dampening = h_.dampening, a.nesterov = h_.nesterov;
   a.first_step = step == 1;
+  group_args(lr, a.lr, a.weight_decay);
+  return a;
+}
+
+void Sgd::fill_step_values(float lr, int64_t step, StepValues& out) const {
+  anvil::fill_step_values(args(lr, step), out);
+  out.step = step;
+}
+
+void Sgd::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
+                 const float* grad_scale_device, const StepValues* step_values) {
+  SgdArgs a = args(lr, step);
   a.grad_scale = grad_scale;
   a.grad_scale_device = grad_scale_device;
-  group_args(lr, a.lr, a.weight_decay);
+  a.step_values = step_values;
   ops.sgd_step(params, grads, momentum_, numel(), groups(), a);
 }
 

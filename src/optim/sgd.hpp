@@ -14,11 +14,13 @@ class Sgd final : public Optimizer {
 
  protected:
   void update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
-              const float* grad_scale_device) override;
+              const float* grad_scale_device, const StepValues* step_values) override;
+  void fill_step_values(float lr, int64_t step, StepValues& out) const override;
   std::vector<std::pair<std::string, size_t>> state_buffers() const override;
   void bind_state(const std::vector<void*>& buffers) override;
 
  private:
+  SgdArgs args(float lr, int64_t step) const;  // everything but the gradient scale
   float* momentum_ = nullptr;
 };
 

@@ -46,6 +46,9 @@ class Device {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;  // async on compute stream
   virtual void fill_zero(void* dst, size_t bytes) = 0;                        // async on compute stream
+  // Host-to-device copy queued on the compute stream from pinned `src`, which is read when the copy runs:
+  // recorded into a Graph, every replay copies what `src` holds then (how per-step values reach a graph).
+  virtual void upload_on_compute(void* dst, const void* src, size_t bytes) = 0;
 
   // Host-to-device copy on the copy stream; `src` must be pinned. The next call of
   // wait_for_copies() makes later compute work wait for every copy queued so far.

@@ -99,7 +99,7 @@ struct InputIndices {
 
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
 void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOptions& o, InputIndices& in,
-              size_t* i_gemm_ws, size_t* i_step_scalars) {
+              size_t* i_gemm_ws, size_t* i_step_scalars, size_t* i_step_values) {
   model.plan_memory(plan, o.device);
   if (opt) opt->plan_memory(plan);
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
@@ -120,6 +120,8 @@ void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOption
     *i_gemm_ws = plan.add("cuBLASLt workspace", MemoryCategory::Workspace, kCudaGemmWorkspaceBytes);
   // The step's loss, gradient norm and clip factor live on the device (no host read inside a step).
   if (opt) *i_step_scalars = plan.add("step scalars", MemoryCategory::Workspace, sizeof(StepScalars));
+  // The step's learning rates, seeds and unscale factor, read by the kernels (a graph-replayed step).
+  if (opt) *i_step_values = plan.add("step values", MemoryCategory::Workspace, sizeof(StepValues));
 }
 
 // The last line of defence (the trainer checks first, and suggests configurations that fit): a plan
@@ -142,8 +144,8 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   InputIndices inputs;
-  size_t ws = 0, scalars = 0;
-  plan_all(plan, *model, opt.get(), o, inputs, &ws, &scalars);
+  size_t ws = 0, scalars = 0, values = 0;
+  plan_all(plan, *model, opt.get(), o, inputs, &ws, &scalars, &values);
   return plan;
 }
 
@@ -158,7 +160,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   MemoryPlan plan;
   size_t i_ws = 0;
   InputIndices in;
-  plan_all(plan, *model_, optimizer_.get(), o, in, &i_ws, &i_step_scalars_);
+  plan_all(plan, *model_, optimizer_.get(), o, in, &i_ws, &i_step_scalars_, &i_step_values_);
   for (int s = 0; s < 2; ++s) {
     i_tokens_[s] = in.tokens[s], i_targets_[s] = in.targets[s];
     i_lengths_[s] = in.lengths[s], i_labels_[s] = in.labels[s];
@@ -175,7 +177,24 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     optimizer_->reset(*device_);
     device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
     device_->fill_zero(step_scalars(), sizeof(StepScalars));
+    step_values_host_ = std::make_unique<PinnedBuffer>(*device_, sizeof(StepValues));
+    new (step_values_host_->get()) StepValues{};
+    upload_step_values();
   }
+}
+
+StepValues* Engine::step_values() const {
+  ANVIL_ASSERT(optimizer_, "step_values: the engine was not built for training");
+  return arena_->get<StepValues>(i_step_values_);
+}
+
+StepValues& Engine::step_values_host() {
+  ANVIL_ASSERT(optimizer_, "step_values_host: the engine was not built for training");
+  return *static_cast<StepValues*>(step_values_host_->get());
+}
+
+void Engine::upload_step_values() {
+  device_->upload_on_compute(step_values(), step_values_host_->get(), sizeof(StepValues));
 }
 
 GptModel& Engine::gpt() {

@@ -107,6 +107,14 @@ class Engine {
   // The step's scalars in device memory (training engines only; a planned buffer like every other). The
   // host may form pointers to the members (&step_scalars()->loss_sum) but reads them only by copying.
   StepScalars* step_scalars() const;
+  // The step's values (kernels/step_values.hpp) in device memory, and their pinned host copy: the trainer
+  // writes the host copy before a step and queues upload_step_values() at the step's head, so kernels (and
+  // a graph replaying the step) read this step's learning rate, bias terms, seeds and unscale factor. The
+  // host copy may only be rewritten once the previous step's upload has run (the trainer synchronises at
+  // the end of every step).
+  StepValues* step_values() const;
+  StepValues& step_values_host();
+  void upload_step_values();
 
  private:
   std::unique_ptr<Device> device_;
@@ -117,7 +125,8 @@ class Engine {
   // Plan indices of the input buffers (see above); SIZE_MAX where the family has none.
   size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {SIZE_MAX, SIZE_MAX}, i_lengths_[2] = {SIZE_MAX, SIZE_MAX},
          i_labels_[2] = {SIZE_MAX, SIZE_MAX};
-  size_t i_step_scalars_ = 0;
+  size_t i_step_scalars_ = 0, i_step_values_ = 0;
+  std::unique_ptr<PinnedBuffer> step_values_host_;
 };
 
 }  // namespace anvil

@@ -257,6 +257,7 @@ const std::map<std::string, Setter>& setters() {
     str_field("output_dir", &TrainConfig::output_dir);
     int_field("logging_steps", &TrainConfig::logging_steps);
     int_field("save_steps", &TrainConfig::save_steps);
+    str_field("save_strategy", &TrainConfig::save_strategy);
     int_field("eval_steps", &TrainConfig::eval_steps);
     int_field("max_eval_batches", &TrainConfig::max_eval_batches);
     bool_field("fp16", &TrainConfig::fp16);
@@ -483,6 +484,8 @@ void TrainConfig::validate(const std::string& s) const {
                 max_grad_norm);
   ANVIL_REQUIRE(logging_steps >= 1, "{}: logging_steps must be >= 1, got {}", s, logging_steps);
   ANVIL_REQUIRE(save_steps >= 0, "{}: save_steps must be >= 0, got {}", s, save_steps);
+  ANVIL_REQUIRE(save_strategy == "steps" || save_strategy == "no",
+                "{}: save_strategy must be steps or no, got '{}'", s, save_strategy);
   ANVIL_REQUIRE(eval_steps >= 0, "{}: eval_steps must be >= 0, got {}", s, eval_steps);
   ANVIL_REQUIRE(max_eval_batches >= 1, "{}: max_eval_batches must be >= 1, got {}", s, max_eval_batches);
   ANVIL_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
@@ -606,6 +609,7 @@ json TrainConfig::to_json() const {
           {"output_dir", output_dir},
           {"logging_steps", logging_steps},
           {"save_steps", save_steps},
+          {"save_strategy", save_strategy},
           {"eval_steps", eval_steps},
           {"max_eval_batches", max_eval_batches},
           {"fp16", fp16},

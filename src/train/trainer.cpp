@@ -345,9 +345,12 @@ TrainSummary Run::go() {
   if (dev.kind() == DeviceKind::CUDA) {  // which attention path the shapes and build take (performance.md)
     fmt::print("  attention: {}\n", cuda_attention_implementation(e.ops().precision().compute,
                                                                   model_cfg_.n_embd, model_cfg_.n_head));
-    fmt::print("  cuda graphs: {}\n", cfg_.cuda_graphs
-                                          ? "on (each micro-batch's forward + backward replayed from a graph)"
-                                          : "off (--cuda_graphs false)");
+    fmt::print("  cuda graphs: {}\n",
+               !cfg_.cuda_graphs        ? "off (--cuda_graphs false)"
+               : accum == 1 && !scaler_ ? "on (each step replayed whole from one graph)"
+               : scaler_ ? "on (micro-batches, gradient norm and update replayed as graphs; the fp16 loss "
+                           "scaler decides between the last two)"
+                         : "on (each micro-batch replayed from a graph, then the step's tail from one)");
   }
   fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
              format_bytes(e.optimizer().state_bytes()));
@@ -437,16 +440,63 @@ TrainSummary Run::go() {
     // fp64, as Ops::sum; no wait
     e.ops().accumulate_sum(&scalars->loss_sum, model.losses(), model.loss_rows(in.B, in.T));
   };
-  // CUDA graphs (cuda_graphs): one per input slot and batch shape (classification batches differ in padded
-  // length; a graph replays exactly the shapes it recorded), recorded at the second use of its (slot, shape)
-  // with the loss-gradient scale it bakes in (the fp16 loss scale changes rarely; a change records again).
+  // CUDA graphs (cuda_graphs). A step whose work is all on the device is recorded once and replayed with
+  // one launch: the kernels read the step's learning rate, bias terms, seeds and unscale factor from the
+  // engine's step values, which the graph itself uploads from pinned memory the host rewrote for this step.
+  //   - one micro-batch per step, no fp16 loss scaler: the whole step (gradient zeroing, forward, backward,
+  //     loss sum, gradient norm, clip factor, optimizer, weight cast) is one graph per input slot and shape;
+  //   - gradient accumulation: one graph per micro-batch (per slot and shape; the next batch's copy runs
+  //     between micro-batches, from host buffers that change) and one for the step's tail (norm to cast);
+  //   - the fp16 loss scaler: the host decides between the norm and the optimizer (a skipped step must not
+  //     touch the weights), so micro-batches, the norm and the update are separate graphs.
+  // A graph is recorded at the second use of its key (the first runs eagerly: it builds the attention plans
+  // and GEMM algorithm choices the recording then keeps). Micro-batch graphs bake in the loss-gradient
+  // scale, so an fp16 scale change records them again. Profiled, memory-traced and overflow-injected
+  // steps run eagerly.
   const bool use_graphs = cfg_.cuda_graphs && dev.kind() == DeviceKind::CUDA;
-  struct MicroGraph {
+  enum class Part { Step, Micro, Tail, Norm, Update };
+  struct CachedGraph {
     std::unique_ptr<Device::Graph> graph;
     float grad_scale = 0;
     int64_t uses = 0;
   };
-  std::map<std::tuple<int, int, int>, MicroGraph> micro_graphs;  // by (slot, B, T)
+  std::map<std::tuple<Part, int, int, int>, CachedGraph> graphs;  // by (part, slot, B, T)
+  int64_t graphs_recorded = 0, graph_launches = 0, whole_step_replays = 0;
+  // Runs `work` eagerly, or records / replays it as the graph of `key`; true when replayed.
+  const auto run_part = [&](bool eager, std::tuple<Part, int, int, int> key, float grad_scale,
+                            const std::function<void()>& work) {
+    if (eager) return work(), false;
+    CachedGraph& g = graphs[key];
+    if (g.uses++ == 0) return work(), false;
+    if (!g.graph || g.grad_scale != grad_scale) {
+      g.graph = dev.capture(work);
+      g.grad_scale = grad_scale;
+      ++graphs_recorded;
+    }
+    g.graph->launch();
+    ++graph_launches;
+    return true;
+  };
+  StepValues& values = e.step_values_host();
+  double lr = 0;         // this step's scheduled learning rate
+  int64_t opt_step = 0;  // and the optimizer's count of applied updates including it
+  const StepValues* const device_values = e.step_values();
+  // The step's tail, in two parts: the global norm and the optimizer's multiplier (clip factor x unscale) on
+  // the device, in fp64 as the host did before (Ops::grad_clip_scale); then the update and the weight cast.
+  // The host-side arguments are ignored in favour of the step values (which the norm part uploads first).
+  const auto norm_part = [&] {
+    e.upload_step_values();
+    e.ops().sum_squares_to(&scalars->grad_sum_squares, model.grad_buffer(), grad_dtype, nparams);
+    e.ops().grad_clip_scale(&scalars->grad_scale, &scalars->grad_norm, &scalars->grad_sum_squares, 1.0,
+                            cfg_.max_grad_norm, device_values);
+  };
+  const auto update_part = [&] {
+    // Host scale 1 times the device's clip x unscale: the very float the host used to pass.
+    e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step, 1.0f,
+                       &scalars->grad_scale, device_values);
+    if (trace) trace->phase("optimizer");
+    model.sync_weights(e.ops(), cfg_.stochastic_rounding ? 1 : 0, device_values);
+  };
   for (; step < total_steps_; ++step) {
     const auto ts = Clock::now();
     if (profiler) profiler->begin_step(step + 1);
@@ -456,17 +506,34 @@ TrainSummary Run::go() {
       for (const PlannedBuffer& b : e.plan().buffers()) trace->buffer(b.name, b.category, b.bytes);
       model.set_memory_trace(trace.get());
     }
-    dev.fill_zero(model.grad_buffer(), model.grad_bytes());
-    dev.fill_zero(scalars, sizeof(StepScalars));  // queued, like everything below until the end of the step
     const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+    lr = lr_at(schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
+    // The optimizer's own step count (bias correction) does not advance on skipped steps.
+    opt_step = step + 1 - (scaler_ ? scaler_->skipped_steps() : 0);
+    const bool inject_here = std::binary_search(inject.begin(), inject.end(), step + 1);
+    const bool eager_step =
+        !use_graphs || (profiler && profiler->profiling(step + 1)) || trace || inject_here;
+    const bool whole_step = !eager_step && accum == 1 && !scaler_;
     // The loss of a step is the mean over every target token (classification: every labelled sequence) of
     // all its micro-batches. Gradients are accumulated as sums and divided by the step's count in the
     // optimizer, so N micro-batches of B give the same update as one batch of N*B whatever the padding. The
     // count is known on the host (counted when the batch was staged); the loss sum stays on the device.
     int64_t step_valid = 0;
     step_tokens = 0, step_flops = 0;
-    const bool eager_step = !use_graphs || (profiler && profiler->profiling(step + 1)) || trace;
     const float grad_scale = float(loss_scale / nominal_rows);
+    // The step's values, written before anything of the step is queued that uploads them (the previous
+    // step's upload has run: every step ends with a synchronisation). Stored gradients x unscale = the
+    // gradient of the step's mean loss; the count is final once every micro-batch is staged.
+    const auto write_values = [&] {
+      e.optimizer().fill_step_values(float(lr), opt_step, values);
+      values.cast_seed = cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0;
+      values.unscale = nominal_rows / (loss_scale * double(step_valid));
+    };
+    const auto head = [&] {
+      dev.fill_zero(model.grad_buffer(), model.grad_bytes());
+      dev.fill_zero(scalars, sizeof(StepScalars));  // queued, like everything below until the end of the step
+    };
+    if (!whole_step) head();
     for (int micro = 0; micro < accum; ++micro) {
       if (profiler) profiler->phase("data (wait for the batch)");
       dev.wait_for_copies();
@@ -475,19 +542,20 @@ TrainSummary Run::go() {
       step_valid += in.valid;
       step_tokens += int64_t(in.B) * in.T;
       step_flops += double(in.B) * in.T * training_flops_per_token(model_cfg_, in.T);
-      // A (slot, shape)'s first micro-batch runs eagerly: it builds the attention plans and GEMM algorithm
-      // choices that the graph then records.
-      MicroGraph* g = use_graphs ? &micro_graphs[{slot, in.B, in.T}] : nullptr;
-      if (eager_step || g->uses == 0) {
-        micro_batch(slot, grad_scale);
+      if (whole_step) {
+        ANVIL_REQUIRE(step_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})",
+                      step + 1, classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
+        write_values();
+        whole_step_replays += run_part(false, {Part::Step, slot, in.B, in.T}, grad_scale, [&] {
+          head();
+          micro_batch(slot, grad_scale);
+          norm_part();
+          update_part();
+        });
       } else {
-        if (!g->graph || g->grad_scale != grad_scale) {
-          g->graph = dev.capture([&] { micro_batch(slot, grad_scale); });
-          g->grad_scale = grad_scale;
-        }
-        g->graph->launch();
+        run_part(eager_step, {Part::Micro, slot, in.B, in.T}, grad_scale,
+                 [&] { micro_batch(slot, grad_scale); });
       }
-      if (g) ++g->uses;
       // The next batch's copy overlaps this micro-batch's compute; it waits only for the previous
       // micro-batch, the last reader of the buffers it fills.
       if (!last_batch) {
@@ -500,7 +568,7 @@ TrainSummary Run::go() {
     }
     ANVIL_REQUIRE(step_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})", step + 1,
                   classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
-    if (std::binary_search(inject.begin(), inject.end(), step + 1)) {
+    if (inject_here) {
       // Test hook: an infinite gradient, as an fp16 overflow in backward would leave.
       const float inf = std::numeric_limits<float>::infinity();
       const uint16_t half_inf = grad_dtype == DType::BF16 ? uint16_t(0x7f80) : uint16_t(0x7c00);
@@ -509,41 +577,40 @@ TrainSummary Run::go() {
       else
         dev.copy_to_device(model.grad_buffer(), &half_inf, sizeof(uint16_t));
     }
-    // Stored gradients x unscale = the gradient of the step's mean loss.
-    const double unscale = nominal_rows / (loss_scale * double(step_valid));
-    if (profiler) profiler->phase("gradient norm");
-    // The global norm and the optimizer's multiplier (clip factor x unscale), on the device: the same fp64
-    // arithmetic the host did before, so the same values (Ops::grad_clip_scale).
-    e.ops().sum_squares_to(&scalars->grad_sum_squares, model.grad_buffer(), grad_dtype, nparams);
-    e.ops().grad_clip_scale(&scalars->grad_scale, &scalars->grad_norm, &scalars->grad_sum_squares, unscale,
-                            cfg_.max_grad_norm);
     StepScalars host;  // the step's scalars as the host reads them (once per step)
     const auto read_scalars = [&] { dev.copy_to_host(&host, scalars, sizeof(StepScalars)); };
     const auto not_finite = [&] {
       return !std::isfinite(host.loss_sum / double(step_valid)) || !std::isfinite(host.grad_norm);
     };
     bool skipped = false;
-    if (scaler_) {
-      // fp16 with the loss scaler keeps a host decision before the optimizer: an overflowing step must be
-      // skipped (and the scale lowered) before it touches the weights, so the host waits for the norm here.
-      // This is the one synchronisation inside an fp16 step; fp32 / bf16 steps have none.
-      read_scalars();
-      const LossScaler::Update u = scaler_->update(not_finite(), step + 1);
-      if (u.skip) {
-        fmt::print("{}\n", u.message);
-        skipped = true;
+    if (!whole_step) {
+      write_values();
+      if (profiler) profiler->phase("gradient norm");
+      if (scaler_) {
+        run_part(eager_step, {Part::Norm, 0, 0, 0}, 0, norm_part);
+        // fp16 with the loss scaler keeps a host decision before the optimizer: an overflowing step must be
+        // skipped (and the scale lowered) before it touches the weights, so the host waits for the norm
+        // here. This is the one synchronisation inside an fp16 step; fp32 / bf16 steps have none.
+        read_scalars();
+        const LossScaler::Update u = scaler_->update(not_finite(), step + 1);
+        if (u.skip) {
+          fmt::print("{}\n", u.message);
+          skipped = true;
+        }
+        if (!skipped) {
+          if (profiler) profiler->phase("optimizer");  // the update and the compute-type weight copy
+          run_part(eager_step, {Part::Update, 0, 0, 0}, 0, update_part);
+        }
+      } else if (eager_step) {
+        norm_part();
+        if (profiler) profiler->phase("optimizer");  // the update and the compute-type weight copy
+        update_part();
+      } else {
+        run_part(false, {Part::Tail, 0, 0, 0}, 0, [&] {
+          norm_part();
+          update_part();
+        });
       }
-    }
-    const double lr = lr_at(schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
-    if (!skipped) {
-      // The optimizer's own step count (bias correction) does not advance on skipped steps.
-      const int64_t opt_step = step + 1 - (scaler_ ? scaler_->skipped_steps() : 0);
-      // Host scale 1 times the device's clip x unscale: the very float the host used to pass.
-      if (profiler) profiler->phase("optimizer");  // the update and the compute-type weight copy
-      e.optimizer().step(e.ops(), model.params(), model.grad_buffer(), float(lr), opt_step, 1.0f,
-                         &scalars->grad_scale);
-      if (trace) trace->phase("optimizer");
-      model.sync_weights(e.ops(), cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0);
     }
     dev.synchronize();
     if (!scaler_) {
@@ -624,7 +691,7 @@ TrainSummary Run::go() {
         log_json({{"step", step + 1}, {"eval_loss", eval.loss}});
       }
     }
-    if ((cfg_.save_steps > 0 && (step + 1) % cfg_.save_steps == 0) || last) {
+    if (cfg_.save_strategy != "no" && ((cfg_.save_steps > 0 && (step + 1) % cfg_.save_steps == 0) || last)) {
       save(step + 1, loss_sum_before_ + loss_sum, steps_before_ + step + 1 - start_step);
       last_ckpt = checkpoint_dir(cfg_, step + 1);
     }
@@ -667,6 +734,9 @@ TrainSummary Run::go() {
   s.data_wait_seconds = data_wait_seconds();
   s.device = dev.name();
   s.last_checkpoint = last_ckpt;
+  s.cuda_graphs_recorded = graphs_recorded;
+  s.cuda_graph_launches = graph_launches;
+  s.cuda_graph_whole_steps = whole_step_replays;
 
   if (!cfg_.sample_prompt.empty() && cfg_.sample_max_new_tokens > 0) {
     SampleOptions so{cfg_.sample_max_new_tokens, float(cfg_.sample_temperature), cfg_.sample_top_k};
@@ -707,6 +777,10 @@ TrainSummary Run::go() {
                   {"skipped_steps", s.skipped_steps},
                   {"loss_scale", scaler_ ? json(s.loss_scale) : json(nullptr)},
                   {"global_step", s.global_step},
+                  {"cuda_graphs",
+                   {{"recorded", s.cuda_graphs_recorded},
+                    {"launches", s.cuda_graph_launches},
+                    {"whole_step_replays", s.cuda_graph_whole_steps}}},
                   {"device", s.device},
                   {"last_checkpoint", s.last_checkpoint}};
   if (classification_)

@@ -362,8 +362,8 @@ TEST_P(MixedParity, ReductionCastAdamW) {
   const std::vector<float> master_h = randn(n, 0.05f);
   Buf master = f32(master_h), w = act(randn(n));
   for (const uint64_t rseed : {uint64_t{0}, uint64_t{0x1234567}}) {
-    cpu_->cast_weights(w.cpu(), static_cast<float*>(master.cpu()), n, rseed);
-    gpu_->cast_weights(w.gpu(), static_cast<float*>(master.gpu()), n, rseed);
+    cpu_->cast_weights(w.cpu(), static_cast<float*>(master.cpu()), n, rseed, nullptr);
+    gpu_->cast_weights(w.gpu(), static_cast<float*>(master.gpu()), n, rseed, nullptr);
     EXPECT_TRUE(same(rseed ? "cast_weights stochastic" : "cast_weights", w, 0.0));
   }
 

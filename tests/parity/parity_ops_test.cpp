@@ -588,8 +588,8 @@ TEST_F(ParityTest, DeviceResultReductions) {
     auto ssm = mirror(std::vector<double>{ss});
     auto norm = mirror(std::vector<double>{-1.0});
     auto scale = mirror(std::vector<float>{-1.f});
-    cpu_->grad_clip_scale(scale.cpu(), norm.cpu(), ssm.cpu(), unscale, max_norm);
-    gpu_->grad_clip_scale(scale.gpu(), norm.gpu(), ssm.gpu(), unscale, max_norm);
+    cpu_->grad_clip_scale(scale.cpu(), norm.cpu(), ssm.cpu(), unscale, max_norm, nullptr);
+    gpu_->grad_clip_scale(scale.gpu(), norm.gpu(), ssm.gpu(), unscale, max_norm, nullptr);
     const double nc = read_cpu(norm)[0], ng = read_gpu(norm)[0];
     const float sc = read_cpu(scale)[0], sg = read_gpu(scale)[0];
     // (NaN payloads may differ: the GPU returns its canonical NaN.)

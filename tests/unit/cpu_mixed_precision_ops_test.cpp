@@ -338,16 +338,16 @@ TEST_P(CpuMixedPrecisionOps, CastWeights) {
   const size_t n = 5000;
   const std::vector<float> master = randn(n);
   Stored nearest(A(), n), seeded(A(), n), again(A(), n);
-  ops_->cast_weights(nearest.data(), master.data(), n, 0);
+  ops_->cast_weights(nearest.data(), master.data(), n, 0, nullptr);
   EXPECT_TRUE(rounded_from(nearest, master));
   if (A() == DType::F16) {
     // fp16 always rounds to nearest, seed or not.
-    ops_->cast_weights(seeded.data(), master.data(), n, 77);
+    ops_->cast_weights(seeded.data(), master.data(), n, 77, nullptr);
     EXPECT_EQ(seeded.bits(), nearest.bits());
     return;
   }
-  ops_->cast_weights(seeded.data(), master.data(), n, 77);
-  ops_->cast_weights(again.data(), master.data(), n, 77);
+  ops_->cast_weights(seeded.data(), master.data(), n, 77, nullptr);
+  ops_->cast_weights(again.data(), master.data(), n, 77, nullptr);
   EXPECT_EQ(seeded.bits(), again.bits()) << "deterministic";
   int differ = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -358,7 +358,7 @@ TEST_P(CpuMixedPrecisionOps, CastWeights) {
     differ += s != nearest.bits()[i];
   }
   EXPECT_GT(differ, int(n / 10)) << "stochastic rounding rounds away from nearest often";
-  ops_->cast_weights(again.data(), master.data(), n, 78);
+  ops_->cast_weights(again.data(), master.data(), n, 78, nullptr);
   EXPECT_NE(seeded.bits(), again.bits()) << "another seed, other bits";
 }
 
@@ -419,7 +419,8 @@ TEST(CpuMixedPrecisionChecks, CastWeightsF32IsACopy) {
   auto ops = make_cpu_ops(*dev);
   std::vector<float> master = {1.0f, -0.0f, 3.14159265f, 1e-40f, INFINITY, 65519.0f};
   std::vector<float> out(master.size(), 9.0f);
-  ops->cast_weights(out.data(), master.data(), master.size(), 12345);  // the seed does not matter for F32
+  ops->cast_weights(out.data(), master.data(), master.size(), 12345,
+                    nullptr);  // the seed does not matter for F32
   EXPECT_EQ(std::memcmp(out.data(), master.data(), master.size() * sizeof(float)), 0);
 }
 

@@ -120,7 +120,7 @@ TEST_F(DeviceReduction, GradClipScaleIsTheTrainersHostArithmetic) {
     const HostClip want = host_clip(c.sum_squares, c.unscale, c.max_norm);
     float scale = -1.f;
     double norm = -1.0;
-    ops_->grad_clip_scale(&scale, &norm, &c.sum_squares, c.unscale, c.max_norm);
+    ops_->grad_clip_scale(&scale, &norm, &c.sum_squares, c.unscale, c.max_norm, nullptr);
     EXPECT_TRUE(same_bits(norm, want.norm)) << c.sum_squares << " " << c.unscale << " " << c.max_norm;
     EXPECT_TRUE(same_bits(scale, want.scale)) << c.sum_squares << " " << c.unscale << " " << c.max_norm;
   }
@@ -128,7 +128,7 @@ TEST_F(DeviceReduction, GradClipScaleIsTheTrainersHostArithmetic) {
   const double ss = 4.0;
   float scale = 0;
   double norm = 0;
-  ops_->grad_clip_scale(&scale, &norm, &ss, 1.0, 1.0);
+  ops_->grad_clip_scale(&scale, &norm, &ss, 1.0, 1.0, nullptr);
   EXPECT_EQ(norm, 2.0);
   EXPECT_EQ(scale, float(1.0 / (2.0 + 1e-6)));
 }

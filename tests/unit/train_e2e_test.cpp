@@ -87,6 +87,26 @@ TEST(TrainE2E, SameSeedSameRunBitForBit) {
             test::read_file(c.dir / "b/checkpoint-8/model.safetensors"));
 }
 
+TEST(TrainE2E, SaveStrategyNoWritesNoCheckpoint) {
+  Corpus c;
+  TrainConfig cfg = small_config(c, c.dir / "run");
+  cfg.max_steps = 4, cfg.save_steps = 2, cfg.save_strategy = "no";
+  const TrainSummary s = train(cfg);
+  EXPECT_EQ(s.last_checkpoint, "");
+  EXPECT_EQ(losses_of(c.dir / "run/metrics.jsonl").size(), 4u);
+  EXPECT_TRUE(fs::exists(c.dir / "run/summary.json"));
+  for (const auto& e : fs::directory_iterator(c.dir / "run"))
+    EXPECT_EQ(e.path().filename().string().find("checkpoint"), std::string::npos) << e.path();
+  cfg.save_strategy = "epoch";
+  try {
+    cfg.validate("test");
+    ADD_FAILURE() << "save_strategy epoch accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("save_strategy must be steps or no, got 'epoch'"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(TrainE2E, ResumeReproducesTheUninterruptedRun) {
   Corpus c;
   // 20 steps straight, saving at 10 and 20.

@@ -28,12 +28,13 @@ void tensor_step(float* param, const void* grad_, float* sq, float* exp_avg, con
   const auto grad_at = [&](size_t i) { return Storage<G>::load(g[i]) * scale; };
 
   // HF's _get_lr, with RMS(p) of the parameter before this step.
-  float lr = a.step_size[t.group];
+  const StepValues sv = step_values_for(a);
+  float lr = sv.lr[t.group];
   if (a.scale_parameter) {
     const double ss = fixed_order_sum<64>(n, [&](size_t i) { return double(p[i]) * double(p[i]); });
     lr = std::max(a.eps2, float(std::sqrt(ss / double(n)))) * lr;
   }
-  const float beta2t = a.beta2t, one_minus = 1.0f - a.beta2t, eps1 = a.eps1;
+  const float beta2t = sv.beta2t, one_minus = 1.0f - sv.beta2t, eps1 = a.eps1;
 
   // The second moment, then u = approx(1 / sqrt(E[g^2])) * g per element (recomputed where needed: no
   // temporary the size of the tensor).

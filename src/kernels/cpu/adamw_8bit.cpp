@@ -40,8 +40,9 @@ void adamw8bit_t(float* param, const void* grad_, uint8_t* m_codes, float* m_abs
   using T = storage_t<G>;
   const auto* grad = static_cast<const T*>(grad_);
   // The same float factors the CUDA adapter computes.
-  const double bias1 = 1.0 - std::pow(double(a.beta1), double(a.step));
-  const double sqrt_bias2 = std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step)));
+  const StepValues sv = step_values_for(a);
+  const double bias1 = sv.bias1;
+  const double sqrt_bias2 = std::sqrt(sv.bias2);
   const float step_factor = float(sqrt_bias2 / bias1);
   const float eps_hat = float(a.eps * sqrt_bias2);
   const float grad_scale = effective_grad_scale(a);
@@ -59,7 +60,7 @@ void adamw8bit_t(float* param, const void* grad_, uint8_t* m_codes, float* m_abs
     const uint64_t off = s0 - sb[r];  // of this block within the range
     if (off >= p_end - p_begin) continue;
     const size_t count = std::min<uint64_t>(B, p_end - p_begin - off);
-    const float lr = a.lr[g.groups[r]], wd = a.weight_decay[g.groups[r]];
+    const float lr = sv.lr[g.groups[r]], wd = a.weight_decay[g.groups[r]];
     const float step_size = lr * step_factor, decay = 1.0f - lr * wd;
     const float m_scale = m_absmax[b], v_scale = v_absmax[b];
 

@@ -165,6 +165,16 @@ void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squar
 
 void cast_weights(DType out_type, void* out, const float* master, size_t n, uint64_t rounding_seed);
 
+// The step's values an optimizer op runs with: *a.step_values when set (the trainer's copy, refreshed each
+// step), else those of the by-value arguments.
+template <class Args>
+StepValues step_values_for(const Args& a) {
+  if (a.step_values) return *a.step_values;
+  StepValues sv;
+  fill_step_values(a, sv);
+  return sv;
+}
+
 // The gradient multiplier of an optimizer step: grad_scale times *grad_scale_device when set (see the
 // optimizer args in kernels/ops.hpp). 1 * x == x exactly, so a factor moved from the host to the device
 // gives the same updates bit for bit.

@@ -111,11 +111,14 @@ class CpuOps final : public Ops {
     cpu::sum_squares_to(dtype, out, x, n);
   }
   void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
-                       double max_norm) override {
-    cpu::grad_clip_scale(scale_out, norm_out, sum_squares, unscale, max_norm);
+                       double max_norm, const StepValues* step_values) override {
+    cpu::grad_clip_scale(scale_out, norm_out, sum_squares, step_values ? step_values->unscale : unscale,
+                         max_norm);
   }
-  void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) override {
-    cpu::cast_weights(p_.compute, out, master, n, rounding_seed);
+  void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed,
+                    const StepValues* step_values) override {
+    cpu::cast_weights(p_.compute, out, master, n,
+                      rounding_seed && step_values ? step_values->cast_seed : rounding_seed);
   }
 
   void adamw_fused_step(float* param, const void* grad, void* m, void* v, DType moment_dtype, size_t n,

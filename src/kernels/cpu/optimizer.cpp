@@ -23,14 +23,15 @@ template <DType G, bool kBf16Moments>
 void adamw_fused_t(float* param, const void* grad_, void* m_, void* v_, size_t n, const ParamGroupTable& t,
                    const FusedAdamWArgs& a) {
   const auto* grad = static_cast<const storage_t<G>*>(grad_);
-  const double bc1 = 1.0 - std::pow(double(a.beta1), double(a.step));
-  const double bc2 = 1.0 - std::pow(double(a.beta2), double(a.step));
-  const float bc2_sqrt = float(std::sqrt(bc2));
+  const StepValues sv = step_values_for(a);
+  const double bc1 = sv.bias1;
+  const float bc2_sqrt = float(std::sqrt(sv.bias2));
+  const uint64_t seed = sv.moment_seed;
   const float grad_scale = effective_grad_scale(a);
   for_each_range(t, n, [&](size_t begin, size_t end, int g, size_t state_begin) {
     // PyTorch's arithmetic, with the group's lr and weight decay.
-    const float step_size = float(a.lr[g] / bc1);
-    const float decay = 1.0f - a.lr[g] * a.weight_decay[g];
+    const float step_size = float(sv.lr[g] / bc1);
+    const float decay = 1.0f - sv.lr[g] * a.weight_decay[g];
 #pragma omp parallel for schedule(static)
     for (int64_t i = int64_t(begin); i < int64_t(end); ++i) {
       const size_t s = state_begin + size_t(i) - begin;
@@ -41,8 +42,8 @@ void adamw_fused_t(float* param, const void* grad_, void* m_, void* v_, size_t n
         auto* v = static_cast<uint16_t*>(v_);
         mi = a.beta1 * bf16_to_float(m[s]) + (1.0f - a.beta1) * gr;
         vi = a.beta2 * bf16_to_float(v[s]) + (1.0f - a.beta2) * gr * gr;
-        m[s] = float_to_bf16_stochastic(mi, rounding_bits(a.rounding_seed, s));
-        v[s] = float_to_bf16_stochastic(vi, rounding_bits(a.rounding_seed ^ kSecondMomentStream, s));
+        m[s] = float_to_bf16_stochastic(mi, rounding_bits(seed, s));
+        v[s] = float_to_bf16_stochastic(vi, rounding_bits(seed ^ kSecondMomentStream, s));
       } else {
         auto* m = static_cast<float*>(m_);
         auto* v = static_cast<float*>(v_);
@@ -61,15 +62,17 @@ void sgd_t(float* param, const void* grad_, float* buf, size_t n, const ParamGro
            const SgdArgs& a) {
   const auto* grad = static_cast<const storage_t<G>*>(grad_);
   const float grad_scale = effective_grad_scale(a);
+  const StepValues sv = step_values_for(a);
+  const bool first_step = sv.step == 1;
   for_each_range(t, n, [&](size_t begin, size_t end, int g, size_t state_begin) {
-    const float lr = a.lr[g], wd = a.weight_decay[g];
+    const float lr = sv.lr[g], wd = a.weight_decay[g];
 #pragma omp parallel for schedule(static)
     for (int64_t i = int64_t(begin); i < int64_t(end); ++i) {
       float d = Storage<G>::load(grad[i]) * grad_scale;
       if (wd != 0.0f) d += wd * param[i];
       if (a.momentum != 0.0f) {
         const size_t s = state_begin + size_t(i) - begin;
-        const float b = a.first_step ? d : a.momentum * buf[s] + (1.0f - a.dampening) * d;
+        const float b = first_step ? d : a.momentum * buf[s] + (1.0f - a.dampening) * d;
         buf[s] = b;
         d = a.nesterov ? d + a.momentum * b : b;
       }
@@ -84,7 +87,7 @@ void adamw_fused_step(DType grad_type, float* param, const void* grad, void* m, 
                       size_t n, const ParamGroupTable& t, const FusedAdamWArgs& a) {
   ANVIL_REQUIRE(moment_dtype == DType::F32 || moment_dtype == DType::BF16,
                 "AdamW moments must be F32 or BF16, got {}", dtype_name(moment_dtype));
-  ANVIL_REQUIRE(moment_dtype == DType::F32 || a.rounding_seed != 0,
+  ANVIL_REQUIRE(moment_dtype == DType::F32 || a.rounding_seed != 0 || a.step_values,
                 "AdamW with bf16 moments needs a nonzero rounding seed");
   dispatch_float(grad_type, [&](auto g) {
     if (moment_dtype == DType::BF16)

@@ -106,8 +106,14 @@ __device__ __forceinline__ Tile locate(const AdafactorTensorDesc* tensors, const
   return t;
 }
 
+// The step's beta2t: from device memory when the op was given the step's values there.
+__device__ __forceinline__ float beta2t_of(const AdafactorParams& a) {
+  return a.sv_device ? a.sv_device->beta2t : a.beta2t;
+}
+
 __global__ void prepare_kernel(const AdafactorTensorDesc* tensors, int num_tensors, TensorScratch* s,
-                               float* sq, float beta2t) {
+                               float* sq, AdafactorParams a) {
+  const float beta2t = beta2t_of(a);
   const int b = blockIdx.x;
   unsigned long long before = 0;
   for (int j = threadIdx.x; j < b; j += blockDim.x) before += tiles_of(tensors[j]);
@@ -125,7 +131,7 @@ __global__ void moments_kernel(const float* param, const G* grad, float* sq,
                                AdafactorParams a) {
   __shared__ float col_part[kWarps][kTileCols];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const float one_minus = 1.f - a.beta2t;
+  const float beta2t = beta2t_of(a), one_minus = 1.f - beta2t;
   const float grad_scale = effective_grad_scale(a.grad_scale, a.grad_scale_device);
   const uint64_t total = total_tiles(tensors, s, num_tensors);
   for (uint64_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -149,7 +155,7 @@ __global__ void moments_kernel(const float* param, const G* grad, float* sq,
           col_acc[j] += u;
         } else {
           float* v = sq + t.row_state + i;
-          *v = *v * a.beta2t + one_minus * u;
+          *v = *v * beta2t + one_minus * u;
         }
       }
       if (t.factored) {
@@ -184,7 +190,7 @@ __global__ void finish_kernel(const AdafactorTensorDesc* tensors, const float* s
   row_sum = block_sum(row_sum);
   if (threadIdx.x != 0) return;
   const uint64_t n = t.rows * t.cols;
-  float lr = group_value(a.step_size, t.group);
+  float lr = a.sv_device ? a.sv_device->lr[t.group & 3u] : group_value(a.step_size, t.group);
   if (a.scale_parameter) lr = fmaxf(a.eps2, float(sqrt(s[b].sum_p2 / double(n > 0 ? n : 1)))) * lr;
   s[b].lr = lr;
   s[b].row_mean = t.factored ? float(row_sum / double(t.rows > 0 ? t.rows : 1)) : 0.f;
@@ -279,7 +285,7 @@ void adafactor_step(cudaStream_t stream, anvil::DType grad_type, float* param, c
   if (num_tensors <= 0) return;
   auto* s = static_cast<TensorScratch*>(scratch);
   const unsigned grid = tile_grid();
-  prepare_kernel<<<num_tensors, kThreads, 0, stream>>>(tensors, num_tensors, s, sq, p.beta2t);
+  prepare_kernel<<<num_tensors, kThreads, 0, stream>>>(tensors, num_tensors, s, sq, p);
   ANVIL_CUDA_CHECK_LAST();
   dispatch_float(grad_type, [&](auto tag) {
     using G = decltype(tag);

@@ -54,13 +54,20 @@ __global__ void __launch_bounds__(kBlock)
                      float* __restrict__ m_absmax, uint8_t* __restrict__ v_codes,
                      float* __restrict__ v_absmax, const float* __restrict__ m_map_g,
                      const float* __restrict__ v_map_g, size_t n, size_t num_blocks, GroupTable g,
-                     float beta1, float beta2, float grad_scale, const float* __restrict__ grad_scale_device,
-                     Group4 lr4, Group4 wd4, float step_factor, float eps_hat) {
+                     float beta1, float beta2, float eps, float grad_scale,
+                     const float* __restrict__ grad_scale_device, Group4 wd4, anvil::StepValues sv_arg,
+                     const anvil::StepValues* __restrict__ sv_device) {
   __shared__ float m_map[kMapSize], v_map[kMapSize];
   __shared__ float scratch[kBlock / kWarpSize];
+  __shared__ Group4 lr4;  // the step's per-group learning rates (dynamic indexing stays out of local memory)
   m_map[threadIdx.x] = m_map_g[threadIdx.x];
   v_map[threadIdx.x] = v_map_g[threadIdx.x];
+  const anvil::StepValues& sv = sv_device ? *sv_device : sv_arg;
+  if (threadIdx.x < 4) lr4.v[threadIdx.x] = sv.lr[threadIdx.x];
   __syncthreads();
+  // The host's fp64 factors (division and square root are correctly rounded, also under --use_fast_math).
+  const double sqrt_bias2 = sqrt(sv.bias2);
+  const float step_factor = float(sqrt_bias2 / sv.bias1), eps_hat = float(double(eps) * sqrt_bias2);
   grad_scale = effective_grad_scale(grad_scale, grad_scale_device);
 
   for (size_t b = blockIdx.x; b < num_blocks; b += gridDim.x) {
@@ -123,18 +130,18 @@ __global__ void __launch_bounds__(kBlock)
 void adamw8bit_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
                     uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax, const float* m_map,
                     const float* v_map, size_t n, size_t num_blocks, const GroupTable& g, float beta1,
-                    float beta2, float grad_scale, const float* grad_scale_device, const float* lr4,
-                    const float* wd4, float step_factor, float eps_hat) {
+                    float beta2, float eps, float grad_scale, const float* grad_scale_device,
+                    const float* wd4, const anvil::StepValues& sv, const anvil::StepValues* sv_device) {
   if (num_blocks == 0 || g.count == 0) return;
   if (!g.state_begins)
     anvil::detail::raise_at(__FILE__, __LINE__, "adamw8bit_step needs a table with state_begins");
-  const Group4 lr{{lr4[0], lr4[1], lr4[2], lr4[3]}}, wd{{wd4[0], wd4[1], wd4[2], wd4[3]}};
+  const Group4 wd{{wd4[0], wd4[1], wd4[2], wd4[3]}};
   const unsigned grid = static_cast<unsigned>(num_blocks < kMaxGrid ? num_blocks : kMaxGrid);
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
     adamw8bit_kernel<G><<<grid, kBlock, 0, stream>>>(
         param, static_cast<const G*>(grad), m_codes, m_absmax, v_codes, v_absmax, m_map, v_map, n, num_blocks,
-        g, beta1, beta2, grad_scale, grad_scale_device, lr, wd, step_factor, eps_hat);
+        g, beta1, beta2, eps, grad_scale, grad_scale_device, wd, sv, sv_device);
   });
   ANVIL_CUDA_CHECK_LAST();
 }

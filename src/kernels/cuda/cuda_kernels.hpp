@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "anvil/dtype.hpp"
+#include "kernels/step_values.hpp"
 
 namespace anvil::cuda {
 
@@ -151,21 +152,25 @@ double reduce_sum(cudaStream_t stream, anvil::DType dtype, const void* x, size_t
 void reduce_sum_to(cudaStream_t stream, anvil::DType dtype, const void* x, size_t n, bool square,
                    double* scratch, double* out, bool accumulate);
 // Ops::grad_clip_scale: one thread, fp64 with explicitly rounded operations (the host's arithmetic).
+// `unscale_device`: null, or the unscale factor in device memory (read when the kernel runs).
 void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, const double* sum_squares,
-                     double unscale, double max_norm);
+                     double unscale, const double* unscale_device, double max_norm);
 
 // --- precision.cu ------------------------------------------------------------------------------------
 // out[i] = master[i] in `out_type`; BF16 with a nonzero seed rounds stochastically (core/half.hpp).
+// `seed_device`: null, or the seed in device memory (read when the kernel runs; `rounding_seed` then only
+// selects stochastic rounding when nonzero).
 void cast_weights(cudaStream_t stream, anvil::DType out_type, void* out, const float* master, size_t n,
-                  uint64_t rounding_seed);
+                  uint64_t rounding_seed, const uint64_t* seed_device);
 
 // --- optimizer.cu ------------------------------------------------------------------------------------
 // Every optimizer launcher takes `grad_scale` and `grad_scale_device` (null, or one fp32 value in device
-// memory that the kernels multiply into grad_scale: the optimizer args of kernels/ops.hpp).
+// memory that the kernels multiply into grad_scale: the optimizer args of kernels/ops.hpp), and the step's
+// values (learning rates, step, bias corrections, seeds: kernels/step_values.hpp) as `sv`, or from device
+// memory when `sv_device` is set.
 //
 // Fused AdamW / SGD over the ranges of a parameter-group table (see ParamGroupTable in kernels/ops.hpp;
-// per-group lr and weight decay arrays of kMaxParamGroups = 4 entries). `inv_bias1` = 1 / (1 - b1^step)
-// and `sqrt_bias2` = sqrt(1 - b2^step), computed on the host in fp64.
+// per-group weight decay arrays of kMaxParamGroups = 4 entries).
 struct GroupTable {
   const uint64_t* begins;
   const uint8_t* groups;
@@ -175,12 +180,11 @@ struct GroupTable {
 void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType moment_type, float* param,
                       const void* grad, void* m, void* v, size_t n, const GroupTable& g, float beta1,
                       float beta2, float eps, float grad_scale, const float* grad_scale_device,
-                      const float* lr4, const float* wd4, float inv_bias1, float sqrt_bias2,
-                      uint64_t rounding_seed);
+                      const float* wd4, const anvil::StepValues& sv, const anvil::StepValues* sv_device);
 void sgd_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
               float* momentum_buf, size_t n, const GroupTable& g, float momentum, float dampening,
-              bool nesterov, bool first_step, float grad_scale, const float* grad_scale_device,
-              const float* lr4, const float* wd4);
+              bool nesterov, float grad_scale, const float* grad_scale_device, const float* wd4,
+              const anvil::StepValues& sv, const anvil::StepValues* sv_device);
 // [adafactor kernels]
 // adafactor.cu: one Adafactor step over a tensor table (AdafactorTensor and AdafactorArgs in kernels/ops.hpp,
 // mirrored here for nvcc; cuda_ops.cpp checks the layouts agree), in five launches whatever the tensor count.
@@ -189,7 +193,8 @@ struct AdafactorTensorDesc {
   uint32_t factored, group;
 };
 struct AdafactorParams {
-  const float* grad_scale_device;  // null, or multiplies grad_scale (read by the kernels)
+  const float* grad_scale_device;      // null, or multiplies grad_scale (read by the kernels)
+  const anvil::StepValues* sv_device;  // null, or step_size and beta2t from device memory
   float grad_scale, eps1, eps2, clip_threshold, beta2t, beta1;
   bool first_moment, scale_parameter;
   float step_size[4], weight_decay[4];
@@ -199,12 +204,12 @@ void adafactor_step(cudaStream_t stream, anvil::DType grad_type, float* param, c
                     const AdafactorParams& p);
 // [adamw8bit kernels]
 // 8-bit AdamW (AdamW8bitArgs in kernels/ops.hpp), one 256-thread block per quantisation block of 256 state
-// elements. lr4/wd4: per-group arrays (kMaxParamGroups = 4 entries); `step_factor` = sqrt(1-b2^t) / (1-b1^t)
-// (times the group's lr: the step size); `eps_hat` = eps * sqrt(1-b2^t).
+// elements. wd4: per-group weight decays (kMaxParamGroups = 4 entries); the kernel derives its step factor
+// sqrt(1-b2^t) / (1-b1^t) (times the group's lr: the step size) and eps * sqrt(1-b2^t) from sv's bias terms.
 void adamw8bit_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
                     uint8_t* m_codes, float* m_absmax, uint8_t* v_codes, float* v_absmax, const float* m_map,
                     const float* v_map, size_t n, size_t num_blocks, const GroupTable& g, float beta1,
-                    float beta2, float grad_scale, const float* grad_scale_device, const float* lr4,
-                    const float* wd4, float step_factor, float eps_hat);
+                    float beta2, float eps, float grad_scale, const float* grad_scale_device,
+                    const float* wd4, const anvil::StepValues& sv, const anvil::StepValues* sv_device);
 
 }  // namespace anvil::cuda

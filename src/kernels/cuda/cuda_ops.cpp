@@ -204,28 +204,32 @@ class CudaOps final : public Ops {
     cuda::reduce_sum_to(stream_, dtype, x, n, /*square=*/true, scratch, out, /*accumulate=*/false);
   }
   void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
-                       double max_norm) override {
-    cuda::grad_clip_scale(stream_, scale_out, norm_out, sum_squares, unscale, max_norm);
+                       double max_norm, const StepValues* step_values) override {
+    cuda::grad_clip_scale(stream_, scale_out, norm_out, sum_squares, unscale,
+                          step_values ? &step_values->unscale : nullptr, max_norm);
   }
 
-  void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed) override {
-    cuda::cast_weights(stream_, act_, out, master, n, rounding_seed);
+  void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed,
+                    const StepValues* step_values) override {
+    cuda::cast_weights(stream_, act_, out, master, n, rounding_seed,
+                       step_values ? &step_values->cast_seed : nullptr);
   }
 
   void adamw_fused_step(float* param, const void* grad, void* m, void* v, DType moment_dtype, size_t n,
                         const ParamGroupTable& g, const FusedAdamWArgs& a) override {
-    const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-    const double bias2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
-    cuda::adamw_fused_step(
-        stream_, grad_, moment_dtype, param, grad, m, v, n, {g.begins, g.groups, g.state_begins, g.count},
-        a.beta1, a.beta2, a.eps, a.grad_scale, a.grad_scale_device, a.lr, a.weight_decay,
-        static_cast<float>(1.0 / bias1), static_cast<float>(std::sqrt(bias2)), a.rounding_seed);
+    StepValues sv;
+    fill_step_values(a, sv);
+    cuda::adamw_fused_step(stream_, grad_, moment_dtype, param, grad, m, v, n,
+                           {g.begins, g.groups, g.state_begins, g.count}, a.beta1, a.beta2, a.eps,
+                           a.grad_scale, a.grad_scale_device, a.weight_decay, sv, a.step_values);
   }
   void sgd_step(float* param, const void* grad, float* momentum_buf, size_t n, const ParamGroupTable& g,
                 const SgdArgs& a) override {
+    StepValues sv;
+    fill_step_values(a, sv);
     cuda::sgd_step(stream_, grad_, param, grad, momentum_buf, n,
                    {g.begins, g.groups, g.state_begins, g.count}, a.momentum, a.dampening, a.nesterov,
-                   a.first_step, a.grad_scale, a.grad_scale_device, a.lr, a.weight_decay);
+                   a.grad_scale, a.grad_scale_device, a.weight_decay, sv, a.step_values);
   }
   // [adafactor ops]
   void adafactor_step(float* param, const void* grad, float* sq, float* exp_avg,
@@ -237,6 +241,7 @@ class CudaOps final : public Ops {
     static_assert(kMaxParamGroups == 4);
     cuda::AdafactorParams p{};
     p.grad_scale_device = a.grad_scale_device;
+    p.sv_device = a.step_values;
     p.grad_scale = a.grad_scale, p.eps1 = a.eps1, p.eps2 = a.eps2, p.clip_threshold = a.clip_threshold;
     p.beta2t = a.beta2t, p.beta1 = a.beta1, p.first_moment = a.first_moment;
     p.scale_parameter = a.scale_parameter;
@@ -250,13 +255,11 @@ class CudaOps final : public Ops {
   void adamw8bit_step(float* param, const void* grad, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
                       float* v_absmax, const float* m_map, const float* v_map, size_t n, size_t num_blocks,
                       const ParamGroupTable& g, const AdamW8bitArgs& a) override {
-    const double bias1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-    const double sqrt_bias2 =
-        std::sqrt(1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
+    StepValues sv;
+    fill_step_values(a, sv);
     cuda::adamw8bit_step(stream_, grad_, param, grad, m_codes, m_absmax, v_codes, v_absmax, m_map, v_map, n,
-                         num_blocks, {g.begins, g.groups, g.state_begins, g.count}, a.beta1, a.beta2,
-                         a.grad_scale, a.grad_scale_device, a.lr, a.weight_decay,
-                         static_cast<float>(sqrt_bias2 / bias1), static_cast<float>(a.eps * sqrt_bias2));
+                         num_blocks, {g.begins, g.groups, g.state_begins, g.count}, a.beta1, a.beta2, a.eps,
+                         a.grad_scale, a.grad_scale_device, a.weight_decay, sv, a.step_values);
   }
 
  private:

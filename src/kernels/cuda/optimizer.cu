@@ -22,6 +22,24 @@ struct GroupHyper {
   float wd[4];
 };
 
+// The step's values: from device memory when the op was given a pointer (a graph replays them as the host
+// last wrote them), else the launch's copy.
+__device__ __forceinline__ const anvil::StepValues& step_values(const anvil::StepValues& arg,
+                                                                const anvil::StepValues* device) {
+  return device ? *device : arg;
+}
+
+// The per-group learning rates of the step and the weight decays, in shared memory (dynamic indexing into
+// kernel parameters would copy them to local memory). Synchronises the block.
+__device__ GroupHyper* stage_group_hyper(GroupHyper* s, const anvil::StepValues& sv, const float (&wd)[4]) {
+  if (threadIdx.x < 4) {
+    s->lr[threadIdx.x] = sv.lr[threadIdx.x];
+    s->wd[threadIdx.x] = wd[threadIdx.x];
+  }
+  __syncthreads();
+  return s;
+}
+
 // The table, in shared memory when it fits.
 struct RangeView {
   const uint64_t* begins;
@@ -86,13 +104,19 @@ __device__ __forceinline__ float adamw_element(float p, float gr, void* m_, void
 // elements go one by one.
 template <class G, bool kBf16Moments>
 __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* v_, size_t n, GroupTable t,
-                                   GroupHyper h, float beta1, float beta2, float eps, float grad_scale,
-                                   const float* grad_scale_device, float inv_bias1, float sqrt_bias2,
-                                   uint64_t seed) {
+                                   GroupHyper wd4, float beta1, float beta2, float eps, float grad_scale,
+                                   const float* grad_scale_device, anvil::StepValues sv_arg,
+                                   const anvil::StepValues* sv_device) {
   __shared__ uint64_t s_begins[kMaxSharedRanges], s_states[kMaxSharedRanges];
   __shared__ uint8_t s_groups[kMaxSharedRanges];
+  __shared__ GroupHyper s_hyper;
+  const anvil::StepValues& sv = step_values(sv_arg, sv_device);
+  const GroupHyper& h = *stage_group_hyper(&s_hyper, sv, wd4.wd);
   const RangeView rv = stage_table(t, s_begins, s_groups, s_states);
   grad_scale = effective_grad_scale(grad_scale, grad_scale_device);
+  // fp64 division and square root are correctly rounded (also under --use_fast_math): the host's factors.
+  const float inv_bias1 = float(1.0 / sv.bias1), sqrt_bias2 = float(sqrt(sv.bias2));
+  const uint64_t seed = sv.moment_seed;
   const size_t quads = (n + 3) / 4;
   for (size_t q = blockIdx.x * size_t{blockDim.x} + threadIdx.x; q < quads;
        q += size_t{gridDim.x} * blockDim.x) {
@@ -142,11 +166,16 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
 }
 
 template <class G>
-__global__ void sgd_kernel(float* param, const G* grad, float* buf, size_t n, GroupTable t, GroupHyper h,
-                           float momentum, float dampening, bool nesterov, bool first_step, float grad_scale,
-                           const float* grad_scale_device) {
+__global__ void sgd_kernel(float* param, const G* grad, float* buf, size_t n, GroupTable t, GroupHyper wd4,
+                           float momentum, float dampening, bool nesterov, float grad_scale,
+                           const float* grad_scale_device, anvil::StepValues sv_arg,
+                           const anvil::StepValues* sv_device) {
   __shared__ uint64_t s_begins[kMaxSharedRanges], s_states[kMaxSharedRanges];
   __shared__ uint8_t s_groups[kMaxSharedRanges];
+  __shared__ GroupHyper s_hyper;
+  const anvil::StepValues& sv = step_values(sv_arg, sv_device);
+  const GroupHyper& h = *stage_group_hyper(&s_hyper, sv, wd4.wd);
+  const bool first_step = sv.step == 1;
   const RangeView rv = stage_table(t, s_begins, s_groups, s_states);
   grad_scale = effective_grad_scale(grad_scale, grad_scale_device);
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
@@ -165,9 +194,9 @@ __global__ void sgd_kernel(float* param, const G* grad, float* buf, size_t n, Gr
   }
 }
 
-GroupHyper group_hyper(const float* lr4, const float* wd4) {
+GroupHyper weight_decays(const float* wd4) {
   GroupHyper h{};
-  for (int g = 0; g < 4; ++g) h.lr[g] = lr4[g], h.wd[g] = wd4[g];
+  for (int g = 0; g < 4; ++g) h.wd[g] = wd4[g];
   return h;
 }
 
@@ -176,35 +205,34 @@ GroupHyper group_hyper(const float* lr4, const float* wd4) {
 void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType moment_type, float* param,
                       const void* grad, void* m, void* v, size_t n, const GroupTable& g, float beta1,
                       float beta2, float eps, float grad_scale, const float* grad_scale_device,
-                      const float* lr4, const float* wd4, float inv_bias1, float sqrt_bias2,
-                      uint64_t rounding_seed) {
+                      const float* wd4, const anvil::StepValues& sv, const anvil::StepValues* sv_device) {
   if (n == 0 || g.count == 0) return;
-  const GroupHyper h = group_hyper(lr4, wd4);
+  const GroupHyper h = weight_decays(wd4);
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
     if (moment_type == anvil::DType::BF16)
       adamw_fused_kernel<G, true><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
           param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, grad_scale_device,
-          inv_bias1, sqrt_bias2, rounding_seed);
+          sv, sv_device);
     else
       adamw_fused_kernel<G, false><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
           param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, grad_scale_device,
-          inv_bias1, sqrt_bias2, rounding_seed);
+          sv, sv_device);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
 
 void sgd_step(cudaStream_t stream, anvil::DType grad_type, float* param, const void* grad,
               float* momentum_buf, size_t n, const GroupTable& g, float momentum, float dampening,
-              bool nesterov, bool first_step, float grad_scale, const float* grad_scale_device,
-              const float* lr4, const float* wd4) {
+              bool nesterov, float grad_scale, const float* grad_scale_device, const float* wd4,
+              const anvil::StepValues& sv, const anvil::StepValues* sv_device) {
   if (n == 0 || g.count == 0) return;
-  const GroupHyper h = group_hyper(lr4, wd4);
+  const GroupHyper h = weight_decays(wd4);
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
     sgd_kernel<G><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-        param, static_cast<const G*>(grad), momentum_buf, n, g, h, momentum, dampening, nesterov, first_step,
-        grad_scale, grad_scale_device);
+        param, static_cast<const G*>(grad), momentum_buf, n, g, h, momentum, dampening, nesterov, grad_scale,
+        grad_scale_device, sv, sv_device);
   });
   ANVIL_CUDA_CHECK_LAST();
 }

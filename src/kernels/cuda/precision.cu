@@ -16,7 +16,9 @@ __global__ void cast_kernel(T* out, const float* master, size_t n) {
     out[i] = from_float<T>(master[i]);
 }
 
-__global__ void cast_bf16_stochastic_kernel(uint16_t* out, const float* master, size_t n, uint64_t seed) {
+__global__ void cast_bf16_stochastic_kernel(uint16_t* out, const float* master, size_t n, uint64_t seed,
+                                            const uint64_t* seed_device) {
+  if (seed_device) seed = *seed_device;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
     out[i] = float_to_bf16_stochastic(master[i], rounding_bits(seed, i));
 }
@@ -24,11 +26,11 @@ __global__ void cast_bf16_stochastic_kernel(uint16_t* out, const float* master, 
 }  // namespace
 
 void cast_weights(cudaStream_t stream, anvil::DType out_type, void* out, const float* master, size_t n,
-                  uint64_t rounding_seed) {
+                  uint64_t rounding_seed, const uint64_t* seed_device) {
   if (n == 0) return;
   if (out_type == anvil::DType::BF16 && rounding_seed != 0) {
-    cast_bf16_stochastic_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<uint16_t*>(out),
-                                                                                master, n, rounding_seed);
+    cast_bf16_stochastic_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<uint16_t*>(out), master, n, rounding_seed, seed_device);
   } else {
     dispatch_float(out_type, [&](auto t) {
       using T = decltype(t);

@@ -77,7 +77,8 @@ void queue_reduce(cudaStream_t stream, anvil::DType dtype, const void* x, size_t
 // nvcc cannot contract a multiply and an add into an FMA (which would round once instead of twice and
 // could change the clip factor's last bit). fp64 math is IEEE-exact under --use_fast_math.
 __global__ void grad_clip_scale_kernel(float* scale_out, double* norm_out, const double* sum_squares,
-                                       double unscale, double max_norm) {
+                                       double unscale, const double* unscale_device, double max_norm) {
+  if (unscale_device) unscale = *unscale_device;
   const double norm = __dmul_rn(__dsqrt_rn(*sum_squares), unscale);
   float clip = 1.0f;
   if (max_norm > 0 && norm > max_norm) clip = __double2float_rn(__ddiv_rn(max_norm, __dadd_rn(norm, 1e-6)));
@@ -104,8 +105,9 @@ void reduce_sum_to(cudaStream_t stream, anvil::DType dtype, const void* x, size_
 }
 
 void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, const double* sum_squares,
-                     double unscale, double max_norm) {
-  grad_clip_scale_kernel<<<1, 1, 0, stream>>>(scale_out, norm_out, sum_squares, unscale, max_norm);
+                     double unscale, const double* unscale_device, double max_norm) {
+  grad_clip_scale_kernel<<<1, 1, 0, stream>>>(scale_out, norm_out, sum_squares, unscale, unscale_device,
+                                              max_norm);
   ANVIL_CUDA_CHECK_LAST();
 }
 

@@ -26,6 +26,7 @@ class CpuDevice final : public Device {
   void copy_to_host(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void copy_on_device(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
   void fill_zero(void* dst, size_t n) override { std::memset(dst, 0, n); }
+  void upload_on_compute(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void copy_to_device_async(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void wait_for_copies() override {}
   void sync_copies() override {}

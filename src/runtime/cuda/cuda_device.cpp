@@ -128,6 +128,9 @@ class CudaDevice final : public Device {
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) ANVIL_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute_.get()));
   }
+  void upload_on_compute(void* dst, const void* src, size_t bytes) override {
+    if (bytes) ANVIL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_.get()));
+  }
 
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
