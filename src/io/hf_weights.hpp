@@ -21,8 +21,10 @@ class WeightFiles {
  public:
   explicit WeightFiles(const std::string& dir);
 
-  // The tensor and the file holding it, or {nullptr, nullptr}.
+  // The tensor and the file holding it, or {nullptr, nullptr}. A tensor stored in a dtype Anvil cannot hold
+  // (SafeTensorsReader::unsupported(), e.g. an int64 position_ids buffer) is an error naming it and its dtype.
   std::pair<const SafeTensorsReader*, const SafeTensorInfo*> find(const std::string& name) const;
+  // Every tensor of the files (those of unsupported dtypes too), with the index of the file holding it.
   const std::map<std::string, size_t>& names() const { return where_; }
   std::string path_of(const std::string& name) const { return readers_[where_.at(name)]->path(); }
 

@@ -27,6 +27,18 @@ constexpr std::array kSupportedDTypes = {DType::F32, DType::F16, DType::BF16,
                                          DType::I8,  DType::I32, DType::U16};
 constexpr std::string_view kSupportedNames = "F32, F16, BF16, I8, I32, U16";
 
+// The other dtypes of the safetensors format, with their sizes in bytes: such tensors are validated like the
+// rest (a file holding them is well formed) but cannot be loaded. Hugging Face checkpoints carry a few, e.g.
+// BERT's int64 `embeddings.position_ids` buffer, which the model loaders skip by name.
+struct OtherDType {
+  std::string_view name;
+  size_t bytes;
+};
+constexpr std::array kOtherDTypes = {
+    OtherDType{"F64", 8},  OtherDType{"I64", 8},     OtherDType{"U64", 8},
+    OtherDType{"U32", 4},  OtherDType{"I16", 2},     OtherDType{"U8", 1},
+    OtherDType{"BOOL", 1}, OtherDType{"F8_E4M3", 1}, OtherDType{"F8_E5M2", 1}};
+
 std::optional<DType> dtype_from_safetensors_name(std::string_view name) {
   for (DType t : kSupportedDTypes)
     if (dtype_name(t) == name) return t;
@@ -46,14 +58,20 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 // numel * dtype size, or nullopt when it does not fit in size_t (a hostile or corrupt header). Every
 // partial product must also fit in int64, so SafeTensorInfo::numel() cannot overflow even when a later
 // dim is 0 (shape [2^62, 2, 0] holds no bytes).
-std::optional<size_t> checked_nbytes(DType dtype, const std::vector<int64_t>& shape) {
+std::optional<size_t> checked_nbytes(const std::vector<int64_t>& shape, size_t element_bytes) {
   uint64_t numel = 1;
   for (int64_t d : shape)
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
         numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
       return std::nullopt;
   if (numel > std::numeric_limits<size_t>::max() / 32) return std::nullopt;
-  return dtype_bytes(dtype, static_cast<size_t>(numel));
+  return static_cast<size_t>(numel) * element_bytes;
+}
+
+std::optional<size_t> checked_nbytes(DType dtype, const std::vector<int64_t>& shape) {
+  std::optional<size_t> n = checked_nbytes(shape, 1);
+  if (!n) return std::nullopt;
+  return dtype_bytes(dtype, *n);
 }
 
 std::string errno_text(int err) {
@@ -73,8 +91,10 @@ bool as_unsigned(const Json& v, uint64_t* out) {
   return false;
 }
 
+// `other_dtype` is set to the dtype's name for a tensor of one of kOtherDTypes (its `dtype` field is then
+// meaningless), and left empty otherwise.
 SafeTensorInfo parse_tensor_entry(const std::string& path, const std::string& name, const Json& entry,
-                                  size_t buffer_size) {
+                                  size_t buffer_size, std::string* other_dtype) {
   auto fail = [&](const std::string& what) { ANVIL_THROW("{}: tensor '{}': {}", path, name, what); };
   if (!entry.is_object()) fail(fmt::format("entry must be an object, found {}", entry.dump()));
 
@@ -86,8 +106,13 @@ SafeTensorInfo parse_tensor_entry(const std::string& path, const std::string& na
   if (!dtype_it->is_string()) fail(fmt::format("'dtype' must be a string, found {}", dtype_it->dump()));
   const std::string& dtype_text = dtype_it->get_ref<const std::string&>();
   std::optional<DType> dtype = dtype_from_safetensors_name(dtype_text);
-  if (!dtype) fail(fmt::format("dtype '{}' is not supported (supported: {})", dtype_text, kSupportedNames));
-  info.dtype = *dtype;
+  size_t other_bytes = 0;
+  for (const OtherDType& o : kOtherDTypes)
+    if (o.name == dtype_text) other_bytes = o.bytes;
+  if (!dtype && other_bytes == 0)
+    fail(fmt::format("dtype '{}' is not supported (supported: {})", dtype_text, kSupportedNames));
+  info.dtype = dtype.value_or(DType::F32);
+  other_dtype->assign(dtype ? "" : dtype_text);
 
   auto shape_it = entry.find("shape");
   if (shape_it == entry.end()) fail("missing 'shape'");
@@ -113,7 +138,8 @@ SafeTensorInfo parse_tensor_entry(const std::string& path, const std::string& na
                      offsets_it->dump()));
   if (end < begin) fail(fmt::format("'data_offsets' [{}, {}] end before begin", begin, end));
 
-  std::optional<size_t> nbytes = checked_nbytes(info.dtype, info.shape);
+  std::optional<size_t> nbytes =
+      dtype ? checked_nbytes(info.dtype, info.shape) : checked_nbytes(info.shape, other_bytes);
   if (!nbytes) fail(fmt::format("shape {} has too many elements", shape_str(info.shape)));
   if (end - begin != *nbytes)
     fail(fmt::format("'data_offsets' [{}, {}] span {} bytes but {} {} needs {}", begin, end, end - begin,
@@ -201,7 +227,9 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
       }
       continue;
     }
-    tensors_.push_back(parse_tensor_entry(path, name, entry, buffer_size_));
+    std::string other_dtype;
+    tensors_.push_back(parse_tensor_entry(path, name, entry, buffer_size_, &other_dtype));
+    if (!other_dtype.empty()) unsupported_.emplace(name, std::move(other_dtype));
   }
 
   // File order; empty tensors first at a shared offset so they never look like overlaps.
@@ -217,6 +245,8 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
                   t.offset + t.nbytes);
     if (!furthest || t.offset + t.nbytes > furthest->offset + furthest->nbytes) furthest = &t;
   }
+  // Tensors of dtypes Anvil cannot hold took part in the checks above; they are not listed.
+  std::erase_if(tensors_, [&](const SafeTensorInfo& t) { return unsupported_.contains(t.name); });
   for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
 }
 
@@ -227,7 +257,13 @@ const SafeTensorInfo* SafeTensorsReader::find(std::string_view name) const {
 
 const SafeTensorInfo& SafeTensorsReader::at(std::string_view name) const {
   const SafeTensorInfo* info = find(name);
-  ANVIL_REQUIRE(info != nullptr, "{}: tensor '{}' not found", path_, name);
+  if (info == nullptr) {
+    auto other = unsupported_.find(name);
+    if (other != unsupported_.end())
+      ANVIL_THROW("{}: tensor '{}' has dtype {}, which cannot be loaded (supported: {})", path_, name,
+                  other->second, kSupportedNames);
+    ANVIL_THROW("{}: tensor '{}' not found", path_, name);
+  }
   return *info;
 }
 

@@ -41,6 +41,11 @@ class SafeTensorsReader {
   // may be unaligned for its dtype: copy it out with memcpy rather than casting the pointer.
   const void* data(const SafeTensorInfo& t) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Tensors of a valid safetensors dtype that Anvil cannot hold (F64, I64, U64, U32, I16, U8, BOOL, F8_E4M3,
+  // F8_E5M2; e.g. the int64 `position_ids` buffer of Hugging Face BERT checkpoints): name -> dtype name.
+  // They are validated like the others (sizes, offsets, overlaps) but are not in tensors() and find() does
+  // not return them; at() names their dtype. A dtype the format does not define is an error at open.
+  const std::map<std::string, std::string, std::less<>>& unsupported() const { return unsupported_; }
 
  private:
   std::string path_;
@@ -51,6 +56,7 @@ class SafeTensorsReader {
   std::vector<SafeTensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;
+  std::map<std::string, std::string, std::less<>> unsupported_;  // name -> dtype name
 };
 
 // Dtypes: F32, F16, BF16, I8, I32, U16 (the safetensors names match dtype_name()). NF4 has no

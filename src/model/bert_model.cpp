@@ -20,6 +20,18 @@ constexpr const char* kSavedNames[] = {"qkv",
                                        "mlp activation",
                                        "mlp residual",
                                        "output LayerNorm mean/rstd"};
+
+// n elements of a compute-type device buffer (fp32, bf16 or fp16) -> fp32 on the host.
+void copy_widened_to_host(Device& dev, float* dst, const void* src, size_t n, DType compute) {
+  if (compute == DType::F32) {
+    dev.copy_to_host(dst, src, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> half(n);
+  dev.copy_to_host(half.data(), src, n * sizeof(uint16_t));
+  const bool bf16 = compute == DType::BF16;
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+}
 }  // namespace
 
 BertModel::BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
@@ -159,15 +171,18 @@ void BertModel::sync_weights(Ops& ops, uint64_t rounding_seed, const StepValues*
 
 void BertModel::copy_logits_to_host(Device& dev, float* dst, int B) const {
   ANVIL_ASSERT(B >= 0 && B <= B_, "copy_logits_to_host: {} rows of a model planned for {}", B, B_);
-  const size_t n = size_t(B) * cfg_.num_labels;
-  if (precision_.compute == DType::F32) {
-    dev.copy_to_host(dst, logits_, n * sizeof(float));
-    return;
-  }
-  std::vector<uint16_t> half(n);
-  dev.copy_to_host(half.data(), logits_, n * sizeof(uint16_t));
-  const bool bf16 = precision_.compute == DType::BF16;
-  for (size_t i = 0; i < n; ++i) dst[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+  copy_widened_to_host(dev, dst, logits_, size_t(B) * cfg_.num_labels, precision_.compute);
+}
+
+void BertModel::copy_last_hidden_state_to_host(Device& dev, float* dst, int B, int T) const {
+  ANVIL_ASSERT(B >= 0 && T >= 0 && B <= B_ && T <= T_,
+               "copy_last_hidden_state_to_host: {}x{} of a model planned for {}x{}", B, T, B_, T_);
+  copy_widened_to_host(dev, dst, last_hidden_state(), size_t(B) * T * cfg_.n_embd, precision_.compute);
+}
+
+void BertModel::copy_pooled_output_to_host(Device& dev, float* dst, int B) const {
+  ANVIL_ASSERT(B >= 0 && B <= B_, "copy_pooled_output_to_host: {} rows of a model planned for {}", B, B_);
+  copy_widened_to_host(dev, dst, pooled_, size_t(B) * cfg_.n_embd, precision_.compute);
 }
 
 void BertModel::init_weights(uint64_t seed, Device& dev) const {
@@ -203,6 +218,10 @@ BertModel::LayerParams BertModel::layer_params(void* base, size_t e, int l) cons
 }
 
 bool BertModel::recomputed(int kind, int layer) const {
+  // The MLP's GELU output (4C a token, a quarter of a block's saved activations) is never stored: the
+  // forward writes it into the recompute buffer for the output projection, and the backward recomputes it
+  // from the stored pre-activation (one elementwise pass) for that projection's weight gradient.
+  if (kind == kFchGelu) return true;
   if (!checkpointing_.checkpointed(layer)) return false;
   // LayerNorm 2 produced the stored block output: its statistics (2 floats a row) are kept, so the
   // recompute stops at its input.
@@ -312,7 +331,14 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   // d0_ holds d(out). Output LayerNorm: d1_ = d(res2), res2 = h1 + f Wout^T + bout.
   ops.device().fill_zero(d1_, NC * ae_);
   ops.layernorm_bwd(d1_, g.ln2w, g.ln2b, d0_, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N, C);
-  // MLP: dfc_ = d(pre-activation); then d0_ = d(h1) = d(res2) + the MLP path.
+  // MLP: dfc_ = d(pre-activation); then d0_ = d(h1) = d(res2) + the MLP path. The GELU output is rebuilt
+  // first (a checkpointed block's recompute already did).
+  if (!checkpointing_.checkpointed(l)) {
+    if (cfg_.exact_gelu())
+      ops.gelu_erf_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
+    else
+      ops.gelu_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
+  }
   if (cfg_.exact_gelu()) {
     ops.matmul_bwd(dfc_, g.projw, g.projb, d1_, act(kFchGelu, l), p.projw, N, F, C);
     ops.gelu_erf_bwd(dfc_, act(kFch, l), dfc_, size_t(N) * F);

@@ -25,9 +25,11 @@
 // weights for a 16-bit compute type (sync_weights() rounds them into the compute-type copy).
 //
 // Saved activations per layer (what backward reads): qkv, attention output, attention log-sum-exp, the
-// attention residual (LayerNorm 1's input) with LayerNorm 1's mean/rstd and output, the MLP pre-activation
-// and activation, the MLP residual (LayerNorm 2's input) with LayerNorm 2's mean/rstd, and the block output
-// (always stored: it is the next block's input and checkpoint). Under a CheckpointPolicy a checkpointed
+// attention residual (LayerNorm 1's input) with LayerNorm 1's mean/rstd and output, the MLP pre-activation,
+// the MLP residual (LayerNorm 2's input) with LayerNorm 2's mean/rstd, and the block output (always stored:
+// it is the next block's input and checkpoint). The MLP activation (GELU output) is not stored: it lives in a
+// one-layer recompute buffer and backward rebuilds it from the pre-activation (a quarter less activation
+// memory for one elementwise pass per block). Under a CheckpointPolicy a checkpointed
 // block's activations of the recomputed kinds live in shared recompute buffers and are rebuilt by re-running
 // the block's forward just before its backward: "full" recomputes all of them (LayerNorm 2's statistics
 // excepted: they produced the stored output and are tiny), "selective" keeps the attention tensors.
@@ -78,6 +80,13 @@ class BertModel final : public Model {
   // Logits [B, num_labels] in the compute type, after any forward; copy_logits_to_host widens them to fp32.
   const void* logits() const { return logits_; }
   void copy_logits_to_host(Device& dev, float* dst, int B) const;
+  // The encoder output (transformers' last_hidden_state) [B, T, n_embd] and the pooler output (pooler_output)
+  // [B, n_embd] of the last forward, in the compute type; the copy_* functions widen them to fp32. Rows of
+  // padding positions hold values that are not transformers' (they never reach the pooler or the logits).
+  const void* last_hidden_state() const { return block_out(cfg_.n_layer - 1); }
+  const void* pooled_output() const { return pooled_; }
+  void copy_last_hidden_state_to_host(Device& dev, float* dst, int B, int T) const;
+  void copy_pooled_output_to_host(Device& dev, float* dst, int B) const;
   // The element type forward() expects its labels in: I32 (class ids), or F32 for regression.
   DType label_dtype() const { return cfg_.is_regression() ? DType::F32 : DType::I32; }
 

@@ -247,8 +247,11 @@ TEST_F(SafeTensorsTest, MalformedHeadersGiveClearErrors) {
       {"missing offsets", R"({"w":{"dtype":"F32","shape":[2]}})", 8, "tensor 'w': missing 'data_offsets'"},
       {"dtype not string", R"({"w":{"dtype":32,"shape":[2],"data_offsets":[0,8]}})", 8,
        "tensor 'w': 'dtype' must be a string"},
-      {"unsupported dtype", R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8,
-       "tensor 'w': dtype 'F64' is not supported"},
+      {"I64 of the wrong size", R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,8]}})", 8,
+       "tensor 'w': 'data_offsets' [0, 8] span 8 bytes but I64 [2] needs 16"},
+      {"overlap with an I64 tensor",
+       "{" + ok_w + R"(,"ids":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})", 12,
+       "tensors 'w' [0, 8] and 'ids' [4, 12] overlap"},
       {"unknown dtype", R"({"w":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,8]}})", 8,
        "tensor 'w': dtype 'Q4_K' is not supported"},
       {"shape not array", R"({"w":{"dtype":"F32","shape":2,"data_offsets":[0,8]}})", 8,
@@ -294,6 +297,34 @@ TEST_F(SafeTensorsTest, MalformedHeadersGiveClearErrors) {
     const std::string path = file(fmt::format("bad_{}.safetensors", i));
     write_raw(path, c.header, c.buffer_size);
     expect_read_error(path, c.expected);
+  }
+}
+
+// Dtypes of the format that Anvil cannot hold (Hugging Face BERT checkpoints carry an int64 position_ids
+// buffer): the file opens, they are validated but not listed, and at() names their dtype.
+TEST_F(SafeTensorsTest, OtherFormatDtypesAreValidatedButNotListed) {
+  const std::string path = file("other_dtypes.safetensors");
+  write_raw(path,
+            R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+            R"("embeddings.position_ids":{"dtype":"I64","shape":[1,3],"data_offsets":[8,32]},)"
+            R"("d":{"dtype":"F64","shape":[1],"data_offsets":[32,40]},)"
+            R"("mask":{"dtype":"BOOL","shape":[3],"data_offsets":[40,43]}})",
+            43);
+  SafeTensorsReader reader(path);
+  ASSERT_EQ(reader.tensors().size(), 1u);
+  EXPECT_EQ(reader.tensors()[0].name, "w");
+  EXPECT_EQ(reader.at("w").nbytes, 8u);
+  EXPECT_EQ(reader.unsupported(), (std::map<std::string, std::string, std::less<>>{
+                                      {"d", "F64"}, {"embeddings.position_ids", "I64"}, {"mask", "BOOL"}}));
+  EXPECT_EQ(reader.find("embeddings.position_ids"), nullptr);
+  try {
+    reader.at("embeddings.position_ids");
+    FAIL() << "expected anvil::Error";
+  } catch (const anvil::Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("tensor 'embeddings.position_ids' has dtype I64, which cannot be loaded"),
+        std::string::npos)
+        << e.what();
   }
 }
 
