@@ -695,8 +695,8 @@ def main():
     text = table(record)
     title = (f"Seed experiment: {args.model}, {args.samples} samples x {args.seq_len} tokens, 1 epoch, on "
              f"{record['device'] or 'cpu'} (commit {commit[:12]}, {date.date().isoformat()})\n"
-             f"HF dropout {args.hf_dropout} (Anvil none); Time = training loop (HF train_runtime; Anvil to the end "
-             f"of its last step); memory = NVML peak minus the idle baseline")
+             f"HF dropout {args.hf_dropout} (Anvil none); Time = training loop (train_runtime of both, no "
+             f"checkpoint saving); memory = NVML peak minus the idle baseline")
     print("\n" + title + "\n" + text + "\n\n" + details(record))
     if not_run:
         print(f"not run (time budget): {', '.join(not_run)}")

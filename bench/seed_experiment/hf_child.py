@@ -193,8 +193,20 @@ def run(spec, result):
     if cuda:
         result["torch_max_memory_allocated"] = torch.cuda.max_memory_allocated()
         result["torch_max_memory_reserved"] = torch.cuda.max_memory_reserved()
-        result["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        result["matmul_allow_tf32"] = matmul_tf32_enabled(torch)
         result["amp_dtype"] = "fp16" if training_args.fp16 else "bf16" if training_args.bf16 else None
+
+
+def matmul_tf32_enabled(torch):
+    """Whether fp32 matmuls may use TF32. Recent torch refuses to read the legacy allow_tf32 flag once the
+    new fp32_precision API has set it (as TrainingArguments(tf32=True) does), so the new API comes first."""
+    try:
+        precision = str(torch.backends.cuda.matmul.fp32_precision)  # "none": inherits the global setting
+        if precision == "none":
+            precision = str(getattr(torch.backends, "fp32_precision", "ieee"))
+        return precision == "tf32"
+    except AttributeError:  # torch < 2.9: only the legacy flag
+        return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 class BnbMissing(RuntimeError):

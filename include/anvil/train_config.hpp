@@ -84,7 +84,9 @@ struct TrainConfig {
   // "steps": checkpoints every save_steps and at the end; "no": none (HF's save_strategy="no").
   std::string save_strategy = "steps";
   int64_t eval_steps = 0;  // 0: evaluate only at the end (if val_data is set)
-  int64_t max_eval_batches = 20;
+  // Batches per evaluation; 0 (the default): 20 for language modelling, every example of val_data for
+  // classification (as HF Trainer evaluates the whole set).
+  int64_t max_eval_batches = 0;
   std::string device = "auto";  // auto | cpu | cuda
   std::string resume_from_checkpoint;
 

@@ -126,11 +126,8 @@ void Adafactor::update(Ops& ops, float* params, const void* grads, float lr, int
     ops.device().copy_to_device(table_, tensors_.data(), tensors_.size() * sizeof(AdafactorTensor));
     table_uploaded_ = true;
   }
-  AdafactorArgs a = args(lr, step);
-  a.grad_scale = grad_scale;
-  a.grad_scale_device = grad_scale_device;
-  a.step_values = step_values;
-  ops.adafactor_step(params, grads, sq_, exp_avg_, table_, int(tensors_.size()), scratch_, a);
+  ops.adafactor_step(params, grads, sq_, exp_avg_, table_, int(tensors_.size()), scratch_,
+                     with_call_fields(args(lr, step), grad_scale, grad_scale_device, step_values));
 }
 
 std::vector<OptimizerStateTensor> Adafactor::state_tensors() const {

@@ -39,11 +39,8 @@ void AdamW::fill_step_values(float lr, int64_t step, StepValues& out) const {
 
 void AdamW::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
                    const float* grad_scale_device, const StepValues* step_values) {
-  FusedAdamWArgs a = args(lr, step);
-  a.grad_scale = grad_scale;
-  a.grad_scale_device = grad_scale_device;
-  a.step_values = step_values;
-  ops.adamw_fused_step(params, grads, m_, v_, moment_dtype(), numel(), groups(), a);
+  ops.adamw_fused_step(params, grads, m_, v_, moment_dtype(), numel(), groups(),
+                       with_call_fields(args(lr, step), grad_scale, grad_scale_device, step_values));
 }
 
 }  // namespace anvil

@@ -205,19 +205,13 @@ void AdamW8bit::update(Ops& ops, float* params, const void* grads, float lr, int
   if (!uploaded_ || step <= last_step_) upload_constants(ops.device());
   last_step_ = step;
   if (num_blocks_) {
-    AdamW8bitArgs a = args(lr, step);
-    a.grad_scale = grad_scale;
-    a.grad_scale_device = grad_scale_device;
-    a.step_values = step_values;
     ops.adamw8bit_step(params, grads, m_codes_, m_absmax_, v_codes_, v_absmax_, maps_, maps_ + 256, numel(),
-                       num_blocks_, g8_, a);
+                       num_blocks_, g8_,
+                       with_call_fields(args(lr, step), grad_scale, grad_scale_device, step_values));
   }
   if (nf_) {
-    FusedAdamWArgs a = fp32_args(lr, step);
-    a.grad_scale = grad_scale;
-    a.grad_scale_device = grad_scale_device;
-    a.step_values = step_values;
-    ops.adamw_fused_step(params, grads, m_fp32_, v_fp32_, DType::F32, numel(), gf_, a);
+    ops.adamw_fused_step(params, grads, m_fp32_, v_fp32_, DType::F32, numel(), gf_,
+                         with_call_fields(fp32_args(lr, step), grad_scale, grad_scale_device, step_values));
   }
 }
 

@@ -126,6 +126,16 @@ class Optimizer {
   ParamGroupTable groups() const {
     return {range_begins_, range_groups_, nullptr, int(ranges_.begins.size())};
   }
+  // Kernel arguments `a` with the fields every update sets per call: the gradient scale (and its device
+  // factor) and the step values.
+  template <class Args>
+  static Args with_call_fields(Args a, float grad_scale, const float* grad_scale_device,
+                               const StepValues* step_values) {
+    a.grad_scale = grad_scale;
+    a.grad_scale_device = grad_scale_device;
+    a.step_values = step_values;
+    return a;
+  }
   // Per-group lr and weight decay for this step.
   void group_args(float lr, float out_lr[kNumParamGroups], float out_wd[kNumParamGroups]) const;
 

@@ -40,11 +40,8 @@ void Sgd::fill_step_values(float lr, int64_t step, StepValues& out) const {
 
 void Sgd::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
                  const float* grad_scale_device, const StepValues* step_values) {
-  SgdArgs a = args(lr, step);
-  a.grad_scale = grad_scale;
-  a.grad_scale_device = grad_scale_device;
-  a.step_values = step_values;
-  ops.sgd_step(params, grads, momentum_, numel(), groups(), a);
+  ops.sgd_step(params, grads, momentum_, numel(), groups(),
+               with_call_fields(args(lr, step), grad_scale, grad_scale_device, step_values));
 }
 
 }  // namespace anvil

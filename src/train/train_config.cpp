@@ -487,7 +487,8 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(save_strategy == "steps" || save_strategy == "no",
                 "{}: save_strategy must be steps or no, got '{}'", s, save_strategy);
   ANVIL_REQUIRE(eval_steps >= 0, "{}: eval_steps must be >= 0, got {}", s, eval_steps);
-  ANVIL_REQUIRE(max_eval_batches >= 1, "{}: max_eval_batches must be >= 1, got {}", s, max_eval_batches);
+  ANVIL_REQUIRE(max_eval_batches >= 0, "{}: max_eval_batches must be >= 0 (0: the default), got {}", s,
+                max_eval_batches);
   ANVIL_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
                 "{}: device must be auto, cpu or cuda, got '{}'", s, device);
   ANVIL_REQUIRE(!output_dir.empty(), "{}: output_dir must not be empty", s);

@@ -78,6 +78,7 @@ std::string checkpoint_dir(const TrainConfig& cfg, int64_t step) {
 struct EvalResult {
   double loss = -1;
   double accuracy = -1;  // -1: not a classification run
+  int64_t examples = 0;  // classification: the labelled sequences evaluated
 };
 
 class Run {
@@ -129,7 +130,8 @@ EvalResult Run::evaluate(int slot) {
   Engine& e = *engine_;
   if (!val_loader_) return {};
   val_loader_->seek({});
-  const int64_t n = std::min<int64_t>(cfg_.max_eval_batches, int64_t(val_loader_->batches_per_epoch()));
+  const int64_t n = std::min<int64_t>(cfg_.max_eval_batches > 0 ? cfg_.max_eval_batches : 20,
+                                      int64_t(val_loader_->batches_per_epoch()));
   double sum = 0;
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -144,15 +146,15 @@ EvalResult Run::evaluate(int slot) {
   return {sum / double(count), -1};
 }
 
-// The first max_eval_batches batches of val_data (the last one may be partial): the mean loss over the
-// labelled sequences and the accuracy of the argmax of the logits.
+// The first max_eval_batches batches of val_data (by default all of them; the last one may be partial): the
+// mean loss over the labelled sequences and the accuracy of the argmax of the logits.
 EvalResult Run::evaluate_classification(int slot) {
   Engine& e = *engine_;
   if (!val_example_loader_) return {};
   BertModel& model = e.bert();
   val_example_loader_->seek({});
-  const int64_t n =
-      std::min<int64_t>(cfg_.max_eval_batches, int64_t(val_example_loader_->batches_per_epoch()));
+  const int64_t all = int64_t(val_example_loader_->batches_per_epoch());
+  const int64_t n = cfg_.max_eval_batches > 0 ? std::min<int64_t>(cfg_.max_eval_batches, all) : all;
   const int NL = model.config().num_labels;
   std::vector<float> logits;
   double sum = 0;
@@ -174,8 +176,8 @@ EvalResult Run::evaluate_classification(int slot) {
       ++count;
     }
   }
-  if (count == 0) return {0, 0};
-  return {sum / double(count), double(correct) / double(count)};
+  if (count == 0) return {0, 0, 0};
+  return {sum / double(count), double(correct) / double(count), count};
 }
 
 void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
@@ -684,7 +686,10 @@ TrainSummary Run::go() {
       if (classification_) {
         fmt::print("eval  {:>5}/{} | eval_loss {:.4f} | eval_accuracy {:.4f}\n", step + 1, total_steps_,
                    eval.loss, eval.accuracy);
-        log_json({{"step", step + 1}, {"eval_loss", eval.loss}, {"eval_accuracy", eval.accuracy}});
+        log_json({{"step", step + 1},
+                  {"eval_loss", eval.loss},
+                  {"eval_accuracy", eval.accuracy},
+                  {"eval_examples", eval.examples}});
       } else {
         fmt::print("eval  {:>5}/{} | eval_loss {:.4f} | perplexity {:.2f}\n", step + 1, total_steps_,
                    eval.loss, std::exp(eval.loss));

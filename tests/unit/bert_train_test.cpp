@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 
@@ -90,7 +91,7 @@ json base_config(const ZebraData& d, const std::string& out) {
           {"warmup_steps", 10},
           {"logging_steps", 10},
           {"eval_steps", 50},
-          {"max_eval_batches", 100},
+          {"per_device_eval_batch_size", 4},  // more than 20 batches: the default evaluates all of them
           {"device", "cpu"},
           {"seed", 7},
           {"output_dir", out}};
@@ -175,6 +176,16 @@ void LearnsTheTaskWellAboveChance() {
   ASSERT_EQ(evals.size(), 3u);
   EXPECT_EQ(evals.back()["step"], 150);
   EXPECT_DOUBLE_EQ(evals.back()["eval_accuracy"].get<double>(), s.eval_accuracy);
+  // Every validation example is evaluated by default (max_eval_batches 0), as HF Trainer does: the count of
+  // examples is the shard's (its header's uint64 at offset 16).
+  uint64_t val_examples = 0;
+  {
+    std::ifstream f(TrainedClassifier::data_->val, std::ios::binary);
+    f.seekg(16);
+    f.read(reinterpret_cast<char*>(&val_examples), sizeof(val_examples));
+  }
+  EXPECT_GT(val_examples, 20u * 4u);
+  EXPECT_EQ(evals.back()["eval_examples"].get<uint64_t>(), val_examples);
   EXPECT_TRUE(evals.back().contains("eval_loss"));
   for (const json& j : metrics_lines(out_))
     if (j.contains("loss")) {

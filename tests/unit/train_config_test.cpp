@@ -192,6 +192,8 @@ TEST(TrainConfig, PrecisionErrorsNameKeysAndValues) {
   has({{"initial_scale_power", 64}}, {"initial_scale_power", "64"});
   has({{"loss_scale_window", 0}}, {"loss_scale_window", "got 0"});
   has({{"hysteresis", 0}}, {"hysteresis must be >= 1", "got 0"});
+  has({{"max_eval_batches", -1}}, {"max_eval_batches must be >= 0 (0: the default)", "got -1"});
+  has({{"save_strategy", "epoch"}}, {"save_strategy must be steps or no", "'epoch'"});
   has({{"min_loss_scale", 0}}, {"min_loss_scale must be > 0", "got 0"});
   has({{"max_overflows_at_min_scale", 0}}, {"max_overflows_at_min_scale", "got 0"});
   has({{"hysteresis", 1e12}}, {"'hysteresis' is out of range", "1000000000000"});
