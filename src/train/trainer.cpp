@@ -531,6 +531,10 @@ TrainSummary Run::go() {
       values.cast_seed = cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0;
       values.unscale = nominal_rows / (loss_scale * double(step_valid));
     };
+    const auto require_targets = [&] {
+      ANVIL_REQUIRE(step_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})", step + 1,
+                    classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
+    };
     const auto head = [&] {
       dev.fill_zero(model.grad_buffer(), model.grad_bytes());
       dev.fill_zero(scalars, sizeof(StepScalars));  // queued, like everything below until the end of the step
@@ -545,8 +549,7 @@ TrainSummary Run::go() {
       step_tokens += int64_t(in.B) * in.T;
       step_flops += double(in.B) * in.T * training_flops_per_token(model_cfg_, in.T);
       if (whole_step) {
-        ANVIL_REQUIRE(step_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})",
-                      step + 1, classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
+        require_targets();
         write_values();
         whole_step_replays += run_part(false, {Part::Step, slot, in.B, in.T}, grad_scale, [&] {
           head();
@@ -568,8 +571,7 @@ TrainSummary Run::go() {
       dev.release_inputs_to_copies();
       slot ^= 1;
     }
-    ANVIL_REQUIRE(step_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})", step + 1,
-                  classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
+    require_targets();
     if (inject_here) {
       // Test hook: an infinite gradient, as an fp16 overflow in backward would leave.
       const float inf = std::numeric_limits<float>::infinity();
