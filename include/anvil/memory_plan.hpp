@@ -31,16 +31,26 @@ struct PlannedBuffer {
   MemoryCategory category;
   size_t bytes = 0;
   size_t offset = 0;  // from the arena's base, aligned to kAlignment
+  // Bytes of this buffer that lie over buffers planned before it (MemoryPlan::add_shared): memory it
+  // reuses once their data is dead. 0 for a buffer of its own.
+  size_t shared_bytes = 0;
 };
 
 class MemoryPlan {
  public:
   static constexpr size_t kAlignment = 256;
-  // Adds a buffer; returns its index (for Arena::get). Every buffer occupies a whole number of
-  // kAlignment blocks, so the arena's total is the sum of the categories' footprints.
+  // Adds a buffer after everything planned so far; returns its index (for Arena::get). Every buffer
+  // occupies a whole number of kAlignment blocks.
   size_t add(std::string name, MemoryCategory category, size_t bytes);
-  // The arena's size: the sum of bytes(c) over all categories.
+  // Adds a buffer at `offset` (a multiple of kAlignment), over the buffers planned before it where it
+  // reaches them: the caller guarantees that no data of theirs is live while this buffer's is (e.g.
+  // gradients written into the memory of activations that backward has finished with). The arena grows
+  // only by the part past the current end. Buffers added later go after it.
+  size_t add_shared(std::string name, MemoryCategory category, size_t bytes, size_t offset);
+  // The arena's size: the sum of bytes(c) over all categories, less shared_bytes().
   size_t total_bytes() const { return total_; }
+  // The bytes that shared buffers reuse (the sum of their PlannedBuffer::shared_bytes).
+  size_t shared_bytes() const;
   // Bytes the category occupies in the arena: its buffers, each rounded up to kAlignment.
   size_t bytes(MemoryCategory c) const;
   // Bytes the category's buffers ask for (without the alignment padding).

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <string>
@@ -71,6 +72,24 @@ size_t MemoryPlan::add(std::string name, MemoryCategory category, size_t bytes) 
   return buffers_.size() - 1;
 }
 
+size_t MemoryPlan::add_shared(std::string name, MemoryCategory category, size_t bytes, size_t offset) {
+  ANVIL_ASSERT(offset % kAlignment == 0, "buffer {}: offset {} is not a multiple of {}", name, offset,
+               kAlignment);
+  const size_t end = offset + aligned(bytes);
+  // Everything below total_ belongs to earlier buffers (add() packs them), so the overlap is the part of
+  // [offset, end) below it.
+  const size_t shared = std::min(end, total_) - std::min(offset, total_);
+  buffers_.push_back({std::move(name), category, bytes, offset, shared});
+  total_ = std::max(total_, end);
+  return buffers_.size() - 1;
+}
+
+size_t MemoryPlan::shared_bytes() const {
+  size_t s = 0;
+  for (const auto& b : buffers_) s += b.shared_bytes;
+  return s;
+}
+
 size_t MemoryPlan::bytes(MemoryCategory c) const {
   size_t s = 0;
   for (const auto& b : buffers_)
@@ -94,6 +113,9 @@ std::string MemoryPlan::report(bool detail) const {
     for (const auto& b : buffers_)
       if (b.category == c) out += fmt::format("      {:<28} {:>12}\n", b.name, format_bytes(b.bytes));
   }
+  if (const size_t shared = shared_bytes())
+    out += fmt::format("  {:<16} {:>12}  (memory counted twice above: shared buffers reuse it)\n", "shared",
+                       fmt::format("-{}", format_bytes(shared)));
   out += fmt::format("  {:<16} {:>12}\n", "total (arena)", format_bytes(total_));
   return out;
 }

@@ -35,7 +35,7 @@ void copy_widened_to_host(Device& dev, float* dst, const void* src, size_t n, DT
 }  // namespace
 
 BertModel::BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
-                     CheckpointPolicy checkpointing, OpsPrecision precision)
+                     CheckpointPolicy checkpointing, OpsPrecision precision, bool share_grad_memory)
     : cfg_(std::move(cfg)),
       layout_(ParamLayout::bert(cfg_)),
       B_(max_batch),
@@ -43,6 +43,7 @@ BertModel::BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool tra
       training_(training),
       checkpointing_(checkpointing),
       precision_(precision),
+      share_grad_memory_(share_grad_memory && training),
       ae_(dtype_bits(precision.compute) / 8),
       ge_(dtype_bits(precision.grad) / 8) {
   validate_ops_precision(precision);
@@ -93,29 +94,41 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   } else {
     i_weights_ = plan.add("parameters", M::Weights, P * f);
   }
-  if (training_) i_grads_ = plan.add("gradients", M::Gradients, P * ge_);
+  if (training_ && !share_grad_memory_) i_grads_ = plan.add("gradients", M::Gradients, P * ge_);
   i_emb_sum_ = plan.add("embedding sum", M::Activations, BT * C * a);
   i_emb_stats_ = plan.add("embedding LayerNorm mean/rstd", M::Activations, 2 * BT * f);
   i_encoded_ = plan.add("embedding output", M::Activations, BT * C * a);
-  // Per-layer saved activations: stored per layer, or (checkpointed blocks) in one recompute buffer.
   const size_t per_layer[kSavedKinds] = {3 * BT * C * a, BT * C * a, B * NH * T_ * f, BT * C * a, 2 * BT * f,
                                          BT * C * a,     BT * F * a, BT * F * a,      BT * C * a, 2 * BT * f};
+  for (int k = 0; k < kSavedKinds; ++k) saved_[k].bytes = per_layer[k];
+  // Checkpointed blocks' activations of the recomputed kinds (and every block's GELU output) live in one
+  // recompute buffer per kind.
   for (int k = 0; k < kSavedKinds; ++k) {
-    SavedKind& sk = saved_[k];
-    sk.bytes = per_layer[k];
-    sk.slot.assign(L, -1);
-    int stored = 0;
-    for (size_t l = 0; l < L; ++l)
-      if (!recomputed(k, int(l))) sk.slot[l] = stored++;
-    if (stored) sk.i_stored = plan.add(kSavedNames[k], M::Activations, size_t(stored) * sk.bytes);
-    if (stored < int(L))
-      sk.i_recompute = plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, sk.bytes);
+    bool any = false;
+    for (size_t l = 0; l < L; ++l) any = any || recomputed(k, int(l));
+    if (any)
+      saved_[k].i_recompute =
+          plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, saved_[k].bytes);
   }
-  i_block_out_ = plan.add("block output", M::Activations, L * BT * C * a);
   i_cls_ = plan.add("first-token rows", M::Activations, B * C * a);
   i_pooled_ = plan.add("pooler output", M::Activations, B * C * a);
   i_logits_ = plan.add("logits", M::Activations, B * NL * a);
   i_losses_ = plan.add("losses", M::Activations, B * f);
+  // Saved activations, layer by layer (one buffer per block: its stored kinds, then its output), last: the
+  // blocks backward has finished with form one region at the top, which grows downwards (plan_shared_grads).
+  act_offset_.assign(L, {});
+  i_block_acts_.assign(L, 0);
+  for (size_t l = 0; l < L; ++l) {
+    size_t bytes = 0;
+    for (int k = 0; k < kSavedKinds; ++k) {
+      act_offset_[l][k] = recomputed(k, int(l)) ? SIZE_MAX : bytes;
+      if (!recomputed(k, int(l))) bytes += MemoryPlan::aligned(saved_[k].bytes);
+    }
+    act_offset_[l][kSavedKinds] = bytes;  // the block output
+    bytes += BT * C * a;
+    i_block_acts_[l] = plan.add("block " + std::to_string(l) + " activations", M::Activations, bytes);
+  }
+  if (training_ && share_grad_memory_) plan_shared_grads(plan);
   i_attn_scratch_ = plan.add("attention scratch", M::Workspace,
                              attention_scratch_bytes(backend, precision_.compute, B_, T_, int(C), int(NH)));
   if (training_) {
@@ -128,17 +141,47 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   }
 }
 
+void BertModel::plan_shared_grads(MemoryPlan& plan) {
+  // With one micro-batch per step, a gradient is written first in its unit's backward and read last by the
+  // optimizer, before the next forward. Backward runs head, blocks L-1 .. 0, embedding, and frees each
+  // block's saved activations as it goes, so the flat gradient buffer (embedding, blocks 0 .. L-1, final)
+  // is placed as low as these hold:
+  //   - the final unit's gradients (head backward: every activation is live) lie above all activations;
+  //   - block l's gradients lie above block l's activations (blocks 0 .. l are live, and below it);
+  //   - the embedding's gradients (written last: only the embedding activations are live) lie above them.
+  // Block l's gradients then reuse the memory of blocks above l, whose backward is done.
+  const auto end_of = [&](size_t i) {
+    const PlannedBuffer& b = plan.buffers()[i];
+    return b.offset + MemoryPlan::aligned(b.bytes);
+  };
+  const std::vector<ParamUnit>& units = layout_.units();
+  const int L = cfg_.n_layer;
+  ANVIL_ASSERT(units.size() == size_t(L) + 2 && units.back().name == "final",
+               "the BERT layout is not embedding, {} blocks, final", L);
+  const auto grad_offset = [&](int unit) { return units[unit].offset * ge_; };  // bytes, in the buffer
+  size_t base = end_of(i_encoded_);
+  for (int l = 0; l < L; ++l)
+    base = std::max(base, end_of(i_block_acts_[l]) - std::min(end_of(i_block_acts_[l]), grad_offset(l + 1)));
+  base = std::max(base,
+                  end_of(i_block_acts_[L - 1]) - std::min(end_of(i_block_acts_[L - 1]), grad_offset(L + 1)));
+  base = MemoryPlan::aligned(base);
+  i_grads_ = plan.add_shared("gradients (in activation memory backward is done with)",
+                             MemoryCategory::Gradients, layout_.total_numel() * ge_, base);
+}
+
 void BertModel::bind(const Arena& ar) {
   weights_ = ar.get<void>(i_weights_);
   master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_) : ar.get<float>(i_master_);
   emb_sum_ = ar.get<void>(i_emb_sum_), emb_stats_ = ar.get<float>(i_emb_stats_),
   encoded_ = ar.get<void>(i_encoded_);
-  for (SavedKind& sk : saved_) {
-    const int recomputed_layers = int(std::count(sk.slot.begin(), sk.slot.end(), -1));
-    sk.stored = recomputed_layers < int(sk.slot.size()) ? ar.get<char>(sk.i_stored) : nullptr;
-    sk.recompute = recomputed_layers > 0 ? ar.get<char>(sk.i_recompute) : nullptr;
+  block_acts_.assign(cfg_.n_layer, nullptr);
+  for (int l = 0; l < cfg_.n_layer; ++l) block_acts_[l] = ar.get<char>(i_block_acts_[l]);
+  for (int k = 0; k < kSavedKinds; ++k) {
+    bool any = false;
+    for (int l = 0; l < cfg_.n_layer; ++l) any = any || recomputed(k, l);
+    saved_[k].recompute = any ? ar.get<char>(saved_[k].i_recompute) : nullptr;
   }
-  block_out_ = ar.get<void>(i_block_out_), cls_ = ar.get<void>(i_cls_), pooled_ = ar.get<void>(i_pooled_);
+  cls_ = ar.get<void>(i_cls_), pooled_ = ar.get<void>(i_pooled_);
   logits_ = ar.get<void>(i_logits_), losses_ = ar.get<float>(i_losses_);
   attn_scratch_ = ar.get<void>(i_attn_scratch_);
   if (training_) {
@@ -231,9 +274,8 @@ bool BertModel::recomputed(int kind, int layer) const {
 }
 
 void* BertModel::act(int kind, int layer) const {
-  const SavedKind& sk = saved_[kind];
-  const int slot = sk.slot[layer];
-  return slot < 0 ? sk.recompute : sk.stored + size_t(slot) * sk.bytes;
+  const size_t offset = act_offset_[layer][kind];
+  return offset == SIZE_MAX ? saved_[kind].recompute : block_acts_[layer] + offset;
 }
 
 void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask,
@@ -369,9 +411,17 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   const AttentionMask mask{false, lengths};
   char* g0 = static_cast<char*>(grads_);
   auto grad = [&](size_t off) { return g0 + off * ge_; };
+  // Gradients in activation memory (plan_shared_grads) hold activations until their unit's backward: each
+  // unit's are zeroed just before it.
+  const auto zero_unit_grads = [&](int unit) {
+    if (!share_grad_memory_) return;
+    const ParamUnit& u = layout_.units()[unit];
+    ops.device().fill_zero(grad(u.offset), u.numel * ge_);
+  };
 
   // Head: classifier, tanh (in place), pooler, then the first-token rows into d0_ (zero elsewhere).
   trace_phase("backward head", -1);
+  zero_unit_grads(L + 1);
   void* dpooled = dhead_;
   void* dcls = at(dhead_, size_t(B_) * C);
   ops.matmul_bwd(dpooled, grad(clsw_off_), grad(clsb_off_), dlogits_, pooled_, at(weights_, clsw_off_), B, C,
@@ -388,6 +438,7 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
       block_forward(ops, l, B, T, mask, true);
     }
     trace_phase("backward", l);
+    zero_unit_grads(l + 1);
     block_backward(ops, l, B, T, mask);
     if (trace_) {
       for (int& id : trace_saved_[l]) trace_free(id, "backward");
@@ -397,6 +448,7 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
 
   // Embedding: its LayerNorm, then the three tables (the pad token's word row gets nothing, as in HF).
   trace_phase("backward embedding", -1);
+  zero_unit_grads(0);
   ops.device().fill_zero(d1_, size_t(N) * C * ae_);
   ops.layernorm_bwd(d1_, grad(lnew_off_), grad(lneb_off_), d0_, emb_sum_, at(weights_, lnew_off_), emb_stats_,
                     emb_stats_ + sBT, N, C);

@@ -53,9 +53,11 @@ namespace anvil {
 class BertModel final : public Model {
  public:
   // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
-  // backward workspace are planned too.
+  // backward workspace are planned too. With `share_grad_memory` (training with one micro-batch per step),
+  // the gradients are planned in the memory of saved activations that backward is done with when they are
+  // written (grads_share_activations()).
   BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
-            CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
+            CheckpointPolicy checkpointing = {}, OpsPrecision precision = {}, bool share_grad_memory = false);
 
   // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
   void plan_memory(MemoryPlan& plan, DeviceKind backend) override;
@@ -74,6 +76,9 @@ class BertModel final : public Model {
   void* grad_buffer() const override { return grads_; }
   float* grads() const override;
   size_t grad_bytes() const override { return dtype_bytes(precision_.grad, layout_.total_numel()); }
+  // Gradients sharing activation memory: the next forward overwrites them, and backward() zeroes each
+  // unit's gradients itself before writing them, so a backward() sets (not accumulates) the gradients.
+  bool grads_share_activations() const override { return share_grad_memory_; }
   // Per-sequence losses [B] (fp32) of the last forward with labels (0 for ignored labels).
   const float* losses() const override { return losses_; }
   size_t loss_rows(int B, int /*T*/) const override { return size_t(B); }
@@ -145,12 +150,18 @@ class BertModel final : public Model {
   void block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask, bool only_recomputed);
   void block_backward(Ops& ops, int l, int B, int T, const AttentionMask& mask);
   struct SavedKind {
-    size_t bytes = 0;       // per layer, at the planned batch and sequence length
-    std::vector<int> slot;  // per layer: index in the stored buffer, or -1 (recompute buffer)
-    size_t i_stored = 0, i_recompute = 0;
-    char *stored = nullptr, *recompute = nullptr;
+    size_t bytes = 0;  // per layer, at the planned batch and sequence length
+    size_t i_recompute = 0;
+    char* recompute = nullptr;  // the kind's recompute buffer, if any layer recomputes it
   };
   SavedKind saved_[kSavedKinds];
+  // Saved activations are planned block by block: the buffer of each block, and where each stored kind
+  // (then, at index kSavedKinds, the block output) lies in it; SIZE_MAX for a recomputed kind.
+  std::vector<size_t> i_block_acts_;
+  std::vector<char*> block_acts_;
+  std::vector<std::array<size_t, kSavedKinds + 1>> act_offset_;
+  // Places the gradient buffer over activations (share_grad_memory_); after the activations are planned.
+  void plan_shared_grads(MemoryPlan& plan);
 
   // Memory-trace bookkeeping (see GptModel): live ids per (layer, kind), per block output, and outside.
   void trace_phase(const char* name, int layer);
@@ -168,21 +179,22 @@ class BertModel final : public Model {
   bool training_;
   CheckpointPolicy checkpointing_;
   OpsPrecision precision_;
+  bool share_grad_memory_;
   size_t ae_, ge_;  // bytes per element of the compute and gradient types
   // Element `i` of a compute-type buffer.
   void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * ae_; }
-  void* block_out(int l) const { return at(block_out_, size_t(l) * B_ * T_ * cfg_.n_embd); }
+  void* block_out(int l) const { return block_acts_[l] + act_offset_[l][kSavedKinds]; }
 
   // Plan indices.
   size_t i_master_ = 0, i_weights_ = 0, i_grads_ = 0, i_emb_sum_ = 0, i_emb_stats_ = 0, i_encoded_ = 0,
-         i_block_out_ = 0, i_cls_ = 0, i_pooled_ = 0, i_logits_ = 0, i_losses_ = 0, i_attn_scratch_ = 0,
-         i_dlogits_ = 0, i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0;
+         i_cls_ = 0, i_pooled_ = 0, i_logits_ = 0, i_losses_ = 0, i_attn_scratch_ = 0, i_dlogits_ = 0,
+         i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0;
 
   float* master_ = nullptr;
   void *weights_ = nullptr, *grads_ = nullptr;
-  void *emb_sum_ = nullptr, *encoded_ = nullptr, *block_out_ = nullptr, *cls_ = nullptr, *pooled_ = nullptr,
-       *logits_ = nullptr, *attn_scratch_ = nullptr, *dlogits_ = nullptr, *dhead_ = nullptr, *d0_ = nullptr,
-       *d1_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr;
+  void *emb_sum_ = nullptr, *encoded_ = nullptr, *cls_ = nullptr, *pooled_ = nullptr, *logits_ = nullptr,
+       *attn_scratch_ = nullptr, *dlogits_ = nullptr, *dhead_ = nullptr, *d0_ = nullptr, *d1_ = nullptr,
+       *dfc_ = nullptr, *dqkv_ = nullptr;
   float *emb_stats_ = nullptr, *losses_ = nullptr;
   bool head_grad_ready_ = false;  // forward(write_grad) left the loss gradient in dlogits_ for backward()
   int fwd_B_ = 0, fwd_T_ = 0;     // the shape of that forward

@@ -57,6 +57,10 @@ class Model {
   virtual void* grad_buffer() const = 0;
   virtual float* grads() const = 0;
   virtual size_t grad_bytes() const = 0;
+  // True when the gradients share memory with saved activations (one micro-batch per step, BERT): they are
+  // valid from backward() to the next forward(), and backward() zeroes them itself, so the caller must not
+  // zero them before the forward (that memory then holds activations).
+  virtual bool grads_share_activations() const { return false; }
 
   // The per-row fp32 losses of the last forward with targets / labels: loss_rows(B, T) of them (GPT-2: one
   // per position; BERT: one per sequence). Rows without a target (ignore index) hold 0.
@@ -85,8 +89,10 @@ class Model {
 };
 
 // The model of cfg.family ("gpt2": GptModel, "bert": BertModel), planned for inputs up to max_batch x
-// max_seq; with `training`, gradients and the backward workspace too.
+// max_seq; with `training`, gradients and the backward workspace too. `share_grad_memory` asks for gradients
+// in dead activation memory (grads_share_activations); only the BERT family does it, GPT-2 ignores it.
 std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, int max_seq, bool training,
-                                  CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
+                                  CheckpointPolicy checkpointing = {}, OpsPrecision precision = {},
+                                  bool share_grad_memory = false);
 
 }  // namespace anvil

@@ -51,6 +51,7 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
                        cfg.gradient_checkpointing_every};
   o.optimizer = parse_optimizer(cfg.optim);
   o.optim = optimizer_hyper(cfg);
+  o.share_grad_memory = cfg.gradient_accumulation_steps == 1;
   return o;
 }
 
@@ -138,8 +139,8 @@ void ensure_plan_fits(const MemoryPlan& plan, const Device& dev) {
 }  // namespace
 
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o) {
-  const std::unique_ptr<Model> model =
-      make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
+  const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
+                                                  ops_precision(o), o.share_grad_memory);
   std::unique_ptr<Optimizer> opt;
   if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
@@ -155,7 +156,8 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique_ptr<Device> device)
     : device_(std::move(device)) {
   ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
-  model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o));
+  model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
+                      o.share_grad_memory);
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   size_t i_ws = 0;

@@ -39,6 +39,9 @@ struct EngineOptions {
   OptimizerKind optimizer = OptimizerKind::AdamW;
   CheckpointPolicy checkpointing;
   OptimizerHyper optim;
+  // Gradients in the memory of activations backward is done with (Model::grads_share_activations): for
+  // runs of one micro-batch per step, where no gradient outlives its step; BERT only.
+  bool share_grad_memory = false;
 };
 
 // The engine a training run of `cfg` uses (also what `anvil estimate` plans, so the two agree exactly):

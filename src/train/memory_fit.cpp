@@ -181,6 +181,7 @@ MemoryEstimate estimate_memory(const TransformerConfig& model, const TrainConfig
   e.workspace = e.plan.bytes(M::Workspace);
   e.communication = e.plan.bytes(M::Communication);
   e.overhead = overhead;
+  e.shared = e.plan.shared_bytes();
   e.arena = e.plan.total_bytes();
   e.time_cost = relative_time_per_token(model, e.seq_len, e.scenario);
   return e;
@@ -192,12 +193,14 @@ json estimate_json(const MemoryEstimate& e) {
     buffers.push_back({{"name", b.name},
                        {"category", memory_category_name(b.category)},
                        {"bytes", b.bytes},
-                       {"offset", b.offset}});
+                       {"offset", b.offset},
+                       {"shared_bytes", b.shared_bytes}});
   const MemoryScenario& s = e.scenario;
   return {{"parameters", e.parameters},
           {"weights", e.weights},
           {"master_weights", e.master_weights},
           {"gradients", e.gradients},
+          {"shared", e.shared},
           {"optimizer_states", e.optimizer_states},
           {"activations", e.activations()},
           {"workspace", e.workspace},
@@ -237,6 +240,10 @@ std::string estimate_table(const MemoryEstimate& e, const std::string& overhead_
   row("  data (token buffers)", e.data);
   row("workspaces", e.workspace);
   row("communication buffers", e.communication);
+  if (e.shared)
+    out += fmt::format("  {:<28} {:>17}  {:>10}  gradients in activation memory backward is done with\n",
+                       "shared (counted twice above)", fmt::format("-{}", group_digits(e.shared)),
+                       fmt::format("-{}", format_bytes(e.shared)));
   row("arena (allocated at start)", e.arena);
   row(e.device == DeviceKind::CUDA ? "CUDA context overhead" : "runtime overhead", e.overhead, overhead_note);
   row("total", e.total());

@@ -48,7 +48,8 @@ constexpr double kMicroBatchFixedTokens = 256;
 double relative_time_per_token(const TransformerConfig& model, int seq_len, const MemoryScenario& s);
 
 // Per-device bytes of a run by category. Every figure but `overhead` is the arena's: each buffer
-// counted with its alignment padding, so the categories add up to `arena` exactly.
+// counted with its alignment padding, so the categories less `shared` (memory that gradients reuse from
+// activations backward is done with, counted in both) add up to `arena` exactly.
 struct MemoryEstimate {
   MemoryScenario scenario;
   DeviceKind device = DeviceKind::CPU;
@@ -57,6 +58,7 @@ struct MemoryEstimate {
   size_t weights = 0, master_weights = 0, gradients = 0, optimizer_states = 0;
   size_t saved_activations = 0, recompute = 0, data = 0;  // "activations" in the JSON
   size_t workspace = 0, communication = 0;
+  size_t shared = 0;     // MemoryPlan::shared_bytes
   size_t overhead = 0;   // outside the arena: the CUDA context and runtime (0 on the CPU)
   size_t arena = 0;      // the plan's total, what the allocator hands out
   double time_cost = 1;  // relative_time_per_token

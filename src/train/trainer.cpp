@@ -505,7 +505,16 @@ TrainSummary Run::go() {
     if (!cfg_.memory_trace.empty() && step + 1 == trace_step) {
       trace = std::make_unique<MemoryTrace>(cfg_.memory_trace, dev.name(), e.plan().total_bytes(),
                                             dev.context_overhead_bytes(), step + 1);
-      for (const PlannedBuffer& b : e.plan().buffers()) trace->buffer(b.name, b.category, b.bytes);
+      for (const PlannedBuffer& b : e.plan().buffers()) {
+        if (b.shared_bytes == 0) {
+          trace->buffer(b.name, b.category, b.bytes);
+          continue;
+        }
+        // The part over other buffers is their memory (already listed): only the rest is this buffer's own.
+        trace->buffer(
+            fmt::format("{} (a further {} reuses activation memory)", b.name, format_bytes(b.shared_bytes)),
+            b.category, b.bytes - std::min(b.bytes, b.shared_bytes));
+      }
       model.set_memory_trace(trace.get());
     }
     const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
@@ -536,7 +545,8 @@ TrainSummary Run::go() {
                     classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
     };
     const auto head = [&] {
-      dev.fill_zero(model.grad_buffer(), model.grad_bytes());
+      // (Gradients in activation memory are zeroed by backward, unit by unit, once it is their turn.)
+      if (!model.grads_share_activations()) dev.fill_zero(model.grad_buffer(), model.grad_bytes());
       dev.fill_zero(scalars, sizeof(StepScalars));  // queued, like everything below until the end of the step
     };
     if (!whole_step) head();

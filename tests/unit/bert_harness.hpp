@@ -25,9 +25,10 @@ struct BertBatch {
 class BertHarness {
  public:
   BertHarness(const TransformerConfig& cfg, int B, int T, bool training, DeviceKind kind = DeviceKind::CPU,
-              CheckpointPolicy checkpointing = {}, OpsPrecision precision = {}, bool tf32 = false)
+              CheckpointPolicy checkpointing = {}, OpsPrecision precision = {}, bool tf32 = false,
+              bool share_grad_memory = false)
       : dev_(make_device(kind)) {
-    model_ = std::make_unique<BertModel>(cfg, B, T, training, checkpointing, precision);
+    model_ = std::make_unique<BertModel>(cfg, B, T, training, checkpointing, precision, share_grad_memory);
     MemoryPlan plan;
     model_->plan_memory(plan, kind);
     const size_t bt = size_t(B) * T * sizeof(int32_t), b = size_t(B) * sizeof(int32_t);
