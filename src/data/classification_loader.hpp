@@ -1,8 +1,9 @@
 // The classification data loader: batches of (token ids, length, label) examples from a classification
 // shard, padded per batch, assembled ahead of time on a background thread (and helper threads) into pinned
-// host buffers ready for an asynchronous copy to the device. The design is the LM DataLoader's (loader.hpp):
-// a ring of prefetched batches indexed by a sequence number, a generation counter that seek() bumps, and
-// the same contract for how long a returned batch stays valid.
+// host buffers ready for an asynchronous copy to the device. The design is the LM DataLoader's (loader.hpp),
+// through the same PrefetchRing (prefetch_ring.hpp): a ring of prefetched batches indexed by a sequence
+// number, a generation counter that seek() bumps, and the same contract for how long a returned batch stays
+// valid.
 //
 // Batches: an epoch visits every example once, in a Fisher-Yates permutation drawn from the same per-epoch
 // seed as the LM loader (shuffle_seed(seed, epoch)), or in order without shuffling. Batch b of an epoch is
@@ -14,16 +15,13 @@
 // batch_size, max_length, pad settings, seed, shuffle, drop_last, position), so seeking to a saved position
 // reproduces a run exactly.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "data/classification_shard.hpp"
 #include "data/loader.hpp"
+#include "data/prefetch_ring.hpp"
 #include "runtime/device.hpp"
 
 namespace anvil::data {
@@ -56,22 +54,24 @@ class ClassificationLoader {
  public:
   ClassificationLoader(std::shared_ptr<const ClassificationShard> shard, ClassificationLoaderConfig cfg,
                        Device& dev);
-  ~ClassificationLoader();  // stops and joins the threads
+  ~ClassificationLoader() = default;  // stops and joins the threads (ring_)
   ClassificationLoader(const ClassificationLoader&) = delete;
   ClassificationLoader& operator=(const ClassificationLoader&) = delete;
 
   // Blocks until the batch at position() is ready and returns it. The returned batch stays valid and
   // unchanged until next() has been called twice more (so batch k may be copied asynchronously while
   // batch k+1 is asked for). Rethrows an exception raised while the batch was being assembled.
-  const ClassificationHostBatch& next();
-  LoaderPosition position() const;  // the position of the batch the next call of next() returns
+  const ClassificationHostBatch& next() { return slots_[ring_.next()].batch; }
+  // The position of the batch the next call of next() returns.
+  LoaderPosition position() const { return ring_.position(); }
   // Discards prefetched batches and restarts production at p (resume, or evaluation from the start).
   // Throws anvil::Error if p.batch >= batches_per_epoch().
   void seek(LoaderPosition p);
 
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
   uint64_t num_examples() const { return shard_->size(); }
-  double wait_seconds() const;  // total time next() spent blocked waiting for the producer
+  // Total time next() spent blocked waiting for the producer.
+  double wait_seconds() const { return ring_.wait_seconds(); }
 
   // The longest example of a shard (a scan of its offsets).
   static uint32_t longest_example(const ClassificationShard& shard);
@@ -82,13 +82,11 @@ class ClassificationLoader {
     int32_t *ids, *lengths, *labels;
   };
 
-  void producer_loop();
-  void fill(Slot& slot, LoaderPosition pos);
-  void fill_rows(Slot& slot, uint64_t first, uint64_t row_begin, uint64_t row_end) const;
-  void worker_loop(int k);
+  std::vector<Slot> make_slots();
+  // Producer thread, before the rows are split among the workers: decides the batch's rows and length.
+  uint64_t prepare(Slot& slot, LoaderPosition pos);
+  void fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin, uint64_t row_end) const;
   void ensure_permutation(uint64_t epoch);  // producer thread only
-  LoaderPosition advance(LoaderPosition p) const;
-  Slot& slot_for(uint64_t sequence) { return slots_[sequence % slots_.size()]; }
   uint64_t example_at(uint64_t index) const { return cfg_.shuffle ? permutation_[index] : index; }
 
   std::shared_ptr<const ClassificationShard> shard_;
@@ -97,34 +95,13 @@ class ClassificationLoader {
 
   PinnedBuffer pinned_staging_;            // every slot's ids, lengths and labels (pin_memory)
   std::vector<int32_t> pageable_staging_;  // the same without pin_memory
-  std::vector<Slot> slots_;                // ring indexed by batch sequence number
+  std::vector<Slot> slots_;                // the ring's slots, indexed by batch sequence number
   std::vector<uint64_t> permutation_;      // producer thread only: example order of permutation_epoch_
   uint64_t permutation_epoch_ = UINT64_MAX;
 
-  // Guarded by mutex_ (the LM loader's protocol: sequence numbers keep counting across seeks, so slots the
-  // caller still holds are never reused).
-  mutable std::mutex mutex_;
-  std::condition_variable producer_cv_, consumer_cv_;
-  uint64_t produced_ = 0, consumed_ = 0, released_ = 0, generation_ = 0;
-  LoaderPosition produce_pos_, consumer_pos_;
-  std::exception_ptr error_;
-  bool stop_ = false;
-  double wait_seconds_ = 0.0;
-
-  // Helpers of the producer for num_workers > 1: helper k fills rows [k*n/W, (k+1)*n/W) of the batch the
-  // producer hands out (its length already decided), then the producer joins them.
-  std::mutex work_mutex_;
-  std::condition_variable work_cv_, done_cv_;
-  Slot* work_slot_ = nullptr;
-  uint64_t work_first_ = 0;  // permutation index of the batch's first row
-  uint64_t work_rows_ = 0;
-  uint64_t work_round_ = 0;
-  int work_pending_ = 0;
-  bool work_stop_ = false;
-  std::exception_ptr work_error_;
-  std::vector<std::thread> workers_;
-
-  std::thread thread_;  // last member: started once everything above is initialised
+  // The producer and helper threads (num_workers - 1 of them: helper k fills rows [k*n/W, (k+1)*n/W) of a
+  // batch of n rows, its length already decided), and the protocol of next() and seek().
+  PrefetchRing ring_;  // last member: its threads start once everything above is initialised
 };
 
 }  // namespace anvil::data

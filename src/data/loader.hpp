@@ -9,14 +9,11 @@
 // What a batch contains is a pure function of (shard, batch_size, seq_len, seed, shuffle, position),
 // so seeking to a saved position reproduces a run exactly.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
+#include "data/prefetch_ring.hpp"
 #include "data/token_shard.hpp"
 #include "runtime/device.hpp"
 
@@ -30,13 +27,6 @@ struct LoaderConfig {
   int prefetch = 4;        // batches assembled ahead of the consumer
   int num_workers = 1;     // threads assembling a batch (its rows are split among them)
   bool pin_memory = true;  // stage batches in page-locked memory (fast, truly async device copies)
-};
-
-// Identifies a batch: the batch index within an epoch. Saved in checkpoints for resume.
-struct LoaderPosition {
-  uint64_t epoch = 0;
-  uint64_t batch = 0;
-  bool operator==(const LoaderPosition&) const = default;
 };
 
 // The seed of epoch `epoch`'s shuffle for a run seeded with `seed` (shared by the classification loader, so
@@ -54,7 +44,7 @@ struct HostBatch {
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<const TokenShard> shard, LoaderConfig cfg, Device& dev);
-  ~DataLoader();  // stops and joins the prefetch thread
+  ~DataLoader() = default;  // stops and joins the prefetch thread (ring_)
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
@@ -62,15 +52,17 @@ class DataLoader {
   // buffers) stays valid and unchanged until next() has been called twice more, so the caller may
   // copy batch k to the device asynchronously while it asks for batch k+1. Rethrows an exception
   // raised while the batch was being assembled.
-  const HostBatch& next();
-  LoaderPosition position() const;  // the position of the batch the next call of next() returns
+  const HostBatch& next() { return slots_[ring_.next()].batch; }
+  // The position of the batch the next call of next() returns.
+  LoaderPosition position() const { return ring_.position(); }
   // Discards prefetched batches and restarts production at p (for resume). Batches already returned
   // stay valid as documented for next(). Throws anvil::Error if p.batch >= batches_per_epoch().
   void seek(LoaderPosition p);
 
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
   uint64_t num_windows() const { return num_windows_; }
-  double wait_seconds() const;  // total time next() spent blocked waiting for the prefetch thread
+  // Total time next() spent blocked waiting for the prefetch thread.
+  double wait_seconds() const { return ring_.wait_seconds(); }
 
  private:
   struct Slot {
@@ -79,11 +71,10 @@ class DataLoader {
     int32_t* targets;
   };
 
-  void producer_loop();
-  void fill(Slot& slot, LoaderPosition pos);
-  void ensure_permutation(uint64_t epoch);  // producer thread only
-  LoaderPosition advance(LoaderPosition p) const;
-  Slot& slot_for(uint64_t sequence) { return slots_[sequence % slots_.size()]; }
+  std::vector<Slot> make_slots();
+  uint64_t prepare(Slot& slot, LoaderPosition pos);  // producer thread: readies the batch, returns its rows
+  void ensure_permutation(uint64_t epoch);           // producer thread only
+  void fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin, uint64_t row_end) const;
 
   std::shared_ptr<const TokenShard> shard_;
   LoaderConfig cfg_;
@@ -92,39 +83,13 @@ class DataLoader {
 
   PinnedBuffer pinned_staging_;            // every slot's inputs and targets (pin_memory), allocated once
   std::vector<int32_t> pageable_staging_;  // the same without pin_memory
-  std::vector<Slot> slots_;            // ring indexed by batch sequence number (count of batches produced)
+  std::vector<Slot> slots_;  // the ring's slots, indexed by batch sequence number (count of batches produced)
   std::vector<uint64_t> permutation_;  // producer thread only: window order of permutation_epoch_
   uint64_t permutation_epoch_ = UINT64_MAX;
 
-  // Everything below is guarded by mutex_. Sequence numbers count batches handed out since
-  // construction; they keep counting across seeks so slots the caller still holds are never reused.
-  mutable std::mutex mutex_;
-  std::condition_variable producer_cv_, consumer_cv_;
-  uint64_t produced_ = 0;        // batches [consumed_, produced_) are ready
-  uint64_t consumed_ = 0;        // batches returned by next()
-  uint64_t released_ = 0;        // batches whose slots the caller has given up (may be overwritten)
-  uint64_t generation_ = 0;      // bumped by seek(): a batch assembled for an older generation is dropped
-  LoaderPosition produce_pos_;   // position of batch sequence produced_
-  LoaderPosition consumer_pos_;  // position of batch sequence consumed_
-  std::exception_ptr error_;     // raised while assembling batch sequence produced_
-  bool stop_ = false;
-  double wait_seconds_ = 0.0;
-
-  // Helpers of the producer for num_workers > 1: each assembles rows [k*B/W, (k+1)*B/W) of the batch
-  // the producer hands out, then the producer joins them at a barrier.
-  void worker_loop(int k);
-  std::mutex work_mutex_;
-  std::condition_variable work_cv_, done_cv_;
-  Slot* work_slot_ = nullptr;
-  LoaderPosition work_pos_;
-  uint64_t work_round_ = 0;
-  int work_pending_ = 0;
-  bool work_stop_ = false;
-  std::exception_ptr work_error_;
-  void fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin, uint64_t row_end) const;
-  std::vector<std::thread> workers_;
-
-  std::thread thread_;  // last member: started once everything above is initialised
+  // The producer and helper threads (num_workers - 1 of them, each assembling a share of a batch's rows),
+  // and the protocol of next() and seek().
+  PrefetchRing ring_;  // last member: its threads start once everything above is initialised
 };
 
 }  // namespace anvil::data
