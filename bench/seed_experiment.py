@@ -253,7 +253,7 @@ def hf_row(name, row, args, env, gpu):
     shape = MODELS[args.model]
     spec = {"row": row, "shape": shape, "samples": args.samples, "seq_len": args.seq_len,
             "data_seed": args.data_seed, "init_seed": HF_DEFAULTS["seed"], "id_low": args.id_low,
-            "id_high": args.id_high, "dropout": args.hf_dropout, "output_dir": str(work / "tmp"),
+            "id_high": args.id_high, "dropout": args.dropout, "output_dir": str(work / "tmp"),
             "gpu_index": args.gpu_index}
     (work / "spec.json").write_text(json.dumps(spec, indent=2))
     result_path = work / "result.json"
@@ -274,7 +274,12 @@ def hf_row(name, row, args, env, gpu):
 
 
 def anvil_config(row, args, data_path, out_dir):
-    cfg = {"model": args.model, "train_data": str(data_path), "output_dir": str(out_dir), "device": args.device,
+    shape = MODELS[args.model]
+    model = {"family": "bert", "n_layer": shape["num_hidden_layers"], "n_embd": shape["hidden_size"],
+             "n_head": shape["num_attention_heads"], "intermediate_size": shape["intermediate_size"],
+             "vocab_size": shape["vocab_size"], "block_size": shape["max_position_embeddings"],
+             "hidden_dropout_prob": args.dropout, "attention_probs_dropout_prob": args.dropout}
+    cfg = {"model": model, "train_data": str(data_path), "output_dir": str(out_dir), "device": args.device,
            "num_train_epochs": 1, "per_device_train_batch_size": row["batch"],
            "gradient_accumulation_steps": row["accum"], "gradient_checkpointing": row["checkpointing"],
            **HF_DEFAULTS, "logging_steps": args.anvil_logging_steps, "save_strategy": "no", "eval_steps": 0}
@@ -530,9 +535,9 @@ def main():
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--seq_len", type=int, default=512)
     ap.add_argument("--data_seed", type=int, default=0, help="np.random.seed before the seed's randint calls")
-    ap.add_argument("--hf_dropout", type=float, default=0.1,
-                    help="HF's hidden/attention dropout: 0.1 is bert-large-uncased's (the seed); Anvil trains "
-                         "without dropout, so 0 makes the work identical")
+    ap.add_argument("--dropout", "--hf_dropout", dest="dropout", type=float, default=0.1,
+                    help="hidden and attention-probability dropout of both systems: 0.1 is bert-large-uncased's "
+                         "(the seed); 0 trains both without dropout")
     ap.add_argument("--device", default="",
                     help="Anvil's --device (default: cuda when NVML sees a GPU, else auto)")
     ap.add_argument("--anvil_args", default="", help="extra flags for anvil train, e.g. '--cuda_graphs false'")
@@ -608,7 +613,7 @@ def main():
         "settings": {"model": args.model, "shape": shape, "samples": args.samples, "seq_len": args.seq_len,
                      "epochs": 1, "data_seed": args.data_seed, "id_range": [args.id_low, args.id_high],
                      "labels": "all 0 (np.random.randint(0, 1), as the seed)", "data_sha256": digest,
-                     "hf_dropout": args.hf_dropout, "anvil_dropout": 0.0, "hf_trainer_defaults": HF_DEFAULTS,
+                     "hf_dropout": args.dropout, "anvil_dropout": args.dropout, "hf_trainer_defaults": HF_DEFAULTS,
                      "anvil_binary": args.anvil, "anvil_extra_args": args.anvil_args, "python": args.python,
                      "bitsandbytes": bnb_note, "argv": sys.argv[1:]},
         "memory_method": {"available": gpu.available, "source": gpu.source, "error": gpu.error,
@@ -695,7 +700,7 @@ def main():
     text = table(record)
     title = (f"Seed experiment: {args.model}, {args.samples} samples x {args.seq_len} tokens, 1 epoch, on "
              f"{record['device'] or 'cpu'} (commit {commit[:12]}, {date.date().isoformat()})\n"
-             f"HF dropout {args.hf_dropout} (Anvil none); Time = training loop (train_runtime of both, no "
+             f"dropout {args.dropout} on both sides; Time = training loop (train_runtime of both, no "
              f"checkpoint saving); memory = NVML peak minus the idle baseline")
     print("\n" + title + "\n" + text + "\n\n" + details(record))
     if not_run:

@@ -37,9 +37,15 @@ struct TransformerConfig {
   std::string problem_type;
   std::vector<std::string> label_names;  // HF id2label; empty = LABEL_0, LABEL_1, ...
   double initializer_range = 0.02;       // std of the normal initialisation (BERT)
-  // Carried through import/export only: Anvil trains without dropout (docs/bert.md).
+  // Dropout in training, as HF's BERT applies it (docs/bert.md, "Dropout"): on the embedding output, the
+  // attention probabilities, each block's attention and MLP output projections, and the classifier's input
+  // (classifier_dropout; negative = null in config.json: hidden_dropout_prob). Each in [0, 1).
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
+  double classifier_dropout = -1;
+  double classifier_dropout_prob() const {
+    return classifier_dropout < 0 ? hidden_dropout_prob : classifier_dropout;
+  }
 
   bool is_bert() const { return family == "bert"; }
   // Vocabulary rounded up to a multiple of 128, so the GPT-2 head GEMM has Tensor-Core friendly shapes.

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/dropout.hpp"
 #include "kernels/step_values.hpp"
 #include "runtime/device.hpp"
 
@@ -163,9 +164,15 @@ constexpr size_t kAdafactorScratchBytesPerTensor = 64;
 // Which keys each query of an attention call sees. `causal`: query t sees keys t2 <= t. `lengths` (null, or
 // [B] int32 in the backend's memory): sequence b has lengths[b] real tokens followed by padding; no query
 // sees a padding key, and the rows of padding queries (t >= lengths[b]) are 0 in out, lse and dqkv.
+// `dropout` > 0 (training): out = dropout(softmax(q k^T / sqrt(HS))) v, the probabilities dropped as
+// Ops::dropout drops (the state and site as there; element index ((b * NH + h) * T + query) * T + key); lse
+// is the undropped softmax's. The backward regenerates the same mask.
 struct AttentionMask {
   bool causal = true;
   const int32_t* lengths = nullptr;
+  float dropout = 0;
+  const DropoutState* dropout_state = nullptr;
+  uint32_t dropout_site = 0;
 };
 
 // The storage types an Ops instance works in. `compute`: activations, activation gradients and the model's
@@ -183,8 +190,9 @@ class Ops {
   virtual Device& device() = 0;
   virtual OpsPrecision precision() const = 0;
 
-  // Bytes of the `scratch` buffer the attention functions need for these shapes.
-  virtual size_t attention_scratch_bytes(int B, int T, int C, int NH) const = 0;
+  // Bytes of the `scratch` buffer the attention functions need for these shapes (`dropout`: with
+  // attention-probability dropout, AttentionMask::dropout > 0).
+  virtual size_t attention_scratch_bytes(int B, int T, int C, int NH, bool dropout = false) const = 0;
 
   // Pointer types: `void*` arguments are in the compute type unless marked [grad] (the gradient type);
   // `float*` arguments are always fp32.
@@ -253,6 +261,15 @@ class Ops {
   virtual void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) = 0;
   // out = a + b (out may alias a or b).
   virtual void residual_fwd(void* out, const void* a, const void* b, size_t n) = 0;
+
+  // --- dropout (training) ---------------------------------------------------------------------------
+  // y[i] = keep(i) ? x[i] / (1 - p) : 0, keep(i) from the seed and micro-batch counter in `state` (read when
+  // the kernel runs), `site` and i (kernels/dropout.hpp): every backend drops the same elements. Backward
+  // is the same call on the gradient. y may alias x; 0 <= p < 1.
+  virtual void dropout(void* y, const void* x, size_t n, float p, const DropoutState* state,
+                       uint32_t site) = 0;
+  // state->micro += 1, in stream order: a training forward starts (each micro-batch draws its own masks).
+  virtual void dropout_next_micro(DropoutState* state) = 0;
   // The residual stream's next value and its LayerNorm in one pass: out[N,C] = a + b, then ln =
   // LayerNorm(out) with mean / rstd as layernorm_fwd writes them. Exactly residual_fwd followed by
   // layernorm_fwd (out is rounded to the compute type before it is normalised); on CUDA one kernel that reads
@@ -371,10 +388,13 @@ std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision = {});
 // (SDPA) when the build has it and the head size allows (HS a multiple of 8, at most 128; T > 1); otherwise,
 // or with the environment variable ANVIL_ATTENTION=materialized, a path that materialises one layer's
 // probabilities in scratch (B*NH*T*T elements) and recomputes them in the backward.
-size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH);
-size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH);
+// With `dropout` (attention-probability dropout in training), CUDA always takes the materialised path
+// (cuDNN's dropout masks are not the ones every backend draws), and the scratch is sized for it.
+size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH,
+                               bool dropout = false);
+size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH, bool dropout = false);
 // "cudnn flash attention" or "materialized attention": what CUDA attention will run (see above).
-const char* cuda_attention_implementation(DType compute, int C, int NH);
+const char* cuda_attention_implementation(DType compute, int C, int NH, bool dropout = false);
 // `tf32`: allow TF32 tensor cores in fp32 GEMMs. `workspace` is a device buffer of `workspace_bytes` for
 // cuBLASLt.
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,

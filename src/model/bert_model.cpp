@@ -47,6 +47,10 @@ BertModel::BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool tra
       ae_(dtype_bits(precision.compute) / 8),
       ge_(dtype_bits(precision.grad) / 8) {
   validate_ops_precision(precision);
+  if (training) {
+    p_hidden_ = float(cfg_.hidden_dropout_prob), p_attn_ = float(cfg_.attention_probs_dropout_prob);
+    p_cls_ = float(cfg_.classifier_dropout_prob());
+  }
   ANVIL_REQUIRE(checkpointing.every >= 1, "gradient_checkpointing_every must be >= 1, got {}",
                 checkpointing.every);
   cfg_.validate();
@@ -112,6 +116,7 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   }
   i_cls_ = plan.add("first-token rows", M::Activations, B * C * a);
   i_pooled_ = plan.add("pooler output", M::Activations, B * C * a);
+  if (p_cls_ > 0) i_cls_in_ = plan.add("classifier input (after dropout)", M::Activations, B * C * a);
   i_logits_ = plan.add("logits", M::Activations, B * NL * a);
   i_losses_ = plan.add("losses", M::Activations, B * f);
   // Saved activations, layer by layer (one buffer per block: its stored kinds, then its output), last: the
@@ -129,8 +134,10 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
     i_block_acts_[l] = plan.add("block " + std::to_string(l) + " activations", M::Activations, bytes);
   }
   if (training_ && share_grad_memory_) plan_shared_grads(plan);
-  i_attn_scratch_ = plan.add("attention scratch", M::Workspace,
-                             attention_scratch_bytes(backend, precision_.compute, B_, T_, int(C), int(NH)));
+  i_attn_scratch_ =
+      plan.add("attention scratch", M::Workspace,
+               attention_scratch_bytes(backend, precision_.compute, B_, T_, int(C), int(NH), p_attn_ > 0));
+  if (has_dropout()) i_dropout_state_ = plan.add("dropout state", M::Workspace, sizeof(DropoutState));
   if (training_) {
     i_dlogits_ = plan.add("logits gradient", M::Workspace, B * NL * a);
     i_dhead_ = plan.add("pooler gradients", M::Workspace, 2 * B * C * a);
@@ -182,6 +189,8 @@ void BertModel::bind(const Arena& ar) {
     saved_[k].recompute = any ? ar.get<char>(saved_[k].i_recompute) : nullptr;
   }
   cls_ = ar.get<void>(i_cls_), pooled_ = ar.get<void>(i_pooled_);
+  cls_in_ = p_cls_ > 0 ? ar.get<void>(i_cls_in_) : nullptr;
+  dropout_state_ = has_dropout() ? ar.get<DropoutState>(i_dropout_state_) : nullptr;
   logits_ = ar.get<void>(i_logits_), losses_ = ar.get<float>(i_losses_);
   attn_scratch_ = ar.get<void>(i_attn_scratch_);
   if (training_) {
@@ -278,6 +287,14 @@ void* BertModel::act(int kind, int layer) const {
   return offset == SIZE_MAX ? saved_[kind].recompute : block_acts_[layer] + offset;
 }
 
+AttentionMask BertModel::layer_mask(const AttentionMask& base, int l) const {
+  AttentionMask m = base;
+  if (fwd_dropout_ && p_attn_ > 0) {
+    m.dropout = p_attn_, m.dropout_state = dropout_state_, m.dropout_site = site(l, 0);
+  }
+  return m;
+}
+
 void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask,
                               bool only_recomputed) {
   const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size(), N = B * T;
@@ -290,9 +307,12 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
   float *ln1_stats = stats(kLn1Stats, l), *ln2_stats = stats(kLn2Stats, l);
   auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
   if (run(kQkv)) ops.matmul_fwd(qkv, x, p.qkvw, p.qkvb, N, C, 3 * C);
-  if (run(kAtty)) ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, mask);
-  if (run(kRes1)) {  // x + attention output projection, the projection written in place
+  if (run(kAtty))
+    ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, layer_mask(mask, l));
+  const bool drop = fwd_dropout_ && p_hidden_ > 0;
+  if (run(kRes1)) {  // x + attention output projection (after dropout), the projection written in place
     ops.matmul_fwd(res1, atty, p.attow, p.attob, N, C, C);
+    if (drop) ops.dropout(res1, res1, size_t(N) * C, p_hidden_, dropout_state_, site(l, 1));
     ops.residual_fwd(res1, res1, x, size_t(N) * C);
   }
   if (run(kH1)) ops.layernorm_fwd(h1, ln1_stats, ln1_stats + sBT, res1, p.ln1w, p.ln1b, N, C, eps);
@@ -306,6 +326,7 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
   }
   if (run(kRes2)) {
     ops.matmul_fwd(res2, fch_gelu, p.projw, p.projb, N, F, C);
+    if (drop) ops.dropout(res2, res2, size_t(N) * C, p_hidden_, dropout_state_, site(l, 2));
     ops.residual_fwd(res2, res2, h1, size_t(N) * C);
   }
   if (trace_) {
@@ -337,11 +358,16 @@ void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_ty
   const size_t sBT = size_t(B_) * T_;
   const AttentionMask mask{false, lengths};
   head_grad_ready_ = false;
+  // Dropout in a training forward only; each draws the masks of the next micro-batch.
+  fwd_dropout_ = write_grad && has_dropout();
+  if (fwd_dropout_) ops.dropout_next_micro(dropout_state_);
   trace_phase("forward", -1);
   ops.bert_embedding_fwd(emb_sum_, tokens, token_types, at(weights_, wte_off_), at(weights_, wpe_off_),
                          at(weights_, wtt_off_), B, T, C);
   ops.layernorm_fwd(encoded_, emb_stats_, emb_stats_ + sBT, emb_sum_, at(weights_, lnew_off_),
                     at(weights_, lneb_off_), N, C, float(cfg_.layer_norm_eps));
+  if (fwd_dropout_ && p_hidden_ > 0)
+    ops.dropout(encoded_, encoded_, size_t(N) * C, p_hidden_, dropout_state_, site(L, 0));
   trace_alloc(trace_embedding_, "embedding sum + LayerNorm output + mean/rstd", MemoryCategory::Activations,
               2 * sBT * C * ae_ + 2 * sBT * sizeof(float), -1, "forward");
   for (int l = 0; l < L; ++l) {
@@ -353,7 +379,12 @@ void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_ty
   ops.first_token_fwd(cls_, block_out(L - 1), B, T, C);
   ops.matmul_fwd(pooled_, cls_, at(weights_, poolw_off_), at(weights_, poolb_off_), B, C, C);
   ops.tanh_fwd(pooled_, pooled_, size_t(B) * C);
-  ops.matmul_fwd(logits_, pooled_, at(weights_, clsw_off_), at(weights_, clsb_off_), B, C, NL);
+  const void* cls_input = pooled_;
+  if (fwd_dropout_ && p_cls_ > 0) {
+    ops.dropout(cls_in_, pooled_, size_t(B) * C, p_cls_, dropout_state_, site(L, 1));
+    cls_input = cls_in_;
+  }
+  ops.matmul_fwd(logits_, cls_input, at(weights_, clsw_off_), at(weights_, clsb_off_), B, C, NL);
   trace_alloc(trace_head_, "pooler input/output + logits + losses", MemoryCategory::Activations,
               (2 * size_t(B_) * C + size_t(B_) * NL) * ae_ + size_t(B_) * sizeof(float), -1, "forward");
   if (!labels) return;
@@ -381,20 +412,33 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
     else
       ops.gelu_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
   }
+  // With dropout, the projection's output gradient is d(res2) through the mask (in the free QKV-gradient
+  // buffer); the residual path keeps d(res2) itself.
+  const bool drop = fwd_dropout_ && p_hidden_ > 0;
+  const void* dproj = d1_;
+  if (drop) {
+    ops.dropout(dqkv_, d1_, NC, p_hidden_, dropout_state_, site(l, 2));
+    dproj = dqkv_;
+  }
   if (cfg_.exact_gelu()) {
-    ops.matmul_bwd(dfc_, g.projw, g.projb, d1_, act(kFchGelu, l), p.projw, N, F, C);
+    ops.matmul_bwd(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C);
     ops.gelu_erf_bwd(dfc_, act(kFch, l), dfc_, size_t(N) * F);
   } else {
-    ops.matmul_bwd_dgelu(dfc_, g.projw, g.projb, d1_, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C);
+    ops.matmul_bwd_dgelu(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C);
   }
   ops.matmul_bwd(d0_, g.fcw, g.fcb, dfc_, act(kH1, l), p.fcw, N, C, F);
   ops.residual_fwd(d0_, d0_, d1_, NC);
   // Attention LayerNorm: d1_ = d(res1), res1 = x + a Wo^T + bo.
   ops.device().fill_zero(d1_, NC * ae_);
   ops.layernorm_bwd(d1_, g.ln1w, g.ln1b, d0_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
-  ops.matmul_bwd(d0_, g.attow, g.attob, d1_, act(kAtty, l), p.attow, N, C, C);
+  const void* dattn_proj = d1_;  // through the mask (in the free MLP-gradient buffer) with dropout
+  if (drop) {
+    ops.dropout(dfc_, d1_, NC, p_hidden_, dropout_state_, site(l, 1));
+    dattn_proj = dfc_;
+  }
+  ops.matmul_bwd(d0_, g.attow, g.attob, dattn_proj, act(kAtty, l), p.attow, N, C, C);
   ops.attention_bwd(dqkv_, d0_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
-                    mask);
+                    layer_mask(mask, l));
   ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, N, C, 3 * C);
   ops.residual_fwd(d0_, d0_, d1_, NC);  // d(x) = the attention path + the residual
 }
@@ -424,8 +468,10 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   zero_unit_grads(L + 1);
   void* dpooled = dhead_;
   void* dcls = at(dhead_, size_t(B_) * C);
-  ops.matmul_bwd(dpooled, grad(clsw_off_), grad(clsb_off_), dlogits_, pooled_, at(weights_, clsw_off_), B, C,
-                 NL);
+  const bool cls_drop = fwd_dropout_ && p_cls_ > 0;
+  ops.matmul_bwd(dpooled, grad(clsw_off_), grad(clsb_off_), dlogits_, cls_drop ? cls_in_ : pooled_,
+                 at(weights_, clsw_off_), B, C, NL);
+  if (cls_drop) ops.dropout(dpooled, dpooled, size_t(B) * C, p_cls_, dropout_state_, site(L, 1));
   ops.tanh_bwd(dpooled, pooled_, dpooled, size_t(B) * C);
   ops.matmul_bwd(dcls, grad(poolw_off_), grad(poolb_off_), dpooled, cls_, at(weights_, poolw_off_), B, C, C);
   ops.first_token_bwd(d0_, dcls, B, T, C);
@@ -449,6 +495,8 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   // Embedding: its LayerNorm, then the three tables (the pad token's word row gets nothing, as in HF).
   trace_phase("backward embedding", -1);
   zero_unit_grads(0);
+  if (fwd_dropout_ && p_hidden_ > 0)
+    ops.dropout(d0_, d0_, size_t(N) * C, p_hidden_, dropout_state_, site(L, 0));
   ops.device().fill_zero(d1_, size_t(N) * C * ae_);
   ops.layernorm_bwd(d1_, grad(lnew_off_), grad(lneb_off_), d0_, emb_sum_, at(weights_, lnew_off_), emb_stats_,
                     emb_stats_ + sBT, N, C);

@@ -13,8 +13,16 @@
 //   loss:      cross-entropy over num_labels (labels int32, kIgnoreIndex ignored) or, with one label,
 //              squared error (labels fp32): per sequence, in losses()
 // "gelu" is the exact erf GELU (matmul_fwd + gelu_erf_fwd: the cuBLASLt epilogue is the tanh approximation,
-// which hidden_act "gelu_new" selects and then uses fused). Training runs WITHOUT dropout (a deterministic
-// step; the dropout probabilities of config.json are carried for export only).
+// which hidden_act "gelu_new" selects and then uses fused).
+//
+// Dropout (a training forward, write_grad, of a model planned for training), where HF's BertModel applies it:
+// e (hidden_dropout_prob), the attention probabilities (attention_probs_dropout_prob), a Wo^T + bo and
+// f Wout^T + bout before their residual adds (hidden_dropout_prob), and pooled before the classifier
+// (classifier_dropout_prob()). Masks are hashes of the DropoutState's seed and micro-batch counter, the site
+// and the element (kernels/dropout.hpp): each training forward advances the counter, backward and checkpoint
+// recomputes draw the same masks, and CPU and CUDA drop the same elements. Sites: layer l's attention
+// probabilities 4l, attention output 4l + 1, MLP output 4l + 2; the embedding 4L, the classifier input 4L
+// + 1.
 //
 // Padding: `lengths` [B] (int32, device memory; null = every sequence is T tokens) gives each sequence's
 // real tokens, 1 <= lengths[b] <= T; the rest is padding, which no query attends to. Padding positions carry
@@ -79,6 +87,9 @@ class BertModel final : public Model {
   // Gradients sharing activation memory: the next forward overwrites them, and backward() zeroes each
   // unit's gradients itself before writing them, so a backward() sets (not accumulates) the gradients.
   bool grads_share_activations() const override { return share_grad_memory_; }
+  // The dropout state (device memory) the masks are drawn from, when the model trains with dropout; else
+  // null. Whoever runs training steps sets its seed before each step (and micro to 0).
+  DropoutState* dropout_state() const override { return dropout_state_; }
   // Per-sequence losses [B] (fp32) of the last forward with labels (0 for ignored labels).
   const float* losses() const override { return losses_; }
   size_t loss_rows(int B, int /*T*/) const override { return size_t(B); }
@@ -180,6 +191,13 @@ class BertModel final : public Model {
   CheckpointPolicy checkpointing_;
   OpsPrecision precision_;
   bool share_grad_memory_;
+  // Dropout probabilities in training (0 without training): hidden, attention probabilities, classifier.
+  float p_hidden_ = 0, p_attn_ = 0, p_cls_ = 0;
+  bool has_dropout() const { return p_hidden_ > 0 || p_attn_ > 0 || p_cls_ > 0; }
+  bool fwd_dropout_ = false;  // the last forward applied dropout (a training forward)
+  uint32_t site(int layer, int k) const { return uint32_t(4 * layer + k); }
+  // The attention mask of layer l: `base` with that layer's dropout site, and dropout only when `on`.
+  AttentionMask layer_mask(const AttentionMask& base, int l) const;
   size_t ae_, ge_;  // bytes per element of the compute and gradient types
   // Element `i` of a compute-type buffer.
   void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * ae_; }
@@ -188,7 +206,7 @@ class BertModel final : public Model {
   // Plan indices.
   size_t i_master_ = 0, i_weights_ = 0, i_grads_ = 0, i_emb_sum_ = 0, i_emb_stats_ = 0, i_encoded_ = 0,
          i_cls_ = 0, i_pooled_ = 0, i_logits_ = 0, i_losses_ = 0, i_attn_scratch_ = 0, i_dlogits_ = 0,
-         i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0;
+         i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0, i_dropout_state_ = 0, i_cls_in_ = 0;
 
   float* master_ = nullptr;
   void *weights_ = nullptr, *grads_ = nullptr;
@@ -196,6 +214,8 @@ class BertModel final : public Model {
        *attn_scratch_ = nullptr, *dlogits_ = nullptr, *dhead_ = nullptr, *d0_ = nullptr, *d1_ = nullptr,
        *dfc_ = nullptr, *dqkv_ = nullptr;
   float *emb_stats_ = nullptr, *losses_ = nullptr;
+  DropoutState* dropout_state_ = nullptr;
+  void* cls_in_ = nullptr;        // the classifier's input after dropout
   bool head_grad_ready_ = false;  // forward(write_grad) left the loss gradient in dlogits_ for backward()
   int fwd_B_ = 0, fwd_T_ = 0;     // the shape of that forward
 };

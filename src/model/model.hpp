@@ -61,6 +61,9 @@ class Model {
   // valid from backward() to the next forward(), and backward() zeroes them itself, so the caller must not
   // zero them before the forward (that memory then holds activations).
   virtual bool grads_share_activations() const { return false; }
+  // Training with dropout: the device state its masks are drawn from (kernels/dropout.hpp), whose seed the
+  // trainer sets before each step; null for a model without dropout.
+  virtual DropoutState* dropout_state() const { return nullptr; }
 
   // The per-row fp32 losses of the last forward with targets / labels: loss_rows(B, T) of them (GPT-2: one
   // per position; BERT: one per sequence). Rows without a target (ignore index) hold 0.

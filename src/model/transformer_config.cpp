@@ -71,6 +71,12 @@ void TransformerConfig::validate(std::string_view where) const {
                 "{}: {} label names for num_labels {}", where, label_names.size(), num_labels);
   ANVIL_REQUIRE(initializer_range > 0 && std::isfinite(initializer_range),
                 "{}: initializer_range must be > 0, got {}", where, initializer_range);
+  for (const auto& [name, p] : {std::pair{"hidden_dropout_prob", hidden_dropout_prob},
+                                std::pair{"attention_probs_dropout_prob", attention_probs_dropout_prob}})
+    ANVIL_REQUIRE(p >= 0 && p < 1, "{}: {} must be in [0, 1), got {}", where, name, p);
+  ANVIL_REQUIRE(classifier_dropout < 0 || classifier_dropout < 1,
+                "{}: classifier_dropout must be in [0, 1) (or null: hidden_dropout_prob), got {}", where,
+                classifier_dropout);
 }
 
 std::vector<std::string> TransformerConfig::preset_names() {
@@ -175,6 +181,12 @@ TransformerConfig bert_from_hf_json(const nlohmann::json& j, std::string_view so
   c.initializer_range = hf_number_or(j, "initializer_range", 0.02, source);
   c.hidden_dropout_prob = hf_number_or(j, "hidden_dropout_prob", 0.1, source);
   c.attention_probs_dropout_prob = hf_number_or(j, "attention_probs_dropout_prob", 0.1, source);
+  c.classifier_dropout = j.contains("classifier_dropout") && j["classifier_dropout"].is_null()
+                             ? -1.0
+                             : hf_number_or(j, "classifier_dropout", -1.0, source);
+  ANVIL_REQUIRE(
+      !j.contains("classifier_dropout") || j["classifier_dropout"].is_null() || c.classifier_dropout >= 0,
+      "{}: classifier_dropout must be in [0, 1) or null, got {}", source, c.classifier_dropout);
   c.pad_token_id = j.contains("pad_token_id") && j["pad_token_id"].is_null()
                        ? -1
                        : hf_int_or(j, "pad_token_id", 0, source);
@@ -244,7 +256,8 @@ nlohmann::json bert_to_hf_json(const TransformerConfig& c) {
                       {"initializer_range", c.initializer_range},
                       {"layer_norm_eps", c.layer_norm_eps},
                       {"position_embedding_type", "absolute"},
-                      {"classifier_dropout", nullptr},
+                      {"classifier_dropout", c.classifier_dropout < 0 ? nlohmann::json(nullptr)
+                                                                      : nlohmann::json(c.classifier_dropout)},
                       {"id2label", id2label},
                       {"label2id", label2id},
                       {"torch_dtype", "float32"}};

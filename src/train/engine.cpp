@@ -182,7 +182,21 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     step_values_host_ = std::make_unique<PinnedBuffer>(*device_, sizeof(StepValues));
     new (step_values_host_->get()) StepValues{};
     upload_step_values();
+    if (model_->dropout_state()) {
+      dropout_host_ = std::make_unique<PinnedBuffer>(*device_, sizeof(DropoutState));
+      new (dropout_host_->get()) DropoutState{};
+      upload_dropout_state();
+    }
   }
+}
+
+DropoutState& Engine::dropout_state_host() {
+  ANVIL_ASSERT(dropout_host_, "dropout_state_host: the model trains without dropout");
+  return *static_cast<DropoutState*>(dropout_host_->get());
+}
+
+void Engine::upload_dropout_state() {
+  device_->upload_on_compute(model_->dropout_state(), dropout_host_->get(), sizeof(DropoutState));
 }
 
 StepValues* Engine::step_values() const {

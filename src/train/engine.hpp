@@ -118,6 +118,11 @@ class Engine {
   StepValues* step_values() const;
   StepValues& step_values_host();
   void upload_step_values();
+  // Training with dropout (Model::dropout_state non-null): the pinned host copy of the dropout state, and its
+  // upload on the compute stream (queued; a graph records it), as for the step values.
+  bool has_dropout() const { return dropout_host_ != nullptr; }
+  DropoutState& dropout_state_host();
+  void upload_dropout_state();
 
  private:
   std::unique_ptr<Device> device_;
@@ -129,7 +134,7 @@ class Engine {
   size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {SIZE_MAX, SIZE_MAX}, i_lengths_[2] = {SIZE_MAX, SIZE_MAX},
          i_labels_[2] = {SIZE_MAX, SIZE_MAX};
   size_t i_step_scalars_ = 0, i_step_values_ = 0;
-  std::unique_ptr<PinnedBuffer> step_values_host_;
+  std::unique_ptr<PinnedBuffer> step_values_host_, dropout_host_;
 };
 
 }  // namespace anvil

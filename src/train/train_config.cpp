@@ -113,7 +113,8 @@ void set_model_from_object(TrainConfig& c, const Reader& r, const json& v) {
                                                       "label_names",
                                                       "initializer_range",
                                                       "hidden_dropout_prob",
-                                                      "attention_probs_dropout_prob"};
+                                                      "attention_probs_dropout_prob",
+                                                      "classifier_dropout"};
   for (auto& [k, val] : v.items()) {
     const std::string full = "model." + k;
     if (k == "family")
@@ -150,6 +151,8 @@ void set_model_from_object(TrainConfig& c, const Reader& r, const json& v) {
       m.hidden_dropout_prob = r.number(full, val);
     else if (k == "attention_probs_dropout_prob")
       m.attention_probs_dropout_prob = r.number(full, val);
+    else if (k == "classifier_dropout")
+      m.classifier_dropout = val.is_null() ? -1.0 : r.number(full, val);
     else if (k == "label_names") {
       r.expect(val.is_array(), full, val, "an array of label names");
       m.label_names.clear();
@@ -556,6 +559,7 @@ json TrainConfig::to_json() const {
       m["initializer_range"] = model.initializer_range;
       m["hidden_dropout_prob"] = model.hidden_dropout_prob;
       m["attention_probs_dropout_prob"] = model.attention_probs_dropout_prob;
+      if (model.classifier_dropout >= 0) m["classifier_dropout"] = model.classifier_dropout;
       m["problem_type"] = model.problem_type;
       // The labels only when the config fixed them (otherwise they follow the data, on reading back too).
       if (!labels_from_data) {

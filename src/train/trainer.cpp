@@ -69,6 +69,11 @@ uint64_t rounding_seed(uint64_t seed, int64_t step) {
   return Rng(seed ^ (uint64_t(step) * 0x9e3779b97f4a7c15ull)).next_u64() | 1;
 }
 
+// The dropout seed of a step: another stream of the run's seed than the rounding seeds'.
+uint64_t dropout_seed(uint64_t seed, int64_t step) {
+  return Rng(~seed ^ (uint64_t(step) * 0xd1b54a32d192ed03ull)).next_u64();
+}
+
 std::string checkpoint_dir(const TrainConfig& cfg, int64_t step) {
   return (fs::path(cfg.output_dir) / ("checkpoint-" + std::to_string(step))).string();
 }
@@ -344,9 +349,15 @@ TrainSummary Run::go() {
     fmt::print("  activation checkpointing: {} every {} block(s)\n", cfg_.gradient_checkpointing_mode,
                cfg_.gradient_checkpointing_every);
   fmt::print("  precision: {}\n", precision_description(cfg_, scaler_ ? &*scaler_ : nullptr));
+  const bool attention_dropout = e.has_dropout() && model_cfg_.attention_probs_dropout_prob > 0;
+  if (e.has_dropout())
+    fmt::print("  dropout: hidden {}, attention probabilities {}, classifier {}\n",
+               model_cfg_.hidden_dropout_prob, model_cfg_.attention_probs_dropout_prob,
+               model_cfg_.classifier_dropout_prob());
   if (dev.kind() == DeviceKind::CUDA) {  // which attention path the shapes and build take (performance.md)
-    fmt::print("  attention: {}\n", cuda_attention_implementation(e.ops().precision().compute,
-                                                                  model_cfg_.n_embd, model_cfg_.n_head));
+    fmt::print("  attention: {}\n",
+               cuda_attention_implementation(e.ops().precision().compute, model_cfg_.n_embd,
+                                             model_cfg_.n_head, attention_dropout));
     fmt::print("  cuda graphs: {}\n",
                !cfg_.cuda_graphs        ? "off (--cuda_graphs false)"
                : accum == 1 && !scaler_ ? "on (each step replayed whole from one graph)"
@@ -540,6 +551,9 @@ TrainSummary Run::go() {
       values.cast_seed = cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, step + 1) : 0;
       values.unscale = nominal_rows / (loss_scale * double(step_valid));
     };
+    // Dropout masks: this step's seed (a function of the run's seed and the step, so a resumed run draws what
+    // the uninterrupted one drew); each micro-batch's forward advances the counter on the device.
+    if (e.has_dropout()) e.dropout_state_host() = DropoutState{dropout_seed(cfg_.seed, step + 1), 0, 0};
     const auto require_targets = [&] {
       ANVIL_REQUIRE(step_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})", step + 1,
                     classification_ ? "labelled examples" : "target tokens", kIgnoreIndex);
@@ -547,6 +561,7 @@ TrainSummary Run::go() {
     const auto head = [&] {
       // (Gradients in activation memory are zeroed by backward, unit by unit, once it is their turn.)
       if (!model.grads_share_activations()) dev.fill_zero(model.grad_buffer(), model.grad_bytes());
+      if (e.has_dropout()) e.upload_dropout_state();
       dev.fill_zero(scalars, sizeof(StepScalars));  // queued, like everything below until the end of the step
     };
     if (!whole_step) head();

@@ -128,6 +128,12 @@ TEST(BertConfig, ExportRoundTrips) {
   const TransformerConfig back = TransformerConfig::from_hf_json(json::parse(out.dump()), "exported");
   EXPECT_EQ(back.to_hf_json(), out);
   EXPECT_EQ(back.hidden_dropout_prob, 0.2);
+  EXPECT_TRUE(out["classifier_dropout"].is_null());  // null: the classifier uses hidden_dropout_prob
+  EXPECT_EQ(back.classifier_dropout_prob(), 0.2);
+  c.classifier_dropout = 0.3;
+  const TransformerConfig with_cls = TransformerConfig::from_hf_json(c.to_hf_json(), "exported");
+  EXPECT_EQ(with_cls.classifier_dropout_prob(), 0.3);
+  EXPECT_EQ(with_cls.to_hf_json()["classifier_dropout"], 0.3);
   // Default label names and no problem type.
   const json tiny = TransformerConfig::preset("bert-tiny").to_hf_json();
   EXPECT_EQ(tiny["id2label"], json({{"0", "LABEL_0"}, {"1", "LABEL_1"}}));
@@ -176,6 +182,14 @@ TEST(BertConfig, BadInputNamesFieldAndValue) {
                 .find("model_type 'roberta' is not supported (supported: gpt2, bert)"),
             std::string::npos);
   EXPECT_NE(import_error(with("type_vocab_size", 0)).find("type_vocab_size must be >= 1, got 0"),
+            std::string::npos);
+  EXPECT_NE(
+      import_error(with("hidden_dropout_prob", 1.0)).find("hidden_dropout_prob must be in [0, 1), got 1"),
+      std::string::npos);
+  EXPECT_NE(import_error(with("attention_probs_dropout_prob", -0.1))
+                .find("attention_probs_dropout_prob must be in [0, 1), got -0.1"),
+            std::string::npos);
+  EXPECT_NE(import_error(with("classifier_dropout", 1.5)).find("classifier_dropout must be in [0, 1)"),
             std::string::npos);
 }
 

@@ -45,6 +45,7 @@ class BertHarness {
                                     : make_cpu_ops(*dev_, precision);
     model_->bind(*arena_);
     if (training) zero_grads();
+    if (model_->dropout_state()) set_dropout(0, 0);
   }
 
   BertModel& model() { return *model_; }
@@ -57,6 +58,11 @@ class BertHarness {
   void* labels() const { return arena_->get<void>(i_labels_); }
 
   void zero_grads() { dev_->fill_zero(model_->grad_buffer(), model_->grad_bytes()); }
+  // The dropout state (training with dropout): the next training forward draws micro-batch `micro` + 1.
+  void set_dropout(uint64_t seed, uint32_t micro) {
+    const DropoutState s{seed, micro, 0};
+    dev_->copy_to_device(model_->dropout_state(), &s, sizeof(s));
+  }
 
   // Copies the batch's inputs to the device (types and lengths only when given).
   void upload(const BertBatch& b) {

@@ -31,6 +31,14 @@ TransformerConfig tiny_bert() {
   TransformerConfig c = TransformerConfig::preset("bert-tiny");
   c.n_layer = 2, c.n_head = 2, c.n_embd = 16, c.intermediate_size = 24, c.vocab_size = 37, c.block_size = 12;
   c.type_vocab_size = 3, c.num_labels = 3, c.pad_token_id = 0;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob =
+      0;  // the network's math; dropout has its own tests
+  return c;
+}
+
+TransformerConfig tiny_bert_with_dropout() {
+  TransformerConfig c = tiny_bert();
+  c.hidden_dropout_prob = 0.2, c.attention_probs_dropout_prob = 0.3, c.classifier_dropout = 0.25;
   return c;
 }
 
@@ -82,13 +90,18 @@ class GradCheckBert : public ::testing::Test {
   }
   size_t numel() { return h_->model().layout().total_numel(); }
   std::span<float> params() { return {h_->model().params(), numel()}; }  // CPU memory: perturbed in place
+  // With dropout, every forward draws the masks of micro-batch 1 of seed 77: the loss is a deterministic
+  // function of the parameters, as a training step sees it.
   double loss() {
-    const std::vector<float> l = h_->forward(4, 8, 0.0f, false);
+    const bool drop = h_->model().dropout_state() != nullptr;
+    if (drop) h_->set_dropout(77, 0);
+    const std::vector<float> l = h_->forward(4, 8, 0.0f, drop);
     double s = 0;
     for (float v : l) s += v;
     return s / valid_;
   }
   std::vector<float> forward_backward() {
+    if (h_->model().dropout_state()) h_->set_dropout(77, 0);
     h_->forward(4, 8, 1.0f / float(valid_), true);
     h_->backward(4, 8);
     return h_->grads();
@@ -124,6 +137,49 @@ TEST_F(GradCheckBert, EachTensor) {
                                  {.eps = 1e-2, .directions = 2, .coordinates = 3, .seed = seed++}))
         << t.name;
   }
+}
+
+// Dropout on the embedding, attention probabilities, both output projections and the classifier input: the
+// backward applies the forward's masks, so the gradient is that of the loss with those masks.
+TEST_F(GradCheckBert, WithDropout) {
+  init(tiny_bert_with_dropout());
+  const std::vector<float> g = forward_backward();
+  EXPECT_TRUE(gradient_matches([&] { return loss(); }, params(), g,
+                               {.eps = 1e-2, .directions = 8, .coordinates = 0}));
+  uint64_t seed = 1;
+  for (const char* name :
+       {"bert.embeddings.LayerNorm.weight", "bert.encoder.layer.0.attention.self.query.weight",
+        "bert.encoder.layer.1.attention.output.dense.weight", "bert.encoder.layer.1.output.dense.weight",
+        "bert.pooler.dense.weight"}) {
+    const ParamTensor& t = h_->model().layout().get(name);
+    EXPECT_TRUE(gradient_matches([&] { return loss(); }, params().subspan(t.offset, t.numel()),
+                                 std::span<const float>(g).subspan(t.offset, t.numel()),
+                                 {.eps = 1e-2, .directions = 2, .coordinates = 3, .seed = seed++}))
+        << name;
+  }
+}
+
+// What dropout does to a training forward: it changes the loss; the same seed and micro-batch give the same
+// masks; the next micro-batch (each training forward advances the counter) or another seed give others; an
+// evaluation forward (no write_grad) applies none.
+TEST_F(GradCheckBert, DropoutMasksFollowSeedAndMicroBatch) {
+  const TransformerConfig c = tiny_bert_with_dropout();
+  BertHarness plain(tiny_bert(), 4, 8, true);
+  init(c);
+  plain.model().upload_weights(plain.device(), h_->params().data());
+  plain.upload(batch_);
+  const std::vector<float> none = plain.forward(4, 8, 1.0f, true);
+  EXPECT_EQ(h_->forward(4, 8, 1.0f, false), none);
+  h_->set_dropout(5, 0);
+  const std::vector<float> a = h_->forward(4, 8, 1.0f, true);
+  EXPECT_NE(a, none);
+  const std::vector<float> next = h_->forward(4, 8, 1.0f, true);  // micro-batch 2
+  EXPECT_NE(next, a);
+  h_->set_dropout(5, 0);
+  EXPECT_EQ(h_->forward(4, 8, 1.0f, true), a);
+  h_->set_dropout(6, 0);
+  EXPECT_NE(h_->forward(4, 8, 1.0f, true), a);
+  EXPECT_EQ(h_->forward(4, 8, 1.0f, false), none);
 }
 
 // hidden_act "gelu_new": the tanh GELU through the fused GEMM-epilogue ops.
@@ -204,6 +260,7 @@ StepResult run_step(const TransformerConfig& c, CheckpointPolicy policy) {
   randomize(h, 3);
   const BertBatch b = make_batch(c, 11);
   h.upload(b);
+  if (h.model().dropout_state()) h.set_dropout(9, 0);
   StepResult r;
   r.losses = h.forward(4, 8, 0.5f, true);
   h.backward(4, 8);
@@ -233,6 +290,17 @@ TEST(BertCheckpointing, EveryPolicyGivesIdenticalGradients) {
   // The tanh-GELU variant recomputes through the fused epilogue ops.
   c.hidden_act = "gelu_new";
   EXPECT_EQ(run_step(c, {CheckpointMode::Full, 1}).grads, run_step(c, {}).grads);
+  // With dropout, the recompute draws the forward's masks again.
+  TransformerConfig d = tiny_bert_with_dropout();
+  d.n_layer = 4;
+  const StepResult dn = run_step(d, {});
+  for (const CheckpointPolicy p :
+       {CheckpointPolicy{CheckpointMode::Full, 1}, CheckpointPolicy{CheckpointMode::Selective, 2}}) {
+    const StepResult r = run_step(d, p);
+    EXPECT_EQ(r.losses, dn.losses);
+    EXPECT_EQ(r.grads, dn.grads);
+  }
+  EXPECT_NE(dn.losses, none.losses);
 }
 
 // What sits in the padding (tokens, token types) changes nothing: not the logits, losses or any gradient.

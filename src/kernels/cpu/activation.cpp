@@ -107,4 +107,19 @@ void residual_fwd(DType act, void* out, const void* a, const void* b, size_t n) 
   map2(act, out, a, b, n, [](float x, float y) { return x + y; });
 }
 
+void dropout(DType act, void* y_, const void* x_, size_t n, float p, const DropoutState* state,
+             uint32_t site) {
+  const uint64_t key = dropout_key(state->seed, state->micro, site);
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = dropout_scale(p);
+  dispatch_float(act, [&](auto tag) {
+    using S = Storage<decltype(tag)::value>;
+    auto* y = static_cast<typename S::type*>(y_);
+    const auto* x = static_cast<const typename S::type*>(x_);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(n); ++i)
+      y[i] = S::store(dropout_keep(key, uint64_t(i), threshold) ? S::load(x[i]) * scale : 0.0f);
+  });
+}
+
 }  // namespace anvil::cpu

@@ -26,6 +26,23 @@ Visibility visibility(const AttentionMask& mask, int b, int T) {
   return {mask.causal, mask.lengths ? std::clamp(mask.lengths[b], 0, T) : T};
 }
 
+// Attention-probability dropout (AttentionMask::dropout): x times the mask and scale of probability element
+// i; the identity without dropout.
+struct ProbDropout {
+  explicit ProbDropout(const AttentionMask& m)
+      : on(m.dropout > 0),
+        key(on ? dropout_key(m.dropout_state->seed, m.dropout_state->micro, m.dropout_site) : 0),
+        threshold(dropout_threshold(m.dropout)),
+        scale(on ? dropout_scale(m.dropout) : 1.0f) {}
+  float operator()(float x, uint64_t i) const {
+    return !on ? x : dropout_keep(key, i, threshold) ? x * scale : 0.0f;
+  }
+  bool on;
+  uint64_t key;
+  uint32_t threshold;
+  float scale;
+};
+
 template <DType A>
 void attention_fwd_t(void* out_, float* lse, const void* qkv_, void* scratch_, int B, int T, int C, int NH,
                      const AttentionMask& mask) {
@@ -36,6 +53,7 @@ void attention_fwd_t(void* out_, float* lse, const void* qkv_, void* scratch_, i
   const int HS = C / NH;
   const int64_t C3 = 3 * int64_t(C);
   const float scale = 1.0f / std::sqrt(float(HS));
+  const ProbDropout drop(mask);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
@@ -66,9 +84,10 @@ void attention_fwd_t(void* out_, float* lse, const void* qkv_, void* scratch_, i
         }
         row_lse = maxv + float(std::log(sum));
         const float inv = float(1.0 / sum);
-        // With 16-bit storage the probabilities are rounded to it before multiplying v, as the GPU's
-        // tensor-core P @ V does.
-        for (int t2 = 0; t2 <= last; ++t2) p[t2] = S::load(S::store(p[t2] * inv));
+        // With 16-bit storage the probabilities (dropped, in training) are rounded to it before multiplying
+        // v, as the GPU's tensor-core P @ V does.
+        const uint64_t row = ((uint64_t(b) * NH + h) * T + t) * T;
+        for (int t2 = 0; t2 <= last; ++t2) p[t2] = S::load(S::store(drop(p[t2] * inv, row + t2)));
         float* acc;
         if constexpr (kF32)
           acc = o;
@@ -99,6 +118,7 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
   const int HS = C / NH;
   const int64_t C3 = 3 * int64_t(C);
   const float scale = 1.0f / std::sqrt(float(HS));
+  const ProbDropout drop(mask);
   if constexpr (kF32) std::memset(dqkv, 0, sizeof(float) * size_t(B) * T * C3);
     // Each (b, h) owns its own head columns of dqkv, so the pairs run in parallel without races.
 #pragma omp parallel for collapse(2) schedule(static)
@@ -125,7 +145,9 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
         const auto* o = out + (int64_t(b) * T + t) * C + h * HS;
         const auto* q = qkv + (int64_t(b) * T + t) * C3 + h * HS;
         const float row_lse = lse[(int64_t(b) * NH + h) * T + t];
-        // rowsum(P * dP) = dout . out: the softmax backward's correction without the probabilities.
+        // rowsum(P * dP) = dout . out: the softmax backward's correction without the probabilities (with
+        // dropout too: dP is the dropped probabilities' gradient times the mask and scale).
+        const uint64_t row = ((uint64_t(b) * NH + h) * T + t) * T;
         float d_dot_o = 0;
         for (int i = 0; i < HS; ++i) d_dot_o += S::load(d[i]) * S::load(o[i]);
         float* dq = acc + t * stride;
@@ -140,14 +162,14 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
           const auto* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
           float* dk = acc + t2 * stride + koff;
           float* dv = acc + t2 * stride + voff;
-          const float p_stored = S::load(S::store(p[t2]));  // as multiplied in the forward
-          float dp = 0;
+          const float p_stored = S::load(S::store(drop(p[t2], row + t2)));  // as multiplied in the forward
+          float dz = 0;  // the gradient of the (dropped) probability
           for (int i = 0; i < HS; ++i) {
             const float di = S::load(d[i]);
-            dp += di * S::load(v[i]);
+            dz += di * S::load(v[i]);
             dv[i] += p_stored * di;
           }
-          const float ds = p[t2] * (dp - d_dot_o) * scale;
+          const float ds = p[t2] * (drop(dz, row + t2) - d_dot_o) * scale;
           for (int i = 0; i < HS; ++i) {
             dq[i] += ds * S::load(k[i]);
             dk[i] += ds * S::load(q[i]);

@@ -12,7 +12,7 @@ class CpuOps final : public Ops {
   }
   Device& device() override { return dev_; }
   OpsPrecision precision() const override { return p_; }
-  size_t attention_scratch_bytes(int B, int T, int C, int NH) const override {
+  size_t attention_scratch_bytes(int B, int T, int C, int NH, bool /*dropout: the same*/) const override {
     return cpu::attention_scratch_bytes(p_.compute, B, T, C, NH);
   }
   void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
@@ -75,6 +75,10 @@ class CpuOps final : public Ops {
   void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
     cpu::residual_fwd(p_.compute, out, a, b, n);
   }
+  void dropout(void* y, const void* x, size_t n, float p, const DropoutState* state, uint32_t site) override {
+    cpu::dropout(p_.compute, y, x, n, p, state, site);
+  }
+  void dropout_next_micro(DropoutState* state) override { ++state->micro; }
   void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a, const void* b,
                               const void* w, const void* bias, int N, int C, float eps) override {
     cpu::residual_fwd(p_.compute, out, a, b, size_t(N) * C);  // the reference: the two ops in sequence
@@ -166,8 +170,8 @@ std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision) {
   return std::make_unique<CpuOps>(dev, precision);
 }
 
-size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH) {
-  return backend == DeviceKind::CUDA ? cuda_attention_scratch_bytes(compute, B, T, C, NH)
+size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH, bool dropout) {
+  return backend == DeviceKind::CUDA ? cuda_attention_scratch_bytes(compute, B, T, C, NH, dropout)
                                      : cpu::attention_scratch_bytes(compute, B, T, C, NH);
 }
 

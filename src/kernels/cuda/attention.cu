@@ -13,11 +13,20 @@
 //   D: P fp32     scores; bwd with 16-bit T: dprobs (fp32 T: the probabilities, in place over the scores)
 //   E: P of T     16-bit T: the probabilities; fp32 T (bwd): dprobs
 //   F: P of T     bwd, 16-bit T only: dscores (fp32 computes them in place over dprobs)
+//
+// Attention-probability dropout (AttentionDropout with p > 0; p == 0 runs exactly the kernels without it):
+// element ((b*NH + h)*T + query)*T + key of the probabilities, i.e. row * T + key in the [B*NH*T, T] layout
+// here, is kept as kernels/dropout.hpp decides with the key dropout_key(seed, micro, site) read from device
+// memory. The forward's softmax writes the dropped probabilities P * keep / (1 - p) for the PV GEMM (lse
+// stays the undropped softmax's). The backward's dprobs are then the gradient of the dropped probabilities:
+// its softmax backward masks them (dP = keep / (1 - p) * dprobs), computes dscores from the undropped P, and
+// rewrites P in place as the dropped P for the dv GEMM, which therefore runs after it.
 #include <cmath>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
+#include "kernels/dropout.hpp"
 #include "runtime/cuda/cuda_check.hpp"
 
 namespace anvil::cuda {
@@ -97,12 +106,29 @@ __device__ inline int last_key(size_t row, int seq, int NH, bool causal, const i
   return causal ? min(t, len - 1) : len - 1;
 }
 
+// The device side of AttentionDropout: the threshold and the factor 1 / (1 - p), computed on the host.
+struct DropoutArgs {
+  const anvil::DropoutState* state;
+  uint32_t site;
+  uint32_t threshold;
+  float scale;
+};
+
+DropoutArgs dropout_args(const AttentionDropout& d) {
+  return {d.state, d.site, anvil::dropout_threshold(d.p), anvil::dropout_scale(d.p)};
+}
+
+__device__ inline uint64_t dropout_row_key(const DropoutArgs& d) {
+  return anvil::dropout_key(d.state->seed, d.state->micro, d.site);
+}
+
 // Rows of [B*NH*T, T] fp32 scores (scale * q.k). Writes the softmax over the visible keys, 0 elsewhere,
 // into probs (which may alias scores when T is float: each element is read before the same thread writes
-// it), and the row's log-sum-exp (0 for a padding query).
-template <class T>
+// it), and the row's log-sum-exp (0 for a padding query). kDropout: probs receives the dropped
+// probabilities instead (lse is unchanged).
+template <class T, bool kDropout>
 __global__ void softmax_fwd_kernel(T* probs, float* lse, const float* scores, size_t rows, int seq, int NH,
-                                   bool causal, const int32_t* lengths) {
+                                   bool causal, const int32_t* lengths, DropoutArgs drop) {
   const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= rows) return;
@@ -113,8 +139,16 @@ __global__ void softmax_fwd_kernel(T* probs, float* lse, const float* scores, si
   for (int j = lane; j <= last; j += kWarpSize) stats = max_sum_add(stats, s[j]);
   stats = warp_max_sum(stats);
   const float inv_sum = last >= 0 ? 1.f / stats.sum : 0.f;
-  for (int j = lane; j < seq; j += kWarpSize)
-    p[j] = from_float<T>(j <= last ? __expf(s[j] - stats.max) * inv_sum : 0.f);
+  if constexpr (kDropout) {
+    const uint64_t key = dropout_row_key(drop);
+    for (int j = lane; j < seq; j += kWarpSize) {
+      const bool keep = j <= last && anvil::dropout_keep(key, row * seq + j, drop.threshold);
+      p[j] = from_float<T>(keep ? __fmul_rn(__expf(s[j] - stats.max) * inv_sum, drop.scale) : 0.f);
+    }
+  } else {
+    for (int j = lane; j < seq; j += kWarpSize)
+      p[j] = from_float<T>(j <= last ? __expf(s[j] - stats.max) * inv_sum : 0.f);
+  }
   if (lane == 0) lse[row] = last >= 0 ? stats.max + __logf(stats.sum) : 0.f;
 }
 
@@ -146,6 +180,33 @@ __global__ void softmax_bwd_kernel(T* dscores, const float* dp, const T* probs, 
   for (int j = lane; j < seq; j += kWarpSize) dot += to_float(p[j]) * g[j];
   dot = warp_sum(dot);
   for (int j = lane; j < seq; j += kWarpSize) out[j] = from_float<T>(scale * to_float(p[j]) * (g[j] - dot));
+}
+
+// The same with dropout: dz is the gradient of the dropped probabilities, so dP = keep * drop.scale * dz and
+// dscores = scale * P * (dP - rowsum(P * dP)) with P the undropped probabilities. Then probs is rewritten in
+// place as the dropped probabilities (P * keep * drop.scale) for the dv GEMM. dscores may alias dz (T =
+// float); probs aliases neither. Each element is read before the same thread writes it.
+template <class T>
+__global__ void softmax_dropout_bwd_kernel(T* dscores, const float* dz, T* probs, size_t rows, int seq,
+                                           float scale, DropoutArgs drop) {
+  const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= rows) return;
+  const uint64_t key = dropout_row_key(drop);
+  T* p = probs + row * seq;
+  const float* g = dz + row * seq;
+  T* out = dscores + row * seq;
+  float dot = 0.f;
+  for (int j = lane; j < seq; j += kWarpSize)
+    if (anvil::dropout_keep(key, row * seq + j, drop.threshold)) dot += to_float(p[j]) * (g[j] * drop.scale);
+  dot = warp_sum(dot);
+  for (int j = lane; j < seq; j += kWarpSize) {
+    const bool keep = anvil::dropout_keep(key, row * seq + j, drop.threshold);
+    const float pj = to_float(p[j]);
+    const float dp = keep ? g[j] * drop.scale : 0.f;
+    out[j] = from_float<T>(scale * pj * (dp - dot));
+    p[j] = from_float<T>(keep ? __fmul_rn(pj, drop.scale) : 0.f);
+  }
 }
 
 // Zeroes the rows of padding tokens (t >= lengths[b]) of x [B,T,width] (and, when lse is given, of lse
@@ -210,7 +271,8 @@ void zero_padding_rows(cudaStream_t stream, T* x, int width, float* lse, int B, 
 
 template <class T>
 void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* out, float* lse, const T* qkv,
-                         void* scratch, int B, int seq, int C, int NH, bool causal, const int32_t* lengths) {
+                         void* scratch, int B, int seq, int C, int NH, bool causal, const int32_t* lengths,
+                         const AttentionDropout& dropout) {
   const int HS = C / NH;
   const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
   rows_to_heads(stream, r.q, qkv, 3 * C, B, seq, NH, HS);
@@ -227,10 +289,14 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
               probs_stride, act, anvil::DType::F32);
   T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
   const size_t rows = static_cast<size_t>(heads) * seq;
-  softmax_fwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, lse, r.d, rows, seq, NH, causal,
-                                                                    lengths);
+  if (dropout.p > 0)
+    softmax_fwd_kernel<T, true><<<softmax_blocks(rows), kThreads, 0, stream>>>(
+        probs, lse, r.d, rows, seq, NH, causal, lengths, dropout_args(dropout));
+  else
+    softmax_fwd_kernel<T, false>
+        <<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, lse, r.d, rows, seq, NH, causal, lengths, {});
   ANVIL_CUDA_CHECK_LAST();
-  // y[T,HS] = probs[T,T] @ v[T,HS]
+  // y[T,HS] = probs[T,T] @ v[T,HS] (the dropped probabilities with dropout)
   run_batched(gemm, stream, probs, false, r.v, false, r.r3, seq, HS, seq, 1.f, heads, probs_stride,
               head_stride, head_stride, act, act);
   heads_to_rows(stream, out, C, r.r3, B, seq, NH, HS);
@@ -239,7 +305,7 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
 template <class T>
 void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* dqkv, const T* dout,
                          const T* qkv, const float* lse, void* scratch, int B, int seq, int C, int NH,
-                         bool causal, const int32_t* lengths) {
+                         bool causal, const int32_t* lengths, const AttentionDropout& dropout) {
   const int HS = C / NH;
   const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
   T* dout_heads = r.r3;
@@ -263,16 +329,27 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
   probs_from_lse_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, r.d, lse, rows, seq, NH, causal,
                                                                        lengths);
   ANVIL_CUDA_CHECK_LAST();
-  // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32
+  // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32 (with dropout: the gradient of the dropped probabilities)
   run_batched(gemm, stream, dout_heads, false, r.v, true, dprobs, seq, seq, HS, 1.f, heads, head_stride,
               head_stride, probs_stride, act, anvil::DType::F32);
-  // dv[T,HS] = probs[T,T]^T @ dout[T,HS]
-  run_batched(gemm, stream, probs, true, dout_heads, false, r.dv, seq, HS, seq, 1.f, heads, probs_stride,
-              head_stride, head_stride, act, act);
-  // dscores = scale * probs * (dprobs - rowsum(probs * dprobs)); in place for fp32
   T* dscores = kFloat ? reinterpret_cast<T*>(dprobs) : r.f;
-  softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(dscores, dprobs, probs, rows, seq, scale);
-  ANVIL_CUDA_CHECK_LAST();
+  if (dropout.p > 0) {
+    // dscores from the masked dprobs and the undropped probs, which it then overwrites with the dropped ones;
+    // dv[T,HS] = dropped probs[T,T]^T @ dout[T,HS]
+    softmax_dropout_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(
+        dscores, dprobs, probs, rows, seq, scale, dropout_args(dropout));
+    ANVIL_CUDA_CHECK_LAST();
+    run_batched(gemm, stream, probs, true, dout_heads, false, r.dv, seq, HS, seq, 1.f, heads, probs_stride,
+                head_stride, head_stride, act, act);
+  } else {
+    // dv[T,HS] = probs[T,T]^T @ dout[T,HS]
+    run_batched(gemm, stream, probs, true, dout_heads, false, r.dv, seq, HS, seq, 1.f, heads, probs_stride,
+                head_stride, head_stride, act, act);
+    // dscores = scale * probs * (dprobs - rowsum(probs * dprobs)); in place for fp32
+    softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(dscores, dprobs, probs, rows, seq,
+                                                                      scale);
+    ANVIL_CUDA_CHECK_LAST();
+  }
   // dq[T,HS] = dscores[T,T] @ k[T,HS]
   run_batched(gemm, stream, dscores, false, r.k, false, dq, seq, HS, seq, 1.f, heads, probs_stride,
               head_stride, head_stride, act, act);
@@ -297,23 +374,24 @@ size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T, int 
 
 void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, float* lse,
                                 const void* qkv, void* scratch, int B, int T, int C, int NH, bool causal,
-                                const int32_t* lengths) {
+                                const int32_t* lengths, const AttentionDropout& dropout) {
   if (B <= 0 || T <= 0) return;
   dispatch_float(act, [&](auto t) {
     using E = decltype(t);
     attention_fwd_typed<E>(stream, gemm, act, static_cast<E*>(out), lse, static_cast<const E*>(qkv), scratch,
-                           B, T, C, NH, causal, lengths);
+                           B, T, C, NH, causal, lengths, dropout);
   });
 }
 
 void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv,
                                 const void* dout, const void* qkv, const float* lse, void* scratch, int B,
-                                int T, int C, int NH, bool causal, const int32_t* lengths) {
+                                int T, int C, int NH, bool causal, const int32_t* lengths,
+                                const AttentionDropout& dropout) {
   if (B <= 0 || T <= 0) return;
   dispatch_float(act, [&](auto t) {
     using E = decltype(t);
     attention_bwd_typed<E>(stream, gemm, act, static_cast<E*>(dqkv), static_cast<const E*>(dout),
-                           static_cast<const E*>(qkv), lse, scratch, B, T, C, NH, causal, lengths);
+                           static_cast<const E*>(qkv), lse, scratch, B, T, C, NH, causal, lengths, dropout);
   });
 }
 

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "anvil/dtype.hpp"
+#include "kernels/dropout.hpp"
 #include "kernels/step_values.hpp"
 
 namespace anvil::cuda {
@@ -103,14 +104,22 @@ void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, voi
                    int N, int C);
 
 // --- attention.cu: materialised attention (fp32, and the 16-bit fallback) -------------------------------
-// The Ops attention contract (kernels/ops.hpp) with AttentionMask unpacked into causal / lengths.
+// The Ops attention contract (kernels/ops.hpp) with AttentionMask unpacked into causal / lengths / dropout.
+// Attention-probability dropout (AttentionMask::dropout, dropout_state, dropout_site): p == 0 runs exactly
+// the kernels without dropout; otherwise the key is read from `state` (device memory) when the kernels run.
+struct AttentionDropout {
+  float p = 0;
+  const anvil::DropoutState* state = nullptr;
+  uint32_t site = 0;
+};
 size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH);
 void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, float* lse,
                                 const void* qkv, void* scratch, int B, int T, int C, int NH, bool causal,
-                                const int32_t* lengths);
+                                const int32_t* lengths, const AttentionDropout& dropout);
 void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv,
                                 const void* dout, const void* qkv, const float* lse, void* scratch, int B,
-                                int T, int C, int NH, bool causal, const int32_t* lengths);
+                                int T, int C, int NH, bool causal, const int32_t* lengths,
+                                const AttentionDropout& dropout);
 // Zeroes the padding rows (t >= lengths[b]) of x [B,T,width], and of lse [B,NH,T] when not null.
 void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int width, float* lse, int B,
                             int T, int NH, const int32_t* lengths);
@@ -128,6 +137,15 @@ void tanh_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* out
 void first_token_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, int B, int T, int C);
 void first_token_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* dout, int B, int T,
                      int C);
+
+// --- dropout.cu --------------------------------------------------------------------------------------
+// Ops::dropout: y[i] = dropout_keep(key, i, dropout_threshold(p)) ? x[i] * dropout_scale(p) : 0 with key =
+// dropout_key(state->seed, state->micro, site) read on the device when the kernel runs (kernels/dropout.hpp).
+// y may alias x.
+void dropout(cudaStream_t stream, anvil::DType act, void* y, const void* x, size_t n, float p,
+             const anvil::DropoutState* state, uint32_t site);
+// Ops::dropout_next_micro: state->micro += 1 (one thread, in stream order).
+void dropout_next_micro(cudaStream_t stream, anvil::DropoutState* state);
 
 // --- loss.cu -----------------------------------------------------------------------------------------
 void softmax_xent_fwd_bwd(cudaStream_t stream, anvil::DType act, float* losses, void* logits,

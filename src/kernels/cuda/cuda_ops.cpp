@@ -33,11 +33,21 @@ bool use_cudnn_attention(DType compute, int T, int C, int NH) {
   return T > 1 && cudnn_attention_capable(compute, C, NH);
 }
 
-size_t attention_scratch(DType compute, int B, int T, int C, int NH) {
+// With attention dropout the materialised path runs whatever the shapes (cuDNN draws its own dropout masks,
+// not the ones every backend draws): its full scratch, and still cuDNN's workspace where cuDNN is capable, as
+// the same buffer also serves the calls without dropout (evaluation).
+size_t attention_scratch(DType compute, int B, int T, int C, int NH, bool dropout) {
   if (!cudnn_attention_capable(compute, C, NH))
     return cuda::materialized_attention_scratch_bytes(compute, B, T, C, NH);
   return std::max(cuda::CudnnAttention::workspace_bytes(B, T, C, NH),
-                  cuda::materialized_attention_scratch_bytes(compute, B, 1, C, NH));
+                  cuda::materialized_attention_scratch_bytes(compute, B, dropout ? T : 1, C, NH));
+}
+
+cuda::AttentionDropout attention_dropout(const AttentionMask& mask) {
+  if (!(mask.dropout > 0)) return {};
+  ANVIL_ASSERT(mask.dropout < 1 && mask.dropout_state,
+               "attention dropout {} needs 0 <= p < 1 and a DropoutState", mask.dropout);
+  return {mask.dropout, mask.dropout_state, mask.dropout_site};
 }
 
 class CudaOps final : public Ops {
@@ -56,8 +66,8 @@ class CudaOps final : public Ops {
   Device& device() override { return dev_; }
   OpsPrecision precision() const override { return p_; }
 
-  size_t attention_scratch_bytes(int B, int T, int C, int NH) const override {
-    return attention_scratch(act_, B, T, C, NH);
+  size_t attention_scratch_bytes(int B, int T, int C, int NH, bool dropout) const override {
+    return attention_scratch(act_, B, T, C, NH, dropout);
   }
 
   void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
@@ -119,29 +129,32 @@ class CudaOps final : public Ops {
     matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, gelu_pre, N, K, OC);
   }
 
-  // `scratch` holds attention_scratch_bytes(B, T, C, NH), whichever path runs.
+  // `scratch` holds attention_scratch_bytes(B, T, C, NH, mask.dropout > 0), whichever path runs. With
+  // dropout the materialised path runs (its masks are those of kernels/dropout.hpp).
   void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C, int NH,
                      const AttentionMask& mask) override {
     check_heads(C, NH);
-    if (use_cudnn_attention(act_, T, C, NH)) {
+    const cuda::AttentionDropout dropout = attention_dropout(mask);
+    if (dropout.p == 0 && use_cudnn_attention(act_, T, C, NH)) {
       flash_.fwd(stream_, act_, out, lse, qkv, scratch, cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B,
                  T, C, NH, mask.causal, mask.lengths);
       cuda::zero_attention_padding(stream_, act_, out, C, lse, B, T, NH, mask.lengths);
     } else {
       cuda::materialized_attention_fwd(stream_, gemm_, act_, out, lse, qkv, scratch, B, T, C, NH, mask.causal,
-                                       mask.lengths);
+                                       mask.lengths, dropout);
     }
   }
   void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                      void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) override {
     check_heads(C, NH);
-    if (use_cudnn_attention(act_, T, C, NH)) {
+    const cuda::AttentionDropout dropout = attention_dropout(mask);
+    if (dropout.p == 0 && use_cudnn_attention(act_, T, C, NH)) {
       flash_.bwd(stream_, act_, dqkv, dout, qkv, out, lse, scratch,
                  cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B, T, C, NH, mask.causal, mask.lengths);
       cuda::zero_attention_padding(stream_, act_, dqkv, 3 * C, nullptr, B, T, NH, mask.lengths);
     } else {
       cuda::materialized_attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, lse, scratch, B, T, C, NH,
-                                       mask.causal, mask.lengths);
+                                       mask.causal, mask.lengths, dropout);
     }
   }
 
@@ -152,6 +165,12 @@ class CudaOps final : public Ops {
   void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
     cuda::residual_fwd(stream_, act_, out, a, b, n);
   }
+  void dropout(void* y, const void* x, size_t n, float p, const DropoutState* state, uint32_t site) override {
+    ANVIL_ASSERT(p >= 0 && p < 1 && (p == 0 || state), "dropout: p = {} needs 0 <= p < 1 and a DropoutState",
+                 p);
+    cuda::dropout(stream_, act_, y, x, n, p, state, site);
+  }
+  void dropout_next_micro(DropoutState* state) override { cuda::dropout_next_micro(stream_, state); }
   void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a, const void* b,
                               const void* w, const void* bias, int N, int C, float eps) override {
     cuda::residual_layernorm_fwd(stream_, act_, out, ln, mean, rstd, a, b, w, bias, N, C, eps);
@@ -307,12 +326,13 @@ class CudaOps final : public Ops {
 
 }  // namespace
 
-size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH) {
-  return attention_scratch(compute, B, T, C, NH);
+size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH, bool dropout) {
+  return attention_scratch(compute, B, T, C, NH, dropout);
 }
 
-const char* cuda_attention_implementation(DType compute, int C, int NH) {
-  return cudnn_attention_capable(compute, C, NH) ? "cudnn flash attention" : "materialized attention";
+const char* cuda_attention_implementation(DType compute, int C, int NH, bool dropout) {
+  if (!cudnn_attention_capable(compute, C, NH)) return "materialized attention";
+  return dropout ? "materialized attention (attention dropout)" : "cudnn flash attention";
 }
 
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,

@@ -1,0 +1,47 @@
+// Dropout masks that every backend draws identically. Whether element i of a tensor is kept is a hash of
+// (the run's per-step seed, the micro-batch counter, the tensor's site, i), so the CPU and CUDA backends drop
+// the same elements, a backward pass or a recomputation reproduces the forward's mask without storing it,
+// and a resumed run draws what the uninterrupted run drew. The seed and counter live in device memory
+// (DropoutState), where kernels read them when they run: a step replayed from a CUDA graph draws new masks.
+// Included by nvcc and the C++ side.
+#pragma once
+#include <cstdint>
+
+#include "core/half.hpp"  // ANVIL_HD
+
+namespace anvil {
+
+struct DropoutState {
+  uint64_t seed = 0;   // the step's seed, written by the host before the step
+  uint32_t micro = 0;  // incremented as each training forward starts (Ops::dropout_next_micro)
+  uint32_t unused = 0;
+};
+
+// splitmix64's finaliser: a bijection of 64-bit words with full avalanche.
+ANVIL_HD uint64_t dropout_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The key of one tensor's mask in the current micro-batch.
+ANVIL_HD uint64_t dropout_key(uint64_t seed, uint32_t micro, uint32_t site) {
+  return dropout_mix(seed ^ dropout_mix((uint64_t{micro} << 32 | site) + 0x9E3779B97F4A7C15ull));
+}
+
+// Elements whose 32 hash bits fall below this are dropped: round(p * 2^32), for 0 <= p < 1.
+ANVIL_HD uint32_t dropout_threshold(float p) {
+  const double t = static_cast<double>(p) * 4294967296.0 + 0.5;
+  return p <= 0.f ? 0u : t >= 4294967295.0 ? 4294967295u : static_cast<uint32_t>(t);
+}
+
+ANVIL_HD bool dropout_keep(uint64_t key, uint64_t i, uint32_t threshold) {
+  return static_cast<uint32_t>(dropout_mix(key + i * 0x9E3779B97F4A7C15ull) >> 32) >= threshold;
+}
+
+// The factor kept elements are multiplied by (PyTorch's 1 / (1 - p), in fp32).
+ANVIL_HD float dropout_scale(float p) {
+  return 1.0f / (1.0f - p);
+}
+
+}  // namespace anvil

@@ -1,0 +1,352 @@
+// Parity of the CUDA dropout ops with the CPU reference, in fp32, bf16 and fp16 storage: Ops::dropout and
+// Ops::dropout_next_micro must drop exactly the elements the counter hash of kernels/dropout.hpp drops (the
+// mask bit for bit; the kept values equal, being one fp32 multiply rounded once to the storage type), and
+// attention with probability dropout (AttentionMask::dropout) must agree with the CPU within the tolerances
+// of the attention parity tests. Skipped when no GPU is visible. ANVIL_PARITY_SEED replays a run;
+// ANVIL_PARITY_VERBOSE=1 prints every error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/half.hpp"
+#include "kernels/dropout.hpp"
+#include "kernels/ops.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil {
+namespace {
+
+std::string dtype_case_name(const ::testing::TestParamInfo<DType>& info) {
+  return info.param == DType::F32 ? "Fp32" : info.param == DType::BF16 ? "Bf16" : "Fp16";
+}
+
+// Raw storage on both backends for one tensor of `dtype`.
+struct Buf {
+  DType dtype = DType::F32;
+  size_t n = 0;
+  DeviceBuffer cpu_buf, gpu_buf;
+  void* cpu() const { return cpu_buf.get(); }
+  void* gpu() const { return gpu_buf.get(); }
+};
+
+class DropoutParity : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
+    const char* env = std::getenv("ANVIL_PARITY_SEED");
+    seed_ = env ? uint32_t(std::stoul(env)) : std::random_device{}();
+    rng_.seed(seed_);
+    RecordProperty("seed", std::to_string(seed_));
+    act_ = GetParam();
+    cpu_dev_ = make_cpu_device();
+    gpu_dev_ = make_cuda_device(0);
+    workspace_ = DeviceBuffer(*gpu_dev_, kCudaGemmWorkspaceBytes);
+    cpu_ = make_cpu_ops(*cpu_dev_, {act_, DType::F32});
+    gpu_ = make_cuda_ops(*gpu_dev_, false, workspace_.get(), workspace_.size(), {act_, DType::F32});
+    cpu_state_ = DeviceBuffer(*cpu_dev_, sizeof(DropoutState));
+    gpu_state_ = DeviceBuffer(*gpu_dev_, sizeof(DropoutState));
+  }
+
+  // Relative precision of the storage type (2^-8 bf16, 2^-11 fp16), times k.
+  double ulps(DType t, double k) const {
+    return t == DType::BF16 ? k * 0.00390625 : t == DType::F16 ? k * 0.00048828125 : k * 1e-6;
+  }
+
+  std::vector<float> randn(size_t n, float scale = 1.f) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::vector<float> v(n);
+    for (float& x : v) x = scale * dist(rng_);
+    return v;
+  }
+
+  static float decode(uint16_t h, DType t) { return t == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h); }
+
+  Buf make(const std::vector<float>& host, DType t) {
+    Buf b;
+    b.dtype = t, b.n = host.size();
+    const size_t bytes = dtype_bytes(t, host.size());
+    b.cpu_buf = DeviceBuffer(*cpu_dev_, std::max<size_t>(bytes, 1));
+    b.gpu_buf = DeviceBuffer(*gpu_dev_, std::max<size_t>(bytes, 1));
+    if (t == DType::F32) {
+      cpu_dev_->copy_to_device(b.cpu(), host.data(), bytes);
+      gpu_dev_->copy_to_device(b.gpu(), host.data(), bytes);
+    } else {
+      std::vector<uint16_t> h(host.size());
+      for (size_t i = 0; i < host.size(); ++i)
+        h[i] = t == DType::BF16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
+      cpu_dev_->copy_to_device(b.cpu(), h.data(), bytes);
+      gpu_dev_->copy_to_device(b.gpu(), h.data(), bytes);
+    }
+    return b;
+  }
+  Buf act(const std::vector<float>& v) { return make(v, act_); }
+  Buf f32(const std::vector<float>& v) { return make(v, DType::F32); }
+  Buf ints(const std::vector<int32_t>& host) {
+    Buf b;
+    b.dtype = DType::I32, b.n = host.size();
+    b.cpu_buf = DeviceBuffer(*cpu_dev_, host.size() * 4);
+    b.gpu_buf = DeviceBuffer(*gpu_dev_, host.size() * 4);
+    cpu_dev_->copy_to_device(b.cpu(), host.data(), host.size() * 4);
+    gpu_dev_->copy_to_device(b.gpu(), host.data(), host.size() * 4);
+    return b;
+  }
+  // The GPU copy takes the CPU copy's bytes.
+  void copy_cpu_to_gpu(Buf& b) {
+    std::vector<unsigned char> h(dtype_bytes(b.dtype, b.n));
+    cpu_dev_->copy_to_host(h.data(), b.cpu(), h.size());
+    gpu_dev_->copy_to_device(b.gpu(), h.data(), h.size());
+  }
+
+  // Elements [offset, offset + count) of b (all of it by default), widened to fp32.
+  std::vector<float> read(const Buf& b, bool gpu, size_t offset = 0, size_t count = size_t(-1)) {
+    count = std::min(count, b.n - offset);
+    const char* src = static_cast<const char*>(gpu ? b.gpu() : b.cpu()) + dtype_bytes(b.dtype, offset);
+    Device& d = gpu ? *gpu_dev_ : *cpu_dev_;
+    std::vector<float> out(count);
+    if (b.dtype == DType::F32) {
+      d.copy_to_host(out.data(), src, count * 4);
+    } else {
+      std::vector<uint16_t> h(count);
+      d.copy_to_host(h.data(), src, count * 2);
+      for (size_t i = 0; i < count; ++i) out[i] = decode(h[i], b.dtype);
+    }
+    return out;
+  }
+
+  // Both backends' DropoutState set to (seed, micro).
+  void set_state(uint64_t seed, uint32_t micro) {
+    DropoutState s;
+    s.seed = seed, s.micro = micro;
+    cpu_dev_->copy_to_device(cpu_state_.get(), &s, sizeof(s));
+    gpu_dev_->copy_to_device(gpu_state_.get(), &s, sizeof(s));
+  }
+  DropoutState read_state(bool gpu) {
+    DropoutState s;
+    (gpu ? *gpu_dev_ : *cpu_dev_).copy_to_host(&s, gpu ? gpu_state_.get() : cpu_state_.get(), sizeof(s));
+    return s;
+  }
+  const DropoutState* cpu_state() const { return static_cast<const DropoutState*>(cpu_state_.get()); }
+  const DropoutState* gpu_state() const { return static_cast<const DropoutState*>(gpu_state_.get()); }
+
+  ::testing::AssertionResult close(const std::string& what, const std::vector<float>& ref,
+                                   const std::vector<float>& got, double tol) const {
+    if (ref.size() != got.size()) return ::testing::AssertionFailure() << what << ": size mismatch";
+    double max_err = 0, max_ref = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      double err = std::fabs(double(ref[i]) - got[i]);
+      if (std::isnan(err)) err = INFINITY;
+      if (err > max_err) max_err = err, worst = i;
+      max_ref = std::max(max_ref, std::fabs(double(ref[i])));
+    }
+    const double rel = max_err / std::max(max_ref, 1e-30);
+    if (std::getenv("ANVIL_PARITY_VERBOSE"))
+      std::printf("  %-44s %s relative error %.3g (tolerance %.3g)\n", what.c_str(),
+                  std::string(dtype_name(act_)).c_str(), rel, tol);
+    if (rel <= tol) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << what << ": max |cpu - cuda| = " << max_err << " at [" << worst
+                                         << "] (cpu " << ref[worst] << ", cuda " << got[worst] << "), " << rel
+                                         << " of max |cpu| " << max_ref << " > " << tol << "; seed " << seed_;
+  }
+
+  // One dropout result: the mask (zeros) is the hash's, bit for bit, on both backends; the kept values are
+  // x * scale rounded once (equal for fp32, within one rounding of the storage type otherwise).
+  ::testing::AssertionResult check_dropout(const std::string& what, const std::vector<float>& x,
+                                           const std::vector<float>& cpu, const std::vector<float>& gpu,
+                                           float p, uint64_t key, size_t index_base) const {
+    const uint32_t threshold = dropout_threshold(p);
+    const float scale = dropout_scale(p);
+    // One rounding of the storage type: at most 2^-8 (bf16) or 2^-11 (fp16) of |value| relative, and one
+    // fp16 subnormal step (2^-24) absolute.
+    const double tol = act_ == DType::F32 ? 0.0 : ulps(act_, 2);
+    const double abs_tol = act_ == DType::F16 ? 6e-8 : 0.0;
+    size_t dropped = 0, nonzero = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i] == 0.f) continue;
+      ++nonzero;
+      const bool keep = dropout_keep(key, index_base + i, threshold);
+      dropped += keep ? 0 : 1;
+      if (keep != (cpu[i] != 0.f) || keep != (gpu[i] != 0.f))
+        return ::testing::AssertionFailure() << what << ": element " << i << " keep " << keep << " but cpu "
+                                             << cpu[i] << ", cuda " << gpu[i] << " (x " << x[i] << ")";
+      const double err = std::fabs(double(cpu[i]) - gpu[i]);
+      if (err > tol * std::fabs(double(cpu[i])) + abs_tol)
+        return ::testing::AssertionFailure() << what << ": element " << i << ": cpu " << cpu[i] << ", cuda "
+                                             << gpu[i] << " (x " << x[i] << " * " << scale << ")";
+    }
+    const double fraction = nonzero ? double(dropped) / double(nonzero) : 0.0;
+    if (std::getenv("ANVIL_PARITY_VERBOSE"))
+      std::printf("  %-44s %s dropped %.4f (p %.2f)\n", what.c_str(), std::string(dtype_name(act_)).c_str(),
+                  fraction, p);
+    if (std::fabs(fraction - p) > 0.01)
+      return ::testing::AssertionFailure() << what << ": dropped fraction " << fraction << ", p " << p;
+    return ::testing::AssertionSuccess();
+  }
+
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+  DType act_ = DType::F32;
+  // Declaration order matters: the ops and buffers must go before the devices they live on.
+  std::unique_ptr<Device> cpu_dev_, gpu_dev_;
+  DeviceBuffer workspace_, cpu_state_, gpu_state_;
+  std::unique_ptr<Ops> cpu_, gpu_;
+};
+
+TEST_P(DropoutParity, Op) {
+  const size_t n = 100003;  // no multiple of anything: vectors plus a tail
+  const uint64_t seed = (uint64_t(rng_()) << 32) | rng_();
+  Buf x = act(randn(n, 2.f)), y = act(randn(n, 100.f));
+  const std::vector<float> xh = read(x, false);
+  for (const float p : {0.1f, 0.5f}) {
+    for (const uint32_t site : {3u, 1000u}) {
+      for (const uint32_t micro : {0u, 7u}) {
+        const std::string what = "dropout p=" + std::to_string(p) + " site=" + std::to_string(site) +
+                                 " micro=" + std::to_string(micro);
+        SCOPED_TRACE(what);
+        set_state(seed, micro);
+        const uint64_t key = dropout_key(seed, micro, site);
+        // Forward into y.
+        cpu_->dropout(y.cpu(), x.cpu(), n, p, cpu_state(), site);
+        gpu_->dropout(y.gpu(), x.gpu(), n, p, gpu_state(), site);
+        const std::vector<float> ycpu = read(y, false), ygpu = read(y, true);
+        EXPECT_TRUE(check_dropout(what + " fwd", xh, ycpu, ygpu, p, key, 0));
+        // Backward: the same call on the gradient, in place (y aliases x); here the gradient is y itself, so
+        // the kept elements are scaled twice and the dropped ones stay 0. Each backend from the CPU's y.
+        copy_cpu_to_gpu(y);
+        cpu_->dropout(y.cpu(), y.cpu(), n, p, cpu_state(), site);
+        gpu_->dropout(y.gpu(), y.gpu(), n, p, gpu_state(), site);
+        EXPECT_TRUE(check_dropout(what + " bwd in place", xh, read(y, false), read(y, true), p, key, 0));
+        // Not 16-byte aligned (the scalar kernel on CUDA): element i of the view is index i of the mask.
+        const size_t off = 1;
+        auto at = [&](void* base, size_t k) { return static_cast<char*>(base) + dtype_bytes(act_, k); };
+        cpu_->dropout(at(y.cpu(), off), at(x.cpu(), off), n - off, p, cpu_state(), site);
+        gpu_->dropout(at(y.gpu(), off), at(x.gpu(), off), n - off, p, gpu_state(), site);
+        const std::vector<float> xv(xh.begin() + off, xh.end());
+        EXPECT_TRUE(
+            check_dropout(what + " unaligned", xv, read(y, false, off), read(y, true, off), p, key, 0));
+      }
+    }
+  }
+  // Different sites and micro-batches draw different masks.
+  set_state(seed, 0);
+  gpu_->dropout(y.gpu(), x.gpu(), n, 0.5f, gpu_state(), 3);
+  const std::vector<float> a = read(y, true);
+  gpu_->dropout(y.gpu(), x.gpu(), n, 0.5f, gpu_state(), 4);
+  const std::vector<float> b = read(y, true);
+  set_state(seed, 1);
+  gpu_->dropout(y.gpu(), x.gpu(), n, 0.5f, gpu_state(), 3);
+  const std::vector<float> c = read(y, true);
+  size_t differ_site = 0, differ_micro = 0;
+  for (size_t i = 0; i < n; ++i) {
+    differ_site += (a[i] == 0.f) != (b[i] == 0.f);
+    differ_micro += (a[i] == 0.f) != (c[i] == 0.f);
+  }
+  EXPECT_GT(differ_site, n / 4);
+  EXPECT_GT(differ_micro, n / 4);
+  // p = 0 copies.
+  cpu_->dropout(y.cpu(), x.cpu(), n, 0.f, cpu_state(), 3);
+  gpu_->dropout(y.gpu(), x.gpu(), n, 0.f, gpu_state(), 3);
+  EXPECT_TRUE(close("dropout p=0 (cpu)", xh, read(y, false), 0.0));
+  EXPECT_TRUE(close("dropout p=0 (cuda)", xh, read(y, true), 0.0));
+}
+
+TEST_P(DropoutParity, NextMicro) {
+  set_state(0x0123456789abcdefull, 41);
+  cpu_->dropout_next_micro(static_cast<DropoutState*>(cpu_state_.get()));
+  gpu_->dropout_next_micro(static_cast<DropoutState*>(gpu_state_.get()));
+  gpu_->dropout_next_micro(static_cast<DropoutState*>(gpu_state_.get()));
+  const DropoutState c = read_state(false), g = read_state(true);
+  EXPECT_EQ(c.seed, 0x0123456789abcdefull);
+  EXPECT_EQ(c.micro, 42u);
+  EXPECT_EQ(g.seed, 0x0123456789abcdefull);
+  EXPECT_EQ(g.micro, 43u);
+}
+
+// Attention with probability dropout against the CPU, at a shape where cuDNN flash attention would run
+// without dropout (16-bit storage), for every mask variant.
+TEST_P(DropoutParity, Attention) {
+  const int B = 3, T = 40, C = 64, NH = 2;
+  const float p = 0.1f;
+  const uint32_t site = 12;
+  const std::string impl = cuda_attention_implementation(act_, C, NH, false);
+  const std::string impl_drop = cuda_attention_implementation(act_, C, NH, true);
+  EXPECT_EQ(impl_drop, impl == "cudnn flash attention" ? "materialized attention (attention dropout)" : impl);
+  EXPECT_EQ(gpu_->attention_scratch_bytes(B, T, C, NH, true),
+            cuda_attention_scratch_bytes(act_, B, T, C, NH, true));
+  const double tol_out = act_ == DType::F32 ? 5e-4 : ulps(act_, 4);
+  const double tol_lse = act_ == DType::F32 ? 5e-4 : 1e-5;
+  const double tol_dqkv = act_ == DType::F32 ? 5e-4 : ulps(act_, 6);
+  const uint64_t seed = (uint64_t(rng_()) << 32) | rng_();
+  for (int mask_kind = 0; mask_kind < 4; ++mask_kind) {
+    const bool causal = mask_kind % 2 == 0, padded = mask_kind >= 2;
+    SCOPED_TRACE(impl_drop + (causal ? " causal" : " bidirectional") + (padded ? " padded" : ""));
+    set_state(seed, 3 + uint32_t(mask_kind));
+    std::vector<int32_t> len_host(size_t(B), T);
+    for (size_t b = 1; b < len_host.size(); ++b) len_host[b] = 1 + int(rng_() % uint32_t(T));
+    Buf lengths = ints(len_host);
+    AttentionMask cpu_mask{causal, padded ? static_cast<const int32_t*>(lengths.cpu()) : nullptr};
+    AttentionMask gpu_mask{causal, padded ? static_cast<const int32_t*>(lengths.gpu()) : nullptr};
+    cpu_mask.dropout = gpu_mask.dropout = p;
+    cpu_mask.dropout_site = gpu_mask.dropout_site = site;
+    cpu_mask.dropout_state = cpu_state();
+    gpu_mask.dropout_state = gpu_state();
+    const size_t BTC = size_t(B) * T * C, R = size_t(B) * NH * T;
+    Buf qkv = act(randn(3 * BTC)), out = act(randn(BTC, 100.f)), lse = f32(randn(R, 100.f));
+    DeviceBuffer cs(*cpu_dev_, std::max<size_t>(1, cpu_->attention_scratch_bytes(B, T, C, NH, true)));
+    DeviceBuffer gs(*gpu_dev_, gpu_->attention_scratch_bytes(B, T, C, NH, true));
+    cpu_->attention_fwd(out.cpu(), static_cast<float*>(lse.cpu()), qkv.cpu(), cs.get(), B, T, C, NH,
+                        cpu_mask);
+    gpu_->attention_fwd(out.gpu(), static_cast<float*>(lse.gpu()), qkv.gpu(), gs.get(), B, T, C, NH,
+                        gpu_mask);
+    EXPECT_TRUE(close("attention_fwd lse (dropout)", read(lse, false), read(lse, true), tol_lse));
+    const std::vector<float> out_drop = read(out, true);
+    EXPECT_TRUE(close("attention_fwd out (dropout)", read(out, false), out_drop, tol_out));
+
+    // The mask does something: without dropout (the same scratch: cuDNN's where it runs) out differs.
+    Buf out0 = act(randn(BTC, 100.f)), lse0 = f32(randn(R, 100.f));
+    AttentionMask plain = gpu_mask;
+    plain.dropout = 0;
+    gpu_->attention_fwd(out0.gpu(), static_cast<float*>(lse0.gpu()), qkv.gpu(), gs.get(), B, T, C, NH, plain);
+    EXPECT_TRUE(close("attention_fwd lse (dropout vs none)", read(lse0, true), read(lse, true),
+                      act_ == DType::F32 ? 5e-4 : 1e-3));
+    const std::vector<float> out_plain = read(out0, true);
+    double max_diff = 0, max_abs = 0;
+    for (size_t i = 0; i < BTC; ++i) {
+      max_diff = std::max(max_diff, std::fabs(double(out_plain[i]) - out_drop[i]));
+      max_abs = std::max(max_abs, std::fabs(double(out_plain[i])));
+    }
+    EXPECT_GT(max_diff, 0.05 * max_abs) << "attention dropout changed nothing; seed " << seed_;
+
+    // Both backwards from the CPU's forward outputs.
+    copy_cpu_to_gpu(out);
+    copy_cpu_to_gpu(lse);
+    Buf dout = act(randn(BTC)), dqkv = act(randn(3 * BTC, 100.f));
+    cpu_->attention_bwd(dqkv.cpu(), dout.cpu(), qkv.cpu(), out.cpu(), static_cast<const float*>(lse.cpu()),
+                        cs.get(), B, T, C, NH, cpu_mask);
+    gpu_->attention_bwd(dqkv.gpu(), dout.gpu(), qkv.gpu(), out.gpu(), static_cast<const float*>(lse.gpu()),
+                        gs.get(), B, T, C, NH, gpu_mask);
+    const std::vector<float> ref = read(dqkv, false), got = read(dqkv, true);
+    for (int part = 0; part < 3; ++part) {
+      std::vector<float> r, g;
+      for (size_t bt = 0; bt < size_t(B) * T; ++bt)
+        for (int c = 0; c < C; ++c)
+          r.push_back(ref[bt * 3 * C + part * C + c]), g.push_back(got[bt * 3 * C + part * C + c]);
+      EXPECT_TRUE(close(std::string("attention_bwd d") + "qkv"[part] + " (dropout)", r, g, tol_dqkv));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DropoutParity, ::testing::Values(DType::F32, DType::BF16, DType::F16),
+                         dtype_case_name);
+
+}  // namespace
+}  // namespace anvil

@@ -1,0 +1,85 @@
+// The dropout op on the CPU backend (the reference the CUDA kernels are compared with in
+// tests/parity/dropout_parity_test.cpp): which elements it keeps is the shared hash of kernels/dropout.hpp,
+// kept ones are scaled by 1 / (1 - p), and it is a pure function of the state, the site and the index.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/half.hpp"
+#include "kernels/ops.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil {
+namespace {
+
+TEST(Dropout, KeepsTheHashedElementsScaled) {
+  auto dev = make_cpu_device();
+  auto ops = make_cpu_ops(*dev);
+  const size_t n = 200003;
+  std::vector<float> x(n), y(n);
+  for (size_t i = 0; i < n; ++i) x[i] = 1.0f + float(i % 17);
+  DropoutState st{1234, 3, 0};
+  for (const float p : {0.1f, 0.5f, 0.9f}) {
+    ops->dropout(y.data(), x.data(), n, p, &st, 7);
+    const uint64_t key = dropout_key(1234, 3, 7);
+    size_t dropped = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const bool keep = dropout_keep(key, i, dropout_threshold(p));
+      ASSERT_EQ(y[i], keep ? x[i] * (1.0f / (1.0f - p)) : 0.0f) << i;
+      dropped += !keep;
+    }
+    // Binomial(n, p): 5 standard deviations.
+    EXPECT_NEAR(double(dropped) / n, p, 5 * std::sqrt(p * (1 - p) / n)) << p;
+  }
+  // Another site, micro-batch or seed gives another mask; the same ones give the same mask.
+  std::vector<float> a(n), b(n);
+  ops->dropout(a.data(), x.data(), n, 0.5f, &st, 7);
+  ops->dropout(b.data(), x.data(), n, 0.5f, &st, 7);
+  EXPECT_EQ(a, b);
+  for (const DropoutState other : {DropoutState{1234, 4, 0}, DropoutState{1235, 3, 0}}) {
+    ops->dropout(b.data(), x.data(), n, 0.5f, &other, 7);
+    EXPECT_NE(a, b);
+  }
+  ops->dropout(b.data(), x.data(), n, 0.5f, &st, 8);
+  EXPECT_NE(a, b);
+  // In place, twice: the mask applied twice, the scale squared (what backward applies to a gradient).
+  std::vector<float> z = x;
+  ops->dropout(z.data(), z.data(), n, 0.5f, &st, 7);
+  ops->dropout(z.data(), z.data(), n, 0.5f, &st, 7);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(z[i], a[i] == 0 ? 0.0f : x[i] * 4.0f) << i;
+  // The counter: each training forward advances it.
+  ops->dropout_next_micro(&st);
+  EXPECT_EQ(st.micro, 4u);
+}
+
+TEST(Dropout, SixteenBitStorageRoundsOnce) {
+  auto dev = make_cpu_device();
+  const DropoutState st{99, 1, 0};
+  const size_t n = 4099;
+  for (const DType t : {DType::BF16, DType::F16}) {
+    auto ops = make_cpu_ops(*dev, {t, DType::F32});
+    std::vector<uint16_t> x(n), y(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = 0.37f * float(int(i % 23) - 11);
+      x[i] = t == DType::BF16 ? float_to_bf16(v) : float_to_fp16(v);
+    }
+    ops->dropout(y.data(), x.data(), n, 0.3f, &st, 2);
+    const uint64_t key = dropout_key(99, 1, 2);
+    for (size_t i = 0; i < n; ++i) {
+      const float xi = t == DType::BF16 ? bf16_to_float(x[i]) : fp16_to_float(x[i]);
+      const float want = dropout_keep(key, i, dropout_threshold(0.3f)) ? xi * (1.0f / 0.7f) : 0.0f;
+      ASSERT_EQ(y[i], t == DType::BF16 ? float_to_bf16(want) : float_to_fp16(want)) << i;
+    }
+  }
+}
+
+TEST(Dropout, ThresholdIsRoundedProbability) {
+  EXPECT_EQ(dropout_threshold(0.0f), 0u);
+  EXPECT_EQ(dropout_threshold(0.5f), 2147483648u);
+  EXPECT_EQ(dropout_threshold(0.25f), 1073741824u);
+  EXPECT_EQ(dropout_scale(0.5f), 2.0f);
+}
+
+}  // namespace
+}  // namespace anvil
