@@ -1,6 +1,7 @@
 // BERT classification training on the GPU through the trainer: batches of different padded lengths with CUDA
 // graphs (one graph per input slot and batch shape) compute what eager execution computes, and the CUDA run
-// follows the CPU run. A learnable task on a small shard (label: does token 7 occur?), fp32 and bf16.
+// follows the CPU run, with dropout 0.1 (the same masks on both backends; graph replays draw each step's). A
+// learnable task on a small shard (label: does token 7 occur?), fp32 and bf16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,8 +64,13 @@ std::vector<double> losses(const std::string& out) {
 }
 
 TrainSummary run(const ScratchDir& d, const std::string& name, const std::string& device, bool graphs,
-                 bool bf16, int batch = 8, int accumulation = 2) {
-  const json j = {{"model", {{"family", "bert"}, {"vocab_size", 64}, {"block_size", 64}}},
+                 bool bf16, int batch = 8, int accumulation = 2, double dropout = 0.1) {
+  const json j = {{"model",
+                   {{"family", "bert"},
+                    {"vocab_size", 64},
+                    {"block_size", 64},
+                    {"hidden_dropout_prob", dropout},
+                    {"attention_probs_dropout_prob", dropout}}},
                   {"train_data", d / "train.cls"},
                   {"val_data", d / "val.cls"},
                   {"per_device_train_batch_size", batch},
@@ -114,16 +120,16 @@ TEST(BertTrainParity, GraphsPerShapeMatchEagerAndTheCpu) {
 
 // One micro-batch of 16 per step: the gradients live in activation memory (backward zeroes each unit's just
 // before writing it, inside the whole-step graph). The run follows two micro-batches of 8 with separate
-// gradient memory on the GPU (the same examples per step, padded per micro-batch instead of per batch) and
-// the same shared run on the CPU.
+// gradient memory on the GPU (the same examples per step, padded per micro-batch instead of per batch;
+// without dropout, whose masks are drawn per micro-batch) and the same shared run on the CPU.
 TEST(BertTrainParity, GradientsInActivationMemoryMatchSeparateGradients) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
   ScratchDir d;
   write_task(d / "train.cls", 640, 1);
   write_task(d / "val.cls", 128, 2);
-  const TrainSummary shared = run(d, "shared", "cuda", true, false, 16, 1);
-  const TrainSummary separate = run(d, "separate", "cuda", true, false, 8, 2);
-  const TrainSummary cpu = run(d, "cpu", "cpu", false, false, 16, 1);
+  const TrainSummary shared = run(d, "shared", "cuda", true, false, 16, 1, 0.0);
+  const TrainSummary separate = run(d, "separate", "cuda", true, false, 8, 2, 0.0);
+  const TrainSummary cpu = run(d, "cpu", "cpu", false, false, 16, 1, 0.0);
   const std::vector<double> ls = losses(d / "shared"), lp = losses(d / "separate"), lc = losses(d / "cpu");
   ASSERT_EQ(ls.size(), 100u);
   ASSERT_EQ(lp.size(), 100u);
