@@ -11,15 +11,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
-#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "core/half.hpp"
 #include "kernels/dropout.hpp"
 #include "kernels/ops.hpp"
+#include "parity_fixture.hpp"
 #include "runtime/device.hpp"
 
 namespace anvil {
@@ -29,97 +27,15 @@ std::string dtype_case_name(const ::testing::TestParamInfo<DType>& info) {
   return info.param == DType::F32 ? "Fp32" : info.param == DType::BF16 ? "Bf16" : "Fp16";
 }
 
-// Raw storage on both backends for one tensor of `dtype`.
-struct Buf {
-  DType dtype = DType::F32;
-  size_t n = 0;
-  DeviceBuffer cpu_buf, gpu_buf;
-  void* cpu() const { return cpu_buf.get(); }
-  void* gpu() const { return gpu_buf.get(); }
-};
-
-class DropoutParity : public ::testing::TestWithParam<DType> {
+class DropoutParity : public parity::TypedParityFixture<DType> {
  protected:
+  OpsPrecision precision() const override { return {GetParam(), DType::F32}; }
+
   void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
-    const char* env = std::getenv("ANVIL_PARITY_SEED");
-    seed_ = env ? uint32_t(std::stoul(env)) : std::random_device{}();
-    rng_.seed(seed_);
-    RecordProperty("seed", std::to_string(seed_));
-    act_ = GetParam();
-    cpu_dev_ = make_cpu_device();
-    gpu_dev_ = make_cuda_device(0);
-    workspace_ = DeviceBuffer(*gpu_dev_, kCudaGemmWorkspaceBytes);
-    cpu_ = make_cpu_ops(*cpu_dev_, {act_, DType::F32});
-    gpu_ = make_cuda_ops(*gpu_dev_, false, workspace_.get(), workspace_.size(), {act_, DType::F32});
+    TypedParityFixture::SetUp();
+    if (IsSkipped()) return;
     cpu_state_ = DeviceBuffer(*cpu_dev_, sizeof(DropoutState));
     gpu_state_ = DeviceBuffer(*gpu_dev_, sizeof(DropoutState));
-  }
-
-  // Relative precision of the storage type (2^-8 bf16, 2^-11 fp16), times k.
-  double ulps(DType t, double k) const {
-    return t == DType::BF16 ? k * 0.00390625 : t == DType::F16 ? k * 0.00048828125 : k * 1e-6;
-  }
-
-  std::vector<float> randn(size_t n, float scale = 1.f) {
-    std::normal_distribution<float> dist(0.f, 1.f);
-    std::vector<float> v(n);
-    for (float& x : v) x = scale * dist(rng_);
-    return v;
-  }
-
-  static float decode(uint16_t h, DType t) { return t == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h); }
-
-  Buf make(const std::vector<float>& host, DType t) {
-    Buf b;
-    b.dtype = t, b.n = host.size();
-    const size_t bytes = dtype_bytes(t, host.size());
-    b.cpu_buf = DeviceBuffer(*cpu_dev_, std::max<size_t>(bytes, 1));
-    b.gpu_buf = DeviceBuffer(*gpu_dev_, std::max<size_t>(bytes, 1));
-    if (t == DType::F32) {
-      cpu_dev_->copy_to_device(b.cpu(), host.data(), bytes);
-      gpu_dev_->copy_to_device(b.gpu(), host.data(), bytes);
-    } else {
-      std::vector<uint16_t> h(host.size());
-      for (size_t i = 0; i < host.size(); ++i)
-        h[i] = t == DType::BF16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
-      cpu_dev_->copy_to_device(b.cpu(), h.data(), bytes);
-      gpu_dev_->copy_to_device(b.gpu(), h.data(), bytes);
-    }
-    return b;
-  }
-  Buf act(const std::vector<float>& v) { return make(v, act_); }
-  Buf f32(const std::vector<float>& v) { return make(v, DType::F32); }
-  Buf ints(const std::vector<int32_t>& host) {
-    Buf b;
-    b.dtype = DType::I32, b.n = host.size();
-    b.cpu_buf = DeviceBuffer(*cpu_dev_, host.size() * 4);
-    b.gpu_buf = DeviceBuffer(*gpu_dev_, host.size() * 4);
-    cpu_dev_->copy_to_device(b.cpu(), host.data(), host.size() * 4);
-    gpu_dev_->copy_to_device(b.gpu(), host.data(), host.size() * 4);
-    return b;
-  }
-  // The GPU copy takes the CPU copy's bytes.
-  void copy_cpu_to_gpu(Buf& b) {
-    std::vector<unsigned char> h(dtype_bytes(b.dtype, b.n));
-    cpu_dev_->copy_to_host(h.data(), b.cpu(), h.size());
-    gpu_dev_->copy_to_device(b.gpu(), h.data(), h.size());
-  }
-
-  // Elements [offset, offset + count) of b (all of it by default), widened to fp32.
-  std::vector<float> read(const Buf& b, bool gpu, size_t offset = 0, size_t count = size_t(-1)) {
-    count = std::min(count, b.n - offset);
-    const char* src = static_cast<const char*>(gpu ? b.gpu() : b.cpu()) + dtype_bytes(b.dtype, offset);
-    Device& d = gpu ? *gpu_dev_ : *cpu_dev_;
-    std::vector<float> out(count);
-    if (b.dtype == DType::F32) {
-      d.copy_to_host(out.data(), src, count * 4);
-    } else {
-      std::vector<uint16_t> h(count);
-      d.copy_to_host(h.data(), src, count * 2);
-      for (size_t i = 0; i < count; ++i) out[i] = decode(h[i], b.dtype);
-    }
-    return out;
   }
 
   // Both backends' DropoutState set to (seed, micro).
@@ -136,27 +52,6 @@ class DropoutParity : public ::testing::TestWithParam<DType> {
   }
   const DropoutState* cpu_state() const { return static_cast<const DropoutState*>(cpu_state_.get()); }
   const DropoutState* gpu_state() const { return static_cast<const DropoutState*>(gpu_state_.get()); }
-
-  ::testing::AssertionResult close(const std::string& what, const std::vector<float>& ref,
-                                   const std::vector<float>& got, double tol) const {
-    if (ref.size() != got.size()) return ::testing::AssertionFailure() << what << ": size mismatch";
-    double max_err = 0, max_ref = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      double err = std::fabs(double(ref[i]) - got[i]);
-      if (std::isnan(err)) err = INFINITY;
-      if (err > max_err) max_err = err, worst = i;
-      max_ref = std::max(max_ref, std::fabs(double(ref[i])));
-    }
-    const double rel = max_err / std::max(max_ref, 1e-30);
-    if (std::getenv("ANVIL_PARITY_VERBOSE"))
-      std::printf("  %-44s %s relative error %.3g (tolerance %.3g)\n", what.c_str(),
-                  std::string(dtype_name(act_)).c_str(), rel, tol);
-    if (rel <= tol) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << what << ": max |cpu - cuda| = " << max_err << " at [" << worst
-                                         << "] (cpu " << ref[worst] << ", cuda " << got[worst] << "), " << rel
-                                         << " of max |cpu| " << max_ref << " > " << tol << "; seed " << seed_;
-  }
 
   // One dropout result: the mask (zeros) is the hash's, bit for bit, on both backends; the kept values are
   // x * scale rounded once (equal for fp32, within one rounding of the storage type otherwise).
@@ -192,13 +87,7 @@ class DropoutParity : public ::testing::TestWithParam<DType> {
     return ::testing::AssertionSuccess();
   }
 
-  uint32_t seed_ = 0;
-  std::mt19937 rng_;
-  DType act_ = DType::F32;
-  // Declaration order matters: the ops and buffers must go before the devices they live on.
-  std::unique_ptr<Device> cpu_dev_, gpu_dev_;
-  DeviceBuffer workspace_, cpu_state_, gpu_state_;
-  std::unique_ptr<Ops> cpu_, gpu_;
+  DeviceBuffer cpu_state_, gpu_state_;  // destroyed before the base's devices they live on
 };
 
 TEST_P(DropoutParity, Op) {

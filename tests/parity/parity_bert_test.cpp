@@ -8,25 +8,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../unit/bert_harness.hpp"
-#include "core/half.hpp"
 #include "kernels/ops.hpp"
+#include "parity_fixture.hpp"
 #include "runtime/device.hpp"
 
 namespace anvil {
 namespace {
-
-uint32_t parity_seed() {
-  const char* env = std::getenv("ANVIL_PARITY_SEED");
-  return env ? uint32_t(std::stoul(env)) : std::random_device{}();
-}
 
 struct Case {
   DType compute;
@@ -37,144 +29,18 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(dtype_name(info.param.compute)) + "Grads" + std::string(dtype_name(info.param.grad));
 }
 
-// Raw storage on both backends for one tensor of `dtype`.
-struct Buf {
-  DType dtype = DType::F32;
-  size_t n = 0;
-  DeviceBuffer cpu_buf, gpu_buf;
-  void* cpu() const { return cpu_buf.get(); }
-  void* gpu() const { return gpu_buf.get(); }
-  template <class T>
-  T* cpu_as() const {
-    return static_cast<T*>(cpu_buf.get());
-  }
-  template <class T>
-  T* gpu_as() const {
-    return static_cast<T*>(gpu_buf.get());
-  }
-};
-
-class BertOpsParity : public ::testing::TestWithParam<Case> {
+class BertOpsParity : public parity::TypedParityFixture<Case> {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
-    seed_ = parity_seed();
-    rng_.seed(seed_);
-    RecordProperty("seed", std::to_string(seed_));
-    act_ = GetParam().compute, grad_ = GetParam().grad;
-    cpu_dev_ = make_cpu_device();
-    gpu_dev_ = make_cuda_device(0);
-    workspace_ = DeviceBuffer(*gpu_dev_, kCudaGemmWorkspaceBytes);
-    cpu_ = make_cpu_ops(*cpu_dev_, {act_, grad_});
-    gpu_ = make_cuda_ops(*gpu_dev_, false, workspace_.get(), workspace_.size(), {act_, grad_});
-  }
-
-  // Relative tolerance in units of the storage type's precision (2^-8 bf16, 2^-11 fp16, ~1e-6 fp32).
-  double ulps(DType t, double k) const {
-    return t == DType::BF16 ? k * 0.00390625 : t == DType::F16 ? k * 0.00048828125 : k * 1e-6;
-  }
-
-  std::vector<float> randn(size_t n, float scale = 1.f, float offset = 0.f) {
-    std::normal_distribution<float> dist(0.f, 1.f);
-    std::vector<float> v(n);
-    for (float& x : v) x = offset + scale * dist(rng_);
-    return v;
-  }
-  std::vector<int32_t> ints(size_t n, int32_t lo, int32_t hi_exclusive) {
-    std::uniform_int_distribution<int32_t> dist(lo, hi_exclusive - 1);
-    std::vector<int32_t> v(n);
-    for (int32_t& x : v) x = dist(rng_);
-    return v;
-  }
-
-  Buf make(const std::vector<float>& host, DType t) {
-    Buf b;
-    b.dtype = t, b.n = host.size();
-    const size_t bytes = std::max<size_t>(dtype_bytes(t, host.size()), 1);
-    b.cpu_buf = DeviceBuffer(*cpu_dev_, bytes);
-    b.gpu_buf = DeviceBuffer(*gpu_dev_, bytes);
-    if (t == DType::F32) {
-      cpu_dev_->copy_to_device(b.cpu(), host.data(), host.size() * 4);
-      gpu_dev_->copy_to_device(b.gpu(), host.data(), host.size() * 4);
-    } else {
-      std::vector<uint16_t> h(host.size());
-      for (size_t i = 0; i < h.size(); ++i)
-        h[i] = t == DType::BF16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
-      cpu_dev_->copy_to_device(b.cpu(), h.data(), h.size() * 2);
-      gpu_dev_->copy_to_device(b.gpu(), h.data(), h.size() * 2);
-    }
-    return b;
-  }
-  Buf make_ints(const std::vector<int32_t>& host) {
-    Buf b;
-    b.dtype = DType::I32, b.n = host.size();
-    b.cpu_buf = DeviceBuffer(*cpu_dev_, host.size() * 4);
-    b.gpu_buf = DeviceBuffer(*gpu_dev_, host.size() * 4);
-    cpu_dev_->copy_to_device(b.cpu(), host.data(), host.size() * 4);
-    gpu_dev_->copy_to_device(b.gpu(), host.data(), host.size() * 4);
-    return b;
-  }
-  Buf act(const std::vector<float>& v) { return make(v, act_); }
-  Buf grad(const std::vector<float>& v) { return make(v, grad_); }
-  Buf f32(const std::vector<float>& v) { return make(v, DType::F32); }
-
-  std::vector<float> read(const Buf& b, bool gpu) {
-    Device& d = gpu ? *gpu_dev_ : *cpu_dev_;
-    const void* src = gpu ? b.gpu() : b.cpu();
-    std::vector<float> out(b.n);
-    if (b.dtype == DType::F32) {
-      d.copy_to_host(out.data(), src, b.n * 4);
-      return out;
-    }
-    std::vector<uint16_t> h(b.n);
-    d.copy_to_host(h.data(), src, b.n * 2);
-    for (size_t i = 0; i < b.n; ++i)
-      out[i] = b.dtype == DType::BF16 ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
-    return out;
-  }
-  // The GPU copy takes the CPU copy's bytes (both sides of a backward then start from the same inputs).
-  void copy_cpu_to_gpu(Buf& b) {
-    std::vector<unsigned char> h(dtype_bytes(b.dtype, b.n));
-    cpu_dev_->copy_to_host(h.data(), b.cpu(), h.size());
-    gpu_dev_->copy_to_device(b.gpu(), h.data(), h.size());
-  }
-
-  ::testing::AssertionResult same(const std::string& what, const Buf& b, double tol) {
-    const std::vector<float> ref = read(b, false), got = read(b, true);
-    double max_err = 0, max_ref = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      double err = std::fabs(double(ref[i]) - got[i]);
-      if (std::isnan(err)) err = INFINITY;
-      if (err > max_err) max_err = err, worst = i;
-      max_ref = std::max(max_ref, std::fabs(double(ref[i])));
-    }
-    const double rel = max_err / std::max(max_ref, 1e-30);
-    if (std::getenv("ANVIL_PARITY_VERBOSE"))
-      std::printf("  %-36s %s relative error %.3g (tolerance %.3g)\n", what.c_str(),
-                  std::string(dtype_name(act_)).c_str(), rel, tol);
-    if (rel <= tol) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << what << ": max |cpu - cuda| = " << max_err << " at [" << worst << "] (cpu " << ref[worst]
-           << ", cuda " << got[worst] << "), " << rel << " of max |cpu| " << max_ref << " > " << tol
-           << "; seed " << seed_ << " (replay with ANVIL_PARITY_SEED=" << seed_ << ")";
-  }
-
-  uint32_t seed_ = 0;
-  std::mt19937 rng_;
-  DType act_ = DType::F32, grad_ = DType::F32;
-  std::unique_ptr<Device> cpu_dev_, gpu_dev_;
-  DeviceBuffer workspace_;
-  std::unique_ptr<Ops> cpu_, gpu_;
+  OpsPrecision precision() const override { return {GetParam().compute, GetParam().grad}; }
 };
 
 TEST_P(BertOpsParity, Embedding) {
   // Token types in runs (segments) and scattered; padding with the pad token, which is also skipped in dwte.
   const int B = 4, T = 100, C = 72, V = 60, maxT = 128, TV = 3, pad = 0;
-  std::vector<int32_t> tok = ints(size_t(B) * T, 0, V), types(size_t(B) * T);
+  std::vector<int32_t> tok = rand_ints(size_t(B) * T, 0, V), types(size_t(B) * T);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) types[b * T + t] = b == 3 ? int32_t(rng_() % TV) : t < T / 2 ? 0 : 1 + b % 2;
-  Buf tokens = make_ints(tok), tt = make_ints(types);
+  Buf tokens = ints(tok), tt = ints(types);
   Buf wte = act(randn(size_t(V) * C)), wpe = act(randn(size_t(maxT) * C)), wtt = act(randn(size_t(TV) * C));
   Buf out = act(randn(size_t(B) * T * C, 100.f));
   for (const bool with_types : {true, false}) {
@@ -240,10 +106,10 @@ TEST_P(BertOpsParity, ClassificationLoss) {
     if (NL == 1) {
       labels = f32(randn(N));
     } else {
-      std::vector<int32_t> l = ints(N, 0, NL);
+      std::vector<int32_t> l = rand_ints(N, 0, NL);
       l[3] = l[17] = kIgnoreIndex;
       l[0] = NL - 1;
-      labels = make_ints(l);
+      labels = ints(l);
     }
     const float scale = act_ == DType::F16 ? 1024.f / N : 1.f / N;  // fp16 gradients carry a loss scale
     cpu_->classification_loss(losses.cpu_as<float>(), dlogits.cpu(), logits.cpu(), labels.cpu(), N, NL,
@@ -302,7 +168,7 @@ double cosine(const std::vector<float>& a, const std::vector<float>& b) {
 // logits, losses and every gradient agree (fp32: element-wise; 16-bit: loss and gradient direction).
 void run_model(OpsPrecision precision, CheckpointPolicy checkpointing, bool regression) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
-  const uint32_t seed = parity_seed();
+  const uint32_t seed = parity::choose_seed();
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   std::mt19937 rng(seed);
   TransformerConfig c = TransformerConfig::preset("bert-tiny");

@@ -9,15 +9,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "core/half.hpp"
 #include "kernels/ops.hpp"
+#include "parity_fixture.hpp"
 #include "runtime/device.hpp"
 
 namespace anvil {
@@ -33,130 +31,11 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (info.param.half_grads ? "Grads16" : "Grads32");
 }
 
-// Raw storage on both backends for one tensor of `dtype`.
-struct Buf {
-  DType dtype = DType::F32;
-  size_t n = 0;
-  DeviceBuffer cpu_buf, gpu_buf;
-  void* cpu() const { return cpu_buf.get(); }
-  void* gpu() const { return gpu_buf.get(); }
-};
-
-class MixedParity : public ::testing::TestWithParam<Case> {
+class MixedParity : public parity::TypedParityFixture<Case> {
  protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
-    const char* env = std::getenv("ANVIL_PARITY_SEED");
-    seed_ = env ? uint32_t(std::stoul(env)) : std::random_device{}();
-    rng_.seed(seed_);
-    RecordProperty("seed", std::to_string(seed_));
-    act_ = GetParam().compute;
-    grad_ = GetParam().half_grads ? act_ : DType::F32;
-    cpu_dev_ = make_cpu_device();
-    gpu_dev_ = make_cuda_device(0);
-    workspace_ = DeviceBuffer(*gpu_dev_, kCudaGemmWorkspaceBytes);
-    cpu_ = make_cpu_ops(*cpu_dev_, {act_, grad_});
-    gpu_ = make_cuda_ops(*gpu_dev_, false, workspace_.get(), workspace_.size(), {act_, grad_});
+  OpsPrecision precision() const override {
+    return {GetParam().compute, GetParam().half_grads ? GetParam().compute : DType::F32};
   }
-
-  // Relative tolerance in units of the storage type's precision (2^-8 bf16, 2^-11 fp16).
-  double ulps(DType t, double k) const {
-    return t == DType::BF16 ? k * 0.00390625 : t == DType::F16 ? k * 0.00048828125 : k * 1e-6;
-  }
-
-  std::vector<float> randn(size_t n, float scale = 1.f, float offset = 0.f) {
-    std::normal_distribution<float> dist(0.f, 1.f);
-    std::vector<float> v(n);
-    for (float& x : v) x = offset + scale * dist(rng_);
-    return v;
-  }
-
-  static std::vector<uint16_t> encode(const std::vector<float>& v, DType t) {
-    std::vector<uint16_t> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i)
-      out[i] = t == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
-    return out;
-  }
-  static float decode(uint16_t h, DType t) { return t == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h); }
-
-  Buf make(const std::vector<float>& host, DType t) {
-    Buf b;
-    b.dtype = t, b.n = host.size();
-    const size_t bytes = dtype_bytes(t, host.size());
-    b.cpu_buf = DeviceBuffer(*cpu_dev_, std::max<size_t>(bytes, 1));
-    b.gpu_buf = DeviceBuffer(*gpu_dev_, std::max<size_t>(bytes, 1));
-    if (t == DType::F32) {
-      cpu_dev_->copy_to_device(b.cpu(), host.data(), bytes);
-      gpu_dev_->copy_to_device(b.gpu(), host.data(), bytes);
-    } else {
-      const std::vector<uint16_t> h = encode(host, t);
-      cpu_dev_->copy_to_device(b.cpu(), h.data(), bytes);
-      gpu_dev_->copy_to_device(b.gpu(), h.data(), bytes);
-    }
-    return b;
-  }
-  Buf ints(const std::vector<int32_t>& host) {
-    Buf b;
-    b.dtype = DType::I32, b.n = host.size();
-    b.cpu_buf = DeviceBuffer(*cpu_dev_, host.size() * 4);
-    b.gpu_buf = DeviceBuffer(*gpu_dev_, host.size() * 4);
-    cpu_dev_->copy_to_device(b.cpu(), host.data(), host.size() * 4);
-    gpu_dev_->copy_to_device(b.gpu(), host.data(), host.size() * 4);
-    return b;
-  }
-  // The GPU copy takes the CPU copy's bytes.
-  void copy_cpu_to_gpu(Buf& b) {
-    std::vector<unsigned char> h(dtype_bytes(b.dtype, b.n));
-    cpu_dev_->copy_to_host(h.data(), b.cpu(), h.size());
-    gpu_dev_->copy_to_device(b.gpu(), h.data(), h.size());
-  }
-  Buf act(const std::vector<float>& v) { return make(v, act_); }
-  Buf grad(const std::vector<float>& v) { return make(v, grad_); }
-  Buf f32(const std::vector<float>& v) { return make(v, DType::F32); }
-
-  std::vector<float> read(const Buf& b, bool gpu) {
-    const void* src = gpu ? b.gpu() : b.cpu();
-    Device& d = gpu ? *gpu_dev_ : *cpu_dev_;
-    std::vector<float> out(b.n);
-    if (b.dtype == DType::F32) {
-      d.copy_to_host(out.data(), src, b.n * 4);
-    } else {
-      std::vector<uint16_t> h(b.n);
-      d.copy_to_host(h.data(), src, b.n * 2);
-      for (size_t i = 0; i < b.n; ++i) out[i] = decode(h[i], b.dtype);
-    }
-    return out;
-  }
-
-  ::testing::AssertionResult close(const std::string& what, const std::vector<float>& ref,
-                                   const std::vector<float>& got, double tol) const {
-    double max_err = 0, max_ref = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      double err = std::fabs(double(ref[i]) - got[i]);
-      if (std::isnan(err)) err = INFINITY;
-      if (err > max_err) max_err = err, worst = i;
-      max_ref = std::max(max_ref, std::fabs(double(ref[i])));
-    }
-    const double rel = max_err / std::max(max_ref, 1e-30);
-    if (std::getenv("ANVIL_PARITY_VERBOSE"))
-      std::printf("  %-40s %s relative error %.3g (tolerance %.3g)\n", what.c_str(),
-                  std::string(dtype_name(act_)).c_str(), rel, tol);
-    if (rel <= tol) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << what << ": max |cpu - cuda| = " << max_err << " at [" << worst
-                                         << "] (cpu " << ref[worst] << ", cuda " << got[worst] << "), " << rel
-                                         << " of max |cpu| " << max_ref << " > " << tol << "; seed " << seed_;
-  }
-  ::testing::AssertionResult same(const std::string& what, const Buf& b, double tol) {
-    return close(what, read(b, false), read(b, true), tol);
-  }
-
-  uint32_t seed_ = 0;
-  std::mt19937 rng_;
-  DType act_ = DType::BF16, grad_ = DType::F32;
-  std::unique_ptr<Device> cpu_dev_, gpu_dev_;
-  DeviceBuffer workspace_;
-  std::unique_ptr<Ops> cpu_, gpu_;
 };
 
 TEST_P(MixedParity, Embedding) {

@@ -8,16 +8,13 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/half.hpp"
 #include "kernels/ops.hpp"
+#include "parity_fixture.hpp"
 #include "runtime/device.hpp"
 
 namespace anvil {
@@ -32,11 +29,6 @@ constexpr double kGemmTol = 2e-4;
 constexpr double kAttentionTol = 5e-4;
 constexpr double kTf32Tol = 1e-2;  // TF32 keeps 10 mantissa bits of each input
 
-uint32_t choose_seed() {
-  if (const char* s = std::getenv("ANVIL_PARITY_SEED")) return static_cast<uint32_t>(std::stoul(s));
-  return std::random_device{}();
-}
-
 // One tensor with the same initial contents on the CPU device and the CUDA device.
 template <class T>
 struct Mirrored {
@@ -46,35 +38,8 @@ struct Mirrored {
   T* gpu() const { return static_cast<T*>(gpu_buf.get()); }
 };
 
-class ParityTest : public ::testing::Test {
+class ParityTest : public parity::ParityFixture<> {
  protected:
-  virtual bool tf32() const { return false; }
-
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
-    seed_ = choose_seed();
-    rng_.seed(seed_);
-    RecordProperty("seed", std::to_string(seed_));
-    cpu_dev_ = make_cpu_device();
-    gpu_dev_ = make_cuda_device(0);
-    workspace_ = DeviceBuffer(*gpu_dev_, kCudaGemmWorkspaceBytes);
-    cpu_ = make_cpu_ops(*cpu_dev_);
-    gpu_ = make_cuda_ops(*gpu_dev_, tf32(), workspace_.get(), workspace_.size());
-  }
-
-  std::vector<float> randn(size_t n, float scale = 1.f, float offset = 0.f) {
-    std::normal_distribution<float> dist(0.f, 1.f);
-    std::vector<float> v(n);
-    for (float& x : v) x = offset + scale * dist(rng_);
-    return v;
-  }
-  std::vector<int32_t> rand_ints(size_t n, int32_t lo, int32_t hi_exclusive) {
-    std::uniform_int_distribution<int32_t> dist(lo, hi_exclusive - 1);
-    std::vector<int32_t> v(n);
-    for (int32_t& x : v) x = dist(rng_);
-    return v;
-  }
-
   template <class T>
   Mirrored<T> mirror(const std::vector<T>& host) {
     Mirrored<T> m;
@@ -109,36 +74,9 @@ class ParityTest : public ::testing::Test {
     gpu_dev_->copy_to_device(m.gpu(), v.data(), m.n * sizeof(T));
   }
 
-  ::testing::AssertionResult close(const std::string& what, const std::vector<float>& ref,
-                                   const std::vector<float>& got, double tol) const {
-    if (ref.size() != got.size()) return ::testing::AssertionFailure() << what << ": size mismatch";
-    double max_err = 0, max_ref = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      double err = std::fabs(static_cast<double>(ref[i]) - got[i]);
-      if (std::isnan(err)) err = INFINITY;
-      if (err > max_err) max_err = err, worst = i;
-      max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
-    }
-    const double rel = max_err / std::max(max_ref, 1e-30);
-    if (std::getenv("ANVIL_PARITY_VERBOSE"))
-      std::printf("  %-40s relative error %.3g (tolerance %.3g)\n", what.c_str(), rel, tol);
-    if (rel <= tol) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << what << ": max |cpu - cuda| = " << max_err << " at [" << worst << "] (cpu " << ref[worst]
-           << ", cuda " << got[worst] << "), " << rel << " of max |cpu| " << max_ref << " > " << tol
-           << "; seed " << seed_ << " (replay with ANVIL_PARITY_SEED=" << seed_ << ")";
-  }
   ::testing::AssertionResult same(const std::string& what, const Mirrored<float>& m, double tol) {
     return close(what, read_cpu(m), read_gpu(m), tol);
   }
-
-  uint32_t seed_ = 0;
-  std::mt19937 rng_;
-  // Declaration order matters: the ops and buffers must go before the devices they live on.
-  std::unique_ptr<Device> cpu_dev_, gpu_dev_;
-  DeviceBuffer workspace_;
-  std::unique_ptr<Ops> cpu_, gpu_;
 };
 
 // --- embedding -------------------------------------------------------------------------------------
