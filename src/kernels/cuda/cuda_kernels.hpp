@@ -144,10 +144,6 @@ void first_token_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const vo
 // y may alias x.
 void dropout(cudaStream_t stream, anvil::DType act, void* y, const void* x, size_t n, float p,
              const anvil::DropoutState* state, uint32_t site);
-// mask[i] = 1 where Ops::dropout keeps element i, else 0, in the storage type (the attention-probability mask
-// handed to cuDNN's fused attention).
-void dropout_mask(cudaStream_t stream, anvil::DType act, void* mask, size_t n, float p,
-                  const anvil::DropoutState* state, uint32_t site);
 // Ops::dropout_next_micro: state->micro += 1 (one thread, in stream order).
 void dropout_next_micro(cudaStream_t stream, anvil::DropoutState* state);
 

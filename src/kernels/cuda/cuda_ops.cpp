@@ -33,22 +33,14 @@ bool use_cudnn_attention(DType compute, int T, int C, int NH) {
   return T > 1 && cudnn_attention_capable(compute, C, NH);
 }
 
-// The dropout mask handed to cuDNN ([B, NH, T, T] of the storage type) at the head of the scratch, cuDNN's
-// workspace after it.
-size_t dropout_mask_bytes(DType compute, int B, int T, int NH) {
-  return (size_t(B) * NH * T * T * (dtype_bits(compute) / 8) + 255) / 256 * 256;
-}
-
-// With attention dropout, cuDNN's fused attention multiplies in the mask every backend draws (kernels/
-// dropout.hpp) where this cuDNN can fuse one, and the materialised path runs otherwise: room for either, and
-// still for cuDNN's workspace alone, as the same buffer serves the calls without dropout (evaluation).
+// With attention dropout the materialised path runs whatever the shapes (cuDNN draws its own dropout masks,
+// not the ones every backend draws): its full scratch, and still cuDNN's workspace where cuDNN is capable, as
+// the same buffer also serves the calls without dropout (evaluation).
 size_t attention_scratch(DType compute, int B, int T, int C, int NH, bool dropout) {
   if (!cudnn_attention_capable(compute, C, NH))
     return cuda::materialized_attention_scratch_bytes(compute, B, T, C, NH);
-  const size_t ws = cuda::CudnnAttention::workspace_bytes(B, T, C, NH);
-  if (!dropout) return std::max(ws, cuda::materialized_attention_scratch_bytes(compute, B, 1, C, NH));
-  return std::max(dropout_mask_bytes(compute, B, T, NH) + ws,
-                  cuda::materialized_attention_scratch_bytes(compute, B, T, C, NH));
+  return std::max(cuda::CudnnAttention::workspace_bytes(B, T, C, NH),
+                  cuda::materialized_attention_scratch_bytes(compute, B, dropout ? T : 1, C, NH));
 }
 
 cuda::AttentionDropout attention_dropout(const AttentionMask& mask) {
@@ -143,11 +135,9 @@ class CudaOps final : public Ops {
                      const AttentionMask& mask) override {
     check_heads(C, NH);
     const cuda::AttentionDropout dropout = attention_dropout(mask);
-    if (use_cudnn_attention(act_, T, C, NH) && cudnn_takes_dropout(dropout, B, T, C, NH, mask)) {
-      void* ws = scratch;
-      const void* drop_mask = write_dropout_mask(dropout, scratch, B, T, NH, ws);
-      flash_.fwd(stream_, act_, out, lse, qkv, ws, cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B, T,
-                 C, NH, mask.causal, mask.lengths, drop_mask, dropout.p);
+    if (dropout.p == 0 && use_cudnn_attention(act_, T, C, NH)) {
+      flash_.fwd(stream_, act_, out, lse, qkv, scratch, cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B,
+                 T, C, NH, mask.causal, mask.lengths);
       cuda::zero_attention_padding(stream_, act_, out, C, lse, B, T, NH, mask.lengths);
     } else {
       cuda::materialized_attention_fwd(stream_, gemm_, act_, out, lse, qkv, scratch, B, T, C, NH, mask.causal,
@@ -158,12 +148,9 @@ class CudaOps final : public Ops {
                      void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) override {
     check_heads(C, NH);
     const cuda::AttentionDropout dropout = attention_dropout(mask);
-    if (use_cudnn_attention(act_, T, C, NH) && cudnn_takes_dropout(dropout, B, T, C, NH, mask)) {
-      void* ws = scratch;
-      const void* drop_mask = write_dropout_mask(dropout, scratch, B, T, NH, ws);  // the forward's mask again
-      flash_.bwd(stream_, act_, dqkv, dout, qkv, out, lse, ws,
-                 cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B, T, C, NH, mask.causal, mask.lengths,
-                 drop_mask, dropout.p);
+    if (dropout.p == 0 && use_cudnn_attention(act_, T, C, NH)) {
+      flash_.bwd(stream_, act_, dqkv, dout, qkv, out, lse, scratch,
+                 cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B, T, C, NH, mask.causal, mask.lengths);
       cuda::zero_attention_padding(stream_, act_, dqkv, 3 * C, nullptr, B, T, NH, mask.lengths);
     } else {
       cuda::materialized_attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, lse, scratch, B, T, C, NH,
@@ -177,20 +164,6 @@ class CudaOps final : public Ops {
   }
   void residual_fwd(void* out, const void* a, const void* b, size_t n) override {
     cuda::residual_fwd(stream_, act_, out, a, b, n);
-  }
-  // Without dropout, always; with it, when this cuDNN builds graphs that multiply in a dropout mask.
-  bool cudnn_takes_dropout(const cuda::AttentionDropout& d, int B, int T, int C, int NH,
-                           const AttentionMask& m) {
-    return d.p == 0 ||
-           flash_.dropout_supported(stream_, act_, B, T, C, NH, m.causal, m.lengths != nullptr, d.p);
-  }
-  // With dropout: the mask at the head of the scratch, `ws` set past it (cuDNN's workspace); else null.
-  const void* write_dropout_mask(const cuda::AttentionDropout& d, void* scratch, int B, int T, int NH,
-                                 void*& ws) {
-    if (d.p == 0) return nullptr;
-    cuda::dropout_mask(stream_, act_, scratch, size_t(B) * NH * T * T, d.p, d.state, d.site);
-    ws = static_cast<char*>(scratch) + dropout_mask_bytes(act_, B, T, NH);
-    return scratch;
   }
   void dropout(void* y, const void* x, size_t n, float p, const DropoutState* state, uint32_t site) override {
     ANVIL_ASSERT(p >= 0 && p < 1 && (p == 0 || state), "dropout: p = {} needs 0 <= p < 1 and a DropoutState",
@@ -359,10 +332,7 @@ size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH, 
 
 const char* cuda_attention_implementation(DType compute, int C, int NH, bool dropout) {
   if (!cudnn_attention_capable(compute, C, NH)) return "materialized attention";
-  return dropout
-             ? "cudnn flash attention with Anvil's dropout masks (materialized where this cuDNN cannot fuse "
-               "a mask)"
-             : "cudnn flash attention";
+  return dropout ? "materialized attention (attention dropout)" : "cudnn flash attention";
 }
 
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,

@@ -38,16 +38,12 @@ bool CudnnAttention::compiled() {
 CudnnAttention::CudnnAttention() = default;
 CudnnAttention::~CudnnAttention() = default;
 void CudnnAttention::fwd(cudaStream_t, anvil::DType, void*, float*, const void*, void*, size_t, int, int, int,
-                         int, bool, const int32_t*, const void*, float) {
+                         int, bool, const int32_t*) {
   ANVIL_THROW("cuDNN flash attention: this build has no cuDNN frontend (run scripts/setup.sh and rebuild)");
 }
 void CudnnAttention::bwd(cudaStream_t, anvil::DType, void*, const void*, const void*, const void*,
-                         const float*, void*, size_t, int, int, int, int, bool, const int32_t*, const void*,
-                         float) {
+                         const float*, void*, size_t, int, int, int, int, bool, const int32_t*) {
   ANVIL_THROW("cuDNN flash attention: this build has no cuDNN frontend (run scripts/setup.sh and rebuild)");
-}
-bool CudnnAttention::dropout_supported(cudaStream_t, anvil::DType, int, int, int, int, bool, bool, float) {
-  return false;
 }
 
 #else
@@ -56,7 +52,7 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLen, kDropoutMask };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLen };
 
 void check(fe::error_t e, const char* what) {
   if (e.is_bad()) ANVIL_THROW("cuDNN flash attention: {} failed: {}", what, e.get_message());
@@ -104,19 +100,6 @@ Tensor add_seq_len(fe::graph::Graph& g, const Shape& s) {
                       .set_data_type(fe::DataType_t::INT32));
 }
 
-Tensor add_dropout_mask(fe::graph::Graph& g, const Shape& s) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name("dropout_mask")
-                      .set_uid(kDropoutMask)
-                      .set_dim({s.B, s.NH, s.T, s.T})
-                      .set_stride({s.NH * s.T * s.T, s.T * s.T, s.T, 1}));
-}
-
-// A scalar baked into the graph (the dropout scale and its inverse).
-Tensor scalar(float v) {
-  return std::make_shared<fe::graph::Tensor_attributes>(v);
-}
-
 struct BuiltGraph {
   std::shared_ptr<fe::graph::Graph> graph;
   int64_t workspace = 0;
@@ -126,10 +109,8 @@ struct BuiltGraph {
 
 struct CudnnAttention::Impl {
   cudnnHandle_t handle = nullptr;
-  // (backward?, type, B, T, C, NH, causal, padded, dropout p) -> graph
-  using Key = std::tuple<bool, int, int, int, int, int, bool, bool, float>;
-  std::map<Key, BuiltGraph> graphs;
-  std::map<Key, bool> dropout_support;  // by the forward's key
+  // (backward?, type, B, T, C, NH, causal, padded) -> graph
+  std::map<std::tuple<bool, int, int, int, int, int, bool, bool>, BuiltGraph> graphs;
 
   ~Impl() {
     if (handle) cudnnDestroy(handle);
@@ -142,8 +123,9 @@ struct CudnnAttention::Impl {
   }
 
   BuiltGraph& graph_for(bool backward, anvil::DType act, const Shape& s, bool causal, bool padded,
-                        float dropout_p, cudnnHandle_t h) {
-    const Key key{backward, int(act), int(s.B), int(s.T), int(s.C), int(s.NH), causal, padded, dropout_p};
+                        cudnnHandle_t h) {
+    const auto key =
+        std::make_tuple(backward, int(act), int(s.B), int(s.T), int(s.C), int(s.NH), causal, padded);
     auto it = graphs.find(key);
     if (it != graphs.end()) return it->second;
     auto g = std::make_shared<fe::graph::Graph>();
@@ -164,7 +146,6 @@ struct CudnnAttention::Impl {
         Tensor len = add_seq_len(*g, s);
         opts.set_padding_mask(true).set_seq_len_q(len).set_seq_len_kv(len);
       }
-      if (dropout_p > 0) opts.set_dropout(add_dropout_mask(*g, s), scalar(1.f / (1.f - dropout_p)));
       auto [o, stats] = g->sdpa(q, k, v, opts);
       o->set_output(true).set_uid(kO).set_dim(s.dim()).set_stride(s.out_stride());
       stats->set_output(true)
@@ -183,8 +164,6 @@ struct CudnnAttention::Impl {
         Tensor len = add_seq_len(*g, s);
         opts.set_padding_mask(true).set_seq_len_q(len).set_seq_len_kv(len);
       }
-      if (dropout_p > 0)
-        opts.set_dropout(add_dropout_mask(*g, s), scalar(1.f / (1.f - dropout_p)), scalar(1.f - dropout_p));
       auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
       dq->set_output(true).set_uid(kDQ).set_dim(s.dim()).set_stride(s.qkv_stride());
       dk->set_output(true).set_uid(kDK).set_dim(s.dim()).set_stride(s.qkv_stride());
@@ -220,30 +199,26 @@ CudnnAttention::~CudnnAttention() = default;
 
 void CudnnAttention::fwd(cudaStream_t stream, anvil::DType act, void* out, float* lse, const void* qkv,
                          void* workspace, size_t workspace_bytes, int B, int T, int C, int NH, bool causal,
-                         const int32_t* lengths, const void* dropout_mask, float dropout_p) {
+                         const int32_t* lengths) {
   if (B <= 0 || T <= 0) return;
   const Shape s{B, T, C, NH, C / NH};
   cudnnHandle_t h = impl_->get_handle(stream);
-  BuiltGraph& bg =
-      impl_->graph_for(false, act, s, causal, lengths != nullptr, dropout_mask ? dropout_p : 0.f, h);
+  BuiltGraph& bg = impl_->graph_for(false, act, s, causal, lengths != nullptr, h);
   const size_t e = anvil::dtype_bits(act) / 8;
   char* base = const_cast<char*>(static_cast<const char*>(qkv));
   std::unordered_map<int64_t, void*> pack = {
       {kQ, base}, {kK, base + C * e}, {kV, base + 2 * C * e}, {kO, out}, {kStats, lse}};
   if (lengths) pack[kSeqLen] = const_cast<int32_t*>(lengths);
-  if (dropout_mask) pack[kDropoutMask] = const_cast<void*>(dropout_mask);
   impl_->execute(bg, h, pack, workspace, workspace_bytes);
 }
 
 void CudnnAttention::bwd(cudaStream_t stream, anvil::DType act, void* dqkv, const void* dout, const void* qkv,
                          const void* out, const float* lse, void* workspace, size_t workspace_bytes, int B,
-                         int T, int C, int NH, bool causal, const int32_t* lengths, const void* dropout_mask,
-                         float dropout_p) {
+                         int T, int C, int NH, bool causal, const int32_t* lengths) {
   if (B <= 0 || T <= 0) return;
   const Shape s{B, T, C, NH, C / NH};
   cudnnHandle_t h = impl_->get_handle(stream);
-  BuiltGraph& bg =
-      impl_->graph_for(true, act, s, causal, lengths != nullptr, dropout_mask ? dropout_p : 0.f, h);
+  BuiltGraph& bg = impl_->graph_for(true, act, s, causal, lengths != nullptr, h);
   const size_t e = anvil::dtype_bits(act) / 8;
   char* base = const_cast<char*>(static_cast<const char*>(qkv));
   char* dbase = static_cast<char*>(dqkv);
@@ -257,26 +232,7 @@ void CudnnAttention::bwd(cudaStream_t stream, anvil::DType act, void* dqkv, cons
                                              {kDK, dbase + C * e},
                                              {kDV, dbase + 2 * C * e}};
   if (lengths) pack[kSeqLen] = const_cast<int32_t*>(lengths);
-  if (dropout_mask) pack[kDropoutMask] = const_cast<void*>(dropout_mask);
   impl_->execute(bg, h, pack, workspace, workspace_bytes);
-}
-
-bool CudnnAttention::dropout_supported(cudaStream_t stream, anvil::DType act, int B, int T, int C, int NH,
-                                       bool causal, bool padded, float dropout_p) {
-  const Shape s{B, T, C, NH, C / NH};
-  const Impl::Key key{false, int(act), B, T, C, NH, causal, padded, dropout_p};
-  const auto it = impl_->dropout_support.find(key);
-  if (it != impl_->dropout_support.end()) return it->second;
-  bool ok = true;
-  try {
-    cudnnHandle_t h = impl_->get_handle(stream);
-    impl_->graph_for(false, act, s, causal, padded, dropout_p, h);
-    impl_->graph_for(true, act, s, causal, padded, dropout_p, h);
-  } catch (const anvil::Error&) {
-    ok = false;  // this cuDNN cannot fuse a dropout mask here: the caller falls back
-  }
-  impl_->dropout_support[key] = ok;
-  return ok;
 }
 
 #endif

@@ -30,20 +30,11 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // Attention-probability dropout: `dropout_mask` [B, NH, T, T] of the storage type, 1 where a probability
-  // is kept and 0 where it is dropped, and `dropout_p` (kept probabilities are scaled by 1 / (1 - p)); null
-  // and 0 without dropout. The forward's lse is the undropped softmax's.
   void fwd(cudaStream_t stream, anvil::DType act, void* out, float* lse, const void* qkv, void* workspace,
-           size_t workspace_bytes, int B, int T, int C, int NH, bool causal, const int32_t* lengths,
-           const void* dropout_mask = nullptr, float dropout_p = 0);
+           size_t workspace_bytes, int B, int T, int C, int NH, bool causal, const int32_t* lengths);
   void bwd(cudaStream_t stream, anvil::DType act, void* dqkv, const void* dout, const void* qkv,
            const void* out, const float* lse, void* workspace, size_t workspace_bytes, int B, int T, int C,
-           int NH, bool causal, const int32_t* lengths, const void* dropout_mask = nullptr,
-           float dropout_p = 0);
-  // Whether graphs with a dropout mask build for these shapes (cuDNN versions and GPUs differ); tried once
-  // per shape, on `stream`'s handle. False: the caller takes another path.
-  bool dropout_supported(cudaStream_t stream, anvil::DType act, int B, int T, int C, int NH, bool causal,
-                         bool padded, float dropout_p);
+           int NH, bool causal, const int32_t* lengths);
 
  private:
   struct Impl;

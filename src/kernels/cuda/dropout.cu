@@ -55,16 +55,6 @@ __global__ void dropout_vec_kernel(T* y, const T* x, size_t n, uint32_t threshol
   if (tail < n) y[tail] = drop_one(x[tail], key, tail, threshold, scale);
 }
 
-// mask[i] = keep(i) ? 1 : 0 in the storage type: the attention-probability mask cuDNN's fused attention
-// multiplies in (the same elements every backend drops).
-template <class T>
-__global__ void dropout_mask_kernel(T* mask, size_t n, uint32_t threshold, const anvil::DropoutState* state,
-                                    uint32_t site) {
-  const uint64_t key = state_key(state, site, threshold);
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
-    mask[i] = from_float<T>(anvil::dropout_keep(key, i, threshold) ? 1.f : 0.f);
-}
-
 __global__ void dropout_next_micro_kernel(anvil::DropoutState* state) {
   state->micro += 1;
 }
@@ -87,18 +77,6 @@ void dropout(cudaStream_t stream, anvil::DType act, void* y, const void* x, size
     else
       dropout_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n, threshold, scale, state,
                                                                      site);
-  });
-  ANVIL_CUDA_CHECK_LAST();
-}
-
-void dropout_mask(cudaStream_t stream, anvil::DType act, void* mask, size_t n, float p,
-                  const anvil::DropoutState* state, uint32_t site) {
-  if (n == 0) return;
-  const uint32_t threshold = anvil::dropout_threshold(p);
-  dispatch_float(act, [&](auto t) {
-    using T = decltype(t);
-    dropout_mask_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(mask), n, threshold,
-                                                                        state, site);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
