@@ -1,15 +1,13 @@
 // Multi-head self-attention with materialised probabilities, the CUDA path for fp32 and the fallback for
-// 16-bit when cuDNN's flash attention is not used (see cudnn_attention.cpp). Heads are permuted into
-// contiguous [B,NH,T,HS] tensors so each step is one strided-batched GEMM over the B*NH heads. Only one
+// 16-bit when cuDNN's flash attention is not used (see cudnn_attention.cpp). Each step is one head-batched
+// GEMM per sequence that reads q, k, v (and dout) in place inside their rows and writes out (and dq, dk, dv)
+// in place through row strides: no permutes, no per-head copies. Only one
 // layer's probabilities exist at a time (in scratch): the forward keeps each row's log-sum-exp and the
 // backward recomputes the probabilities from q, k and it (the flash-attention contract of ops.hpp).
 // Storage type T (fp32, bf16 or fp16) for q/k/v, probabilities and outputs; scores and dprobs are fp32 so
 // the softmax and its gradient see full-precision inputs.
 //
-// Scratch layout (S = B*T*C = B*NH*T*HS elements, P = B*NH*T*T; each region 256-byte aligned):
-//   [0,  S)  q          [1S, 2S)  k          [2S, 3S)  v                                 (type T)
-//   [3S, 4S) fwd: y (attention output per head); bwd: dout per head, then dq            (type T)
-//   [4S, 5S) bwd: dk    [5S, 6S)  bwd: dv                                                (type T)
+// Scratch layout (P = B*NH*T*T, [B, NH, T, T] per region; each region 256-byte aligned):
 //   D: P fp32     scores; bwd with 16-bit T: dprobs (fp32 T: the probabilities, in place over the scores)
 //   E: P of T     16-bit T: the probabilities; fp32 T (bwd): dprobs
 //   F: P of T     bwd, 16-bit T only: dscores (fp32 computes them in place over dprobs)
@@ -41,60 +39,17 @@ size_t padded_bytes(size_t bytes) {
 
 template <class T>
 struct Regions {
-  T *q, *k, *v, *r3, *dk, *dv;
   float* d;
   void* e;
   T* f;
 };
 
 template <class T>
-Regions<T> regions(void* scratch, int B, int T_, int C, int NH) {
-  const size_t s = padded_bytes(static_cast<size_t>(B) * T_ * C * sizeof(T));
+Regions<T> regions(void* scratch, int B, int T_, int NH) {
   const size_t p = static_cast<size_t>(B) * NH * T_ * T_;
   const size_t p32 = padded_bytes(p * sizeof(float)), pt = padded_bytes(p * sizeof(T));
   char* base = static_cast<char*>(scratch);
-  auto at = [&](size_t offset) { return reinterpret_cast<T*>(base + offset); };
-  return {at(0),
-          at(s),
-          at(2 * s),
-          at(3 * s),
-          at(4 * s),
-          at(5 * s),
-          reinterpret_cast<float*>(base + 6 * s),
-          base + 6 * s + p32,
-          at(6 * s + p32 + pt)};
-}
-
-// dst[b,h,t,d] = src[(b*T + t) * src_row_stride + h*HS + d], dst contiguous [B,NH,T,HS].
-template <class T>
-__global__ void rows_to_heads_kernel(T* dst, const T* src, int src_row_stride, int seq, int NH, int HS,
-                                     size_t total) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const int d = static_cast<int>(i % HS);
-    const size_t bht = i / HS;
-    const int t = static_cast<int>(bht % seq);
-    const size_t bh = bht / seq;
-    const int h = static_cast<int>(bh % NH);
-    const size_t b = bh / NH;
-    dst[i] = src[(b * seq + t) * src_row_stride + static_cast<size_t>(h) * HS + d];
-  }
-}
-
-// dst[(b*T + t) * dst_row_stride + h*HS + d] = src[b,h,t,d]; iterates in dst order so writes coalesce.
-template <class T>
-__global__ void heads_to_rows_kernel(T* dst, int dst_row_stride, const T* src, int seq, int NH, int HS,
-                                     size_t total) {
-  const int C = NH * HS;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const int c = static_cast<int>(i % C);
-    const size_t bt = i / C;
-    const int h = c / HS, d = c % HS;
-    const int t = static_cast<int>(bt % seq);
-    const size_t b = bt / seq;
-    dst[bt * dst_row_stride + c] = src[((b * NH + h) * seq + t) * HS + d];
-  }
+  return {reinterpret_cast<float*>(base), base + p32, reinterpret_cast<T*>(base + p32 + pt)};
 }
 
 // The keys row `row` (query t of sequence b, head any) sees: 0..last (last = -1: a padding query).
@@ -225,39 +180,8 @@ __global__ void zero_padding_rows_kernel(T* x, int width, float* lse, int seq, i
   }
 }
 
-template <class T>
-void rows_to_heads(cudaStream_t stream, T* dst, const T* src, int src_row_stride, int B, int seq, int NH,
-                   int HS) {
-  const size_t total = static_cast<size_t>(B) * seq * NH * HS;
-  rows_to_heads_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dst, src, src_row_stride, seq, NH,
-                                                                           HS, total);
-  ANVIL_CUDA_CHECK_LAST();
-}
-
-template <class T>
-void heads_to_rows(cudaStream_t stream, T* dst, int dst_row_stride, const T* src, int B, int seq, int NH,
-                   int HS) {
-  const size_t total = static_cast<size_t>(B) * seq * NH * HS;
-  heads_to_rows_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dst, dst_row_stride, src, seq, NH,
-                                                                           HS, total);
-  ANVIL_CUDA_CHECK_LAST();
-}
-
 unsigned softmax_blocks(size_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-}
-
-// One strided-batched GEMM (see GemmArgs). nvcc's host pass rejects designated initialisers inside templates,
-// so the templated functions below go through this positional helper.
-void run_batched(Gemm& gemm, cudaStream_t stream, const void* a, bool trans_a, const void* b, bool trans_b,
-                 void* c, int m, int n, int k, float alpha, int batch, int64_t stride_a, int64_t stride_b,
-                 int64_t stride_c, anvil::DType ab_type, anvil::DType c_type) {
-  GemmArgs g;
-  g.a = a, g.trans_a = trans_a, g.b = b, g.trans_b = trans_b, g.c = c;
-  g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.batch = batch;
-  g.stride_a = stride_a, g.stride_b = stride_b, g.stride_c = stride_c;
-  g.ab_type = ab_type, g.c_type = c_type;
-  gemm.run(stream, g);
 }
 
 template <class T>
@@ -269,26 +193,49 @@ void zero_padding_rows(cudaStream_t stream, T* x, int width, float* lse, int B, 
   ANVIL_CUDA_CHECK_LAST();
 }
 
+// One head-batched GEMM per sequence: the B sequences' heads are NH matrices HS apart inside rows of the
+// [T, width] buffers (q, k, v in qkv, width 3C; out and dout, width C), so each call reads and writes them in
+// place through a row stride, with no permute. Probability-shaped operands ([NH, T, T] per sequence) are
+// contiguous. `a`/`b`/`c` are the sequence-0 pointers; `*_seq` the elements between sequences, `*_head`
+// between heads (the batch stride), `ld*` the row strides (0: contiguous).
+struct HeadOperand {
+  const void* p;
+  int64_t seq, head, ld;
+};
+
+void run_per_sequence(Gemm& gemm, cudaStream_t stream, int B, int NH, HeadOperand a, bool trans_a,
+                      HeadOperand b, bool trans_b, void* c, int64_t c_seq, int64_t c_head, int64_t ldc, int m,
+                      int n, int k, float alpha, anvil::DType ab_type, anvil::DType c_type) {
+  const size_t ab = anvil::dtype_bits(ab_type) / 8, cb = anvil::dtype_bits(c_type) / 8;
+  for (int s = 0; s < B; ++s) {
+    GemmArgs g;
+    g.a = static_cast<const char*>(a.p) + size_t(s) * a.seq * ab, g.trans_a = trans_a;
+    g.b = static_cast<const char*>(b.p) + size_t(s) * b.seq * ab, g.trans_b = trans_b;
+    g.c = static_cast<char*>(c) + size_t(s) * c_seq * cb;
+    g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.batch = NH;
+    g.stride_a = a.head, g.stride_b = b.head, g.stride_c = c_head;
+    g.lda = a.ld, g.ldb = b.ld, g.ldc = ldc;
+    g.ab_type = ab_type, g.c_type = c_type;
+    gemm.run(stream, g);
+  }
+}
+
 template <class T>
 void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* out, float* lse, const T* qkv,
                          void* scratch, int B, int seq, int C, int NH, bool causal, const int32_t* lengths,
                          const AttentionDropout& dropout) {
   const int HS = C / NH;
-  const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
-  rows_to_heads(stream, r.q, qkv, 3 * C, B, seq, NH, HS);
-  rows_to_heads(stream, r.k, qkv + C, 3 * C, B, seq, NH, HS);
-  rows_to_heads(stream, r.v, qkv + 2 * C, 3 * C, B, seq, NH, HS);
-
-  const int heads = B * NH;
-  const int64_t head_stride = static_cast<int64_t>(seq) * HS;
-  const int64_t probs_stride = static_cast<int64_t>(seq) * seq;
+  const Regions<T> r = regions<T>(scratch, B, seq, NH);
+  const int64_t row3 = 3 * int64_t(C), seq3 = int64_t(seq) * row3;  // qkv: row stride, sequence stride
+  const int64_t probs_stride = static_cast<int64_t>(seq) * seq, probs_seq = NH * probs_stride;
+  const HeadOperand q{qkv, seq3, HS, row3}, k{qkv + C, seq3, HS, row3}, v{qkv + 2 * C, seq3, HS, row3};
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   constexpr bool kFloat = std::is_same_v<T, float>;
   // scores[T,T] = scale * q[T,HS] @ k[T,HS]^T; the full square (masked entries are zeroed next).
-  run_batched(gemm, stream, r.q, false, r.k, true, r.d, seq, seq, HS, scale, heads, head_stride, head_stride,
-              probs_stride, act, anvil::DType::F32);
+  run_per_sequence(gemm, stream, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq, HS,
+                   scale, act, anvil::DType::F32);
   T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
-  const size_t rows = static_cast<size_t>(heads) * seq;
+  const size_t rows = static_cast<size_t>(B) * NH * seq;
   if (dropout.p > 0)
     softmax_fwd_kernel<T, true><<<softmax_blocks(rows), kThreads, 0, stream>>>(
         probs, lse, r.d, rows, seq, NH, causal, lengths, dropout_args(dropout));
@@ -296,10 +243,9 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
     softmax_fwd_kernel<T, false>
         <<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, lse, r.d, rows, seq, NH, causal, lengths, {});
   ANVIL_CUDA_CHECK_LAST();
-  // y[T,HS] = probs[T,T] @ v[T,HS] (the dropped probabilities with dropout)
-  run_batched(gemm, stream, probs, false, r.v, false, r.r3, seq, HS, seq, 1.f, heads, probs_stride,
-              head_stride, head_stride, act, act);
-  heads_to_rows(stream, out, C, r.r3, B, seq, NH, HS);
+  // out[T,HS] of each head = probs[T,T] @ v[T,HS] (the dropped probabilities with dropout), written in place
+  run_per_sequence(gemm, stream, B, NH, {probs, probs_seq, probs_stride, 0}, false, v, false, out,
+                   int64_t(seq) * C, HS, C, seq, HS, seq, 1.f, act, act);
 }
 
 template <class T>
@@ -307,69 +253,61 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
                          const T* qkv, const float* lse, void* scratch, int B, int seq, int C, int NH,
                          bool causal, const int32_t* lengths, const AttentionDropout& dropout) {
   const int HS = C / NH;
-  const Regions<T> r = regions<T>(scratch, B, seq, C, NH);
-  T* dout_heads = r.r3;
-  T* dq = r.r3;  // reuses dout_heads once dv and dprobs no longer need it (stream order)
-  rows_to_heads(stream, r.q, qkv, 3 * C, B, seq, NH, HS);
-  rows_to_heads(stream, r.k, qkv + C, 3 * C, B, seq, NH, HS);
-  rows_to_heads(stream, r.v, qkv + 2 * C, 3 * C, B, seq, NH, HS);
-  rows_to_heads(stream, dout_heads, dout, C, B, seq, NH, HS);
-
-  const int heads = B * NH;
-  const int64_t head_stride = static_cast<int64_t>(seq) * HS;
-  const int64_t probs_stride = static_cast<int64_t>(seq) * seq;
+  const Regions<T> r = regions<T>(scratch, B, seq, NH);
+  const int64_t row3 = 3 * int64_t(C), seq3 = int64_t(seq) * row3;
+  const int64_t probs_stride = static_cast<int64_t>(seq) * seq, probs_seq = NH * probs_stride;
+  const HeadOperand q{qkv, seq3, HS, row3}, k{qkv + C, seq3, HS, row3}, v{qkv + 2 * C, seq3, HS, row3};
+  const HeadOperand dO{dout, int64_t(seq) * C, HS, C};
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   constexpr bool kFloat = std::is_same_v<T, float>;
   T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
   float* dprobs = kFloat ? static_cast<float*>(r.e) : r.d;
-  const size_t rows = static_cast<size_t>(heads) * seq;
+  const size_t rows = static_cast<size_t>(B) * NH * seq;
   // The probabilities again: scores into D, then exp(score - lse) (in place for fp32, into E for 16-bit).
-  run_batched(gemm, stream, r.q, false, r.k, true, r.d, seq, seq, HS, scale, heads, head_stride, head_stride,
-              probs_stride, act, anvil::DType::F32);
+  run_per_sequence(gemm, stream, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq, HS,
+                   scale, act, anvil::DType::F32);
   probs_from_lse_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, r.d, lse, rows, seq, NH, causal,
                                                                        lengths);
   ANVIL_CUDA_CHECK_LAST();
   // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32 (with dropout: the gradient of the dropped probabilities)
-  run_batched(gemm, stream, dout_heads, false, r.v, true, dprobs, seq, seq, HS, 1.f, heads, head_stride,
-              head_stride, probs_stride, act, anvil::DType::F32);
+  run_per_sequence(gemm, stream, B, NH, dO, false, v, true, dprobs, probs_seq, probs_stride, 0, seq, seq, HS,
+                   1.f, act, anvil::DType::F32);
   T* dscores = kFloat ? reinterpret_cast<T*>(dprobs) : r.f;
+  const HeadOperand P{probs, probs_seq, probs_stride, 0}, dS{dscores, probs_seq, probs_stride, 0};
+  // dv[T,HS] = probs[T,T]^T @ dout[T,HS], written in place into dqkv's v columns
+  const auto dv_gemm = [&] {
+    run_per_sequence(gemm, stream, B, NH, P, true, dO, false, dqkv + 2 * C, seq3, HS, row3, seq, HS, seq, 1.f,
+                     act, act);
+  };
   if (dropout.p > 0) {
-    // dscores from the masked dprobs and the undropped probs, which it then overwrites with the dropped ones;
-    // dv[T,HS] = dropped probs[T,T]^T @ dout[T,HS]
+    // dscores from the masked dprobs and the undropped probs, which it then overwrites with the dropped ones
+    // for dv.
     softmax_dropout_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(
         dscores, dprobs, probs, rows, seq, scale, dropout_args(dropout));
     ANVIL_CUDA_CHECK_LAST();
-    run_batched(gemm, stream, probs, true, dout_heads, false, r.dv, seq, HS, seq, 1.f, heads, probs_stride,
-                head_stride, head_stride, act, act);
+    dv_gemm();
   } else {
-    // dv[T,HS] = probs[T,T]^T @ dout[T,HS]
-    run_batched(gemm, stream, probs, true, dout_heads, false, r.dv, seq, HS, seq, 1.f, heads, probs_stride,
-                head_stride, head_stride, act, act);
+    dv_gemm();
     // dscores = scale * probs * (dprobs - rowsum(probs * dprobs)); in place for fp32
     softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(dscores, dprobs, probs, rows, seq,
                                                                       scale);
     ANVIL_CUDA_CHECK_LAST();
   }
-  // dq[T,HS] = dscores[T,T] @ k[T,HS]
-  run_batched(gemm, stream, dscores, false, r.k, false, dq, seq, HS, seq, 1.f, heads, probs_stride,
-              head_stride, head_stride, act, act);
-  // dk[T,HS] = dscores[T,T]^T @ q[T,HS]
-  run_batched(gemm, stream, dscores, true, r.q, false, r.dk, seq, HS, seq, 1.f, heads, probs_stride,
-              head_stride, head_stride, act, act);
-  heads_to_rows(stream, dqkv, 3 * C, dq, B, seq, NH, HS);
-  heads_to_rows(stream, dqkv + C, 3 * C, r.dk, B, seq, NH, HS);
-  heads_to_rows(stream, dqkv + 2 * C, 3 * C, r.dv, B, seq, NH, HS);
+  // dq[T,HS] = dscores[T,T] @ k[T,HS] and dk[T,HS] = dscores[T,T]^T @ q[T,HS], in place into dqkv
+  run_per_sequence(gemm, stream, B, NH, dS, false, k, false, dqkv, seq3, HS, row3, seq, HS, seq, 1.f, act,
+                   act);
+  run_per_sequence(gemm, stream, B, NH, dS, true, q, false, dqkv + C, seq3, HS, row3, seq, HS, seq, 1.f, act,
+                   act);
 }
 
 }  // namespace
 
-size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH) {
+size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T,
+                                            int /*C: heads are read in place*/, int NH) {
   const size_t elem = anvil::dtype_bits(act) / 8;
-  const size_t s = padded_bytes(static_cast<size_t>(B) * T * C * elem);
   const size_t p = static_cast<size_t>(B) * NH * T * T;
   const bool fp32 = act == anvil::DType::F32;
-  return 6 * s + padded_bytes(p * sizeof(float)) + padded_bytes(p * elem) +
-         (fp32 ? 0 : padded_bytes(p * elem));
+  return padded_bytes(p * sizeof(float)) + padded_bytes(p * elem) + (fp32 ? 0 : padded_bytes(p * elem));
 }
 
 void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, float* lse,

@@ -43,6 +43,9 @@ struct GemmArgs {
   void* aux = nullptr;
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements
+  // Row strides of A, B and C as stored (row-major, in elements); 0: contiguous rows. Lets a GEMM read or
+  // write a matrix that is a column block of a wider one (an attention head inside [T, 3C]).
+  int64_t lda = 0, ldb = 0, ldc = 0;
   anvil::DType ab_type = anvil::DType::F32;
   anvil::DType c_type = anvil::DType::F32;
 };
@@ -60,7 +63,7 @@ class Gemm {
 
  private:
   struct Plan;
-  using PlanKey = std::array<int64_t, 20>;
+  using PlanKey = std::array<int64_t, 23>;
   struct HandleDestroyer {
     void operator()(cublasLtHandle_t h) const noexcept;
   };

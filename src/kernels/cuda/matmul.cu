@@ -60,11 +60,13 @@ size_t type_bytes(anvil::DType t) {
   return anvil::dtype_bits(t) / 8;
 }
 
-// Column-major layout of a stored `rows` x `cols` matrix, contiguous (ld = rows), optionally batched.
-LayoutHandle make_layout(anvil::DType type, int64_t rows, int64_t cols, int batch, int64_t stride) {
+// Column-major layout of a stored `rows` x `cols` matrix with leading dimension `ld` (0: contiguous, ld =
+// rows), optionally batched.
+LayoutHandle make_layout(anvil::DType type, int64_t rows, int64_t cols, int batch, int64_t stride,
+                         int64_t ld = 0) {
   cublasLtMatrixLayout_t layout = nullptr;
   ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, cuda_type(type), static_cast<uint64_t>(rows),
-                                                static_cast<uint64_t>(cols), rows));
+                                                static_cast<uint64_t>(cols), ld ? ld : rows));
   LayoutHandle owned(layout);
   if (batch > 1) {
     const int32_t count = batch;
@@ -78,9 +80,10 @@ LayoutHandle make_layout(anvil::DType type, int64_t rows, int64_t cols, int batc
 
 // Largest power of two (4..256) dividing the address of every batch's matrix. cuBLASLt's heuristic assumes
 // 256-byte aligned operands unless told otherwise, and attention's per-head matrices and odd shapes are not.
-uint32_t alignment_bytes(const void* p, int batch, int64_t stride_elems, size_t elem_bytes) {
+uint32_t alignment_bytes(const void* p, int batch, int64_t stride_elems, size_t elem_bytes, int64_t ld = 0) {
   uint64_t bits = reinterpret_cast<uintptr_t>(p);
   if (batch > 1) bits |= static_cast<uint64_t>(stride_elems) * elem_bytes;
+  bits |= static_cast<uint64_t>(ld) * elem_bytes;  // every row's start (0: contiguous, nothing to add)
   uint32_t align = 256;
   while (align > elem_bytes && bits % align != 0) align /= 2;
   return align;
@@ -125,9 +128,9 @@ Gemm::~Gemm() = default;
 
 Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
   const size_t ab_bytes = type_bytes(g.ab_type), c_bytes = type_bytes(g.c_type);
-  const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a, ab_bytes);
-  const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b, ab_bytes);
-  const uint32_t align_c = alignment_bytes(g.c, g.batch, g.stride_c, c_bytes);
+  const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a, ab_bytes, g.lda);
+  const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b, ab_bytes, g.ldb);
+  const uint32_t align_c = alignment_bytes(g.c, g.batch, g.stride_c, c_bytes, g.ldc);
   const uint32_t align_bias = g.bias ? alignment_bytes(g.bias, 1, 0, c_bytes) : 0;
   const uint32_t align_aux = g.aux ? alignment_bytes(g.aux, 1, 0, c_bytes) : 0;
   const PlanKey key{g.trans_a,
@@ -148,7 +151,10 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
                     int64_t(g.ab_type),
                     int64_t(g.c_type),
                     int64_t(g.gelu),
-                    align_aux};
+                    align_aux,
+                    g.lda,
+                    g.ldb,
+                    g.ldc};
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
@@ -194,11 +200,12 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
 
   // Stored (pre-op) column-major shapes. Row-major B is [K,N] (or [N,K] if trans_b) = column-major
   // [N,K] (or [K,N]); row-major A is [M,K] (or [K,M]) = column-major [K,M] (or [M,K]); C^T is [N,M].
-  plan->layout_first = g.trans_b ? make_layout(g.ab_type, g.k, g.n, g.batch, g.stride_b)
-                                 : make_layout(g.ab_type, g.n, g.k, g.batch, g.stride_b);
-  plan->layout_second = g.trans_a ? make_layout(g.ab_type, g.m, g.k, g.batch, g.stride_a)
-                                  : make_layout(g.ab_type, g.k, g.m, g.batch, g.stride_a);
-  plan->layout_out = make_layout(g.c_type, g.n, g.m, g.batch, g.stride_c);
+  // A row stride (lda, ldb, ldc) is the column-major leading dimension.
+  plan->layout_first = g.trans_b ? make_layout(g.ab_type, g.k, g.n, g.batch, g.stride_b, g.ldb)
+                                 : make_layout(g.ab_type, g.n, g.k, g.batch, g.stride_b, g.ldb);
+  plan->layout_second = g.trans_a ? make_layout(g.ab_type, g.m, g.k, g.batch, g.stride_a, g.lda)
+                                  : make_layout(g.ab_type, g.k, g.m, g.batch, g.stride_a, g.lda);
+  plan->layout_out = make_layout(g.c_type, g.n, g.m, g.batch, g.stride_c, g.ldc);
 
   cublasLtMatmulPreference_t pref_raw = nullptr;
   ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
@@ -230,9 +237,11 @@ void Gemm::run(cudaStream_t stream, const GemmArgs& g) {
   if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
   if (g.k <= 0) gemm_error("GEMM with an empty inner dimension: " + describe(g));
   if (g.bias && g.batch != 1) gemm_error("GEMM bias epilogue is only supported unbatched: " + describe(g));
-  if (g.gelu != GemmArgs::kNoGelu && (g.batch != 1 || !g.aux || g.beta != 0.f))
-    gemm_error("GEMM GELU epilogue needs an unbatched, non-accumulating GEMM with an aux buffer: " +
-               describe(g));
+  if (g.gelu != GemmArgs::kNoGelu && (g.batch != 1 || !g.aux || g.beta != 0.f || g.ldc != 0))
+    gemm_error(
+        "GEMM GELU epilogue needs an unbatched, non-accumulating GEMM with an aux buffer and a "
+        "contiguous output: " +
+        describe(g));
   Plan& plan = plan_for(g);
   if (g.bias)
     ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
