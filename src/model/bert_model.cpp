@@ -110,9 +110,8 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   for (int k = 0; k < kSavedKinds; ++k) {
     bool any = false;
     for (size_t l = 0; l < L; ++l) any = any || recomputed(k, int(l));
-    if (any)
-      saved_[k].i_recompute =
-          plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, saved_[k].bytes);
+    saved_[k].i_recompute =
+        any ? plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, saved_[k].bytes) : SIZE_MAX;
   }
   i_cls_ = plan.add("first-token rows", M::Activations, B * C * a);
   i_pooled_ = plan.add("pooler output", M::Activations, B * C * a);
@@ -183,11 +182,8 @@ void BertModel::bind(const Arena& ar) {
   encoded_ = ar.get<void>(i_encoded_);
   block_acts_.assign(cfg_.n_layer, nullptr);
   for (int l = 0; l < cfg_.n_layer; ++l) block_acts_[l] = ar.get<char>(i_block_acts_[l]);
-  for (int k = 0; k < kSavedKinds; ++k) {
-    bool any = false;
-    for (int l = 0; l < cfg_.n_layer; ++l) any = any || recomputed(k, l);
-    saved_[k].recompute = any ? ar.get<char>(saved_[k].i_recompute) : nullptr;
-  }
+  for (SavedKind& sk : saved_)
+    sk.recompute = sk.i_recompute != SIZE_MAX ? ar.get<char>(sk.i_recompute) : nullptr;
   cls_ = ar.get<void>(i_cls_), pooled_ = ar.get<void>(i_pooled_);
   cls_in_ = p_cls_ > 0 ? ar.get<void>(i_cls_in_) : nullptr;
   dropout_state_ = has_dropout() ? ar.get<DropoutState>(i_dropout_state_) : nullptr;

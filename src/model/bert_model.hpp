@@ -161,9 +161,9 @@ class BertModel final : public Model {
   void block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask, bool only_recomputed);
   void block_backward(Ops& ops, int l, int B, int T, const AttentionMask& mask);
   struct SavedKind {
-    size_t bytes = 0;  // per layer, at the planned batch and sequence length
-    size_t i_recompute = 0;
-    char* recompute = nullptr;  // the kind's recompute buffer, if any layer recomputes it
+    size_t bytes = 0;               // per layer, at the planned batch and sequence length
+    size_t i_recompute = SIZE_MAX;  // SIZE_MAX: no layer recomputes the kind
+    char* recompute = nullptr;      // the kind's recompute buffer, if any layer recomputes it
   };
   SavedKind saved_[kSavedKinds];
   // Saved activations are planned block by block: the buffer of each block, and where each stored kind

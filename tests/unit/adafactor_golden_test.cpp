@@ -22,19 +22,14 @@
 #include "optim/adafactor.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/device.hpp"
+#include "safetensors_util.hpp"
 
 namespace anvil {
 namespace {
 
 const std::string kFixture = std::string(ANVIL_SOURCE_DIR) + "/tests/golden/adafactor_golden.safetensors";
 
-std::vector<float> read_f32(const io::SafeTensorsReader& r, const std::string& name) {
-  const io::SafeTensorInfo& t = r.at(name);
-  EXPECT_EQ(t.dtype, DType::F32) << name;
-  std::vector<float> v(size_t(t.numel()));
-  std::memcpy(v.data(), r.data(t), v.size() * sizeof(float));
-  return v;
-}
+using test::read_f32;
 
 // The rows of Anvil's tensor that transformers has (wte: the real vocabulary), and its HF shape.
 struct HfShape {

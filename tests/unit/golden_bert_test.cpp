@@ -17,20 +17,12 @@
 #include "io/bert_checkpoint.hpp"
 #include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
+#include "safetensors_util.hpp"
 
 namespace anvil {
 namespace {
 
 const std::string kDir = std::string(ANVIL_SOURCE_DIR) + "/tests/golden/bert_tiny";
-
-template <class T>
-std::vector<T> read(const io::SafeTensorsReader& r, const std::string& name, DType dtype) {
-  const io::SafeTensorInfo& t = r.at(name);
-  EXPECT_EQ(t.dtype, dtype) << name;
-  std::vector<T> v(size_t(t.numel()));
-  std::memcpy(v.data(), r.data(t), v.size() * sizeof(T));
-  return v;
-}
 
 // Max absolute difference relative to the reference's max magnitude (absolute when the reference is all 0).
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
@@ -58,9 +50,9 @@ void check_fixture(const std::string& dir) {
   ASSERT_EQ(ids_info.shape.size(), 2u);
   test::BertBatch b;
   b.B = int(ids_info.shape[0]), b.T = int(ids_info.shape[1]);
-  b.tokens = read<int32_t>(golden, "input_ids", DType::I32);
-  b.types = read<int32_t>(golden, "token_type_ids", DType::I32);
-  const std::vector<int32_t> mask = read<int32_t>(golden, "attention_mask", DType::I32);
+  b.tokens = test::read_tensor<int32_t>(golden, "input_ids", DType::I32);
+  b.types = test::read_tensor<int32_t>(golden, "token_type_ids", DType::I32);
+  const std::vector<int32_t> mask = test::read_tensor<int32_t>(golden, "attention_mask", DType::I32);
   for (int s = 0; s < b.B; ++s) {  // Anvil takes lengths: the mask must be a prefix of ones
     int len = 0;
     while (len < b.T && mask[s * b.T + len]) ++len;
@@ -69,9 +61,9 @@ void check_fixture(const std::string& dir) {
   }
   int valid = b.B;
   if (cfg.is_regression()) {
-    b.labels_f = read<float>(golden, "labels", DType::F32);
+    b.labels_f = test::read_tensor<float>(golden, "labels", DType::F32);
   } else {
-    b.labels = read<int32_t>(golden, "labels", DType::I32);
+    b.labels = test::read_tensor<int32_t>(golden, "labels", DType::I32);
     valid = int(std::count_if(b.labels.begin(), b.labels.end(), [](int32_t l) { return l != kIgnoreIndex; }));
   }
 
@@ -80,11 +72,11 @@ void check_fixture(const std::string& dir) {
   EXPECT_TRUE(report.kept.empty());
   h.upload(b);
   const std::vector<float> losses = h.forward(b.B, b.T, 1.0f / float(valid), true);
-  EXPECT_LT(rel_error(h.logits(b.B), read<float>(golden, "logits", DType::F32)), 1e-4);
+  EXPECT_LT(rel_error(h.logits(b.B), test::read_tensor<float>(golden, "logits", DType::F32)), 1e-4);
   double loss = 0;
   for (float l : losses) loss += l;
   loss /= valid;
-  const float want_loss = read<float>(golden, "loss", DType::F32)[0];
+  const float want_loss = test::read_tensor<float>(golden, "loss", DType::F32)[0];
   EXPECT_LT(std::fabs(loss - want_loss) / std::fabs(want_loss), 1e-5) << loss << " vs " << want_loss;
 
   h.backward(b.B, b.T);
@@ -92,7 +84,7 @@ void check_fixture(const std::string& dir) {
   double grad_scale = 0;  // the largest gradient element of the model
   for (float g : grads) grad_scale = std::max(grad_scale, double(std::fabs(g)));
   for (const ParamTensor& t : h.model().layout().tensors()) {
-    const std::vector<float> want = read<float>(golden, "grad." + t.name, DType::F32);
+    const std::vector<float> want = test::read_tensor<float>(golden, "grad." + t.name, DType::F32);
     ASSERT_EQ(want.size(), t.numel()) << t.name;
     const std::vector<float> got(grads.begin() + t.offset, grads.begin() + t.offset + t.numel());
     if (t.name.ends_with("attention.self.key.bias")) {

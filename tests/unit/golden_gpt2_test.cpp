@@ -11,6 +11,7 @@
 
 #include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
+#include "safetensors_util.hpp"
 #include "train/engine.hpp"
 
 namespace anvil {
@@ -18,13 +19,7 @@ namespace {
 
 const std::string kDir = std::string(ANVIL_SOURCE_DIR) + "/tests/golden/gpt2_tiny";
 
-std::vector<float> read_f32(const io::SafeTensorsReader& r, const std::string& name) {
-  const io::SafeTensorInfo& t = r.at(name);
-  EXPECT_EQ(t.dtype, DType::F32) << name;
-  std::vector<float> v(size_t(t.numel()));
-  std::memcpy(v.data(), r.data(t), v.size() * sizeof(float));
-  return v;
-}
+using test::read_f32;
 
 // Max absolute difference relative to the reference's max magnitude; `skip` masks ill-conditioned entries.
 double rel_error(const std::vector<float>& got, const std::vector<float>& want,

@@ -26,6 +26,7 @@
 #include "io/bert_checkpoint.hpp"
 #include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
+#include "safetensors_util.hpp"
 
 namespace anvil {
 namespace {
@@ -38,15 +39,6 @@ constexpr double kTolerance = 1e-4;  // absolute, on fp32 values
 std::string model_dir() {
   const char* env = std::getenv("ANVIL_MINILM_DIR");
   return env && *env ? std::string(env) : std::string(ANVIL_SOURCE_DIR) + "/third_party/minilm";
-}
-
-template <class T>
-std::vector<T> read(const io::SafeTensorsReader& r, const std::string& name, DType dtype) {
-  const io::SafeTensorInfo& t = r.at(name);
-  EXPECT_EQ(t.dtype, dtype) << name;
-  std::vector<T> v(size_t(t.numel()));
-  std::memcpy(v.data(), r.data(t), v.size() * sizeof(T));
-  return v;
 }
 
 double max_abs_diff(const std::vector<double>& got, const std::vector<float>& want) {
@@ -70,9 +62,9 @@ class GoldenMiniLM : public ::testing::Test {
     const io::SafeTensorInfo& ids = golden_->at("input_ids");
     ASSERT_EQ(ids.shape.size(), 2u);
     B_ = int(ids.shape[0]), T_ = int(ids.shape[1]);
-    ids_ = read<int32_t>(*golden_, "input_ids", DType::I32);
-    types_ = read<int32_t>(*golden_, "token_type_ids", DType::I32);
-    const std::vector<int32_t> mask = read<int32_t>(*golden_, "attention_mask", DType::I32);
+    ids_ = test::read_tensor<int32_t>(*golden_, "input_ids", DType::I32);
+    types_ = test::read_tensor<int32_t>(*golden_, "token_type_ids", DType::I32);
+    const std::vector<int32_t> mask = test::read_tensor<int32_t>(*golden_, "attention_mask", DType::I32);
     for (int b = 0; b < B_; ++b) {  // right padding: the mask is a prefix of ones
       int n = 0;
       while (n < T_ && mask[size_t(b) * T_ + n]) ++n;
@@ -119,7 +111,7 @@ class GoldenMiniLM : public ::testing::Test {
     auto row = [&](int b, int t) { return hidden.data() + (size_t(b) * T + t) * C; };
 
     // last_hidden_state at the fixture's positions.
-    const std::vector<int32_t> pos = read<int32_t>(*golden_, "hidden_positions", DType::I32);
+    const std::vector<int32_t> pos = test::read_tensor<int32_t>(*golden_, "hidden_positions", DType::I32);
     std::vector<double> got_hidden;
     for (size_t i = 0; i + 1 < pos.size(); i += 2) {
       ASSERT_TRUE(pos[i] < B_ && pos[i + 1] < lengths_[pos[i]]) << "position " << i / 2;
@@ -139,12 +131,14 @@ class GoldenMiniLM : public ::testing::Test {
       norm = std::max(std::sqrt(norm), 1e-12);
       for (int c = 0; c < C; ++c) normalized[size_t(b) * C + c] = m[c] / norm;
     }
-    const double d_hidden = max_abs_diff(got_hidden, read<float>(*golden_, "last_hidden_state", DType::F32));
+    const double d_hidden =
+        max_abs_diff(got_hidden, test::read_tensor<float>(*golden_, "last_hidden_state", DType::F32));
     const double d_pooled = max_abs_diff(std::vector<double>(pooled.begin(), pooled.end()),
-                                         read<float>(*golden_, "pooler_output", DType::F32));
-    const double d_mean = max_abs_diff(mean, read<float>(*golden_, "sentence_embedding", DType::F32));
-    const double d_norm =
-        max_abs_diff(normalized, read<float>(*golden_, "sentence_embedding_normalized", DType::F32));
+                                         test::read_tensor<float>(*golden_, "pooler_output", DType::F32));
+    const double d_mean =
+        max_abs_diff(mean, test::read_tensor<float>(*golden_, "sentence_embedding", DType::F32));
+    const double d_norm = max_abs_diff(
+        normalized, test::read_tensor<float>(*golden_, "sentence_embedding_normalized", DType::F32));
     std::printf(
         "T=%d: max |anvil - transformers|: last_hidden_state %.3g (%zu positions), pooler_output %.3g, "
         "sentence_embedding %.3g, normalized %.3g\n",
