@@ -95,6 +95,10 @@ struct TrainConfig {
   bool fp16 = false;
   bool bf16 = false;
   bool tf32 = false;
+  // How fp32 matmuls run on CUDA: "fp32" (native), "tf32" (TF32 tensor cores, ~1e-3 relative) or "3xtf32"
+  // (TF32 tensor cores at about fp32 accuracy: docs/config.md, "Precision"). Empty: "tf32" when tf32 is
+  // true, else "fp32". The CPU always computes native fp32.
+  std::string fp32_matmul;
   // The fp16 loss scaler, with DeepSpeed's names and semantics (used only when fp16 is on).
   double loss_scale = 0;  // > 0: static scale; 0: dynamic
   int initial_scale_power = 16;
@@ -155,6 +159,8 @@ struct TrainConfig {
   int64_t tokens_per_step() const {
     return int64_t(per_device_train_batch_size) * gradient_accumulation_steps * seq_len();
   }
+  // "fp32", "tf32" or "3xtf32": how fp32 matmuls run on CUDA (fp32_matmul, else tf32).
+  std::string fp32_matmul_mode() const { return !fp32_matmul.empty() ? fp32_matmul : tf32 ? "tf32" : "fp32"; }
   // "fp32", "bf16" or "fp16": the type of the model's weights and activations.
   std::string precision() const { return fp16 ? "fp16" : bf16 ? "bf16" : "fp32"; }
   // The loss scaler's settings (include "precision/loss_scaler.hpp" to use it).

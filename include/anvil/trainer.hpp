@@ -20,7 +20,7 @@ struct TrainSummary {
   size_t peak_memory_bytes = 0;     // the arena (planned) plus, on CUDA, what the driver reports in use
   size_t planned_memory_bytes = 0;  // the memory plan's total (the arena)
   size_t allocator_peak_bytes = 0;  // the most device memory the device's allocator held at once
-  std::string precision;            // fp32 | tf32 | bf16 | fp16
+  std::string precision;            // fp32 | tf32 | 3xtf32 | bf16 | fp16
   int64_t skipped_steps = 0;        // fp16: steps skipped on gradient overflow (all runs, after a resume)
   double loss_scale = 0;            // fp16: the loss scale at the end (0 otherwise)
   std::string device;

@@ -21,20 +21,28 @@ struct GemmArgs {
 };
 
 int run_bench_gemm(const GemmArgs& a) {
-  ANVIL_REQUIRE(
-      a.precision == "fp32" || a.precision == "tf32" || a.precision == "bf16" || a.precision == "fp16",
-      "--precision must be fp32, tf32, bf16 or fp16, got '{}'", a.precision);
+  ANVIL_REQUIRE(a.precision == "fp32" || a.precision == "tf32" || a.precision == "3xtf32" ||
+                    a.precision == "bf16" || a.precision == "fp16",
+                "--precision must be fp32, tf32, 3xtf32, bf16 or fp16, got '{}'", a.precision);
   ANVIL_REQUIRE(a.size >= 64 && a.size <= 65536 && a.iters >= 1, "--size must be 64..65536 and --iters >= 1");
   const DeviceKind kind = resolve_device(a.device);
   std::unique_ptr<Device> dev = make_device(kind);
   const DType t = a.precision == "bf16" ? DType::BF16 : a.precision == "fp16" ? DType::F16 : DType::F32;
   const size_t n = size_t(a.size), elems = n * n;
   DeviceBuffer A(*dev, dtype_bytes(t, elems)), B(*dev, dtype_bytes(t, elems)), C(*dev, dtype_bytes(t, elems));
-  DeviceBuffer ws;
+  DeviceBuffer ws, split;
   std::unique_ptr<Ops> ops;
   if (kind == DeviceKind::CUDA) {
     ws = DeviceBuffer(*dev, kCudaGemmWorkspaceBytes);
-    ops = make_cuda_ops(*dev, a.precision == "tf32", ws.get(), ws.size(), {t, DType::F32});
+    CudaGemmBuffers buffers{ws.get(), ws.size()};
+    const bool fp32 = t == DType::F32;
+    if (fp32 && a.precision == "3xtf32") {
+      // The whole GEMM in one chunk: both operands' big and small parts.
+      split = DeviceBuffer(*dev, 4 * elems * sizeof(float) + (1 << 20));
+      buffers.split_scratch = static_cast<float*>(split.get()), buffers.split_scratch_bytes = split.size();
+    }
+    ops = make_cuda_ops(*dev, fp32 ? parse_fp32_matmul(a.precision) : Fp32Matmul::Native, buffers,
+                        {t, DType::F32});
   } else {
     ops = make_cpu_ops(*dev, {t, DType::F32});
   }
@@ -73,7 +81,8 @@ int run_bench_gemm(const GemmArgs& a) {
 Command make_bench_gemm(CLI::App& parent) {
   auto a = std::make_shared<GemmArgs>();
   CLI::App* app = parent.add_subcommand("bench-gemm", "measure dense GEMM throughput (the peak for MFU)");
-  app->add_option("--precision", a->precision, "fp32 | tf32 | bf16 | fp16 (default bf16)");
+  app->add_option("--precision", a->precision,
+                  "fp32 | tf32 | 3xtf32 | bf16 | fp16 (default bf16; tf32 and 3xtf32 are fp32 on CPU)");
   app->add_option("--size", a->size, "M = N = K (default 8192)");
   app->add_option("--iters", a->iters, "timed GEMMs (default 20)");
   app->add_option("--device", a->device, "auto | cpu | cuda");

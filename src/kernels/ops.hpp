@@ -1,6 +1,7 @@
 // The operator contract shared by the CPU reference backend and the CUDA backend. All pointers are in
 // the owning Device's memory; all tensors are row-major and contiguous; all math is fp32 over fp32, bf16 or
-// fp16 storage (see OpsPrecision; on CUDA, fp32 GEMMs may use TF32 tensor cores when enabled). Work is
+// fp16 storage (see OpsPrecision; on CUDA, fp32 GEMMs may use TF32 tensor cores, as TF32 or 3xTF32:
+// Fp32Matmul). Work is
 // queued in order on the device's compute stream.
 //
 // Gradient convention: parameter gradients (dw, db, dwte, dwpe) ACCUMULATE (+=), so micro-batches sum
@@ -18,6 +19,7 @@
 #include <memory>
 
 #include "kernels/dropout.hpp"
+#include "kernels/split_gemm_plan.hpp"
 #include "kernels/step_values.hpp"
 #include "runtime/device.hpp"
 
@@ -398,6 +400,17 @@ const char* cuda_attention_implementation(DType compute, int C, int NH, bool dro
 // `tf32`: allow TF32 tensor cores in fp32 GEMMs. `workspace` is a device buffer of `workspace_bytes` for
 // cuBLASLt.
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,
+                                   OpsPrecision precision = {});
+// The device buffers of CUDA GEMMs: cuBLASLt's workspace, and for Fp32Matmul::TF32x3 the split scratch
+// (split_gemm_scratch_bytes; ignored otherwise).
+struct CudaGemmBuffers {
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  float* split_scratch = nullptr;
+  size_t split_scratch_bytes = 0;
+};
+// fp32 GEMMs as `fp32` says (split_gemm_plan.hpp); 16-bit GEMMs are unaffected.
+std::unique_ptr<Ops> make_cuda_ops(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers,
                                    OpsPrecision precision = {});
 constexpr size_t kCudaGemmWorkspaceBytes = 32ull << 20;
 

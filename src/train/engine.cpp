@@ -43,7 +43,7 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.batch_size = std::max(cfg.per_device_train_batch_size, cfg.val_data.empty() ? 1 : cfg.eval_batch_size());
   o.seq_len = cfg.seq_len();
   o.training = true;
-  o.tf32 = cfg.tf32;
+  o.fp32_matmul = parse_fp32_matmul(cfg.fp32_matmul_mode());
   o.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
   o.half_precision_grads = cfg.grad_accum_dtype != "fp32";
   if (cfg.gradient_checkpointing)
@@ -98,9 +98,15 @@ struct InputIndices {
          labels[2] = {SIZE_MAX, SIZE_MAX};
 };
 
+// 3xTF32 applies to fp32 GEMMs on CUDA only.
+bool uses_split_scratch(const EngineOptions& o) {
+  return o.device == DeviceKind::CUDA && o.fp32_matmul == Fp32Matmul::TF32x3 &&
+         o.precision == Precision::FP32;
+}
+
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
 void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOptions& o, InputIndices& in,
-              size_t* i_gemm_ws, size_t* i_step_scalars, size_t* i_step_values) {
+              size_t* i_gemm_ws, size_t* i_split_scratch, size_t* i_step_scalars, size_t* i_step_values) {
   model.plan_memory(plan, o.device);
   if (opt) opt->plan_memory(plan);
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
@@ -119,6 +125,9 @@ void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOption
   }
   if (o.device == DeviceKind::CUDA)
     *i_gemm_ws = plan.add("cuBLASLt workspace", MemoryCategory::Workspace, kCudaGemmWorkspaceBytes);
+  if (uses_split_scratch(o))
+    *i_split_scratch = plan.add("3xTF32 split scratch", MemoryCategory::Workspace,
+                                split_gemm_scratch_bytes(model.config(), o.batch_size, o.seq_len));
   // The step's loss, gradient norm and clip factor live on the device (no host read inside a step).
   if (opt) *i_step_scalars = plan.add("step scalars", MemoryCategory::Workspace, sizeof(StepScalars));
   // The step's learning rates, seeds and unscale factor, read by the kernels (a graph-replayed step).
@@ -145,8 +154,8 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   InputIndices inputs;
-  size_t ws = 0, scalars = 0, values = 0;
-  plan_all(plan, *model, opt.get(), o, inputs, &ws, &scalars, &values);
+  size_t ws = 0, split = 0, scalars = 0, values = 0;
+  plan_all(plan, *model, opt.get(), o, inputs, &ws, &split, &scalars, &values);
   return plan;
 }
 
@@ -160,19 +169,25 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
                       o.share_grad_memory);
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
-  size_t i_ws = 0;
+  size_t i_ws = 0, i_split = 0;
   InputIndices in;
-  plan_all(plan, *model_, optimizer_.get(), o, in, &i_ws, &i_step_scalars_, &i_step_values_);
+  plan_all(plan, *model_, optimizer_.get(), o, in, &i_ws, &i_split, &i_step_scalars_, &i_step_values_);
   for (int s = 0; s < 2; ++s) {
     i_tokens_[s] = in.tokens[s], i_targets_[s] = in.targets[s];
     i_lengths_[s] = in.lengths[s], i_labels_[s] = in.labels[s];
   }
   ensure_plan_fits(plan, *device_);
   arena_ = std::make_unique<Arena>(*device_, std::move(plan));
-  // The CUDA ops take their GEMM workspace from the arena.
-  ops_ = o.device == DeviceKind::CUDA ? make_cuda_ops(*device_, o.tf32, arena_->get<void>(i_ws),
-                                                      kCudaGemmWorkspaceBytes, ops_precision(o))
-                                      : make_cpu_ops(*device_, ops_precision(o));
+  // The CUDA ops take their GEMM workspace (and 3xTF32's split scratch) from the arena.
+  if (o.device == DeviceKind::CUDA) {
+    CudaGemmBuffers buffers{arena_->get<void>(i_ws), kCudaGemmWorkspaceBytes};
+    if (uses_split_scratch(o))
+      buffers.split_scratch = arena_->get<float>(i_split),
+      buffers.split_scratch_bytes = arena_->plan().buffers()[i_split].bytes;
+    ops_ = make_cuda_ops(*device_, o.fp32_matmul, buffers, ops_precision(o));
+  } else {
+    ops_ = make_cpu_ops(*device_, ops_precision(o));
+  }
   model_->bind(*arena_);
   if (optimizer_) {
     optimizer_->bind(*arena_);

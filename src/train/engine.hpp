@@ -17,8 +17,8 @@
 
 namespace anvil {
 
-// How weights and activations are stored: fp32 (TF32 is a GEMM mode over fp32 storage, see
-// EngineOptions::tf32), or bf16 / fp16 mixed precision with fp32 master weights.
+// How weights and activations are stored: fp32 (TF32 and 3xTF32 are GEMM modes over fp32 storage, see
+// EngineOptions::fp32_matmul), or bf16 / fp16 mixed precision with fp32 master weights.
 enum class Precision { FP32, BF16, FP16 };
 const char* precision_name(Precision p);
 DType precision_dtype(Precision p);
@@ -31,7 +31,8 @@ struct EngineOptions {
   int batch_size = 1;
   int seq_len = 1;
   bool training = false;
-  bool tf32 = false;
+  // How fp32 GEMMs run on CUDA (the CPU always computes native fp32); 3xTF32 plans a split scratch buffer.
+  Fp32Matmul fp32_matmul = Fp32Matmul::Native;
   Precision precision = Precision::FP32;
   // Parameter gradients in the 16-bit compute type instead of fp32 (DeepSpeed's grad_accum_dtype): half
   // the gradient memory, at the cost of accumulation precision.

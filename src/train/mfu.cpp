@@ -42,6 +42,9 @@ PeakFlops peak_flops(const std::string& device_name, const std::string& precisio
                                                    {"L4", 30.3e12, 60e12, 121e12}}};
   for (const Known& k : kKnown) {
     if (device_name.find(k.name_part) == std::string::npos) continue;
+    if (precision == "3xtf32")  // three TF32 tensor-core products per fp32 product
+      return {k.tf32 / 3, std::string("a third of the nominal dense tf32 peak of ") + k.name_part +
+                              " (data sheet; 3xTF32 runs three TF32 products)"};
     const double f = precision == "fp32" ? k.fp32 : precision == "tf32" ? k.tf32 : k.half;
     return {f, std::string("nominal dense ") + precision + " peak of " + k.name_part + " (data sheet)"};
   }

@@ -19,9 +19,9 @@ struct PeakFlops {
   double flops = 0;    // per second; 0: unknown
   std::string source;  // where the figure comes from
 };
-// The dense peak of `device_name` for `precision` (fp32 | tf32 | bf16 | fp16): `configured` when > 0,
-// else the measured 16-bit GEMM peak of a GPU we benchmarked (bf16 / fp16), else the nominal figure of a
-// known GPU (NVIDIA's spec sheets; docs/performance.md), else unknown.
+// The dense peak of `device_name` for `precision` (fp32 | tf32 | 3xtf32 | bf16 | fp16; 3xtf32: a third of
+// tf32): `configured` when > 0, else the measured 16-bit GEMM peak of a GPU we benchmarked (bf16 / fp16),
+// else the nominal figure of a known GPU (NVIDIA's spec sheets; docs/performance.md), else unknown.
 PeakFlops peak_flops(const std::string& device_name, const std::string& precision, double configured);
 
 }  // namespace anvil

@@ -96,7 +96,8 @@ RunData open_run_data(TrainConfig& cfg, RunModel& rm) {
   d.classification = data::is_classification_shard(cfg.train_data);
   const auto check_kind = [&](const std::string& path, const char* key) {
     // A file that cannot be read is no shard of either kind: say that, not that it is of the wrong kind.
-    ANVIL_REQUIRE(std::ifstream(path).good(), "{} '{}': cannot open (no such file, or not readable)", key, path);
+    ANVIL_REQUIRE(std::ifstream(path).good(), "{} '{}': cannot open (no such file, or not readable)", key,
+                  path);
     const bool cls = data::is_classification_shard(path);
     if (cls && !m.is_bert())
       ANVIL_THROW(

@@ -266,6 +266,7 @@ const std::map<std::string, Setter>& setters() {
     bool_field("fp16", &TrainConfig::fp16);
     bool_field("bf16", &TrainConfig::bf16);
     bool_field("tf32", &TrainConfig::tf32);
+    str_field("fp32_matmul", &TrainConfig::fp32_matmul);
     num_field("loss_scale", &TrainConfig::loss_scale);
     int_field("initial_scale_power", &TrainConfig::initial_scale_power);
     int_field("loss_scale_window", &TrainConfig::loss_scale_window);
@@ -492,6 +493,12 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(eval_steps >= 0, "{}: eval_steps must be >= 0, got {}", s, eval_steps);
   ANVIL_REQUIRE(max_eval_batches >= 0, "{}: max_eval_batches must be >= 0 (0: the default), got {}", s,
                 max_eval_batches);
+  ANVIL_REQUIRE(
+      fp32_matmul.empty() || fp32_matmul == "fp32" || fp32_matmul == "tf32" || fp32_matmul == "3xtf32",
+      "{}: fp32_matmul must be fp32, tf32 or 3xtf32, got '{}'", s, fp32_matmul);
+  ANVIL_REQUIRE(!tf32 || fp32_matmul.empty() || fp32_matmul == "tf32",
+                "{}: tf32 true asks for TF32 matmuls but fp32_matmul is '{}'; set one of them", s,
+                fp32_matmul);
   ANVIL_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
                 "{}: device must be auto, cpu or cuda, got '{}'", s, device);
   ANVIL_REQUIRE(!output_dir.empty(), "{}: output_dir must not be empty", s);
@@ -620,6 +627,7 @@ json TrainConfig::to_json() const {
           {"fp16", fp16},
           {"bf16", bf16},
           {"tf32", tf32},
+          {"fp32_matmul", fp32_matmul},
           {"loss_scale", loss_scale},
           {"initial_scale_power", initial_scale_power},
           {"loss_scale_window", loss_scale_window},

@@ -45,13 +45,21 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
-// fp32 | tf32 | bf16 | fp16
+// fp32 | tf32 | 3xtf32 | bf16 | fp16
 std::string precision_label(const TrainConfig& c) {
-  return c.bf16 ? "bf16" : c.fp16 ? "fp16" : c.tf32 ? "tf32" : "fp32";
+  return c.bf16 ? "bf16" : c.fp16 ? "fp16" : c.fp32_matmul_mode();
 }
 
 std::string precision_description(const TrainConfig& c, const LossScaler* scaler) {
-  if (!c.bf16 && !c.fp16) return c.tf32 ? "fp32 storage, TF32 matmuls" : "fp32";
+  if (!c.bf16 && !c.fp16) {
+    const std::string m = c.fp32_matmul_mode();
+    const bool cuda = resolve_device(c.device) == DeviceKind::CUDA;
+    if (m == "tf32") return cuda ? "fp32 storage, TF32 matmuls" : "fp32 (TF32 applies on CUDA only)";
+    if (m == "3xtf32")
+      return cuda ? "fp32 storage, 3xTF32 matmuls (fp32-accurate on the TF32 tensor cores)"
+                  : "fp32 (3xTF32 applies on CUDA only)";
+    return "fp32";
+  }
   std::string d =
       fmt::format("{} weights and activations, fp32 master weights and optimizer states, {} gradients",
                   c.bf16 ? "bf16" : "fp16", c.grad_accum_dtype);

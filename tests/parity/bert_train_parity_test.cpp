@@ -64,7 +64,8 @@ std::vector<double> losses(const std::string& out) {
 }
 
 TrainSummary run(const ScratchDir& d, const std::string& name, const std::string& device, bool graphs,
-                 bool bf16, int batch = 8, int accumulation = 2, double dropout = 0.1) {
+                 bool bf16, int batch = 8, int accumulation = 2, double dropout = 0.1,
+                 const std::string& fp32_matmul = "fp32") {
   const json j = {{"model",
                    {{"family", "bert"},
                     {"vocab_size", 64},
@@ -84,6 +85,7 @@ TrainSummary run(const ScratchDir& d, const std::string& name, const std::string
                   {"device", device},
                   {"cuda_graphs", graphs},
                   {"bf16", bf16},
+                  {"fp32_matmul", fp32_matmul},
                   {"seed", 3},
                   {"output_dir", d / name}};
   return train(TrainConfig::from_json(j, "test"));
@@ -116,6 +118,24 @@ TEST(BertTrainParity, GraphsPerShapeMatchEagerAndTheCpu) {
   const TrainSummary half = run(d, "bf16", "cuda", true, true);
   EXPECT_TRUE(std::isfinite(half.train_loss));
   EXPECT_GT(half.eval_accuracy, 0.7);
+}
+
+// fp32_matmul 3xtf32 (fp32 GEMMs on the TF32 tensor cores, split into big and small parts) follows the CPU's
+// native fp32 as closely as native fp32 GEMMs on the GPU do (the bound of the test above), under graphs.
+TEST(BertTrainParity, ThreePassTf32FollowsTheCpuAsFp32Does) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
+  ScratchDir d;
+  write_task(d / "train.cls", 640, 1);
+  write_task(d / "val.cls", 128, 2);
+  const TrainSummary x3 = run(d, "x3", "cuda", true, false, 8, 2, 0.1, "3xtf32");
+  const TrainSummary cpu = run(d, "cpu", "cpu", false, false);
+  const std::vector<double> lx = losses(d / "x3"), lc = losses(d / "cpu");
+  ASSERT_EQ(lx.size(), 100u);
+  ASSERT_EQ(lc.size(), 100u);
+  for (size_t i = 0; i < lx.size(); ++i)
+    EXPECT_NEAR(lx[i], lc[i], 2e-3 * (1 + std::abs(lc[i]))) << "step " << i + 1;
+  EXPECT_NEAR(x3.eval_accuracy, cpu.eval_accuracy, 0.02);
+  EXPECT_EQ(x3.precision, "3xtf32");
 }
 
 // One micro-batch of 16 per step: the gradients live in activation memory (backward zeroes each unit's just

@@ -39,8 +39,9 @@ std::vector<float> to_host(Engine& e, const float* p, size_t n) {
 }
 
 // `precision` other than fp32: bf16/fp16 weights and activations with fp32 master weights and gradients,
-// held (like TF32) to direction and loss agreement rather than element-wise bounds.
-void run_steps(bool tf32, double tol, Precision precision = Precision::FP32) {
+// held (like TF32) to direction and loss agreement rather than element-wise bounds. 3xTF32 is held to the
+// bounds of native fp32.
+void run_steps(Fp32Matmul matmul, double tol, Precision precision = Precision::FP32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
   const char* env = std::getenv("ANVIL_PARITY_SEED");
   const uint32_t seed = env ? uint32_t(std::stoul(env)) : std::random_device{}();
@@ -50,7 +51,8 @@ void run_steps(bool tf32, double tol, Precision precision = Precision::FP32) {
   TransformerConfig cfg;
   cfg.n_layer = 2, cfg.n_head = 4, cfg.n_embd = 64, cfg.vocab_size = 300, cfg.block_size = 64;
   EngineOptions o;
-  o.batch_size = 4, o.seq_len = 48, o.training = true, o.tf32 = tf32, o.precision = precision;
+  o.batch_size = 4, o.seq_len = 48, o.training = true, o.fp32_matmul = matmul, o.precision = precision;
+  const bool tf32 = matmul == Fp32Matmul::TF32;
   const bool lossy = tf32 || precision != Precision::FP32;
   o.optim = adamw_hyper({0.9f, 0.95f, 1e-8f, 0.1f});
   o.device = DeviceKind::CPU;
@@ -120,16 +122,20 @@ void run_steps(bool tf32, double tol, Precision precision = Precision::FP32) {
 }
 
 TEST(ParityModel, TrainingStepsFp32) {
-  run_steps(false, 2e-3);
+  run_steps(Fp32Matmul::Native, 2e-3);
 }
 TEST(ParityModel, TrainingStepsTf32) {
-  run_steps(true, 3e-2);
+  run_steps(Fp32Matmul::TF32, 3e-2);
+}
+// The fused GELU epilogue takes 3xTF32's single-GEMM (three-piece) path here, the other GEMMs two pieces.
+TEST(ParityModel, TrainingSteps3xTf32) {
+  run_steps(Fp32Matmul::TF32x3, 2e-3);
 }
 TEST(ParityModel, TrainingStepsBf16) {
-  run_steps(false, 3e-2, Precision::BF16);
+  run_steps(Fp32Matmul::Native, 3e-2, Precision::BF16);
 }
 TEST(ParityModel, TrainingStepsFp16) {
-  run_steps(false, 1e-2, Precision::FP16);
+  run_steps(Fp32Matmul::Native, 1e-2, Precision::FP16);
 }
 
 }  // namespace

@@ -135,7 +135,7 @@ TEST_F(StepGraphTest, AccumulationAndLossScalerReplayParts) {
       compare("accum",
               {{"bf16", true}, {"gradient_accumulation_steps", 2}, {"per_device_train_batch_size", 4}}, 2e-3);
   EXPECT_EQ(accum.cuda_graph_whole_steps, 0);
-  EXPECT_EQ(accum.cuda_graphs_recorded, 3);               // two micro-batch slots and the tail
+  EXPECT_EQ(accum.cuda_graphs_recorded, 3);           // two micro-batch slots and the tail
   EXPECT_EQ(accum.cuda_graph_launches, 11 * 2 + 11);  // steps 2..12: two micro-batches and the tail each
   // fp16 with the loss scaler: micro-batch, norm and update graphs around the host's overflow decision.
   const TrainSummary fp16 = compare("fp16", {{"fp16", true}}, 2e-3);

@@ -14,6 +14,7 @@
 
 #include "anvil/dtype.hpp"
 #include "kernels/dropout.hpp"
+#include "kernels/split_gemm_plan.hpp"
 #include "kernels/step_values.hpp"
 
 namespace anvil::cuda {
@@ -26,8 +27,8 @@ namespace anvil::cuda {
 // A row-major, contiguous, optionally strided-batched GEMM:  C[M,N] = alpha * op(A) @ op(B) + beta * C
 // (+ bias[N] added to every row). op(A) is [M,K]: A is stored [M,K], or [K,M] when trans_a.
 // op(B) is [K,N]: B is stored [K,N], or [N,K] when trans_b. Batch i uses A + i*stride_a, etc.
-// A and B share `ab_type`; C (and the bias) are of `c_type`. Supported: all F32 (TF32 when enabled);
-// BF16/F16 inputs with C of the same type or F32. Accumulation is fp32.
+// A and B share `ab_type`; C (and the bias) are of `c_type`. Supported: all F32 (native fp32, TF32 or
+// 3xTF32: Fp32Matmul); BF16/F16 inputs with C of the same type or F32. Accumulation is fp32.
 struct GemmArgs {
   const void* a = nullptr;
   bool trans_a = false;
@@ -51,10 +52,13 @@ struct GemmArgs {
 };
 
 // Owns the cuBLASLt handle and a cache of matmul plans (descriptors + chosen algorithm) by shape, so the
-// heuristic query and descriptor set-up run once per distinct GEMM rather than on every call.
+// heuristic query and descriptor set-up run once per distinct GEMM rather than on every call. With
+// Fp32Matmul::TF32x3, fp32 GEMMs split their operands into `split_scratch` (gemm_3xtf32.cu; sized by
+// split_gemm_scratch_bytes, any size >= kMinSplitScratchBytes works through chunking).
 class Gemm {
  public:
-  Gemm(bool tf32, void* workspace, size_t workspace_bytes);
+  Gemm(Fp32Matmul fp32, void* workspace, size_t workspace_bytes, float* split_scratch = nullptr,
+       size_t split_scratch_bytes = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -68,11 +72,19 @@ class Gemm {
     void operator()(cublasLtHandle_t h) const noexcept;
   };
 
-  Plan& plan_for(const GemmArgs& g);
+  // `tensor_tf32`: fp32 operands on the TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
+  Plan& plan_for(const GemmArgs& g, bool tensor_tf32);
+  void run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32);
+  // gemm_3xtf32.cu: an fp32 GEMM as 3xTF32, chunked through the split scratch.
+  void run_3xtf32(cudaStream_t stream, const GemmArgs& g);
+  void run_3xtf32_chunk(cudaStream_t stream, const GemmArgs& g, const SplitGemmChunks& c, int b0, int nb,
+                        int m0, int mc, int n0, int nc, int k0, int kc);
 
-  bool tf32_;
+  Fp32Matmul fp32_;
   void* workspace_;
   size_t workspace_bytes_;
+  float* split_scratch_;
+  size_t split_scratch_floats_;
   std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, HandleDestroyer> handle_;
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
 };

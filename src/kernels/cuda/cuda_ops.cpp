@@ -52,10 +52,11 @@ cuda::AttentionDropout attention_dropout(const AttentionMask& mask) {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(Device& dev, bool tf32, void* workspace, size_t workspace_bytes, OpsPrecision precision)
+  CudaOps(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers, OpsPrecision precision)
       : dev_(dev),
         stream_(cuda_compute_stream(dev)),
-        gemm_(tf32, workspace, workspace_bytes),
+        gemm_(fp32, buffers.workspace, buffers.workspace_bytes, buffers.split_scratch,
+              buffers.split_scratch_bytes),
         reduce_scratch_(dev, cuda::kReduceScratchDoubles * sizeof(double)),
         p_(precision),
         act_(precision.compute),
@@ -337,7 +338,17 @@ const char* cuda_attention_implementation(DType compute, int C, int NH, bool dro
 
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,
                                    OpsPrecision precision) {
-  return std::make_unique<CudaOps>(dev, tf32, workspace, workspace_bytes, precision);
+  return make_cuda_ops(dev, tf32 ? Fp32Matmul::TF32 : Fp32Matmul::Native, {workspace, workspace_bytes},
+                       precision);
+}
+
+std::unique_ptr<Ops> make_cuda_ops(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers,
+                                   OpsPrecision precision) {
+  if (fp32 == Fp32Matmul::TF32x3 && precision.compute == DType::F32)
+    ANVIL_REQUIRE(buffers.split_scratch && buffers.split_scratch_bytes >= kMinSplitScratchBytes,
+                  "3xTF32 GEMMs need a split scratch buffer of at least {} bytes, got {}",
+                  kMinSplitScratchBytes, buffers.split_scratch_bytes);
+  return std::make_unique<CudaOps>(dev, fp32, buffers, precision);
 }
 
 }  // namespace anvil

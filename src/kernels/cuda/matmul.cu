@@ -117,8 +117,13 @@ void Gemm::HandleDestroyer::operator()(cublasLtHandle_t h) const noexcept {
   warn_cublas("cublasLtDestroy", cublasLtDestroy(h));
 }
 
-Gemm::Gemm(bool tf32, void* workspace, size_t workspace_bytes)
-    : tf32_(tf32), workspace_(workspace), workspace_bytes_(workspace ? workspace_bytes : 0) {
+Gemm::Gemm(Fp32Matmul fp32, void* workspace, size_t workspace_bytes, float* split_scratch,
+           size_t split_scratch_bytes)
+    : fp32_(fp32),
+      workspace_(workspace),
+      workspace_bytes_(workspace ? workspace_bytes : 0),
+      split_scratch_(split_scratch),
+      split_scratch_floats_(split_scratch ? split_scratch_bytes / sizeof(float) : 0) {
   cublasLtHandle_t h = nullptr;
   ANVIL_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_.reset(h);
@@ -126,7 +131,7 @@ Gemm::Gemm(bool tf32, void* workspace, size_t workspace_bytes)
 
 Gemm::~Gemm() = default;
 
-Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
+Gemm::Plan& Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
   const size_t ab_bytes = type_bytes(g.ab_type), c_bytes = type_bytes(g.c_type);
   const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a, ab_bytes, g.lda);
   const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b, ab_bytes, g.ldb);
@@ -154,7 +159,8 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
                     align_aux,
                     g.lda,
                     g.ldb,
-                    g.ldc};
+                    g.ldc,
+                    tensor_tf32 && g.ab_type == anvil::DType::F32};
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
 
@@ -162,7 +168,7 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
   cublasLtMatmulDesc_t desc = nullptr;
   // TF32 only applies to fp32 operands; 16-bit operands always use the tensor cores with fp32 accumulation.
   const cublasComputeType_t compute =
-      tf32_ && g.ab_type == anvil::DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      tensor_tf32 && g.ab_type == anvil::DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   ANVIL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
   plan->desc.reset(desc);
   // cuBLAS's first operand is our B (op = trans_b), its second our A (op = trans_a); see the file comment.
@@ -235,6 +241,15 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g) {
 
 void Gemm::run(cudaStream_t stream, const GemmArgs& g) {
   if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
+  if (fp32_ == Fp32Matmul::TF32x3 && g.ab_type == anvil::DType::F32) {
+    run_3xtf32(stream, g);
+    return;
+  }
+  run_plain(stream, g, fp32_ == Fp32Matmul::TF32);
+}
+
+void Gemm::run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32) {
+  if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
   if (g.k <= 0) gemm_error("GEMM with an empty inner dimension: " + describe(g));
   if (g.bias && g.batch != 1) gemm_error("GEMM bias epilogue is only supported unbatched: " + describe(g));
   if (g.gelu != GemmArgs::kNoGelu && (g.batch != 1 || !g.aux || g.beta != 0.f || g.ldc != 0))
@@ -242,7 +257,7 @@ void Gemm::run(cudaStream_t stream, const GemmArgs& g) {
         "GEMM GELU epilogue needs an unbatched, non-accumulating GEMM with an aux buffer and a "
         "contiguous output: " +
         describe(g));
-  Plan& plan = plan_for(g);
+  Plan& plan = plan_for(g, tensor_tf32);
   if (g.bias)
     ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &g.bias, sizeof(g.bias)));
