@@ -86,7 +86,6 @@ SplitGemmChunks plan_split_gemm(int m, int n, int k, int batch, bool whole_sum, 
 size_t split_gemm_scratch_bytes(const TransformerConfig& cfg, int B, int T) {
   const size_t tok = size_t(B) * size_t(T), C = size_t(cfg.n_embd);
   const size_t I = size_t(cfg.intermediate_size > 0 ? cfg.intermediate_size : 4 * cfg.n_embd);
-  const size_t hs = C / size_t(std::max(1, cfg.n_head)), heads = size_t(cfg.n_head), t = size_t(T);
   size_t floats = 0;
   // Linear layers in -> out: forward (M tok, K in, N out), input gradient (M tok, K out, N in) and weight
   // gradient (M out, K tok, N in); K x (M + N) elements per operand piece.
@@ -96,8 +95,6 @@ size_t split_gemm_scratch_bytes(const TransformerConfig& cfg, int B, int T) {
   // The tanh GELU fused into the MLP's GEMMs (forward, and the input gradient of its output projection)
   // needs three pieces: K = C, M + N = tok + I.
   if (!cfg.exact_gelu()) floats = std::max(floats, 3 * C * (tok + I));
-  // Attention per sequence, batched over heads: the largest is T x (T + hs) (probabilities times values).
-  floats = std::max(floats, 2 * heads * t * (t + hs));
   const size_t bytes = round_up(floats * sizeof(float) + 2 * kPieceAlignFloats * sizeof(float), 1 << 20);
   return std::clamp(bytes, kMinSplitScratchBytes, kMaxSplitScratchBytes);
 }

@@ -39,9 +39,9 @@ size_t split_gemm_chunk_floats(const SplitGemmChunks& c);
 // Chunk dimensions stay multiples of 16 (16-byte alignment of every piece). nb == 0: no chunking fits.
 SplitGemmChunks plan_split_gemm(int m, int n, int k, int batch, bool whole_sum, size_t scratch_floats);
 
-// Split scratch bytes for a model's GEMMs at B x T tokens per micro-batch: every block GEMM (linear layers,
-// forward and backward; per-sequence attention batched over heads) unchunked, capped at
-// kMaxSplitScratchBytes (larger GEMMs, such as a language-model head, run in chunks).
+// Split scratch bytes for a model's GEMMs at B x T tokens per micro-batch: every linear layer's GEMM of a
+// block (forward and backward) unchunked, capped at kMaxSplitScratchBytes (larger GEMMs, such as a
+// language-model head, run in chunks). Attention's per-head GEMMs stay native fp32 (GemmArgs::native_fp32).
 size_t split_gemm_scratch_bytes(const TransformerConfig& cfg, int B, int T);
 constexpr size_t kMaxSplitScratchBytes = 256ull << 20;
 constexpr size_t kMinSplitScratchBytes = 16ull << 20;

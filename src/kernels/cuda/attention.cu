@@ -216,6 +216,7 @@ void run_per_sequence(Gemm& gemm, cudaStream_t stream, int B, int NH, HeadOperan
     g.stride_a = a.head, g.stride_b = b.head, g.stride_c = c_head;
     g.lda = a.ld, g.ldb = b.ld, g.ldc = ldc;
     g.ab_type = ab_type, g.c_type = c_type;
+    g.native_fp32 = true;
     gemm.run(stream, g);
   }
 }

@@ -49,6 +49,10 @@ struct GemmArgs {
   int64_t lda = 0, ldb = 0, ldc = 0;
   anvil::DType ab_type = anvil::DType::F32;
   anvil::DType c_type = anvil::DType::F32;
+  // Under Fp32Matmul::TF32x3, run this fp32 GEMM in native fp32 anyway: attention's per-head GEMMs, whose
+  // small inner dimension (the head size) or large operands (the probabilities) make splitting the
+  // operands cost more memory traffic than the tensor cores save.
+  bool native_fp32 = false;
 };
 
 // Owns the cuBLASLt handle and a cache of matmul plans (descriptors + chosen algorithm) by shape, so the

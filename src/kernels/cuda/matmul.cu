@@ -241,7 +241,7 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
 
 void Gemm::run(cudaStream_t stream, const GemmArgs& g) {
   if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
-  if (fp32_ == Fp32Matmul::TF32x3 && g.ab_type == anvil::DType::F32) {
+  if (fp32_ == Fp32Matmul::TF32x3 && g.ab_type == anvil::DType::F32 && !g.native_fp32) {
     run_3xtf32(stream, g);
     return;
   }
