@@ -494,7 +494,7 @@ def table(record):
         if ROWS[name].get("fp32_matmul") == "3xtf32":
             notes.append(f"  {ROWS[name]['label']}: Anvil's fp32 GEMMs run as 3xTF32 (fp32-accurate, on the TF32 "
                          f"tensor cores; docs/config.md), HF's in native fp32; the fp32-peak fractions below "
-                         f"count the same model FLOPs")
+                         f"count the same model FLOPs, so Anvil's may pass 100%")
         if j.get("same_parameter_count") is False:
             notes.append(f"  {ROWS[name]['label']}: the two models differ in size: HF {hf['parameters']:,} "
                          f"parameters, Anvil {an['parameters_millions']}M")
@@ -502,7 +502,8 @@ def table(record):
             if d and "error" in d:
                 notes.append(f"  {ROWS[name]['label']}: {sysname}: {d['error']}")
         if "max_speedup_at_fp32_peak" in j and "speed" in j:
-            notes.append(f"  {ROWS[name]['label']}: strict fp32: HF at {100 * j['hf_fraction_of_fp32_peak']:.1f}% and "
+            kind = "3xTF32" if ROWS[name].get("fp32_matmul") == "3xtf32" else "strict fp32"
+            notes.append(f"  {ROWS[name]['label']}: {kind}: HF at {100 * j['hf_fraction_of_fp32_peak']:.1f}% and "
                          f"Anvil at {100 * j.get('anvil_fraction_of_fp32_peak', 0):.1f}% of the fp32 peak "
                          f"({j['fp32_peak_flops'] / 1e12:.1f} TFLOP/s); the peak allows at most "
                          f"{j['max_speedup_at_fp32_peak']:.2f}x over HF")
