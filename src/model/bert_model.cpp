@@ -99,6 +99,9 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
     i_weights_ = plan.add("parameters", M::Weights, P * f);
   }
   if (training_ && !share_grad_memory_) i_grads_ = plan.add("gradients", M::Gradients, P * ge_);
+  // The losses first: the trainer sums them after backward, so they must lie below everything gradients in
+  // activation memory may reuse (plan_shared_grads).
+  i_losses_ = plan.add("losses", M::Activations, B * f);
   i_emb_sum_ = plan.add("embedding sum", M::Activations, BT * C * a);
   i_emb_stats_ = plan.add("embedding LayerNorm mean/rstd", M::Activations, 2 * BT * f);
   i_encoded_ = plan.add("embedding output", M::Activations, BT * C * a);
@@ -117,7 +120,6 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   i_pooled_ = plan.add("pooler output", M::Activations, B * C * a);
   if (p_cls_ > 0) i_cls_in_ = plan.add("classifier input (after dropout)", M::Activations, B * C * a);
   i_logits_ = plan.add("logits", M::Activations, B * NL * a);
-  i_losses_ = plan.add("losses", M::Activations, B * f);
   // Saved activations, layer by layer (one buffer per block: its stored kinds, then its output), last: the
   // blocks backward has finished with form one region at the top, which grows downwards (plan_shared_grads).
   act_offset_.assign(L, {});

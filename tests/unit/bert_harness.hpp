@@ -76,6 +76,12 @@ class BertHarness {
       dev_->copy_to_device(labels(), b.labels.data(), b.labels.size() * sizeof(int32_t));
   }
 
+  // The per-sequence losses of the last forward as they are now (the trainer sums them after backward).
+  std::vector<float> losses(int B) {
+    std::vector<float> l(static_cast<size_t>(B));
+    dev_->copy_to_host(l.data(), model_->losses(), l.size() * sizeof(float));
+    return l;
+  }
   // Forward (with labels) of the uploaded batch; the per-sequence losses on the host.
   std::vector<float> forward(int B, int T, float grad_scale, bool write_grad) {
     model_->forward(*ops_, tokens(), has_types_ ? types() : nullptr, has_lengths_ ? lengths() : nullptr,
