@@ -81,6 +81,23 @@ void split_tf32(cudaStream_t stream, float* dst, const float* src, int rows, int
   ANVIL_CUDA_CHECK_LAST();
 }
 
+// Splits the block [outer0, outer0 + outer_n) x [k0, k0 + kc) of an operand whose rows (op(A)'s M, op(B)'s
+// N) and inner dimension K are stored as [outer, K] (`k_along_cols`) or [K, outer], row stride `ld` (0:
+// contiguous), into its pieces laid out along K.
+void split_operand_block(cudaStream_t stream, float* dst, const float* src, bool k_along_cols, int outer,
+                         int outer0, int outer_n, int k, int k0, int kc, int64_t ld, int64_t batch_stride,
+                         int batches, int pieces, unsigned small_mask) {
+  if (k_along_cols) {
+    const int64_t row = ld ? ld : k;
+    split_tf32(stream, dst, src + int64_t(outer0) * row + k0, outer_n, kc, row, batch_stride, batches, true,
+               pieces, small_mask);
+  } else {
+    const int64_t row = ld ? ld : outer;
+    split_tf32(stream, dst, src + int64_t(k0) * row + outer0, kc, outer_n, row, batch_stride, batches, false,
+               pieces, small_mask);
+  }
+}
+
 size_t elem_bytes(anvil::DType t) {
   return anvil::dtype_bits(t) / 8;
 }
@@ -125,24 +142,10 @@ void Gemm::run_3xtf32_chunk(cudaStream_t stream, const GemmArgs& g, const SplitG
   float* As = split_scratch_;
   float* Bs = As + round_up(a_piece_batch * nb, 64);
 
-  // A's block: op(A)[m0:m0+mc, k0:k0+kc] of stored [M, K] (or [K, M] when trans_a).
-  const float* a = static_cast<const float*>(g.a) + int64_t(b0) * g.stride_a;
-  if (!g.trans_a) {
-    const int64_t ld = g.lda ? g.lda : g.k;
-    split_tf32(stream, As, a + int64_t(m0) * ld + k0, mc, kc, ld, g.stride_a, nb, true, P, a_small);
-  } else {
-    const int64_t ld = g.lda ? g.lda : g.m;
-    split_tf32(stream, As, a + int64_t(k0) * ld + m0, kc, mc, ld, g.stride_a, nb, false, P, a_small);
-  }
-  // B's block: op(B)[k0:k0+kc, n0:n0+nc] of stored [K, N] (or [N, K] when trans_b).
-  const float* b = static_cast<const float*>(g.b) + int64_t(b0) * g.stride_b;
-  if (!g.trans_b) {
-    const int64_t ld = g.ldb ? g.ldb : g.n;
-    split_tf32(stream, Bs, b + int64_t(k0) * ld + n0, kc, nc, ld, g.stride_b, nb, false, P, b_small);
-  } else {
-    const int64_t ld = g.ldb ? g.ldb : g.k;
-    split_tf32(stream, Bs, b + int64_t(n0) * ld + k0, nc, kc, ld, g.stride_b, nb, true, P, b_small);
-  }
+  split_operand_block(stream, As, static_cast<const float*>(g.a) + int64_t(b0) * g.stride_a, !g.trans_a, g.m,
+                      m0, mc, g.k, k0, kc, g.lda, g.stride_a, nb, P, a_small);
+  split_operand_block(stream, Bs, static_cast<const float*>(g.b) + int64_t(b0) * g.stride_b, g.trans_b, g.n,
+                      n0, nc, g.k, k0, kc, g.ldb, g.stride_b, nb, P, b_small);
 
   const size_t cb = elem_bytes(g.c_type);
   const int64_t ldc = g.ldc ? g.ldc : g.n;
@@ -167,13 +170,12 @@ void Gemm::run_3xtf32_chunk(cudaStream_t stream, const GemmArgs& g, const SplitG
   s.a = As;
   s.b = Bs;
   s.k = P * kc;
-  if (P == 3) {
+  if (P == 3) {  // the whole sum in one GEMM, with the epilogue
     s.gelu = g.gelu;
     s.aux = g.aux ? static_cast<char*>(g.aux) + cb * size_t(int64_t(m0) * g.n + n0) : nullptr;
-    run_plain(stream, s, true);
-    return;
   }
-  run_plain(stream, s, true);  // the small terms (with beta C and the bias)
+  run_plain(stream, s, true);  // 2 pieces: the small terms (with beta C and the bias)
+  if (P == 3) return;
   // A_b B_b: A_b is piece 0 of A, B_b piece 1 of B, read in place.
   s.k = kc;
   s.beta = 1.f;
