@@ -314,6 +314,15 @@ TEST_F(AttentionParity, Larger) {
 TEST_F(AttentionParity, SingleToken) {
   check(3, 1, 32, 2);
 }
+// A head size that is not a multiple of 4: the backward's unfused kernels (attention.cu) instead of the fused
+// scores kernel (attention_bwd_scores.cu) that the other shapes run.
+TEST_F(AttentionParity, HeadSizeOutsideTheFusedBackward) {
+  for (MaskKind k : {MaskKind::Causal, MaskKind::BidirectionalPadded}) check(2, 37, 54, 3, k);
+}
+// Several query and key tiles of the fused backward, with ragged edges.
+TEST_F(AttentionParity, ManyTiles) {
+  for (MaskKind k : {MaskKind::Causal, MaskKind::BidirectionalPadded}) check(2, 301, 128, 2, k);
+}
 TEST_F(AttentionParity, MaskVariants) {
   for (MaskKind k : {MaskKind::Bidirectional, MaskKind::CausalPadded, MaskKind::BidirectionalPadded})
     check(3, 45, 64, 4, k);

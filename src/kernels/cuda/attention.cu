@@ -22,6 +22,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "kernels/dropout.hpp"
@@ -50,31 +51,6 @@ Regions<T> regions(void* scratch, int B, int T_, int NH) {
   const size_t p32 = padded_bytes(p * sizeof(float)), pt = padded_bytes(p * sizeof(T));
   char* base = static_cast<char*>(scratch);
   return {reinterpret_cast<float*>(base), base + p32, reinterpret_cast<T*>(base + p32 + pt)};
-}
-
-// The keys row `row` (query t of sequence b, head any) sees: 0..last (last = -1: a padding query).
-__device__ inline int last_key(size_t row, int seq, int NH, bool causal, const int32_t* lengths) {
-  const int t = static_cast<int>(row % seq);
-  int len = seq;
-  if (lengths) len = min(max(lengths[row / seq / NH], 0), seq);
-  if (t >= len) return -1;
-  return causal ? min(t, len - 1) : len - 1;
-}
-
-// The device side of AttentionDropout: the threshold and the factor 1 / (1 - p), computed on the host.
-struct DropoutArgs {
-  const anvil::DropoutState* state;
-  uint32_t site;
-  uint32_t threshold;
-  float scale;
-};
-
-DropoutArgs dropout_args(const AttentionDropout& d) {
-  return {d.state, d.site, anvil::dropout_threshold(d.p), anvil::dropout_scale(d.p)};
-}
-
-__device__ inline uint64_t dropout_row_key(const DropoutArgs& d) {
-  return anvil::dropout_key(d.state->seed, d.state->micro, d.site);
 }
 
 // Rows of [B*NH*T, T] fp32 scores (scale * q.k). Writes the softmax over the visible keys, 0 elsewhere,
@@ -251,8 +227,8 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
 
 template <class T>
 void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* dqkv, const T* dout,
-                         const T* qkv, const float* lse, void* scratch, int B, int seq, int C, int NH,
-                         bool causal, const int32_t* lengths, const AttentionDropout& dropout) {
+                         const T* qkv, const T* out, const float* lse, void* scratch, int B, int seq, int C,
+                         int NH, bool causal, const int32_t* lengths, const AttentionDropout& dropout) {
   const int HS = C / NH;
   const Regions<T> r = regions<T>(scratch, B, seq, NH);
   const int64_t row3 = 3 * int64_t(C), seq3 = int64_t(seq) * row3;
@@ -264,6 +240,30 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
   T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
   float* dprobs = kFloat ? static_cast<float*>(r.e) : r.d;
   const size_t rows = static_cast<size_t>(B) * NH * seq;
+  T* dscores = kFloat ? reinterpret_cast<T*>(dprobs) : r.f;
+  const HeadOperand P{probs, probs_seq, probs_stride, 0}, dS{dscores, probs_seq, probs_stride, 0};
+  // dv[T,HS] = probs[T,T]^T @ dout[T,HS], written in place into dqkv's v columns
+  const auto dv_gemm = [&] {
+    run_per_sequence(gemm, stream, B, NH, P, true, dO, false, dqkv + 2 * C, seq3, HS, row3, seq, HS, seq, 1.f,
+                     act, act);
+  };
+  // dq[T,HS] = dscores[T,T] @ k[T,HS] and dk[T,HS] = dscores[T,T]^T @ q[T,HS], in place into dqkv
+  const auto dq_dk_gemms = [&] {
+    run_per_sequence(gemm, stream, B, NH, dS, false, k, false, dqkv, seq3, HS, row3, seq, HS, seq, 1.f, act,
+                     act);
+    run_per_sequence(gemm, stream, B, NH, dS, true, q, false, dqkv + C, seq3, HS, row3, seq, HS, seq, 1.f,
+                     act, act);
+  };
+  if constexpr (kFloat) {
+    if (attention_bwd_scores_supported(act, B, seq, C, NH, qkv, dout, out)) {
+      // The (dropped) probabilities and dscores in one pass (attention_bwd_scores.cu), then the three GEMMs.
+      attention_bwd_scores(stream, probs, dscores, qkv, dout, out, lse, B, seq, C, NH, scale, causal, lengths,
+                           dropout);
+      dv_gemm();
+      dq_dk_gemms();
+      return;
+    }
+  }
   // The probabilities again: scores into D, then exp(score - lse) (in place for fp32, into E for 16-bit).
   run_per_sequence(gemm, stream, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq, HS,
                    scale, act, anvil::DType::F32);
@@ -273,13 +273,6 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
   // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32 (with dropout: the gradient of the dropped probabilities)
   run_per_sequence(gemm, stream, B, NH, dO, false, v, true, dprobs, probs_seq, probs_stride, 0, seq, seq, HS,
                    1.f, act, anvil::DType::F32);
-  T* dscores = kFloat ? reinterpret_cast<T*>(dprobs) : r.f;
-  const HeadOperand P{probs, probs_seq, probs_stride, 0}, dS{dscores, probs_seq, probs_stride, 0};
-  // dv[T,HS] = probs[T,T]^T @ dout[T,HS], written in place into dqkv's v columns
-  const auto dv_gemm = [&] {
-    run_per_sequence(gemm, stream, B, NH, P, true, dO, false, dqkv + 2 * C, seq3, HS, row3, seq, HS, seq, 1.f,
-                     act, act);
-  };
   if (dropout.p > 0) {
     // dscores from the masked dprobs and the undropped probs, which it then overwrites with the dropped ones
     // for dv.
@@ -294,11 +287,7 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
                                                                       scale);
     ANVIL_CUDA_CHECK_LAST();
   }
-  // dq[T,HS] = dscores[T,T] @ k[T,HS] and dk[T,HS] = dscores[T,T]^T @ q[T,HS], in place into dqkv
-  run_per_sequence(gemm, stream, B, NH, dS, false, k, false, dqkv, seq3, HS, row3, seq, HS, seq, 1.f, act,
-                   act);
-  run_per_sequence(gemm, stream, B, NH, dS, true, q, false, dqkv + C, seq3, HS, row3, seq, HS, seq, 1.f, act,
-                   act);
+  dq_dk_gemms();
 }
 
 }  // namespace
@@ -323,14 +312,15 @@ void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType ac
 }
 
 void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv,
-                                const void* dout, const void* qkv, const float* lse, void* scratch, int B,
-                                int T, int C, int NH, bool causal, const int32_t* lengths,
-                                const AttentionDropout& dropout) {
+                                const void* dout, const void* qkv, const void* out, const float* lse,
+                                void* scratch, int B, int T, int C, int NH, bool causal,
+                                const int32_t* lengths, const AttentionDropout& dropout) {
   if (B <= 0 || T <= 0) return;
   dispatch_float(act, [&](auto t) {
     using E = decltype(t);
     attention_bwd_typed<E>(stream, gemm, act, static_cast<E*>(dqkv), static_cast<const E*>(dout),
-                           static_cast<const E*>(qkv), lse, scratch, B, T, C, NH, causal, lengths, dropout);
+                           static_cast<const E*>(qkv), static_cast<const E*>(out), lse, scratch, B, T, C, NH,
+                           causal, lengths, dropout);
   });
 }
 

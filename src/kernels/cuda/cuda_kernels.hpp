@@ -136,9 +136,9 @@ void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType ac
                                 const void* qkv, void* scratch, int B, int T, int C, int NH, bool causal,
                                 const int32_t* lengths, const AttentionDropout& dropout);
 void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv,
-                                const void* dout, const void* qkv, const float* lse, void* scratch, int B,
-                                int T, int C, int NH, bool causal, const int32_t* lengths,
-                                const AttentionDropout& dropout);
+                                const void* dout, const void* qkv, const void* out, const float* lse,
+                                void* scratch, int B, int T, int C, int NH, bool causal,
+                                const int32_t* lengths, const AttentionDropout& dropout);
 // Zeroes the padding rows (t >= lengths[b]) of x [B,T,width], and of lse [B,NH,T] when not null.
 void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int width, float* lse, int B,
                             int T, int NH, const int32_t* lengths);

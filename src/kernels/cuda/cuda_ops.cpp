@@ -154,7 +154,7 @@ class CudaOps final : public Ops {
                  cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B, T, C, NH, mask.causal, mask.lengths);
       cuda::zero_attention_padding(stream_, act_, dqkv, 3 * C, nullptr, B, T, NH, mask.lengths);
     } else {
-      cuda::materialized_attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, lse, scratch, B, T, C, NH,
+      cuda::materialized_attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH,
                                        mask.causal, mask.lengths, dropout);
     }
   }

@@ -1,0 +1,43 @@
+"""Kernels inside chosen phases of an Anvil --profile_steps trace (Chrome trace JSON).
+
+Usage: python3 bench/tools/phase_kernels.py TRACE.json [--step N] [--phase 'forward 5' ...]
+Prints, per phase, its length and each kernel that starts inside it (GPU us, trace order), the GEMM share,
+and a summary of the step's time by phase kind. Phases are the device-track ranges the trainer records
+(names such as 'forward 5', 'backward 5', 'optimizer').
+"""
+import argparse, collections, json, re
+
+ap = argparse.ArgumentParser()
+ap.add_argument("trace")
+ap.add_argument("--step", type=int, default=None, help="step to show (default: the first profiled one)")
+ap.add_argument("--phase", action="append", default=[], help="phase name (repeatable); default: none")
+a = ap.parse_args()
+t = json.load(open(a.trace))
+events = t["traceEvents"] if isinstance(t, dict) else t
+x = [e for e in events if e.get("ph") == "X"]
+phases = [e for e in x if e.get("pid") == 0 and e.get("tid") == 1]
+kernels = sorted((e for e in x if e.get("pid") == 1), key=lambda e: e["ts"])
+steps = sorted({p["args"]["step"] for p in phases})
+step = a.step if a.step is not None else steps[0]
+phases = [p for p in phases if p["args"]["step"] == step]
+is_gemm = re.compile(r"gemm|sgemm|xmma|cutlass|splitKreduce", re.I)
+for want in a.phase:
+    for p in (p for p in phases if p["name"] == want):
+        s, e = p["ts"], p["ts"] + p["dur"]
+        ks = [k for k in kernels if s <= k["ts"] < e]
+        tot = sum(k["dur"] for k in ks)
+        g = sum(k["dur"] for k in ks if is_gemm.search(k["name"]))
+        print(f"== {want}: phase {p['dur']:.0f} us; kernels {tot:.0f} us, of which GEMM {g:.0f} us")
+        for k in ks:
+            print(f"  {k['dur']:8.1f}  {k['name'][:110]}")
+kind = collections.defaultdict(float)
+for p in phases:
+    kind[p["name"].split(" ")[0]] += p["dur"]
+print(f"== step {step} by phase kind (us): " + ", ".join(f"{k} {v:.0f}" for k, v in kind.items()))
+allk = collections.defaultdict(float)
+s0 = min(p["ts"] for p in phases)
+e0 = max(p["ts"] + p["dur"] for p in phases)
+for k in kernels:
+    if s0 <= k["ts"] < e0:
+        allk["GEMM" if is_gemm.search(k["name"]) else "other"] += k["dur"]
+print(f"== step {step} kernels: GEMM {allk['GEMM']:.0f} us, other {allk['other']:.0f} us, step span {e0 - s0:.0f} us")
