@@ -15,29 +15,29 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                          \
-  do {                                                                                                 \
-    cudaError_t e_ = (x);                                                                              \
-    if (e_ != cudaSuccess) {                                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      std::exit(1);                                                                                    \
-    }                                                                                                  \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
-#define CB(x)                                                                                          \
-  do {                                                                                                 \
-    cublasStatus_t s_ = (x);                                                                           \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusName(s_));         \
-      std::exit(1);                                                                                    \
-    }                                                                                                  \
+#define CB(x)                                                                                  \
+  do {                                                                                         \
+    cublasStatus_t s_ = (x);                                                                   \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusName(s_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
   } while (0)
 
 struct Shape {
   const char* name;
   bool ta, tb;
   int m, n, k, batch;
-  long sa, sb, sc;      // batch strides (elements)
-  long lda, ldb, ldc;   // row strides (0: contiguous)
+  long sa, sb, sc;     // batch strides (elements)
+  long lda, ldb, ldc;  // row strides (0: contiguous)
   bool bias;
   float beta;
 };
@@ -48,7 +48,8 @@ cublasLtMatrixLayout_t layout(long rows, long cols, int batch, long stride, long
   if (batch > 1) {
     int32_t c = batch;
     CB(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof(c)));
-    CB(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    CB(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                        sizeof(stride)));
   }
   return l;
 }
@@ -124,8 +125,9 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   double total_default = 0, total_best = 0;
-  std::printf("# %s fp32 GEMMs of the bert-large block, batch 4 x 512; us per call (attention: per sequence)\n",
-              tf32 ? "TF32" : "strict");
+  std::printf(
+      "# %s fp32 GEMMs of the bert-large block, batch 4 x 512; us per call (attention: per sequence)\n",
+      tf32 ? "TF32" : "strict");
   for (const Shape& s : shapes) {
     cublasLtMatmulDesc_t desc;
     CB(cublasLtMatmulDescCreate(&desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -137,13 +139,16 @@ int main(int argc, char** argv) {
       CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
       CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    cublasLtMatrixLayout_t l1 = s.tb ? layout(s.k, s.n, s.batch, s.sb, s.ldb) : layout(s.n, s.k, s.batch, s.sb, s.ldb);
-    cublasLtMatrixLayout_t l2 = s.ta ? layout(s.m, s.k, s.batch, s.sa, s.lda) : layout(s.k, s.m, s.batch, s.sa, s.lda);
+    cublasLtMatrixLayout_t l1 =
+        s.tb ? layout(s.k, s.n, s.batch, s.sb, s.ldb) : layout(s.n, s.k, s.batch, s.sb, s.ldb);
+    cublasLtMatrixLayout_t l2 =
+        s.ta ? layout(s.m, s.k, s.batch, s.sa, s.lda) : layout(s.k, s.m, s.batch, s.sa, s.lda);
     cublasLtMatrixLayout_t lo = layout(s.n, s.m, s.batch, s.sc, s.ldc);
     cublasLtMatmulPreference_t pref;
     CB(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wsb = ws_bytes;
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                            sizeof(wsb)));
     // Operand alignment as Anvil reports it: head-strided operands are 256-byte aligned (64 floats).
     std::vector<cublasLtMatmulHeuristicResult_t> res(64);
     int found = 0;
@@ -157,8 +162,8 @@ int main(int argc, char** argv) {
       for (int a = 0; a < nid; ++a) {
         cublasLtMatmulAlgo_t algo;
         if (cublasLtMatmulAlgoInit(h, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
-                                   CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, ids[a], &algo) !=
-            CUBLAS_STATUS_SUCCESS)
+                                   CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, ids[a],
+                                   &algo) != CUBLAS_STATUS_SUCCESS)
           continue;
         size_t w = 0;
         cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &w);
@@ -168,8 +173,10 @@ int main(int argc, char** argv) {
         std::vector<int> stages(std::max<size_t>(1, w / sizeof(int)), 0);
         if (w) cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages.data(), w, &w);
         int splitk_ok = 0, swz_max = 0;
-        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok, sizeof(int), &w);
-        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swz_max, sizeof(int), &w);
+        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok, sizeof(int),
+                                          &w);
+        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swz_max,
+                                          sizeof(int), &w);
         for (int tile : tiles)
           for (int st : stages)
             for (int sk : {1, 2, 3, 4})
@@ -179,10 +186,12 @@ int main(int argc, char** argv) {
                 cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
                 cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_STAGES_ID, &st, sizeof(st));
                 cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof(sk));
-                cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof(swz));
+                cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz,
+                                                     sizeof(swz));
                 if (sk > 1) {
                   int red = CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-                  cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof(red));
+                  cublasLtMatmulAlgoConfigSetAttribute(&c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
+                                                       sizeof(red));
                 }
                 cublasLtMatmulHeuristicResult_t r{};
                 if (cublasLtMatmulAlgoCheck(h, desc, l1, l2, lo, lo, &c, &r) == CUBLAS_STATUS_SUCCESS &&
@@ -194,8 +203,8 @@ int main(int argc, char** argv) {
     const float alpha = 1.f, beta = s.beta;
     auto time_algo = [&](const cublasLtMatmulAlgo_t& algo) -> double {
       for (int i = 0; i < 3; ++i)
-        if (cublasLtMatmul(h, desc, &alpha, B, l1, A, l2, &beta, Cm, lo, Cm, lo, &algo, ws, ws_bytes, stream) !=
-            CUBLAS_STATUS_SUCCESS)
+        if (cublasLtMatmul(h, desc, &alpha, B, l1, A, l2, &beta, Cm, lo, Cm, lo, &algo, ws, ws_bytes,
+                           stream) != CUBLAS_STATUS_SUCCESS)
           return -1;
       const int iters = 20;
       CK(cudaEventRecord(e0, stream));
@@ -232,8 +241,9 @@ int main(int argc, char** argv) {
     cublasLtMatrixLayoutDestroy(lo);
     cublasLtMatmulDescDestroy(desc);
   }
-  std::printf("# per block, each listed GEMM once (attention x 4 sequences; the forward q k^T runs again in "
-              "backward): default %.0f us, best %.0f us (%.1f%% less)\n",
-              total_default, total_best, 100.0 * (total_default - total_best) / total_default);
+  std::printf(
+      "# per block, each listed GEMM once (attention x 4 sequences; the forward q k^T runs again in "
+      "backward): default %.0f us, best %.0f us (%.1f%% less)\n",
+      total_default, total_best, 100.0 * (total_default - total_best) / total_default);
   return 0;
 }
