@@ -11,6 +11,8 @@
 // Tiles: kRows queries x kCols keys per block of 256 threads, each thread an 8 x 4 patch of both products.
 // q, dout (kRows x HS) and k, v (kCols x HS) are staged in shared memory transposed ([HS][rows]) so each
 // step of the inner products is one broadcast 32-byte read of q (dout) and one 16-byte read of k (v).
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <set>
@@ -179,10 +181,16 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The opt-in shared memory per block of the current device, queried once per device: supported() asks on
+// every backward call.
 int max_optin_smem() {
+  constexpr int kDevices = 64;
+  static std::array<std::atomic<int>, kDevices> cached{};  // 0: not queried yet
   int dev = 0, bytes = 0;
   ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < kDevices && (bytes = cached[dev].load(std::memory_order_relaxed)) > 0) return bytes;
   ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (dev < kDevices) cached[dev].store(bytes, std::memory_order_relaxed);
   return bytes;
 }
 
