@@ -1,6 +1,6 @@
 """Kernels inside chosen phases of an Anvil --profile_steps trace (Chrome trace JSON).
 
-Usage: python3 bench/tools/phase_kernels.py TRACE.json [--step N] [--phase 'forward 5' ...]
+Usage: python3 bench/tools/phase_kernels.py TRACE.json [--step N] [--phase 'forward 5' ...] [--top N]
 Prints, per phase, its length and each kernel that starts inside it (GPU us, trace order), the GEMM share,
 and a summary of the step's time by phase kind. Phases are the device-track ranges the trainer records
 (names such as 'forward 5', 'backward 5', 'optimizer').
@@ -11,6 +11,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("trace")
 ap.add_argument("--step", type=int, default=None, help="step to show (default: the first profiled one)")
 ap.add_argument("--phase", action="append", default=[], help="phase name (repeatable); default: none")
+ap.add_argument("--top", type=int, default=0, help="also list the N kernels (by name) taking most of the step")
 a = ap.parse_args()
 t = json.load(open(a.trace))
 events = t["traceEvents"] if isinstance(t, dict) else t
@@ -35,9 +36,17 @@ for p in phases:
     kind[p["name"].split(" ")[0]] += p["dur"]
 print(f"== step {step} by phase kind (us): " + ", ".join(f"{k} {v:.0f}" for k, v in kind.items()))
 allk = collections.defaultdict(float)
+byname = collections.defaultdict(lambda: [0.0, 0])
 s0 = min(p["ts"] for p in phases)
 e0 = max(p["ts"] + p["dur"] for p in phases)
 for k in kernels:
     if s0 <= k["ts"] < e0:
         allk["GEMM" if is_gemm.search(k["name"]) else "other"] += k["dur"]
+        b = byname[re.sub(r"\(.*", "", k["name"].replace("(anonymous namespace)", "anon"))[:100]]
+        b[0] += k["dur"]
+        b[1] += 1
+if a.top:
+    print(f"== step {step}: the {a.top} kernels taking most time (total us, launches, name)")
+    for name, (us, n) in sorted(byname.items(), key=lambda kv: -kv[1][0])[: a.top]:
+        print(f"  {us:9.1f} {n:5d}  {name}")
 print(f"== step {step} kernels: GEMM {allk['GEMM']:.0f} us, other {allk['other']:.0f} us, step span {e0 - s0:.0f} us")

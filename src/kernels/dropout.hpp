@@ -17,6 +17,16 @@ struct DropoutState {
   uint32_t unused = 0;
 };
 
+// Dropout inside a fused op, on a [rows, C] operand: probability p (0: none), the state and site its mask is
+// drawn from, and the element index of row r, column c: r * index_pitch + c (index_pitch C: the operand's own
+// indices; larger: its rows are rows of a bigger tensor, as in Ops::dropout_rows).
+struct RowDropout {
+  float p = 0.f;
+  const DropoutState* state = nullptr;
+  uint32_t site = 0;
+  size_t index_pitch = 0;
+};
+
 // splitmix64's finaliser: a bijection of 64-bit words with full avalanche.
 ANVIL_HD uint64_t dropout_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

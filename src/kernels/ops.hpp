@@ -232,8 +232,8 @@ class Ops {
   // --- matmul: out[N,OC] = inp[N,K] @ w[OC,K]^T (+ bias[OC]); bias may be null --------------------
   virtual void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
                           int OC) = 0;
-  // dinp[N,K] = dout @ w (overwritten; skipped if dinp is null); [grad] dw[OC,K] += dout^T @ inp;
-  // [grad] dbias[OC] += column sums of dout (skipped if null).
+  // dinp[N,K] = dout @ w (overwritten; skipped if dinp is null); [grad] dw[OC,K] += dout^T @ inp (skipped
+  // if null); [grad] dbias[OC] += column sums of dout (skipped if null).
   virtual void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
                           int N, int K, int OC) = 0;
   // The MLP's fused GELU. Forward: pre[N,OC] = inp @ w^T + bias (GELU's input, kept for the backward) and
@@ -270,20 +270,35 @@ class Ops {
   // is the same call on the gradient. y may alias x; 0 <= p < 1.
   virtual void dropout(void* y, const void* x, size_t n, float p, const DropoutState* state,
                        uint32_t site) = 0;
+  // Dropout of `rows` rows of `cols` elements that are rows of a bigger tensor: y[r * cols + c] draws the
+  // mask of element index r * index_pitch + c (as dropout() of that tensor would), y may alias x. BERT's last
+  // block computes only the [CLS] rows (row b is position (b, 0) of [B, T, C]: index_pitch T * C) and drops
+  // exactly what the whole block would.
+  virtual void dropout_rows(void* y, const void* x, int rows, int cols, size_t index_pitch, float p,
+                            const DropoutState* state, uint32_t site) = 0;
   // state->micro += 1, in stream order: a training forward starts (each micro-batch draws its own masks).
   virtual void dropout_next_micro(DropoutState* state) = 0;
   // The residual stream's next value and its LayerNorm in one pass: out[N,C] = a + b, then ln =
   // LayerNorm(out) with mean / rstd as layernorm_fwd writes them. Exactly residual_fwd followed by
   // layernorm_fwd (out is rounded to the compute type before it is normalised); on CUDA one kernel that reads
   // out back from cache instead of memory. out may alias a or b; ln must not alias any input.
+  // With `drop` (drop.p > 0), `a` first goes through dropout (its row r column c drawing the mask of index
+  // r * drop.index_pitch + c): exactly dropout_rows, then residual_fwd, then layernorm_fwd.
   virtual void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a,
-                                      const void* b, const void* w, const void* bias, int N, int C,
-                                      float eps) = 0;
+                                      const void* b, const void* w, const void* bias, int N, int C, float eps,
+                                      const RowDropout& drop) = 0;
+  void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a, const void* b,
+                              const void* w, const void* bias, int N, int C, float eps) {
+    residual_layernorm_fwd(out, ln, mean, rstd, a, b, w, bias, N, C, eps, RowDropout{});
+  }
   // Exact GELU (PyTorch's default nn.GELU, BERT's "gelu"): 0.5 x (1 + erf(x / sqrt(2))). The cuBLASLt GELU
   // epilogue of matmul_gelu_fwd is the tanh approximation, so models with exact GELU run matmul_fwd + this.
   virtual void gelu_erf_fwd(void* out, const void* inp, size_t n) = 0;
   // dinp = dout * gelu_erf'(inp); dinp may alias dout.
   virtual void gelu_erf_bwd(void* dinp, const void* inp, const void* dout, size_t n) = 0;
+  // Both at once, as a backward that recomputes the GELU output needs them: out = gelu_erf(inp) and dinp =
+  // dout * gelu_erf'(inp) (one pass over inp on CUDA); dinp may alias dout, out must not alias anything.
+  virtual void gelu_erf_fwd_bwd(void* out, void* dinp, const void* inp, const void* dout, size_t n) = 0;
   // out = tanh(inp) (BERT's pooler); out may alias inp.
   virtual void tanh_fwd(void* out, const void* inp, size_t n) = 0;
   // dinp = dout * (1 - out^2), from the forward's OUTPUT; dinp may alias dout.

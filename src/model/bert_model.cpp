@@ -117,6 +117,8 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
         any ? plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, saved_[k].bytes) : SIZE_MAX;
   }
   i_cls_ = plan.add("first-token rows", M::Activations, B * C * a);
+  i_first_rows_ =
+      plan.add("last block: [CLS] rows of its input and attention output", M::Activations, 2 * B * C * a);
   i_pooled_ = plan.add("pooler output", M::Activations, B * C * a);
   if (p_cls_ > 0) i_cls_in_ = plan.add("classifier input (after dropout)", M::Activations, B * C * a);
   i_logits_ = plan.add("logits", M::Activations, B * NL * a);
@@ -187,6 +189,7 @@ void BertModel::bind(const Arena& ar) {
   for (SavedKind& sk : saved_)
     sk.recompute = sk.i_recompute != SIZE_MAX ? ar.get<char>(sk.i_recompute) : nullptr;
   cls_ = ar.get<void>(i_cls_), pooled_ = ar.get<void>(i_pooled_);
+  x_first_ = ar.get<void>(i_first_rows_), atty_first_ = at(x_first_, size_t(B_) * cfg_.n_embd);
   cls_in_ = p_cls_ > 0 ? ar.get<void>(i_cls_in_) : nullptr;
   dropout_state_ = has_dropout() ? ar.get<DropoutState>(i_dropout_state_) : nullptr;
   logits_ = ar.get<void>(i_logits_), losses_ = ar.get<float>(i_losses_);
@@ -222,6 +225,13 @@ void BertModel::sync_weights(Ops& ops, uint64_t rounding_seed, const StepValues*
 void BertModel::copy_logits_to_host(Device& dev, float* dst, int B) const {
   ANVIL_ASSERT(B >= 0 && B <= B_, "copy_logits_to_host: {} rows of a model planned for {}", B, B_);
   copy_widened_to_host(dev, dst, logits_, size_t(B) * cfg_.num_labels, precision_.compute);
+}
+
+const void* BertModel::last_hidden_state() const {
+  ANVIL_ASSERT(!first_rows_last_,
+               "last_hidden_state: the last forward computed the last block's [CLS] rows only "
+               "(set_full_last_hidden_state(true) first)");
+  return block_out(cfg_.n_layer - 1);
 }
 
 void BertModel::copy_last_hidden_state_to_host(Device& dev, float* dst, int B, int T) const {
@@ -293,9 +303,17 @@ AttentionMask BertModel::layer_mask(const AttentionMask& base, int l) const {
   return m;
 }
 
+void BertModel::hidden_dropout(Ops& ops, void* y, const void* x, int l, int B, int T, uint32_t s) const {
+  const int C = cfg_.n_embd;
+  if (first_rows_only(l))  // row b is position (b, 0): index b * T * C + c of the whole [B, T, C] tensor
+    ops.dropout_rows(y, x, B, C, size_t(T) * C, p_hidden_, dropout_state_, s);
+  else
+    ops.dropout(y, x, size_t(B) * T * C, p_hidden_, dropout_state_, s);
+}
+
 void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask,
                               bool only_recomputed) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size(), N = B * T;
+  const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size();
   const float eps = float(cfg_.layer_norm_eps);
   const size_t sBT = size_t(B_) * T_;
   const LayerParams p = layer_params(weights_, ae_, l);
@@ -304,16 +322,39 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
   void *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l), *res2 = act(kRes2, l);
   float *ln1_stats = stats(kLn1Stats, l), *ln2_stats = stats(kLn2Stats, l);
   auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
-  if (run(kQkv)) ops.matmul_fwd(qkv, x, p.qkvw, p.qkvb, N, C, 3 * C);
+  if (run(kQkv)) ops.matmul_fwd(qkv, x, p.qkvw, p.qkvb, B * T, C, 3 * C);
   if (run(kAtty))
     ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, layer_mask(mask, l));
-  const bool drop = fwd_dropout_ && p_hidden_ > 0;
-  if (run(kRes1)) {  // x + attention output projection (after dropout), the projection written in place
-    ops.matmul_fwd(res1, atty, p.attow, p.attob, N, C, C);
-    if (drop) ops.dropout(res1, res1, size_t(N) * C, p_hidden_, dropout_state_, site(l, 1));
-    ops.residual_fwd(res1, res1, x, size_t(N) * C);
+  // After the attention, N rows: all B x T, or the B [CLS] rows (kept in their own buffer: a recompute of the
+  // attention gives the same values).
+  const int N = first_rows_only(l) ? B : B * T;
+  const void *xr = x, *attyr = atty;
+  if (first_rows_only(l)) {
+    if (!only_recomputed) {
+      ops.first_token_fwd(x_first_, x, B, T, C);
+      ops.first_token_fwd(atty_first_, atty, B, T, C);
+    }
+    xr = x_first_, attyr = atty_first_;
   }
-  if (run(kH1)) ops.layernorm_fwd(h1, ln1_stats, ln1_stats + sBT, res1, p.ln1w, p.ln1b, N, C, eps);
+  const bool drop = fwd_dropout_ && p_hidden_ > 0;
+  // The hidden dropout of `site` as a fused op applies it: row r of the N rows is position (r, 0) in the
+  // [CLS]-rows block (first_rows_only), so its mask indices step by T * C there.
+  const auto row_dropout = [&](uint32_t s) {
+    return drop ? RowDropout{p_hidden_, dropout_state_, s, size_t(first_rows_only(l) ? T : 1) * C}
+                : RowDropout{};
+  };
+  // res1 = x + the attention output projection (after dropout), the projection written in place; h1 its
+  // LayerNorm, in one pass with the dropout and the residual (exactly the three ops in sequence).
+  if (run(kRes1)) ops.matmul_fwd(res1, attyr, p.attow, p.attob, N, C, C);
+  if (run(kRes1) && run(kH1)) {
+    ops.residual_layernorm_fwd(res1, h1, ln1_stats, ln1_stats + sBT, res1, xr, p.ln1w, p.ln1b, N, C, eps,
+                               row_dropout(site(l, 1)));
+  } else if (run(kRes1)) {
+    if (drop) hidden_dropout(ops, res1, res1, l, B, T, site(l, 1));
+    ops.residual_fwd(res1, res1, xr, size_t(N) * C);
+  } else if (run(kH1)) {
+    ops.layernorm_fwd(h1, ln1_stats, ln1_stats + sBT, res1, p.ln1w, p.ln1b, N, C, eps);
+  }
   if (cfg_.exact_gelu()) {
     if (run(kFch)) ops.matmul_fwd(fch, h1, p.fcw, p.fcb, N, C, F);
     if (run(kFchGelu)) ops.gelu_erf_fwd(fch_gelu, fch, size_t(N) * F);
@@ -322,10 +363,14 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
   } else if (run(kFchGelu)) {
     ops.gelu_fwd(fch_gelu, fch, size_t(N) * F);
   }
+  // res2 = h1 + the MLP output (after dropout); the block output is its LayerNorm, fused with them unless
+  // this is a checkpoint recompute (which rebuilds res2 only: the output is stored).
   if (run(kRes2)) {
     ops.matmul_fwd(res2, fch_gelu, p.projw, p.projb, N, F, C);
-    if (drop) ops.dropout(res2, res2, size_t(N) * C, p_hidden_, dropout_state_, site(l, 2));
-    ops.residual_fwd(res2, res2, h1, size_t(N) * C);
+    if (only_recomputed) {
+      if (drop) hidden_dropout(ops, res2, res2, l, B, T, site(l, 2));
+      ops.residual_fwd(res2, res2, h1, size_t(N) * C);
+    }
   }
   if (trace_) {
     // Stored kinds stay live until this block's backward; in the forward pass the recompute buffers are
@@ -341,7 +386,8 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
     }
   }
   if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
-  ops.layernorm_fwd(block_out(l), ln2_stats, ln2_stats + sBT, res2, p.ln2w, p.ln2b, N, C, eps);
+  ops.residual_layernorm_fwd(res2, block_out(l), ln2_stats, ln2_stats + sBT, res2, h1, p.ln2w, p.ln2b, N, C,
+                             eps, row_dropout(site(l, 2)));
   trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, sBT * C * ae_, l, "forward");
 }
 
@@ -356,6 +402,7 @@ void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_ty
   const size_t sBT = size_t(B_) * T_;
   const AttentionMask mask{false, lengths};
   head_grad_ready_ = false;
+  first_rows_last_ = !full_last_hidden_state_;
   // Dropout in a training forward only; each draws the masks of the next micro-batch.
   fwd_dropout_ = write_grad && has_dropout();
   if (fwd_dropout_) ops.dropout_next_micro(dropout_state_);
@@ -374,7 +421,7 @@ void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_ty
   }
   trace_phase("forward head", -1);
   // Pooler: tanh(dense(first token)), the tanh in place; then the classifier.
-  ops.first_token_fwd(cls_, block_out(L - 1), B, T, C);
+  ops.first_token_fwd(cls_, block_out(L - 1), B, first_rows_last_ ? 1 : T, C);
   ops.matmul_fwd(pooled_, cls_, at(weights_, poolw_off_), at(weights_, poolb_off_), B, C, C);
   ops.tanh_fwd(pooled_, pooled_, size_t(B) * C);
   const void* cls_input = pooled_;
@@ -392,8 +439,10 @@ void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_ty
 }
 
 void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMask& mask) {
-  const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size(), N = B * T;
-  const size_t sBT = size_t(B_) * T_, NC = size_t(N) * C;
+  const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size();
+  const bool first_rows = first_rows_only(l);
+  const int N = first_rows ? B : B * T;  // rows after the attention (block_forward)
+  const size_t sBT = size_t(B_) * T_, NC = size_t(N) * C, allC = size_t(B) * T * C;
   const LayerParams p = layer_params(weights_, ae_, l);
   const LayerParams g = layer_params(grads_, ge_, l);
   const void* x = l == 0 ? encoded_ : block_out(l - 1);
@@ -402,23 +451,25 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   // d0_ holds d(out). Output LayerNorm: d1_ = d(res2), res2 = h1 + f Wout^T + bout.
   ops.device().fill_zero(d1_, NC * ae_);
   ops.layernorm_bwd(d1_, g.ln2w, g.ln2b, d0_, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N, C);
-  // MLP: dfc_ = d(pre-activation); then d0_ = d(h1) = d(res2) + the MLP path. The GELU output is rebuilt
-  // first (a checkpointed block's recompute already did).
-  if (!checkpointing_.checkpointed(l)) {
-    if (cfg_.exact_gelu())
-      ops.gelu_erf_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
-    else
-      ops.gelu_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
-  }
+  // MLP: dfc_ = d(pre-activation); then d0_ = d(h1) = d(res2) + the MLP path. The output projection's weight
+  // gradient needs the GELU output, which is rebuilt from the pre-activation (a checkpointed block's
+  // recompute already did; with exact GELU, in one pass with GELU's backward, between the projection's input
+  // and weight gradients).
+  const bool rebuild_gelu = !checkpointing_.checkpointed(l);
+  if (rebuild_gelu && !cfg_.exact_gelu()) ops.gelu_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
   // With dropout, the projection's output gradient is d(res2) through the mask (in the free QKV-gradient
   // buffer); the residual path keeps d(res2) itself.
   const bool drop = fwd_dropout_ && p_hidden_ > 0;
   const void* dproj = d1_;
   if (drop) {
-    ops.dropout(dqkv_, d1_, NC, p_hidden_, dropout_state_, site(l, 2));
+    hidden_dropout(ops, dqkv_, d1_, l, B, T, site(l, 2));
     dproj = dqkv_;
   }
-  if (cfg_.exact_gelu()) {
+  if (cfg_.exact_gelu() && rebuild_gelu) {
+    ops.matmul_bwd(dfc_, nullptr, nullptr, dproj, nullptr, p.projw, N, F, C);
+    ops.gelu_erf_fwd_bwd(act(kFchGelu, l), dfc_, act(kFch, l), dfc_, size_t(N) * F);
+    ops.matmul_bwd(nullptr, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C);
+  } else if (cfg_.exact_gelu()) {
     ops.matmul_bwd(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C);
     ops.gelu_erf_bwd(dfc_, act(kFch, l), dfc_, size_t(N) * F);
   } else {
@@ -431,14 +482,28 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   ops.layernorm_bwd(d1_, g.ln1w, g.ln1b, d0_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
   const void* dattn_proj = d1_;  // through the mask (in the free MLP-gradient buffer) with dropout
   if (drop) {
-    ops.dropout(dfc_, d1_, NC, p_hidden_, dropout_state_, site(l, 1));
+    hidden_dropout(ops, dfc_, d1_, l, B, T, site(l, 1));
     dattn_proj = dfc_;
   }
-  ops.matmul_bwd(d0_, g.attow, g.attob, dattn_proj, act(kAtty, l), p.attow, N, C, C);
-  ops.attention_bwd(dqkv_, d0_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
+  ops.matmul_bwd(d0_, g.attow, g.attob, dattn_proj, first_rows ? atty_first_ : act(kAtty, l), p.attow, N, C,
+                 C);
+  // The attention's output gradient: d0_, or (the [CLS] rows only) d0_ at positions (b, 0) and zero
+  // elsewhere, in the MLP-gradient buffer that is free again.
+  const void* datty = d0_;
+  if (first_rows) {
+    ops.first_token_bwd(dfc_, d0_, B, T, C);
+    datty = dfc_;
+  }
+  ops.attention_bwd(dqkv_, datty, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
                     layer_mask(mask, l));
-  ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, N, C, 3 * C);
-  ops.residual_fwd(d0_, d0_, d1_, NC);  // d(x) = the attention path + the residual
+  ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, B * T, C, 3 * C);
+  // d(x) = the attention path + the residual (which only the [CLS] rows carry in the first-rows block).
+  if (first_rows) {
+    ops.first_token_bwd(dfc_, d1_, B, T, C);
+    ops.residual_fwd(d0_, d0_, dfc_, allC);
+  } else {
+    ops.residual_fwd(d0_, d0_, d1_, allC);
+  }
 }
 
 void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths,
@@ -472,7 +537,7 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   if (cls_drop) ops.dropout(dpooled, dpooled, size_t(B) * C, p_cls_, dropout_state_, site(L, 1));
   ops.tanh_bwd(dpooled, pooled_, dpooled, size_t(B) * C);
   ops.matmul_bwd(dcls, grad(poolw_off_), grad(poolb_off_), dpooled, cls_, at(weights_, poolw_off_), B, C, C);
-  ops.first_token_bwd(d0_, dcls, B, T, C);
+  ops.first_token_bwd(d0_, dcls, B, first_rows_last_ ? 1 : T, C);
   trace_free(trace_head_, "backward");
   trace_free(trace_block_out_[L - 1], "backward");
 

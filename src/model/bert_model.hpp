@@ -96,10 +96,17 @@ class BertModel final : public Model {
   // Logits [B, num_labels] in the compute type, after any forward; copy_logits_to_host widens them to fp32.
   const void* logits() const { return logits_; }
   void copy_logits_to_host(Device& dev, float* dst, int B) const;
+  // Only the pooler reads the encoder output, and only its first ([CLS]) rows: by default the last block
+  // computes everything after its attention (output projection, LayerNorms, MLP) for those B rows only, not
+  // B x T (the same values and gradients; 1/n_layer of the block work less, about a 24th for bert-large).
+  // Its keys and values still come from every position. set_full_last_hidden_state(true) makes forward()
+  // compute the whole last block, for last_hidden_state().
+  void set_full_last_hidden_state(bool on) { full_last_hidden_state_ = on; }
   // The encoder output (transformers' last_hidden_state) [B, T, n_embd] and the pooler output (pooler_output)
   // [B, n_embd] of the last forward, in the compute type; the copy_* functions widen them to fp32. Rows of
   // padding positions hold values that are not transformers' (they never reach the pooler or the logits).
-  const void* last_hidden_state() const { return block_out(cfg_.n_layer - 1); }
+  // last_hidden_state needs set_full_last_hidden_state(true) before that forward.
+  const void* last_hidden_state() const;
   const void* pooled_output() const { return pooled_; }
   void copy_last_hidden_state_to_host(Device& dev, float* dst, int B, int T) const;
   void copy_pooled_output_to_host(Device& dev, float* dst, int B) const;
@@ -195,6 +202,13 @@ class BertModel final : public Model {
   float p_hidden_ = 0, p_attn_ = 0, p_cls_ = 0;
   bool has_dropout() const { return p_hidden_ > 0 || p_attn_ > 0 || p_cls_ > 0; }
   bool fwd_dropout_ = false;  // the last forward applied dropout (a training forward)
+  bool full_last_hidden_state_ = false;
+  bool first_rows_last_ = false;  // the last forward computed the last block's [CLS] rows only
+  // That forward's layer l runs only the [CLS] rows after its attention.
+  bool first_rows_only(int l) const { return first_rows_last_ && l == cfg_.n_layer - 1; }
+  // Dropout of a block's [rows, C] hidden-state tensor at `site`: all B x T rows, or the [CLS] rows of the
+  // last block with the masks those rows draw in the whole tensor.
+  void hidden_dropout(Ops& ops, void* y, const void* x, int l, int B, int T, uint32_t site) const;
   uint32_t site(int layer, int k) const { return uint32_t(4 * layer + k); }
   // The attention mask of layer l: `base` with that layer's dropout site, and dropout only when `on`.
   AttentionMask layer_mask(const AttentionMask& base, int l) const;
@@ -206,7 +220,8 @@ class BertModel final : public Model {
   // Plan indices.
   size_t i_master_ = 0, i_weights_ = 0, i_grads_ = 0, i_emb_sum_ = 0, i_emb_stats_ = 0, i_encoded_ = 0,
          i_cls_ = 0, i_pooled_ = 0, i_logits_ = 0, i_losses_ = 0, i_attn_scratch_ = 0, i_dlogits_ = 0,
-         i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0, i_dropout_state_ = 0, i_cls_in_ = 0;
+         i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0, i_dropout_state_ = 0, i_cls_in_ = 0,
+         i_first_rows_ = 0;
 
   float* master_ = nullptr;
   void *weights_ = nullptr, *grads_ = nullptr;
@@ -215,7 +230,9 @@ class BertModel final : public Model {
        *dfc_ = nullptr, *dqkv_ = nullptr;
   float *emb_stats_ = nullptr, *losses_ = nullptr;
   DropoutState* dropout_state_ = nullptr;
-  void* cls_in_ = nullptr;        // the classifier's input after dropout
+  void* cls_in_ = nullptr;  // the classifier's input after dropout
+  // The last block's input and attention output at the [CLS] rows [B, C] each (first_rows_only).
+  void *x_first_ = nullptr, *atty_first_ = nullptr;
   bool head_grad_ready_ = false;  // forward(write_grad) left the loss gradient in dlogits_ for backward()
   int fwd_B_ = 0, fwd_T_ = 0;     // the shape of that forward
 };

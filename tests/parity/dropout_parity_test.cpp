@@ -148,6 +148,28 @@ TEST_P(DropoutParity, Op) {
   EXPECT_TRUE(close("dropout p=0 (cuda)", xh, read(y, true), 0.0));
 }
 
+// Rows of a bigger tensor (Ops::dropout_rows): row r draws the mask of row r * 7 of the whole tensor.
+TEST_P(DropoutParity, Rows) {
+  const int rows = 5, cols = 40009, every = 7;  // rows long enough for the dropped-fraction check
+  const uint64_t seed = (uint64_t(rng_()) << 32) | rng_();
+  const size_t n = size_t(rows) * cols;
+  Buf x = act(randn(n, 2.f)), y = act(randn(n, 100.f));
+  const std::vector<float> xh = read(x, false);
+  const uint32_t site = 9;
+  set_state(seed, 2);
+  const uint64_t key = dropout_key(seed, 2, site);
+  cpu_->dropout_rows(y.cpu(), x.cpu(), rows, cols, size_t(every) * cols, 0.25f, cpu_state(), site);
+  gpu_->dropout_rows(y.gpu(), x.gpu(), rows, cols, size_t(every) * cols, 0.25f, gpu_state(), site);
+  const std::vector<float> ycpu = read(y, false), ygpu = read(y, true);
+  for (int r = 0; r < rows; ++r) {
+    const auto row = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + size_t(r) * cols, v.begin() + size_t(r + 1) * cols);
+    };
+    EXPECT_TRUE(check_dropout("dropout_rows row " + std::to_string(r), row(xh), row(ycpu), row(ygpu), 0.25f,
+                              key, size_t(r) * every * cols));
+  }
+}
+
 TEST_P(DropoutParity, NextMicro) {
   set_state(0x0123456789abcdefull, 41);
   cpu_->dropout_next_micro(static_cast<DropoutState*>(cpu_state_.get()));

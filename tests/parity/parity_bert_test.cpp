@@ -75,6 +75,16 @@ TEST_P(BertOpsParity, GeluErfTanhFirstToken) {
   cpu_->gelu_erf_bwd(dinp.cpu(), x.cpu(), dout.cpu(), n);
   gpu_->gelu_erf_bwd(dinp.gpu(), x.gpu(), dout.gpu(), n);
   EXPECT_TRUE(same("gelu_erf_bwd", dinp, act_ == DType::F32 ? 1e-6 : ulps(act_, 1)));
+  // Both in one pass (vectorised, then unaligned: the element-wise kernel), the gradient in place over dout.
+  for (const size_t off : {size_t{0}, size_t{1}}) {
+    SCOPED_TRACE(off ? "unaligned" : "aligned");
+    Buf g = act(randn(n)), y2 = act(randn(n, 100.f));
+    auto at = [&](void* base) { return static_cast<char*>(base) + dtype_bytes(act_, off); };
+    cpu_->gelu_erf_fwd_bwd(at(y2.cpu()), at(g.cpu()), at(x.cpu()), at(g.cpu()), n - off);
+    gpu_->gelu_erf_fwd_bwd(at(y2.gpu()), at(g.gpu()), at(x.gpu()), at(g.gpu()), n - off);
+    EXPECT_TRUE(same("gelu_erf_fwd_bwd out", y2, act_ == DType::F32 ? 1e-6 : ulps(act_, 1)));
+    EXPECT_TRUE(same("gelu_erf_fwd_bwd dinp", g, act_ == DType::F32 ? 1e-6 : ulps(act_, 1)));
+  }
 
   cpu_->tanh_fwd(y.cpu(), x.cpu(), n);
   gpu_->tanh_fwd(y.gpu(), x.gpu(), n);

@@ -106,9 +106,17 @@ TEST_F(ParityTest, ResidualLayerNorm) {
   struct Shape {
     int N, C;
   };
+  // Dropout on a (BERT's post-LayerNorm blocks): the mask of kernels/dropout.hpp, also with rows that are
+  // every third row of a bigger tensor (index pitch 3C).
+  const DropoutState state{0x5eed5eedull, 3, 0};
+  DeviceBuffer cpu_state(*cpu_dev_, sizeof(state)), gpu_state(*gpu_dev_, sizeof(state));
+  cpu_dev_->copy_to_device(cpu_state.get(), &state, sizeof(state));
+  gpu_dev_->copy_to_device(gpu_state.get(), &state, sizeof(state));
   for (const Shape s : {Shape{37, 200}, Shape{64, 768}, Shape{5, 7}, Shape{1030, 96}}) {
-    for (const bool alias : {false, true}) {  // out written over a, as the op allows
-      SCOPED_TRACE("N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + (alias ? " out = a" : ""));
+    for (const int variant : {0, 1, 2, 3}) {  // out written over a (as the op allows) from 1; dropout from 2
+      const bool alias = variant >= 1, drop = variant >= 2;
+      SCOPED_TRACE("N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + (alias ? " out = a" : "") +
+                   (drop ? variant == 3 ? " dropout, pitch 3C" : " dropout" : ""));
       const size_t NC = size_t(s.N) * s.C;
       auto a = mirror(randn(NC, 2.f, 3.f));
       auto b = mirror(randn(NC, 0.5f));
@@ -116,10 +124,24 @@ TEST_F(ParityTest, ResidualLayerNorm) {
       auto bias = mirror(randn(s.C, 0.5f));
       auto sum = output(NC), ln = output(NC), mean = output(s.N), rstd = output(s.N);
       auto& out = alias ? a : sum;
+      RowDropout cd, gd;
+      if (drop) {
+        cd = {0.2f, static_cast<const DropoutState*>(cpu_state.get()), 17,
+              size_t(s.C) * (variant == 3 ? 3 : 1)};
+        gd = cd;
+        gd.state = static_cast<const DropoutState*>(gpu_state.get());
+      }
       cpu_->residual_layernorm_fwd(out.cpu(), ln.cpu(), mean.cpu(), rstd.cpu(), a.cpu(), b.cpu(), w.cpu(),
-                                   bias.cpu(), s.N, s.C, 1e-5f);
+                                   bias.cpu(), s.N, s.C, 1e-5f, cd);
       gpu_->residual_layernorm_fwd(out.gpu(), ln.gpu(), mean.gpu(), rstd.gpu(), a.gpu(), b.gpu(), w.gpu(),
-                                   bias.gpu(), s.N, s.C, 1e-5f);
+                                   bias.gpu(), s.N, s.C, 1e-5f, gd);
+      if (drop) {  // the CPU result is the ops in sequence (dropout_rows, residual, LayerNorm): some dropped
+        const std::vector<float> bh = read_cpu(b), oh = read_cpu(out);
+        size_t dropped = 0;
+        for (size_t i = 0; i < NC; ++i) dropped += oh[i] == bh[i];
+        EXPECT_GT(dropped, 0u);
+        EXPECT_LT(dropped, NC);
+      }
       EXPECT_TRUE(same("residual_layernorm_fwd out", out, kRowReductionTol));
       EXPECT_TRUE(same("residual_layernorm_fwd ln", ln, kRowReductionTol));
       EXPECT_TRUE(same("residual_layernorm_fwd mean", mean, kRowReductionTol));

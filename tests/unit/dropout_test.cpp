@@ -53,6 +53,34 @@ TEST(Dropout, KeepsTheHashedElementsScaled) {
   EXPECT_EQ(st.micro, 4u);
 }
 
+// Rows of a bigger tensor draw that tensor's masks: row r of the rows is row r * 5 of a [rows * 5, cols]
+// tensor (BERT's last block computing only the [CLS] rows).
+TEST(Dropout, RowsDrawTheWholeTensorsMask) {
+  auto dev = make_cpu_device();
+  auto ops = make_cpu_ops(*dev);
+  const int rows = 7, cols = 33, every = 5;
+  std::vector<float> whole(size_t(rows) * every * cols), dropped_whole(whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) whole[i] = 0.5f + float(i % 13);
+  DropoutState st{99, 2, 0};
+  ops->dropout(dropped_whole.data(), whole.data(), whole.size(), 0.3f, &st, 11);
+  std::vector<float> x(size_t(rows) * cols), y(x.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) x[size_t(r) * cols + c] = whole[size_t(r) * every * cols + c];
+  ops->dropout_rows(y.data(), x.data(), rows, cols, size_t(every) * cols, 0.3f, &st, 11);
+  size_t dropped = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      ASSERT_EQ(y[size_t(r) * cols + c], dropped_whole[size_t(r) * every * cols + c]) << r << "," << c;
+      dropped += y[size_t(r) * cols + c] == 0.f;
+    }
+  EXPECT_GT(dropped, 0u);
+  EXPECT_LT(dropped, x.size());
+  // In place, as backward applies it.
+  std::vector<float> z = x;
+  ops->dropout_rows(z.data(), z.data(), rows, cols, size_t(every) * cols, 0.3f, &st, 11);
+  EXPECT_EQ(z, y);
+}
+
 TEST(Dropout, SixteenBitStorageRoundsOnce) {
   auto dev = make_cpu_device();
   const DropoutState st{99, 1, 0};

@@ -103,6 +103,7 @@ class GoldenMiniLM : public ::testing::Test {
     dev.copy_to_device(h.tokens(), tokens.data(), tokens.size() * sizeof(int32_t));
     dev.copy_to_device(h.types(), types.data(), types.size() * sizeof(int32_t));
     dev.copy_to_device(h.lengths(), lengths_.data(), lengths_.size() * sizeof(int32_t));
+    h.model().set_full_last_hidden_state(true);
     h.model().forward(h.ops(), h.tokens(), h.types(), h.lengths(), nullptr, B_, T, 1.0f, false);
 
     std::vector<float> hidden(size_t(B_) * T * C), pooled(size_t(B_) * C);

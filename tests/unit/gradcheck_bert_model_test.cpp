@@ -159,6 +159,47 @@ TEST_F(GradCheckBert, WithDropout) {
   }
 }
 
+// The last block computes its post-attention half for the [CLS] rows only (the default): the losses, logits
+// and every gradient are those of the whole block, with every dropout site on (the rows draw the whole
+// tensors' masks) and with the last block checkpointed; last_hidden_state needs the whole block.
+TEST_F(GradCheckBert, FirstRowsLastBlockIsTheWholeBlock) {
+  for (const CheckpointPolicy policy : {CheckpointPolicy{}, CheckpointPolicy{CheckpointMode::Full, 1},
+                                        CheckpointPolicy{CheckpointMode::Selective, 1}}) {
+    SCOPED_TRACE(policy.checkpointed(1) ? "checkpointed" : "stored");
+    init(tiny_bert_with_dropout(), policy);
+    std::vector<float> losses[2], logits[2], grads[2];
+    for (int full = 0; full < 2; ++full) {
+      h_->model().set_full_last_hidden_state(full == 1);
+      h_->zero_grads();
+      h_->set_dropout(77, 0);
+      losses[full] = h_->forward(4, 8, 1.0f / float(valid_), true);
+      logits[full] = h_->logits(4);
+      h_->backward(4, 8);
+      grads[full] = h_->grads();
+      if (full == 0) {
+        EXPECT_THROW(h_->model().last_hidden_state(), Error);
+      }
+    }
+    auto max_rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double m = 0, d = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        m = std::max(m, double(std::fabs(a[i]))), d = std::max(d, double(std::fabs(a[i] - b[i])));
+      return m > 0 ? d / m : d;
+    };
+    EXPECT_LT(max_rel(losses[1], losses[0]), 1e-6);
+    EXPECT_LT(max_rel(logits[1], logits[0]), 1e-6);
+    for (const ParamTensor& t : h_->model().layout().tensors()) {
+      if (t.name.ends_with("attention.self.key.bias")) continue;  // true gradient 0: only rounding
+      const std::vector<float> a(grads[1].begin() + t.offset, grads[1].begin() + t.offset + t.numel());
+      const std::vector<float> b(grads[0].begin() + t.offset, grads[0].begin() + t.offset + t.numel());
+      EXPECT_LT(max_rel(a, b), 1e-5) << t.name;
+    }
+    // Dropout changed something: the dropped run differs from an evaluation forward.
+    const std::vector<float> eval = h_->forward(4, 8, 0.0f, false);
+    EXPECT_NE(eval, losses[0]);
+  }
+}
+
 // What dropout does to a training forward: it changes the loss; the same seed and micro-batch give the same
 // masks; the next micro-batch (each training forward advances the counter) or another seed give others; an
 // evaluation forward (no write_grad) applies none.

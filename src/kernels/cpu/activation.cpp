@@ -122,4 +122,21 @@ void dropout(DType act, void* y_, const void* x_, size_t n, float p, const Dropo
   });
 }
 
+void dropout_rows(DType act, void* y_, const void* x_, int rows, int cols, size_t index_pitch, float p,
+                  const DropoutState* state, uint32_t site) {
+  const uint64_t key = dropout_key(state->seed, state->micro, site);
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = dropout_scale(p);
+  dispatch_float(act, [&](auto tag) {
+    using S = Storage<decltype(tag)::value>;
+    auto* y = static_cast<typename S::type*>(y_);
+    const auto* x = static_cast<const typename S::type*>(x_);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        const size_t i = size_t(r) * cols + c;
+        y[i] = S::store(dropout_keep(key, r * index_pitch + c, threshold) ? S::load(x[i]) * scale : 0.0f);
+      }
+  });
+}
+
 }  // namespace anvil::cpu

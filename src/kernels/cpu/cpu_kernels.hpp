@@ -143,6 +143,8 @@ void gelu_fwd(DType act, void* out, const void* inp, size_t n);
 void gelu_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);
 void residual_fwd(DType act, void* out, const void* a, const void* b, size_t n);
 void dropout(DType act, void* y, const void* x, size_t n, float p, const DropoutState* state, uint32_t site);
+void dropout_rows(DType act, void* y, const void* x, int rows, int cols, size_t index_pitch, float p,
+                  const DropoutState* state, uint32_t site);
 void gelu_erf_fwd(DType act, void* out, const void* inp, size_t n);
 void gelu_erf_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);
 void tanh_fwd(DType act, void* out, const void* inp, size_t n);

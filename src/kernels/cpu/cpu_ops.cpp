@@ -78,16 +78,32 @@ class CpuOps final : public Ops {
   void dropout(void* y, const void* x, size_t n, float p, const DropoutState* state, uint32_t site) override {
     cpu::dropout(p_.compute, y, x, n, p, state, site);
   }
+  void dropout_rows(void* y, const void* x, int rows, int cols, size_t index_pitch, float p,
+                    const DropoutState* state, uint32_t site) override {
+    cpu::dropout_rows(p_.compute, y, x, rows, cols, index_pitch, p, state, site);
+  }
   void dropout_next_micro(DropoutState* state) override { ++state->micro; }
+  using Ops::residual_layernorm_fwd;
   void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a, const void* b,
-                              const void* w, const void* bias, int N, int C, float eps) override {
-    cpu::residual_fwd(p_.compute, out, a, b, size_t(N) * C);  // the reference: the two ops in sequence
+                              const void* w, const void* bias, int N, int C, float eps,
+                              const RowDropout& drop) override {
+    // The reference: the ops in sequence (the dropped `a` in `out`, unless that is b).
+    if (drop.p > 0) {
+      ANVIL_ASSERT(out != b, "residual_layernorm_fwd with dropout: out must not alias b");
+      cpu::dropout_rows(p_.compute, out, a, N, C, drop.index_pitch, drop.p, drop.state, drop.site);
+      a = out;
+    }
+    cpu::residual_fwd(p_.compute, out, a, b, size_t(N) * C);
     cpu::layernorm_fwd(p_.compute, ln, mean, rstd, out, w, bias, N, C, eps);
   }
   void gelu_erf_fwd(void* out, const void* inp, size_t n) override {
     cpu::gelu_erf_fwd(p_.compute, out, inp, n);
   }
   void gelu_erf_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
+    cpu::gelu_erf_bwd(p_.compute, dinp, inp, dout, n);
+  }
+  void gelu_erf_fwd_bwd(void* out, void* dinp, const void* inp, const void* dout, size_t n) override {
+    cpu::gelu_erf_fwd(p_.compute, out, inp, n);  // the reference: the two ops
     cpu::gelu_erf_bwd(p_.compute, dinp, inp, dout, n);
   }
   void tanh_fwd(void* out, const void* inp, size_t n) override { cpu::tanh_fwd(p_.compute, out, inp, n); }

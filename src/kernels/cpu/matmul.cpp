@@ -93,7 +93,7 @@ void matmul_bwd_t(void* dinp_, void* dw_, void* dbias_, const void* dout_, const
   const auto* inp = static_cast<const storage_t<A>*>(inp_);
   const float* w =
       dinp ? widened<A>(static_cast<const storage_t<A>*>(w_), size_t(OC) * K, kScratchA) : nullptr;
-  float* dw_acc = widened_mut<G>(dw, size_t(OC) * K, kScratchB);
+  float* dw_acc = dw ? widened_mut<G>(dw, size_t(OC) * K, kScratchB) : nullptr;
   const int R = chunk_rows<A>(N, std::max(K, OC));
   for (int r0 = 0; r0 < N; r0 += R) {
     const int rows = std::min(R, N - r0);
@@ -103,10 +103,11 @@ void matmul_bwd_t(void* dinp_, void* dw_, void* dbias_, const void* dout_, const
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, K, OC, 1.0f, d, OC, w, K, 0.0f, di, K);
       narrow_into<A>(dinp + int64_t(r0) * K, di, size_t(rows) * K);
     }
+    if (!dw) continue;
     const float* x = widened<A>(inp + int64_t(r0) * K, size_t(rows) * K, kScratchE);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, d, OC, x, K, 1.0f, dw_acc, K);
   }
-  narrow_into<G>(dw, dw_acc, size_t(OC) * K);
+  if (dw) narrow_into<G>(dw, dw_acc, size_t(OC) * K);
   if (!dbias) return;
   constexpr int kBlock = 32;
   const int nblocks = (OC + kBlock - 1) / kBlock;

@@ -1,5 +1,7 @@
 // GELU (tanh approximation and exact erf), tanh, the residual add and the first-token rows: elementwise,
 // grid-stride over size_t counts.
+#include <type_traits>
+
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "runtime/cuda/cuda_check.hpp"
@@ -51,23 +53,84 @@ constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
 // erff has no fast-math intrinsic: it stays the accurate (2 ulp) library function under --use_fast_math.
-template <class T>
-__global__ void gelu_erf_fwd_kernel(T* out, const T* inp, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const float x = to_float(inp[i]);
-    out[i] = from_float<T>(0.5f * x * (1.f + erff(x * kInvSqrt2)));
+__device__ __forceinline__ float gelu_erf(float x) {
+  return 0.5f * x * (1.f + erff(x * kInvSqrt2));
+}
+// d/dx [x Phi(x)] = Phi(x) + x phi(x).
+__device__ __forceinline__ float gelu_erf_grad(float x) {
+  const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
+  const float pdf = kInvSqrt2Pi * __expf(-0.5f * x * x);
+  return cdf + x * pdf;
+}
+
+// Calls f(i0, count) for runs of elements: with kVec, one 16-byte vector of T per thread and step (i0 a
+// multiple of Vec16<T>::kN, count kN), then the tail one element per thread; else one element at a time.
+template <class T, bool kVec, class F>
+__device__ __forceinline__ void for_each_run(size_t n, F&& f) {
+  constexpr int kN = kVec ? Vec16<T>::kN : 1;
+  const size_t first = blockIdx.x * size_t{blockDim.x} + threadIdx.x, stride = size_t{gridDim.x} * blockDim.x;
+  const size_t runs = n / kN;
+  for (size_t r = first; r < runs; r += stride) f(r * kN, std::integral_constant<int, kN>{});
+  if constexpr (kVec) {
+    const size_t tail = runs * kN + first;
+    if (tail < n) f(tail, std::integral_constant<int, 1>{});
   }
 }
 
-// d/dx [x Phi(x)] = Phi(x) + x phi(x). dinp may alias dout (read before written, by the same thread).
+template <class T, int kCount>
+__device__ __forceinline__ void load_run(const T* p, size_t i, float (&f)[kCount]) {
+  if constexpr (kCount > 1) {
+    const Vec16<T> v = *reinterpret_cast<const Vec16<T>*>(p + i);
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) f[k] = to_float(v.v[k]);
+  } else {
+    f[0] = to_float(p[i]);
+  }
+}
+template <class T, int kCount>
+__device__ __forceinline__ void store_run(T* p, size_t i, const float (&f)[kCount]) {
+  if constexpr (kCount > 1) {
+    Vec16<T> v;
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) v.v[k] = from_float<T>(f[k]);
+    *reinterpret_cast<Vec16<T>*>(p + i) = v;
+  } else {
+    p[i] = from_float<T>(f[0]);
+  }
+}
+
+template <class T, bool kVec>
+__global__ void gelu_erf_fwd_kernel(T* out, const T* inp, size_t n) {
+  for_each_run<T, kVec>(n, [&](size_t i, auto count) {
+    constexpr int kCount = decltype(count)::value;
+    float f[kCount];
+    load_run<T, kCount>(inp, i, f);
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) f[k] = gelu_erf(f[k]);
+    store_run<T, kCount>(out, i, f);
+  });
+}
+
+// dinp may alias dout (read before written, by the same thread).
 template <class T>
 __global__ void gelu_erf_bwd_kernel(T* dinp, const T* inp, const T* dout, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const float x = to_float(inp[i]);
-    const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * __expf(-0.5f * x * x);
-    dinp[i] = from_float<T>(to_float(dout[i]) * (cdf + x * pdf));
-  }
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    dinp[i] = from_float<T>(to_float(dout[i]) * gelu_erf_grad(to_float(inp[i])));
+}
+
+// out = gelu_erf(inp) and dinp = dout * gelu_erf'(inp) in one pass over inp (dinp may alias dout).
+template <class T, bool kVec>
+__global__ void gelu_erf_fwd_bwd_kernel(T* out, T* dinp, const T* inp, const T* dout, size_t n) {
+  for_each_run<T, kVec>(n, [&](size_t i, auto count) {
+    constexpr int kCount = decltype(count)::value;
+    float x[kCount], d[kCount];
+    load_run<T, kCount>(inp, i, x);
+    load_run<T, kCount>(dout, i, d);
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) d[k] *= gelu_erf_grad(x[k]), x[k] = gelu_erf(x[k]);
+    store_run<T, kCount>(out, i, x);
+    store_run<T, kCount>(dinp, i, d);
+  });
 }
 
 template <class T>
@@ -113,10 +176,18 @@ void launch_elementwise(cudaStream_t stream, anvil::DType act, size_t n, Kernel&
 }  // namespace
 
 void gelu_erf_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n) {
-  launch_elementwise(stream, act, n, [&](auto t, unsigned grid) {
+  if (n == 0) return;
+  dispatch_float(act, [&](auto t) {
     using T = decltype(t);
-    gelu_erf_fwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(inp), n);
+    constexpr int kN = Vec16<T>::kN;
+    T* o = static_cast<T*>(out);
+    const T* in = static_cast<const T*>(inp);
+    if (rows_vectorizable<T>(kN, {out, inp}))
+      gelu_erf_fwd_kernel<T, true><<<grid_for(n / kN + 1, kThreads), kThreads, 0, stream>>>(o, in, n);
+    else
+      gelu_erf_fwd_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(o, in, n);
   });
+  ANVIL_CUDA_CHECK_LAST();
 }
 
 void gelu_erf_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout,
@@ -126,6 +197,23 @@ void gelu_erf_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void*
     gelu_erf_bwd_kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(inp),
                                                        static_cast<const T*>(dout), n);
   });
+}
+
+void gelu_erf_fwd_bwd(cudaStream_t stream, anvil::DType act, void* out, void* dinp, const void* inp,
+                      const void* dout, size_t n) {
+  if (n == 0) return;
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    constexpr int kN = Vec16<T>::kN;
+    T *o = static_cast<T*>(out), *di = static_cast<T*>(dinp);
+    const T *in = static_cast<const T*>(inp), *d = static_cast<const T*>(dout);
+    if (rows_vectorizable<T>(kN, {out, dinp, inp, dout}))
+      gelu_erf_fwd_bwd_kernel<T, true>
+          <<<grid_for(n / kN + 1, kThreads), kThreads, 0, stream>>>(o, di, in, d, n);
+    else
+      gelu_erf_fwd_bwd_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(o, di, in, d, n);
+  });
+  ANVIL_CUDA_CHECK_LAST();
 }
 
 void tanh_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n) {

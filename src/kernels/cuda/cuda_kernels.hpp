@@ -117,7 +117,7 @@ void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean
                    const void* inp, const void* w, const void* b, int N, int C, float eps);
 void residual_layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, void* ln, float* mean,
                             float* rstd, const void* a, const void* b, const void* w, const void* bias, int N,
-                            int C, float eps);
+                            int C, float eps, const anvil::RowDropout& drop);
 void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
                    const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
                    int N, int C);
@@ -151,6 +151,9 @@ void residual_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* 
 void gelu_erf_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
 void gelu_erf_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout,
                   size_t n);
+// Ops::gelu_erf_fwd_bwd: both in one pass over inp.
+void gelu_erf_fwd_bwd(cudaStream_t stream, anvil::DType act, void* out, void* dinp, const void* inp,
+                      const void* dout, size_t n);
 void tanh_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
 void tanh_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* out, const void* dout, size_t n);
 void first_token_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, int B, int T, int C);
@@ -163,6 +166,9 @@ void first_token_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const vo
 // y may alias x.
 void dropout(cudaStream_t stream, anvil::DType act, void* y, const void* x, size_t n, float p,
              const anvil::DropoutState* state, uint32_t site);
+// Ops::dropout_rows: the same masks, element (r, c) of the rows drawing index r * index_pitch + c.
+void dropout_rows(cudaStream_t stream, anvil::DType act, void* y, const void* x, int rows, int cols,
+                  size_t index_pitch, float p, const anvil::DropoutState* state, uint32_t site);
 // Ops::dropout_next_micro: state->micro += 1 (one thread, in stream order).
 void dropout_next_micro(cudaStream_t stream, anvil::DropoutState* state);
 

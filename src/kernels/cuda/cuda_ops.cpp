@@ -171,16 +171,32 @@ class CudaOps final : public Ops {
                  p);
     cuda::dropout(stream_, act_, y, x, n, p, state, site);
   }
+  void dropout_rows(void* y, const void* x, int rows, int cols, size_t index_pitch, float p,
+                    const DropoutState* state, uint32_t site) override {
+    ANVIL_ASSERT(p >= 0 && p < 1 && (p == 0 || state),
+                 "dropout_rows: p = {} needs 0 <= p < 1 and a DropoutState", p);
+    ANVIL_ASSERT(index_pitch >= size_t(cols), "dropout_rows: index pitch {} < {} columns", index_pitch, cols);
+    cuda::dropout_rows(stream_, act_, y, x, rows, cols, index_pitch, p, state, site);
+  }
   void dropout_next_micro(DropoutState* state) override { cuda::dropout_next_micro(stream_, state); }
+  using Ops::residual_layernorm_fwd;
   void residual_layernorm_fwd(void* out, void* ln, float* mean, float* rstd, const void* a, const void* b,
-                              const void* w, const void* bias, int N, int C, float eps) override {
-    cuda::residual_layernorm_fwd(stream_, act_, out, ln, mean, rstd, a, b, w, bias, N, C, eps);
+                              const void* w, const void* bias, int N, int C, float eps,
+                              const RowDropout& drop) override {
+    ANVIL_ASSERT(drop.p >= 0 && drop.p < 1 && (drop.p == 0 || (drop.state && drop.index_pitch >= size_t(C))),
+                 "residual_layernorm_fwd: dropout p = {} needs 0 <= p < 1, a DropoutState and an index pitch "
+                 ">= {} columns",
+                 drop.p, C);
+    cuda::residual_layernorm_fwd(stream_, act_, out, ln, mean, rstd, a, b, w, bias, N, C, eps, drop);
   }
   void gelu_erf_fwd(void* out, const void* inp, size_t n) override {
     cuda::gelu_erf_fwd(stream_, act_, out, inp, n);
   }
   void gelu_erf_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
     cuda::gelu_erf_bwd(stream_, act_, dinp, inp, dout, n);
+  }
+  void gelu_erf_fwd_bwd(void* out, void* dinp, const void* inp, const void* dout, size_t n) override {
+    cuda::gelu_erf_fwd_bwd(stream_, act_, out, dinp, inp, dout, n);
   }
   void tanh_fwd(void* out, const void* inp, size_t n) override { cuda::tanh_fwd(stream_, act_, out, inp, n); }
   void tanh_bwd(void* dinp, const void* out, const void* dout, size_t n) override {

@@ -1,9 +1,9 @@
-// Dropout (Ops::dropout) and the micro-batch counter of its masks (Ops::dropout_next_micro). The mask is the
-// counter hash of kernels/dropout.hpp, keyed by the seed and counter the kernel reads from device memory when
-// it runs (a CUDA graph replays the step with the host's latest seed and the device's counter), so the CPU
-// backend drops exactly the same elements. The threshold and the 1 / (1 - p) factor are computed on the host
-// (the build's --use_fast_math would make a device division approximate): the product x * scale is one
-// correctly rounded fp32 multiply on both backends.
+// Dropout (Ops::dropout, Ops::dropout_rows) and the micro-batch counter of its masks
+// (Ops::dropout_next_micro). The mask is the counter hash of kernels/dropout.hpp, keyed by the seed and
+// counter the kernel reads from device memory when it runs (a CUDA graph replays the step with the host's
+// latest seed and the device's counter), so the CPU backend drops exactly the same elements. The threshold
+// and the 1 / (1 - p) factor are computed on the host (the build's --use_fast_math would make a device
+// division approximate): the product x * scale is one correctly rounded fp32 multiply on both backends.
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "kernels/dropout.hpp"
@@ -55,6 +55,18 @@ __global__ void dropout_vec_kernel(T* y, const T* x, size_t n, uint32_t threshol
   if (tail < n) y[tail] = drop_one(x[tail], key, tail, threshold, scale);
 }
 
+template <class T>
+__global__ void dropout_rows_kernel(T* y, const T* x, int rows, int cols, size_t index_pitch,
+                                    uint32_t threshold, float scale, const anvil::DropoutState* state,
+                                    uint32_t site) {
+  const uint64_t key = state_key(state, site, threshold);
+  const size_t n = size_t(rows) * cols;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const size_t r = i / cols, c = i % cols;
+    y[i] = drop_one(x[i], key, r * index_pitch + c, threshold, scale);
+  }
+}
+
 __global__ void dropout_next_micro_kernel(anvil::DropoutState* state) {
   state->micro += 1;
 }
@@ -77,6 +89,20 @@ void dropout(cudaStream_t stream, anvil::DType act, void* y, const void* x, size
     else
       dropout_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n, threshold, scale, state,
                                                                      site);
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+void dropout_rows(cudaStream_t stream, anvil::DType act, void* y, const void* x, int rows, int cols,
+                  size_t index_pitch, float p, const anvil::DropoutState* state, uint32_t site) {
+  const size_t n = size_t(rows) * cols;
+  if (n == 0) return;
+  const uint32_t threshold = anvil::dropout_threshold(p);
+  const float scale = anvil::dropout_scale(p);
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    dropout_rows_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), rows, cols, index_pitch, threshold, scale, state, site);
   });
   ANVIL_CUDA_CHECK_LAST();
 }

@@ -2,6 +2,7 @@
 // reduction for the parameter gradients.
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
+#include "kernels/dropout.hpp"
 #include "runtime/cuda/cuda_check.hpp"
 
 namespace anvil::cuda {
@@ -90,21 +91,36 @@ __global__ void layernorm_fwd_kernel(T* out, float* mean, float* rstd, const T* 
 }
 
 // out = a + b (rounded to T, as residual_fwd stores it) in the sum pass, then layernorm_row over out, which
-// this warp has just written (read back from L1/L2, not DRAM).
-template <class T, bool kVec>
+// this warp has just written (read back from L1/L2, not DRAM). kDrop: a goes through dropout first, rounded
+// to T as Ops::dropout stores it (one correctly rounded multiply by `scale`), element (row, c) drawing the
+// mask of index row * index_pitch + c.
+template <class T, bool kVec, bool kDrop>
 __global__ void residual_layernorm_fwd_kernel(T* out, T* ln, float* mean, float* rstd, const T* a, const T* b,
-                                              const T* w, const T* bias, int N, int C, float eps) {
+                                              const T* w, const T* bias, int N, int C, float eps,
+                                              uint32_t threshold, float scale,
+                                              const anvil::DropoutState* state, uint32_t site,
+                                              size_t index_pitch) {
   using R = Row<T, kVec>;
   constexpr int kN = R::kN;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= N) return;  // whole warps exit together
   const size_t offset = static_cast<size_t>(row) * C;
+  uint64_t key = 0;
+  if constexpr (kDrop) key = anvil::dropout_key(state->seed, state->micro, site);
   float f[kN], fb[kN];
   float sum = 0.f;
   for (int i = lane; i < C / kN; i += kWarpSize) {
     R::load(a + offset, i, f);
     R::load(b + offset, i, fb);
+    if constexpr (kDrop) {
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        const size_t index = row * index_pitch + size_t(i) * kN + k;
+        f[k] = anvil::dropout_keep(key, index, threshold) ? to_float(from_float<T>(__fmul_rn(f[k], scale)))
+                                                          : 0.f;
+      }
+    }
 #pragma unroll
     for (int k = 0; k < kN; ++k) f[k] = to_float(from_float<T>(f[k] + fb[k]));
     R::store(out + offset, i, f);
@@ -217,20 +233,29 @@ void layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* mean
 
 void residual_layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, void* ln, float* mean,
                             float* rstd, const void* a, const void* b, const void* w, const void* bias, int N,
-                            int C, float eps) {
+                            int C, float eps, const anvil::RowDropout& drop) {
   if (N <= 0 || C <= 0) return;
   const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  const bool dropping = drop.p > 0;
+  const uint32_t threshold = anvil::dropout_threshold(drop.p);
+  const float scale = anvil::dropout_scale(drop.p);  // on the host: --use_fast_math divides approximately
   dispatch_float(act, [&](auto t) {
     using T = decltype(t);
     auto launch = [&](auto kernel) {
-      kernel<<<blocks, kThreads, 0, stream>>>(
-          static_cast<T*>(out), static_cast<T*>(ln), mean, rstd, static_cast<const T*>(a),
-          static_cast<const T*>(b), static_cast<const T*>(w), static_cast<const T*>(bias), N, C, eps);
+      kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<T*>(ln), mean, rstd,
+                                              static_cast<const T*>(a), static_cast<const T*>(b),
+                                              static_cast<const T*>(w), static_cast<const T*>(bias), N, C,
+                                              eps, threshold, scale, drop.state, drop.site, drop.index_pitch);
     };
-    if (rows_vectorizable<T>(C, {out, ln, a, b, w, bias}))
-      launch(residual_layernorm_fwd_kernel<T, true>);
+    const bool vec = rows_vectorizable<T>(C, {out, ln, a, b, w, bias});
+    if (vec && dropping)
+      launch(residual_layernorm_fwd_kernel<T, true, true>);
+    else if (vec)
+      launch(residual_layernorm_fwd_kernel<T, true, false>);
+    else if (dropping)
+      launch(residual_layernorm_fwd_kernel<T, false, true>);
     else
-      launch(residual_layernorm_fwd_kernel<T, false>);
+      launch(residual_layernorm_fwd_kernel<T, false, false>);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
