@@ -228,6 +228,13 @@ class Ops {
   // dinp ACCUMULATES (it is the residual stream's gradient); [grad] dw, db accumulate.
   virtual void layernorm_bwd(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                              const float* mean, const float* rstd, int N, int C) = 0;
+  // The same backward of an output gradient held as two tensors, g = dout + dout2 (dout2 null: g = dout),
+  // each element rounded to the compute type as residual_fwd stores it: exactly residual_fwd into a buffer,
+  // then layernorm_bwd of it. dinp is OVERWRITTEN (not accumulated); [grad] dw, db accumulate. dinp may
+  // alias dout2 (not dout, inp or w). A residual stream's gradient can stay a pair until its LayerNorm.
+  virtual void layernorm_bwd_sum(void* dinp, void* dw, void* db, const void* dout, const void* dout2,
+                                 const void* inp, const void* w, const float* mean, const float* rstd, int N,
+                                 int C) = 0;
 
   // --- matmul: out[N,OC] = inp[N,K] @ w[OC,K]^T (+ bias[OC]); bias may be null --------------------
   virtual void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,

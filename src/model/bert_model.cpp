@@ -442,19 +442,24 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size();
   const bool first_rows = first_rows_only(l);
   const int N = first_rows ? B : B * T;  // rows after the attention (block_forward)
-  const size_t sBT = size_t(B_) * T_, NC = size_t(N) * C, allC = size_t(B) * T * C;
+  const size_t sBT = size_t(B_) * T_;
   const LayerParams p = layer_params(weights_, ae_, l);
   const LayerParams g = layer_params(grads_, ge_, l);
   const void* x = l == 0 ? encoded_ : block_out(l - 1);
   const float* ln1_stats = stats(kLn1Stats, l);
   const float* ln2_stats = stats(kLn2Stats, l);
-  // d0_ holds d(out). Output LayerNorm: d1_ = d(res2), res2 = h1 + f Wout^T + bout.
-  ops.device().fill_zero(d1_, NC * ae_);
-  ops.layernorm_bwd(d1_, g.ln2w, g.ln2b, d0_, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N, C);
-  // MLP: dfc_ = d(pre-activation); then d0_ = d(h1) = d(res2) + the MLP path. The output projection's weight
-  // gradient needs the GELU output, which is rebuilt from the pre-activation (a checkpointed block's
-  // recompute already did; with exact GELU, in one pass with GELU's backward, between the projection's input
-  // and weight gradients).
+  // A block's output gradient arrives as a pair, d0_ + carry, never added up in memory: the LayerNorm that
+  // reads it sums it (layernorm_bwd_sum). The carry is the residual path the block above left (see the end
+  // of this function): none for the top block, dfc_ below the [CLS]-rows block, else d1_. Nothing writes it
+  // in between (a checkpoint recompute writes activations and recompute buffers only).
+  const void* carry = l == cfg_.n_layer - 1 ? nullptr : first_rows_only(l + 1) ? dfc_ : d1_;
+  // Output LayerNorm: d1_ = d(res2), res2 = h1 + f Wout^T + bout (overwriting a carry in d1_).
+  ops.layernorm_bwd_sum(d1_, g.ln2w, g.ln2b, d0_, carry, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N,
+                        C);
+  // MLP: dfc_ = d(pre-activation); then d0_ = its path's part of d(h1), which with d(res2) in d1_ is d(h1).
+  // The output projection's weight gradient needs the GELU output, which is rebuilt from the pre-activation
+  // (a checkpointed block's recompute already did; with exact GELU, in one pass with GELU's backward,
+  // between the projection's input and weight gradients).
   const bool rebuild_gelu = !checkpointing_.checkpointed(l);
   if (rebuild_gelu && !cfg_.exact_gelu()) ops.gelu_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
   // With dropout, the projection's output gradient is d(res2) through the mask (in the free QKV-gradient
@@ -476,10 +481,9 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
     ops.matmul_bwd_dgelu(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C);
   }
   ops.matmul_bwd(d0_, g.fcw, g.fcb, dfc_, act(kH1, l), p.fcw, N, C, F);
-  ops.residual_fwd(d0_, d0_, d1_, NC);
-  // Attention LayerNorm: d1_ = d(res1), res1 = x + a Wo^T + bo.
-  ops.device().fill_zero(d1_, NC * ae_);
-  ops.layernorm_bwd(d1_, g.ln1w, g.ln1b, d0_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N, C);
+  // Attention LayerNorm of d(h1) = d0_ + d1_: d1_ = d(res1), res1 = x + a Wo^T + bo (in place of d(res2)).
+  ops.layernorm_bwd_sum(d1_, g.ln1w, g.ln1b, d0_, d1_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N,
+                        C);
   const void* dattn_proj = d1_;  // through the mask (in the free MLP-gradient buffer) with dropout
   if (drop) {
     hidden_dropout(ops, dfc_, d1_, l, B, T, site(l, 1));
@@ -497,13 +501,9 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   ops.attention_bwd(dqkv_, datty, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
                     layer_mask(mask, l));
   ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, B * T, C, 3 * C);
-  // d(x) = the attention path + the residual (which only the [CLS] rows carry in the first-rows block).
-  if (first_rows) {
-    ops.first_token_bwd(dfc_, d1_, B, T, C);
-    ops.residual_fwd(d0_, d0_, dfc_, allC);
-  } else {
-    ops.residual_fwd(d0_, d0_, d1_, allC);
-  }
+  // d(x) = d0_ (the attention path) + the carry: the residual path d(res1) in d1_, or in the [CLS]-rows
+  // block, d(res1) at positions (b, 0) and zero elsewhere, in dfc_ (free again). The block below sums them.
+  if (first_rows) ops.first_token_bwd(dfc_, d1_, B, T, C);
 }
 
 void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths,
@@ -555,14 +555,18 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
     }
   }
 
-  // Embedding: its LayerNorm, then the three tables (the pad token's word row gets nothing, as in HF).
+  // Embedding: its LayerNorm, then the three tables (the pad token's word row gets nothing, as in HF). Its
+  // output gradient is d0_ + block 0's carry (block_backward); the dropout needs it materialised first.
   trace_phase("backward embedding", -1);
   zero_unit_grads(0);
-  if (fwd_dropout_ && p_hidden_ > 0)
+  const void* carry = first_rows_only(0) ? dfc_ : d1_;
+  if (fwd_dropout_ && p_hidden_ > 0) {
+    ops.residual_fwd(d0_, d0_, carry, size_t(N) * C);
     ops.dropout(d0_, d0_, size_t(N) * C, p_hidden_, dropout_state_, site(L, 0));
-  ops.device().fill_zero(d1_, size_t(N) * C * ae_);
-  ops.layernorm_bwd(d1_, grad(lnew_off_), grad(lneb_off_), d0_, emb_sum_, at(weights_, lnew_off_), emb_stats_,
-                    emb_stats_ + sBT, N, C);
+    carry = nullptr;
+  }
+  ops.layernorm_bwd_sum(d1_, grad(lnew_off_), grad(lneb_off_), d0_, carry, emb_sum_, at(weights_, lnew_off_),
+                        emb_stats_, emb_stats_ + sBT, N, C);
   ops.bert_embedding_bwd(grad(wte_off_), grad(wpe_off_), grad(wtt_off_), d1_, tokens, token_types, B, T, C,
                          cfg_.pad_token_id);
   trace_free(trace_embedding_, "backward");

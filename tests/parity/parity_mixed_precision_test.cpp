@@ -86,6 +86,38 @@ TEST_P(MixedParity, LayerNorm) {
   }
 }
 
+// The output gradient as a pair, each sum rounded to the storage type on both backends (as residual_fwd
+// would store it); dinp overwritten, also written over dout2.
+TEST_P(MixedParity, LayerNormBwdSum) {
+  for (const int C : {192, 100}) {
+    const int N = 67;
+    const size_t NC = size_t(N) * C;
+    Buf inp = act(randn(NC, 2.f, 3.f)), w = act(randn(C, 0.5f, 1.f)), b = act(randn(C, 0.5f));
+    Buf out = act(randn(NC, 100.f)), mean = f32(randn(N)), rstd = f32(randn(N));
+    cpu_->layernorm_fwd(out.cpu(), static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()),
+                        inp.cpu(), w.cpu(), b.cpu(), N, C);
+    copy_cpu_to_gpu(mean);  // the same statistics on both sides: only the backward is compared
+    copy_cpu_to_gpu(rstd);
+    for (const int variant : {0, 1, 2}) {  // 0: dout only, 1: dout + dout2, 2: dinp = dout2 (aliased)
+      SCOPED_TRACE("C=" + std::to_string(C) + " variant " + std::to_string(variant));
+      Buf dout = act(randn(NC)), dout2 = act(randn(NC, 0.5f)), dinp = act(randn(NC, 100.f));
+      Buf dw = grad(randn(C)), db = grad(randn(C));
+      Buf& di = variant == 2 ? dout2 : dinp;
+      const bool sum = variant >= 1;
+      cpu_->layernorm_bwd_sum(di.cpu(), dw.cpu(), db.cpu(), dout.cpu(), sum ? dout2.cpu() : nullptr,
+                              inp.cpu(), w.cpu(), static_cast<float*>(mean.cpu()),
+                              static_cast<float*>(rstd.cpu()), N, C);
+      gpu_->layernorm_bwd_sum(di.gpu(), dw.gpu(), db.gpu(), dout.gpu(), sum ? dout2.gpu() : nullptr,
+                              inp.gpu(), w.gpu(), static_cast<float*>(mean.gpu()),
+                              static_cast<float*>(rstd.gpu()), N, C);
+      EXPECT_TRUE(same("layernorm_bwd_sum dinp", di, ulps(act_, 2)));
+      const double gtol = grad_ == DType::F32 ? 1e-4 : ulps(grad_, 4);
+      EXPECT_TRUE(same("layernorm_bwd_sum dw", dw, gtol));
+      EXPECT_TRUE(same("layernorm_bwd_sum db", db, gtol));
+    }
+  }
+}
+
 TEST_P(MixedParity, Matmul) {
   struct S {
     int N, K, OC;

@@ -182,6 +182,47 @@ TEST_F(ParityTest, LayerNorm) {
   }
 }
 
+// The output gradient as a pair (dout + dout2, or dout alone), dinp overwritten, and dinp written over dout2
+// (BERT's blocks); dw, db accumulate onto nonzero values.
+TEST_F(ParityTest, LayerNormBwdSum) {
+  struct Shape {
+    int N, C;
+  };
+  for (const Shape s : {Shape{37, 200}, Shape{64, 768}, Shape{5, 7}, Shape{1030, 96}}) {
+    const size_t NC = size_t(s.N) * s.C;
+    auto inp = mirror(randn(NC, 2.f, 3.f));
+    auto w = mirror(randn(s.C, 0.5f, 1.f));
+    auto b = mirror(randn(s.C, 0.5f));
+    auto out = output(NC), mean = output(s.N), rstd = output(s.N);
+    cpu_->layernorm_fwd(out.cpu(), mean.cpu(), rstd.cpu(), inp.cpu(), w.cpu(), b.cpu(), s.N, s.C);
+    gpu_->layernorm_fwd(out.gpu(), mean.gpu(), rstd.gpu(), inp.gpu(), w.gpu(), b.gpu(), s.N, s.C);
+    for (const int variant : {0, 1, 2}) {  // 0: dout only, 1: dout + dout2, 2: dinp = dout2 (aliased)
+      SCOPED_TRACE("N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
+                   (variant == 0   ? " dout only"
+                    : variant == 1 ? " dout + dout2"
+                                   : " dout + dout2, dinp = dout2"));
+      auto dout = mirror(randn(NC));
+      auto dout2 = mirror(randn(NC, 0.5f));
+      auto dinp = output(NC);  // garbage: overwritten
+      auto dw = mirror(randn(s.C));
+      auto db = mirror(randn(s.C));
+      auto& di = variant == 2 ? dout2 : dinp;
+      const bool sum = variant >= 1;
+      cpu_->layernorm_bwd_sum(di.cpu(), dw.cpu(), db.cpu(), dout.cpu(), sum ? dout2.cpu() : nullptr,
+                              inp.cpu(), w.cpu(), mean.cpu(), rstd.cpu(), s.N, s.C);
+      gpu_->layernorm_bwd_sum(di.gpu(), dw.gpu(), db.gpu(), dout.gpu(), sum ? dout2.gpu() : nullptr,
+                              inp.gpu(), w.gpu(), mean.gpu(), rstd.gpu(), s.N, s.C);
+      EXPECT_TRUE(same("layernorm_bwd_sum dinp", di, kRowReductionTol));
+      EXPECT_TRUE(same("layernorm_bwd_sum dw", dw, kRowReductionTol));
+      EXPECT_TRUE(same("layernorm_bwd_sum db", db, kRowReductionTol));
+      EXPECT_TRUE(same("layernorm_bwd_sum dout (read only)", dout, kExactTol));
+      if (variant == 1) {
+        EXPECT_TRUE(same("layernorm_bwd_sum dout2 (read only)", dout2, kExactTol));
+      }
+    }
+  }
+}
+
 // --- matmul ----------------------------------------------------------------------------------------
 
 struct MatmulShape {

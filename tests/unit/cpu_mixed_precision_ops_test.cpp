@@ -377,6 +377,67 @@ INSTANTIATE_TEST_SUITE_P(CpuMixedPrecision, CpuMixedPrecisionOps,
                                            Combo{DType::F16, DType::F32}, Combo{DType::F16, DType::F16}),
                          combo_name);
 
+// layernorm_bwd_sum is exactly the sequence it replaces in BERT's backward: residual_fwd of the two output
+// gradients into a buffer, fill_zero of dinp, layernorm_bwd (fp32 storage too, unlike the suite above).
+class LayerNormBwdSumOps : public ::testing::TestWithParam<Combo> {
+ protected:
+  std::unique_ptr<Device> dev_ = make_cpu_device();
+  std::unique_ptr<Ops> ops_ = make_cpu_ops(*dev_, {GetParam().act, GetParam().grad});
+  Rng rng_{77};
+  Stored input(DType t, size_t n, float stddev = 1.0f, float mean = 0.0f) {
+    std::vector<float> v(n);
+    for (float& x : v) x = mean + stddev * rng_.normal();
+    return Stored(t, v);
+  }
+};
+
+TEST_P(LayerNormBwdSumOps, EqualsResidualThenLayerNormBwd) {
+  const DType act = GetParam().act, grad = GetParam().grad;
+  for (const int C : {72, 7}) {
+    const int N = 9;
+    const size_t NC = size_t(N) * C;
+    SCOPED_TRACE("C=" + std::to_string(C));
+    Stored inp = input(act, NC, 2.0f, 0.5f), w = input(act, C, 0.3f, 1.0f), b = input(act, C, 0.3f);
+    Stored out(act, NC);
+    std::vector<float> mean(N), rstd(N);
+    ops_->layernorm_fwd(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+    // dout2 of another scale than dout, so that rounding their sum (16-bit storage) shows.
+    const Stored dout = input(act, NC), dout2 = input(act, NC, 0.3f);
+    const Stored dw0 = input(grad, C, 5.0f), db0 = input(grad, C, 5.0f);  // dw, db accumulate
+    for (const bool with_dout2 : {true, false}) {
+      SCOPED_TRACE(with_dout2 ? "dout + dout2" : "dout only");
+      // The old sequence.
+      Stored sum = dout, ref_dinp(act, NC), ref_dw = dw0, ref_db = db0;
+      Stored d2 = dout2;
+      if (with_dout2) ops_->residual_fwd(sum.data(), sum.data(), d2.data(), NC);
+      ops_->layernorm_bwd(ref_dinp.data(), ref_dw.data(), ref_db.data(), sum.data(), inp.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+      // Into a separate dinp holding garbage (overwritten, not accumulated).
+      Stored a = dout, dinp(act, NC, 123.0f), dw = dw0, db = db0;
+      ops_->layernorm_bwd_sum(dinp.data(), dw.data(), db.data(), a.data(), with_dout2 ? d2.data() : nullptr,
+                              inp.data(), w.data(), mean.data(), rstd.data(), N, C);
+      EXPECT_EQ(dinp.values(), ref_dinp.values());
+      EXPECT_EQ(dw.values(), ref_dw.values());
+      EXPECT_EQ(db.values(), ref_db.values());
+      EXPECT_EQ(a.values(), dout.values()) << "dout is read only";
+      EXPECT_EQ(d2.values(), dout2.values()) << "dout2 is read only";
+      if (!with_dout2) continue;
+      // dinp aliasing dout2, as BERT's attention LayerNorm runs it.
+      Stored alias = dout2, adw = dw0, adb = db0;
+      ops_->layernorm_bwd_sum(alias.data(), adw.data(), adb.data(), a.data(), alias.data(), inp.data(),
+                              w.data(), mean.data(), rstd.data(), N, C);
+      EXPECT_EQ(alias.values(), ref_dinp.values());
+      EXPECT_EQ(adw.values(), ref_dw.values());
+      EXPECT_EQ(adb.values(), ref_db.values());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, LayerNormBwdSumOps,
+                         ::testing::Values(Combo{DType::F32, DType::F32}, Combo{DType::BF16, DType::F32},
+                                           Combo{DType::BF16, DType::BF16}, Combo{DType::F16, DType::F32}),
+                         combo_name);
+
 // --- not parameterised ----------------------------------------------------------------------------------
 
 TEST(CpuMixedPrecisionChecks, SumSquaresIsNonFiniteWithInfOrNaN) {

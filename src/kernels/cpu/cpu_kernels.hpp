@@ -128,6 +128,9 @@ void layernorm_fwd(DType act, void* out, float* mean, float* rstd, const void* i
                    const void* b, int N, int C, float eps = kLayerNormEps);
 void layernorm_bwd(DType act, DType grad, void* dinp, void* dw, void* db, const void* dout, const void* inp,
                    const void* w, const float* mean, const float* rstd, int N, int C);
+void layernorm_bwd_sum(DType act, DType grad, void* dinp, void* dw, void* db, const void* dout,
+                       const void* dout2, const void* inp, const void* w, const float* mean,
+                       const float* rstd, int N, int C);
 
 void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K, int OC);
 void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,

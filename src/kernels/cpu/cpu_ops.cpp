@@ -40,6 +40,10 @@ class CpuOps final : public Ops {
                      const float* mean, const float* rstd, int N, int C) override {
     cpu::layernorm_bwd(p_.compute, p_.grad, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
+  void layernorm_bwd_sum(void* dinp, void* dw, void* db, const void* dout, const void* dout2, const void* inp,
+                         const void* w, const float* mean, const float* rstd, int N, int C) override {
+    cpu::layernorm_bwd_sum(p_.compute, p_.grad, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C);
+  }
   void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
                   int OC) override {
     cpu::matmul_fwd(p_.compute, out, inp, w, bias, N, K, OC);

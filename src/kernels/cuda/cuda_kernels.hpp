@@ -121,6 +121,10 @@ void residual_layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, vo
 void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
                    const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
                    int N, int C);
+// Ops::layernorm_bwd_sum: the parameter-gradient kernel runs first (dinp may alias dout2).
+void layernorm_bwd_sum(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw,
+                       void* db, const void* dout, const void* dout2, const void* inp, const void* w,
+                       const float* mean, const float* rstd, int N, int C);
 
 // --- attention.cu: materialised attention (fp32, and the 16-bit fallback) -------------------------------
 // The Ops attention contract (kernels/ops.hpp) with AttentionMask unpacked into causal / lengths / dropout.

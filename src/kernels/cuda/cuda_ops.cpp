@@ -98,6 +98,10 @@ class CudaOps final : public Ops {
                      const float* mean, const float* rstd, int N, int C) override {
     cuda::layernorm_bwd(stream_, act_, grad_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
+  void layernorm_bwd_sum(void* dinp, void* dw, void* db, const void* dout, const void* dout2, const void* inp,
+                         const void* w, const float* mean, const float* rstd, int N, int C) override {
+    cuda::layernorm_bwd_sum(stream_, act_, grad_, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C);
+  }
 
   // out[N,OC] = inp[N,K] @ w[OC,K]^T (+ bias)
   void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,

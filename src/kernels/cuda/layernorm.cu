@@ -130,9 +130,25 @@ __global__ void residual_layernorm_fwd_kernel(T* out, T* ln, float* mean, float*
   layernorm_row<T, kVec>(ln + offset, mean, rstd, out + offset, w, bias, row, lane, C, eps, sum);
 }
 
-// dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w.
-template <class T, bool kVec>
-__global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp, const T* w,
+// Output-gradient element group i of a row: dy, plus dy2 with kSum (rounded to T, as residual_fwd stores the
+// sum).
+template <class T, bool kVec, bool kSum>
+__device__ void load_dout(const T* dy, const T* dy2, int i, float (&f)[Row<T, kVec>::kN]) {
+  using R = Row<T, kVec>;
+  R::load(dy, i, f);
+  if constexpr (kSum) {
+    float f2[R::kN];
+    R::load(dy2, i, f2);
+#pragma unroll
+    for (int k = 0; k < R::kN; ++k) f[k] = to_float(from_float<T>(f[k] + f2[k]));
+  }
+}
+
+// dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w; with kOverwrite,
+// dinp = that; with kSum, dout is dout + dout2. dinp may alias dout2: each lane reads and writes its own
+// element groups only, and writes a group (second pass) after it has read it in both passes.
+template <class T, bool kVec, bool kSum, bool kOverwrite>
+__global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* dout2, const T* inp, const T* w,
                                            const float* mean, const float* rstd, int N, int C) {
   using R = Row<T, kVec>;
   constexpr int kN = R::kN;
@@ -142,13 +158,14 @@ __global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp,
   const size_t offset = static_cast<size_t>(row) * C;
   const T* x = inp + offset;
   const T* dy = dout + offset;
+  const T* dy2 = kSum ? dout2 + offset : nullptr;
   const float mu = mean[row], rs = rstd[row];
   const int groups = C / kN;
   float fx[kN], fdy[kN], fw[kN], fdx[kN];
   float sum_dnorm = 0.f, sum_dnorm_xhat = 0.f;
   for (int i = lane; i < groups; i += kWarpSize) {
     R::load(x, i, fx);
-    R::load(dy, i, fdy);
+    load_dout<T, kVec, kSum>(dy, dy2, i, fdy);
     R::load(w, i, fw);
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
@@ -162,13 +179,17 @@ __global__ void layernorm_bwd_input_kernel(T* dinp, const T* dout, const T* inp,
   T* dx = dinp + offset;
   for (int i = lane; i < groups; i += kWarpSize) {
     R::load(x, i, fx);
-    R::load(dy, i, fdy);
+    load_dout<T, kVec, kSum>(dy, dy2, i, fdy);
     R::load(w, i, fw);
-    R::load(dx, i, fdx);
+    if constexpr (!kOverwrite) R::load(dx, i, fdx);
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
       const float xhat = (fx[k] - mu) * rs;
-      fdx[k] += rs * (fdy[k] * fw[k] - mean_dnorm - xhat * mean_dnorm_xhat);
+      const float d = rs * (fdy[k] * fw[k] - mean_dnorm - xhat * mean_dnorm_xhat);
+      if constexpr (kOverwrite)
+        fdx[k] = d;
+      else
+        fdx[k] += d;
     }
     R::store(dx, i, fdx);
   }
@@ -180,9 +201,11 @@ constexpr int kMinRowsPerChunk = 256;
 
 // dw[c] += sum_r dout[r,c] * xhat[r,c]; db[c] += sum_r dout[r,c]. Block (32, 8) covers 32 columns of one
 // chunk of rows, coalesced along the row, then adds its partial with one atomic per column.
-template <class T, class G>
-__global__ void layernorm_bwd_params_kernel(G* dw, G* db, const T* dout, const T* inp, const float* mean,
-                                            const float* rstd, int N, int C, int rows_per_chunk) {
+// kSum: dout is dout + dout2 (rounded to T, as residual_fwd stores it).
+template <class T, class G, bool kSum>
+__global__ void layernorm_bwd_params_kernel(G* dw, G* db, const T* dout, const T* dout2, const T* inp,
+                                            const float* mean, const float* rstd, int N, int C,
+                                            int rows_per_chunk) {
   __shared__ float partial_dw[kRowThreads][kColumnTile + 1];
   __shared__ float partial_db[kRowThreads][kColumnTile + 1];
   const int col = blockIdx.x * kColumnTile + threadIdx.x;
@@ -192,7 +215,8 @@ __global__ void layernorm_bwd_params_kernel(G* dw, G* db, const T* dout, const T
   if (col < C) {
     for (int r = row_begin + threadIdx.y; r < row_end; r += kRowThreads) {
       const size_t i = static_cast<size_t>(r) * C + col;
-      const float dy = to_float(dout[i]);
+      float dy = to_float(dout[i]);
+      if constexpr (kSum) dy = to_float(from_float<T>(dy + to_float(dout2[i])));
       acc_dw += dy * (to_float(inp[i]) - mean[r]) * rstd[r];
       acc_db += dy;
     }
@@ -260,33 +284,57 @@ void residual_layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, vo
   ANVIL_CUDA_CHECK_LAST();
 }
 
-void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
-                   const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
-                   int N, int C) {
+namespace {
+
+// Both LayerNorm backwards: the parameter gradients first, as dinp may alias dout2 (layernorm_bwd_sum), which
+// the parameter kernel reads and the input kernel overwrites.
+template <bool kSum, bool kOverwrite>
+void layernorm_bwd_launch(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw,
+                          void* db, const void* dout, const void* dout2, const void* inp, const void* w,
+                          const float* mean, const float* rstd, int N, int C) {
   if (N <= 0 || C <= 0) return;
   const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   const int rows_per_chunk = std::max(kMinRowsPerChunk, (N + 65534) / 65535);  // gridDim.y <= 65535
   const dim3 grid((C + kColumnTile - 1) / kColumnTile, (N + rows_per_chunk - 1) / rows_per_chunk);
   dispatch_float(act, [&](auto t) {
     using T = decltype(t);
-    auto launch = [&](auto kernel) {
-      kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(dout),
-                                              static_cast<const T*>(inp), static_cast<const T*>(w), mean,
-                                              rstd, N, C);
-    };
-    if (rows_vectorizable<T>(C, {dinp, dout, inp, w}))
-      launch(layernorm_bwd_input_kernel<T, true>);
-    else
-      launch(layernorm_bwd_input_kernel<T, false>);
-    ANVIL_CUDA_CHECK_LAST();
     dispatch_float(grad, [&](auto g) {
       using G = decltype(g);
-      layernorm_bwd_params_kernel<<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(
-          static_cast<G*>(dw), static_cast<G*>(db), static_cast<const T*>(dout), static_cast<const T*>(inp),
-          mean, rstd, N, C, rows_per_chunk);
+      layernorm_bwd_params_kernel<T, G, kSum><<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(
+          static_cast<G*>(dw), static_cast<G*>(db), static_cast<const T*>(dout), static_cast<const T*>(dout2),
+          static_cast<const T*>(inp), mean, rstd, N, C, rows_per_chunk);
       ANVIL_CUDA_CHECK_LAST();
     });
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(dinp), static_cast<const T*>(dout),
+                                              static_cast<const T*>(dout2), static_cast<const T*>(inp),
+                                              static_cast<const T*>(w), mean, rstd, N, C);
+    };
+    if (rows_vectorizable<T>(C, {dinp, dout, dout2, inp, w}))  // a null dout2 is aligned
+      launch(layernorm_bwd_input_kernel<T, true, kSum, kOverwrite>);
+    else
+      launch(layernorm_bwd_input_kernel<T, false, kSum, kOverwrite>);
+    ANVIL_CUDA_CHECK_LAST();
   });
+}
+
+}  // namespace
+
+void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
+                   const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
+                   int N, int C) {
+  layernorm_bwd_launch<false, false>(stream, act, grad, dinp, dw, db, dout, nullptr, inp, w, mean, rstd, N,
+                                     C);
+}
+
+void layernorm_bwd_sum(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw,
+                       void* db, const void* dout, const void* dout2, const void* inp, const void* w,
+                       const float* mean, const float* rstd, int N, int C) {
+  if (dout2)
+    layernorm_bwd_launch<true, true>(stream, act, grad, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C);
+  else
+    layernorm_bwd_launch<false, true>(stream, act, grad, dinp, dw, db, dout, nullptr, inp, w, mean, rstd, N,
+                                      C);
 }
 
 }  // namespace anvil::cuda
