@@ -107,8 +107,11 @@ void residual_fwd(DType act, void* out, const void* a, const void* b, size_t n) 
   map2(act, out, a, b, n, [](float x, float y) { return x + y; });
 }
 
-void dropout(DType act, void* y_, const void* x_, size_t n, float p, const DropoutState* state,
-             uint32_t site) {
+namespace {
+// y[i] = x[i] kept (scaled) or 0 by the mask bit of element index index_of(i).
+template <class IndexOf>
+void dropout_indexed(DType act, void* y_, const void* x_, size_t n, float p, const DropoutState* state,
+                     uint32_t site, IndexOf index_of) {
   const uint64_t key = dropout_key(state->seed, state->micro, site);
   const uint32_t threshold = dropout_threshold(p);
   const float scale = dropout_scale(p);
@@ -118,25 +121,20 @@ void dropout(DType act, void* y_, const void* x_, size_t n, float p, const Dropo
     const auto* x = static_cast<const typename S::type*>(x_);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < int64_t(n); ++i)
-      y[i] = S::store(dropout_keep(key, uint64_t(i), threshold) ? S::load(x[i]) * scale : 0.0f);
+      y[i] = S::store(dropout_keep(key, index_of(uint64_t(i)), threshold) ? S::load(x[i]) * scale : 0.0f);
   });
 }
+}  // namespace
 
-void dropout_rows(DType act, void* y_, const void* x_, int rows, int cols, size_t index_pitch, float p,
+void dropout(DType act, void* y, const void* x, size_t n, float p, const DropoutState* state, uint32_t site) {
+  dropout_indexed(act, y, x, n, p, state, site, [](uint64_t i) { return i; });
+}
+
+void dropout_rows(DType act, void* y, const void* x, int rows, int cols, size_t index_pitch, float p,
                   const DropoutState* state, uint32_t site) {
-  const uint64_t key = dropout_key(state->seed, state->micro, site);
-  const uint32_t threshold = dropout_threshold(p);
-  const float scale = dropout_scale(p);
-  dispatch_float(act, [&](auto tag) {
-    using S = Storage<decltype(tag)::value>;
-    auto* y = static_cast<typename S::type*>(y_);
-    const auto* x = static_cast<const typename S::type*>(x_);
-    for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < cols; ++c) {
-        const size_t i = size_t(r) * cols + c;
-        y[i] = S::store(dropout_keep(key, r * index_pitch + c, threshold) ? S::load(x[i]) * scale : 0.0f);
-      }
-  });
+  const uint64_t c = uint64_t(cols);
+  dropout_indexed(act, y, x, size_t(rows) * cols, p, state, site,
+                  [=](uint64_t i) { return (i / c) * index_pitch + i % c; });
 }
 
 }  // namespace anvil::cpu
