@@ -303,12 +303,18 @@ AttentionMask BertModel::layer_mask(const AttentionMask& base, int l) const {
   return m;
 }
 
+RowDropout BertModel::hidden_row_dropout(int l, int T, uint32_t s) const {
+  // In the [CLS]-rows block row b is position (b, 0): index b * T * C + c of the whole [B, T, C] tensor.
+  return {p_hidden_, dropout_state_, s, size_t(first_rows_only(l) ? T : 1) * cfg_.n_embd};
+}
+
 void BertModel::hidden_dropout(Ops& ops, void* y, const void* x, int l, int B, int T, uint32_t s) const {
+  const RowDropout d = hidden_row_dropout(l, T, s);
   const int C = cfg_.n_embd;
-  if (first_rows_only(l))  // row b is position (b, 0): index b * T * C + c of the whole [B, T, C] tensor
-    ops.dropout_rows(y, x, B, C, size_t(T) * C, p_hidden_, dropout_state_, s);
+  if (first_rows_only(l))
+    ops.dropout_rows(y, x, B, C, d.index_pitch, d.p, d.state, d.site);
   else
-    ops.dropout(y, x, size_t(B) * T * C, p_hidden_, dropout_state_, s);
+    ops.dropout(y, x, size_t(B) * T * C, d.p, d.state, d.site);
 }
 
 void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask& mask,
@@ -337,12 +343,8 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
     xr = x_first_, attyr = atty_first_;
   }
   const bool drop = fwd_dropout_ && p_hidden_ > 0;
-  // The hidden dropout of `site` as a fused op applies it: row r of the N rows is position (r, 0) in the
-  // [CLS]-rows block (first_rows_only), so its mask indices step by T * C there.
-  const auto row_dropout = [&](uint32_t s) {
-    return drop ? RowDropout{p_hidden_, dropout_state_, s, size_t(first_rows_only(l) ? T : 1) * C}
-                : RowDropout{};
-  };
+  // The hidden dropout of a site, for the fused ops (none without dropout).
+  const auto row_dropout = [&](uint32_t s) { return drop ? hidden_row_dropout(l, T, s) : RowDropout{}; };
   // res1 = x + the attention output projection (after dropout), the projection written in place; h1 its
   // LayerNorm, in one pass with the dropout and the residual (exactly the three ops in sequence).
   if (run(kRes1)) ops.matmul_fwd(res1, attyr, p.attow, p.attob, N, C, C);

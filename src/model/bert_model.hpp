@@ -209,6 +209,8 @@ class BertModel final : public Model {
   // Dropout of a block's [rows, C] hidden-state tensor at `site`: all B x T rows, or the [CLS] rows of the
   // last block with the masks those rows draw in the whole tensor.
   void hidden_dropout(Ops& ops, void* y, const void* x, int l, int B, int T, uint32_t site) const;
+  // That dropout as a fused op's RowDropout.
+  RowDropout hidden_row_dropout(int l, int T, uint32_t site) const;
   uint32_t site(int layer, int k) const { return uint32_t(4 * layer + k); }
   // The attention mask of layer l: `base` with that layer's dropout site, and dropout only when `on`.
   AttentionMask layer_mask(const AttentionMask& base, int l) const;
