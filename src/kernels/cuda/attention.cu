@@ -1,7 +1,8 @@
 // Multi-head self-attention with materialised probabilities, the CUDA path for fp32 and the fallback for
-// 16-bit when cuDNN's flash attention is not used (see cudnn_attention.cpp). Each step is one head-batched
-// GEMM per sequence that reads q, k, v (and dout) in place inside their rows and writes out (and dq, dk, dv)
-// in place through row strides: no permutes, no per-head copies. Only one
+// 16-bit when cuDNN's flash attention is not used (see cudnn_attention.cpp). The fp32 forward runs as one
+// fused kernel where attention_fwd_fused.cu supports the head size. Otherwise each step is one GEMM over
+// every head of every sequence (run_head_batched) that reads q, k, v (and dout) in place inside their rows
+// and writes out (and dq, dk, dv) in place through row strides: no permutes, no per-head copies. Only one
 // layer's probabilities exist at a time (in scratch): the forward keeps each row's log-sum-exp and the
 // backward recomputes the probabilities from q, k and it (the flash-attention contract of ops.hpp).
 // Storage type T (fp32, bf16 or fp16) for q/k/v, probabilities and outputs; scores and dprobs are fp32 so
@@ -11,6 +12,7 @@
 //   D: P fp32     scores; bwd with 16-bit T: dprobs (fp32 T: the probabilities, in place over the scores)
 //   E: P of T     16-bit T: the probabilities; fp32 T (bwd): dprobs
 //   F: P of T     bwd, 16-bit T only: dscores (fp32 computes them in place over dprobs)
+//   G: 3 * B*NH matrix addresses for the pointer-array GEMMs (each 256-byte aligned region padded)
 //
 // Attention-probability dropout (AttentionDropout with p > 0; p == 0 runs exactly the kernels without it):
 // element ((b*NH + h)*T + query)*T + key of the probabilities, i.e. row * T + key in the [B*NH*T, T] layout
@@ -43,14 +45,22 @@ struct Regions {
   float* d;
   void* e;
   T* f;
+  void** heads;  // G: three arrays of B*NH matrix addresses, for one head-batched GEMM at a time
 };
 
+size_t head_arrays_bytes(int B, int NH) {
+  return padded_bytes(3 * static_cast<size_t>(B) * NH * sizeof(void*));
+}
+
+// D, E (and F for 16-bit) as in the file comment, then G.
 template <class T>
 Regions<T> regions(void* scratch, int B, int T_, int NH) {
   const size_t p = static_cast<size_t>(B) * NH * T_ * T_;
   const size_t p32 = padded_bytes(p * sizeof(float)), pt = padded_bytes(p * sizeof(T));
   char* base = static_cast<char*>(scratch);
-  return {reinterpret_cast<float*>(base), base + p32, reinterpret_cast<T*>(base + p32 + pt)};
+  const size_t g = p32 + pt + (std::is_same_v<T, float> ? 0 : pt);
+  return {reinterpret_cast<float*>(base), base + p32, reinterpret_cast<T*>(base + p32 + pt),
+          reinterpret_cast<void**>(base + g)};
 }
 
 // Rows of [B*NH*T, T] fp32 scores (scale * q.k). Writes the softmax over the visible keys, 0 elsewhere,
@@ -169,30 +179,74 @@ void zero_padding_rows(cudaStream_t stream, T* x, int width, float* lse, int B, 
   ANVIL_CUDA_CHECK_LAST();
 }
 
-// One head-batched GEMM per sequence: the B sequences' heads are NH matrices HS apart inside rows of the
-// [T, width] buffers (q, k, v in qkv, width 3C; out and dout, width C), so each call reads and writes them in
-// place through a row stride, with no permute. Probability-shaped operands ([NH, T, T] per sequence) are
-// contiguous. `a`/`b`/`c` are the sequence-0 pointers; `*_seq` the elements between sequences, `*_head`
-// between heads (the batch stride), `ld*` the row strides (0: contiguous).
+// Head-batched GEMMs over the B sequences' heads: the heads are NH matrices HS apart inside rows of the
+// [T, width] buffers (q, k, v in qkv, width 3C; out and dout, width C), read and written in place through a
+// row stride, with no permute. Probability-shaped operands ([NH, T, T] per sequence) are contiguous.
+// `a`/`b`/`c` are the sequence-0 pointers; `*_seq` the elements between sequences, `*_head` between heads,
+// `ld*` the row strides (0: contiguous). No single stride steps through every head of every sequence, so
+// one pointer-array GEMM covers all B * NH heads (its addresses written by head_addresses_kernel into G);
+// where cuBLASLt has no pointer-array algorithm, one strided GEMM per sequence.
 struct HeadOperand {
   const void* p;
   int64_t seq, head, ld;
 };
 
-void run_per_sequence(Gemm& gemm, cudaStream_t stream, int B, int NH, HeadOperand a, bool trans_a,
-                      HeadOperand b, bool trans_b, void* c, int64_t c_seq, int64_t c_head, int64_t ldc, int m,
-                      int n, int k, float alpha, anvil::DType ab_type, anvil::DType c_type) {
+struct HeadAddresses {
+  const char* a;
+  const char* b;
+  char* c;
+  int64_t a_seq, a_head, b_seq, b_head, c_seq, c_head;  // in bytes
+  int NH, count;
+};
+
+__global__ void head_addresses_kernel(void** arrays, HeadAddresses h) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= h.count) return;
+  const int64_t s = i / h.NH, head = i % h.NH;
+  arrays[i] = const_cast<char*>(h.a + s * h.a_seq + head * h.a_head);
+  arrays[h.count + i] = const_cast<char*>(h.b + s * h.b_seq + head * h.b_head);
+  arrays[2 * h.count + i] = h.c + s * h.c_seq + head * h.c_head;
+}
+
+void run_head_batched(Gemm& gemm, cudaStream_t stream, void** arrays, int B, int NH, HeadOperand a,
+                      bool trans_a, HeadOperand b, bool trans_b, void* c, int64_t c_seq, int64_t c_head,
+                      int64_t ldc, int m, int n, int k, float alpha, anvil::DType ab_type,
+                      anvil::DType c_type) {
   const size_t ab = anvil::dtype_bits(ab_type) / 8, cb = anvil::dtype_bits(c_type) / 8;
+  GemmArgs g;
+  g.trans_a = trans_a, g.trans_b = trans_b;
+  g.m = m, g.n = n, g.k = k, g.alpha = alpha;
+  g.lda = a.ld, g.ldb = b.ld, g.ldc = ldc;
+  g.ab_type = ab_type, g.c_type = c_type;
+  g.native_fp32 = true;
+  if (B > 1) {
+    const int count = B * NH;
+    const HeadAddresses h{static_cast<const char*>(a.p),
+                          static_cast<const char*>(b.p),
+                          static_cast<char*>(c),
+                          a.seq * int64_t(ab),
+                          a.head * int64_t(ab),
+                          b.seq * int64_t(ab),
+                          b.head * int64_t(ab),
+                          c_seq * int64_t(cb),
+                          c_head * int64_t(cb),
+                          NH,
+                          count};
+    constexpr int kAddressThreads = 128;
+    head_addresses_kernel<<<(count + kAddressThreads - 1) / kAddressThreads, kAddressThreads, 0, stream>>>(
+        arrays, h);
+    ANVIL_CUDA_CHECK_LAST();
+    g.a = a.p, g.b = b.p, g.c = c, g.batch = count;
+    g.stride_a = a.seq | a.head, g.stride_b = b.seq | b.head, g.stride_c = c_seq | c_head;  // alignment only
+    g.a_array = arrays, g.b_array = arrays + count, g.c_array = arrays + 2 * count;
+    if (gemm.try_run(stream, g)) return;
+    g.a_array = g.b_array = nullptr, g.c_array = nullptr;
+  }
+  g.batch = NH, g.stride_a = a.head, g.stride_b = b.head, g.stride_c = c_head;
   for (int s = 0; s < B; ++s) {
-    GemmArgs g;
-    g.a = static_cast<const char*>(a.p) + size_t(s) * a.seq * ab, g.trans_a = trans_a;
-    g.b = static_cast<const char*>(b.p) + size_t(s) * b.seq * ab, g.trans_b = trans_b;
+    g.a = static_cast<const char*>(a.p) + size_t(s) * a.seq * ab;
+    g.b = static_cast<const char*>(b.p) + size_t(s) * b.seq * ab;
     g.c = static_cast<char*>(c) + size_t(s) * c_seq * cb;
-    g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.batch = NH;
-    g.stride_a = a.head, g.stride_b = b.head, g.stride_c = c_head;
-    g.lda = a.ld, g.ldb = b.ld, g.ldc = ldc;
-    g.ab_type = ab_type, g.c_type = c_type;
-    g.native_fp32 = true;
     gemm.run(stream, g);
   }
 }
@@ -201,16 +255,22 @@ template <class T>
 void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* out, float* lse, const T* qkv,
                          void* scratch, int B, int seq, int C, int NH, bool causal, const int32_t* lengths,
                          const AttentionDropout& dropout) {
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  if constexpr (kFloat) {
+    if (attention_fwd_fused_supported(act, B, seq, C, NH, qkv, out)) {
+      attention_fwd_fused(stream, out, lse, qkv, B, seq, C, NH, causal, lengths, dropout);
+      return;
+    }
+  }
   const int HS = C / NH;
   const Regions<T> r = regions<T>(scratch, B, seq, NH);
   const int64_t row3 = 3 * int64_t(C), seq3 = int64_t(seq) * row3;  // qkv: row stride, sequence stride
   const int64_t probs_stride = static_cast<int64_t>(seq) * seq, probs_seq = NH * probs_stride;
   const HeadOperand q{qkv, seq3, HS, row3}, k{qkv + C, seq3, HS, row3}, v{qkv + 2 * C, seq3, HS, row3};
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
-  constexpr bool kFloat = std::is_same_v<T, float>;
   // scores[T,T] = scale * q[T,HS] @ k[T,HS]^T; the full square (masked entries are zeroed next).
-  run_per_sequence(gemm, stream, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq, HS,
-                   scale, act, anvil::DType::F32);
+  run_head_batched(gemm, stream, r.heads, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq,
+                   HS, scale, act, anvil::DType::F32);
   T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
   const size_t rows = static_cast<size_t>(B) * NH * seq;
   if (dropout.p > 0)
@@ -221,7 +281,7 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
         <<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, lse, r.d, rows, seq, NH, causal, lengths, {});
   ANVIL_CUDA_CHECK_LAST();
   // out[T,HS] of each head = probs[T,T] @ v[T,HS] (the dropped probabilities with dropout), written in place
-  run_per_sequence(gemm, stream, B, NH, {probs, probs_seq, probs_stride, 0}, false, v, false, out,
+  run_head_batched(gemm, stream, r.heads, B, NH, {probs, probs_seq, probs_stride, 0}, false, v, false, out,
                    int64_t(seq) * C, HS, C, seq, HS, seq, 1.f, act, act);
 }
 
@@ -244,15 +304,15 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
   const HeadOperand P{probs, probs_seq, probs_stride, 0}, dS{dscores, probs_seq, probs_stride, 0};
   // dv[T,HS] = probs[T,T]^T @ dout[T,HS], written in place into dqkv's v columns
   const auto dv_gemm = [&] {
-    run_per_sequence(gemm, stream, B, NH, P, true, dO, false, dqkv + 2 * C, seq3, HS, row3, seq, HS, seq, 1.f,
-                     act, act);
+    run_head_batched(gemm, stream, r.heads, B, NH, P, true, dO, false, dqkv + 2 * C, seq3, HS, row3, seq, HS,
+                     seq, 1.f, act, act);
   };
   // dq[T,HS] = dscores[T,T] @ k[T,HS] and dk[T,HS] = dscores[T,T]^T @ q[T,HS], in place into dqkv
   const auto dq_dk_gemms = [&] {
-    run_per_sequence(gemm, stream, B, NH, dS, false, k, false, dqkv, seq3, HS, row3, seq, HS, seq, 1.f, act,
-                     act);
-    run_per_sequence(gemm, stream, B, NH, dS, true, q, false, dqkv + C, seq3, HS, row3, seq, HS, seq, 1.f,
-                     act, act);
+    run_head_batched(gemm, stream, r.heads, B, NH, dS, false, k, false, dqkv, seq3, HS, row3, seq, HS, seq,
+                     1.f, act, act);
+    run_head_batched(gemm, stream, r.heads, B, NH, dS, true, q, false, dqkv + C, seq3, HS, row3, seq, HS, seq,
+                     1.f, act, act);
   };
   if constexpr (kFloat) {
     if (attention_bwd_scores_supported(act, B, seq, C, NH, qkv, dout, out)) {
@@ -265,14 +325,14 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
     }
   }
   // The probabilities again: scores into D, then exp(score - lse) (in place for fp32, into E for 16-bit).
-  run_per_sequence(gemm, stream, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq, HS,
-                   scale, act, anvil::DType::F32);
+  run_head_batched(gemm, stream, r.heads, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq,
+                   HS, scale, act, anvil::DType::F32);
   probs_from_lse_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, r.d, lse, rows, seq, NH, causal,
                                                                        lengths);
   ANVIL_CUDA_CHECK_LAST();
   // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32 (with dropout: the gradient of the dropped probabilities)
-  run_per_sequence(gemm, stream, B, NH, dO, false, v, true, dprobs, probs_seq, probs_stride, 0, seq, seq, HS,
-                   1.f, act, anvil::DType::F32);
+  run_head_batched(gemm, stream, r.heads, B, NH, dO, false, v, true, dprobs, probs_seq, probs_stride, 0, seq,
+                   seq, HS, 1.f, act, anvil::DType::F32);
   if (dropout.p > 0) {
     // dscores from the masked dprobs and the undropped probs, which it then overwrites with the dropped ones
     // for dv.
@@ -297,7 +357,8 @@ size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T,
   const size_t elem = anvil::dtype_bits(act) / 8;
   const size_t p = static_cast<size_t>(B) * NH * T * T;
   const bool fp32 = act == anvil::DType::F32;
-  return padded_bytes(p * sizeof(float)) + padded_bytes(p * elem) + (fp32 ? 0 : padded_bytes(p * elem));
+  return padded_bytes(p * sizeof(float)) + padded_bytes(p * elem) + (fp32 ? 0 : padded_bytes(p * elem)) +
+         head_arrays_bytes(B, NH);
 }
 
 void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, float* lse,

@@ -38,6 +38,14 @@ __device__ inline uint64_t dropout_row_key(const DropoutArgs& d) {
 // probabilities into `probs` and dscores into `dscores`, both [B, NH, T, T]. Supported for fp32 with head
 // sizes 32, 64 and 128 when the operands allow 4-element vector reads; otherwise attention.cu runs the
 // unfused kernels.
+// attention_fwd_fused.cu: the whole fp32 forward in one kernel (out and lse; see there). Supported for fp32
+// with head sizes 32 and 64 when qkv and out allow 4-element vector access; otherwise attention.cu runs the
+// GEMMs and the softmax kernel.
+bool attention_fwd_fused_supported(anvil::DType act, int B, int T, int C, int NH, const void* qkv,
+                                   const void* out);
+void attention_fwd_fused(cudaStream_t stream, float* out, float* lse, const float* qkv, int B, int T, int C,
+                         int NH, bool causal, const int32_t* lengths, const AttentionDropout& dropout);
+
 bool attention_bwd_scores_supported(anvil::DType act, int B, int T, int C, int NH, const void* qkv,
                                     const void* dout, const void* out);
 void attention_bwd_scores(cudaStream_t stream, float* probs, float* dscores, const float* qkv,

@@ -44,6 +44,13 @@ struct GemmArgs {
   void* aux = nullptr;
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements
+  // Pointer-array batch: device arrays of `batch` matrix addresses for A, B and C (all three or none), read
+  // instead of a, b, c and the strides, for batches no single stride describes (every head of every
+  // sequence in place). a, b, c and stride_a/b/c then only state the alignment: every matrix starts at its
+  // base plus a multiple of the strides' common alignment (pass the OR of the strides that occur).
+  const void* const* a_array = nullptr;
+  const void* const* b_array = nullptr;
+  void* const* c_array = nullptr;
   // Row strides of A, B and C as stored (row-major, in elements); 0: contiguous rows. Lets a GEMM read or
   // write a matrix that is a column block of a wider one (an attention head inside [T, 3C]).
   int64_t lda = 0, ldb = 0, ldc = 0;
@@ -68,17 +75,21 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   void run(cudaStream_t stream, const GemmArgs& g);
+  // The same, but false (nothing run) when cuBLASLt offers no algorithm for a pointer-array batch (g's
+  // arrays set), so the caller can run the batch another way.
+  bool try_run(cudaStream_t stream, const GemmArgs& g);
 
  private:
   struct Plan;
-  using PlanKey = std::array<int64_t, 23>;
+  using PlanKey = std::array<int64_t, 24>;
   struct HandleDestroyer {
     void operator()(cublasLtHandle_t h) const noexcept;
   };
 
   // `tensor_tf32`: fp32 operands on the TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
-  Plan& plan_for(const GemmArgs& g, bool tensor_tf32);
-  void run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32);
+  // nullptr: no algorithm for a pointer-array batch (any other GEMM without one is an error).
+  Plan* plan_for(const GemmArgs& g, bool tensor_tf32);
+  bool run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32);
   // gemm_3xtf32.cu: an fp32 GEMM as 3xTF32, chunked through the split scratch.
   void run_3xtf32(cudaStream_t stream, const GemmArgs& g);
   void run_3xtf32_chunk(cudaStream_t stream, const GemmArgs& g, const SplitGemmChunks& c, int b0, int nb,

@@ -62,8 +62,8 @@ size_t type_bytes(anvil::DType t) {
 
 // Column-major layout of a stored `rows` x `cols` matrix with leading dimension `ld` (0: contiguous, ld =
 // rows), optionally batched.
-LayoutHandle make_layout(anvil::DType type, int64_t rows, int64_t cols, int batch, int64_t stride,
-                         int64_t ld = 0) {
+LayoutHandle make_layout(anvil::DType type, int64_t rows, int64_t cols, int batch, int64_t stride, int64_t ld,
+                         bool pointer_array) {
   cublasLtMatrixLayout_t layout = nullptr;
   ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, cuda_type(type), static_cast<uint64_t>(rows),
                                                 static_cast<uint64_t>(cols), ld ? ld : rows));
@@ -72,8 +72,14 @@ LayoutHandle make_layout(anvil::DType type, int64_t rows, int64_t cols, int batc
     const int32_t count = batch;
     ANVIL_CUBLAS_CHECK(
         cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-    ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                        &stride, sizeof(stride)));
+    if (pointer_array) {
+      const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+      ANVIL_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+    } else {
+      ANVIL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                          &stride, sizeof(stride)));
+    }
   }
   return owned;
 }
@@ -131,7 +137,8 @@ Gemm::Gemm(Fp32Matmul fp32, void* workspace, size_t workspace_bytes, float* spli
 
 Gemm::~Gemm() = default;
 
-Gemm::Plan& Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
+Gemm::Plan* Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
+  const bool pointer_array = g.batch > 1 && g.a_array;
   const size_t ab_bytes = type_bytes(g.ab_type), c_bytes = type_bytes(g.c_type);
   const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a, ab_bytes, g.lda);
   const uint32_t align_b = alignment_bytes(g.b, g.batch, g.stride_b, ab_bytes, g.ldb);
@@ -160,9 +167,10 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
                     g.lda,
                     g.ldb,
                     g.ldc,
-                    tensor_tf32 && g.ab_type == anvil::DType::F32};
+                    tensor_tf32 && g.ab_type == anvil::DType::F32,
+                    pointer_array};
   auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
+  if (it != plans_.end()) return it->second.get();  // null: known to have no algorithm
 
   auto plan = std::make_unique<Plan>();
   cublasLtMatmulDesc_t desc = nullptr;
@@ -207,11 +215,12 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
   // Stored (pre-op) column-major shapes. Row-major B is [K,N] (or [N,K] if trans_b) = column-major
   // [N,K] (or [K,N]); row-major A is [M,K] (or [K,M]) = column-major [K,M] (or [M,K]); C^T is [N,M].
   // A row stride (lda, ldb, ldc) is the column-major leading dimension.
-  plan->layout_first = g.trans_b ? make_layout(g.ab_type, g.k, g.n, g.batch, g.stride_b, g.ldb)
-                                 : make_layout(g.ab_type, g.n, g.k, g.batch, g.stride_b, g.ldb);
-  plan->layout_second = g.trans_a ? make_layout(g.ab_type, g.m, g.k, g.batch, g.stride_a, g.lda)
-                                  : make_layout(g.ab_type, g.k, g.m, g.batch, g.stride_a, g.lda);
-  plan->layout_out = make_layout(g.c_type, g.n, g.m, g.batch, g.stride_c, g.ldc);
+  const bool pa = pointer_array;
+  plan->layout_first = g.trans_b ? make_layout(g.ab_type, g.k, g.n, g.batch, g.stride_b, g.ldb, pa)
+                                 : make_layout(g.ab_type, g.n, g.k, g.batch, g.stride_b, g.ldb, pa);
+  plan->layout_second = g.trans_a ? make_layout(g.ab_type, g.m, g.k, g.batch, g.stride_a, g.lda, pa)
+                                  : make_layout(g.ab_type, g.k, g.m, g.batch, g.stride_a, g.lda, pa);
+  plan->layout_out = make_layout(g.c_type, g.n, g.m, g.batch, g.stride_c, g.ldc, pa);
 
   cublasLtMatmulPreference_t pref_raw = nullptr;
   ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
@@ -231,25 +240,39 @@ Gemm::Plan& Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  ANVIL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc, plan->layout_first.get(),
-                                                    plan->layout_second.get(), plan->layout_out.get(),
-                                                    plan->layout_out.get(), pref_raw, 1, &result, &found));
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle_.get(), desc, plan->layout_first.get(), plan->layout_second.get(), plan->layout_out.get(),
+      plan->layout_out.get(), pref_raw, 1, &result, &found);
+  if (pointer_array && (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)) {
+    plans_.emplace(key, nullptr);  // the caller runs the batch another way, and is told so at once next time
+    return nullptr;
+  }
+  ANVIL_CUBLAS_CHECK(status);
   if (found == 0) gemm_error("cuBLASLt found no algorithm for the GEMM " + describe(g));
   plan->algo = result.algo;
-  return *plans_.emplace(key, std::move(plan)).first->second;
+  return plans_.emplace(key, std::move(plan)).first->second.get();
 }
 
 void Gemm::run(cudaStream_t stream, const GemmArgs& g) {
-  if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
-  if (fp32_ == Fp32Matmul::TF32x3 && g.ab_type == anvil::DType::F32 && !g.native_fp32) {
-    run_3xtf32(stream, g);
-    return;
-  }
-  run_plain(stream, g, fp32_ == Fp32Matmul::TF32);
+  if (!try_run(stream, g))
+    gemm_error("cuBLASLt found no algorithm for the pointer-array GEMM " + describe(g));
 }
 
-void Gemm::run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32) {
-  if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return;
+bool Gemm::try_run(cudaStream_t stream, const GemmArgs& g) {
+  if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return true;
+  const bool arrays = g.a_array || g.b_array || g.c_array;
+  if (arrays && !(g.a_array && g.b_array && g.c_array && g.batch > 1))
+    gemm_error("a pointer-array GEMM needs all three arrays and a batch: " + describe(g));
+  if (fp32_ == Fp32Matmul::TF32x3 && g.ab_type == anvil::DType::F32 && !g.native_fp32) {
+    if (arrays) gemm_error("3xTF32 GEMMs take no pointer arrays (set native_fp32): " + describe(g));
+    run_3xtf32(stream, g);
+    return true;
+  }
+  return run_plain(stream, g, fp32_ == Fp32Matmul::TF32);
+}
+
+bool Gemm::run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32) {
+  if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return true;
   if (g.k <= 0) gemm_error("GEMM with an empty inner dimension: " + describe(g));
   if (g.bias && g.batch != 1) gemm_error("GEMM bias epilogue is only supported unbatched: " + describe(g));
   if (g.gelu != GemmArgs::kNoGelu && (g.batch != 1 || !g.aux || g.beta != 0.f || g.ldc != 0))
@@ -257,17 +280,25 @@ void Gemm::run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32) {
         "GEMM GELU epilogue needs an unbatched, non-accumulating GEMM with an aux buffer and a "
         "contiguous output: " +
         describe(g));
-  Plan& plan = plan_for(g, tensor_tf32);
+  Plan* found = plan_for(g, tensor_tf32);
+  if (!found) return false;
+  Plan& plan = *found;
   if (g.bias)
     ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &g.bias, sizeof(g.bias)));
   if (g.aux)
     ANVIL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux)));
+  // Pointer-array batches pass the device arrays where the matrices would go.
+  const bool arrays = g.batch > 1 && g.a_array;
+  const void* a = arrays ? static_cast<const void*>(g.a_array) : g.a;
+  const void* b = arrays ? static_cast<const void*>(g.b_array) : g.b;
+  void* c = arrays ? const_cast<void*>(static_cast<const void*>(g.c_array)) : g.c;
   // C and D are the same buffer with the same layout: beta = 1 accumulates in place.
-  ANVIL_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), plan.desc.get(), &g.alpha, g.b, plan.layout_first.get(),
-                                    g.a, plan.layout_second.get(), &g.beta, g.c, plan.layout_out.get(), g.c,
+  ANVIL_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), plan.desc.get(), &g.alpha, b, plan.layout_first.get(), a,
+                                    plan.layout_second.get(), &g.beta, c, plan.layout_out.get(), c,
                                     plan.layout_out.get(), &plan.algo, workspace_, workspace_bytes_, stream));
+  return true;
 }
 
 // --- dbias: column sums ----------------------------------------------------------------------------------
