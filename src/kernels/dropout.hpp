@@ -49,6 +49,23 @@ ANVIL_HD bool dropout_keep(uint64_t key, uint64_t i, uint32_t threshold) {
   return static_cast<uint32_t>(dropout_mix(key + i * 0x9E3779B97F4A7C15ull) >> 32) >= threshold;
 }
 
+// Attention-probability dropout, [B*NH*T, T] probabilities: element (row, j) (row = (b * NH + h) * T +
+// query, j the key) is kept as a 32-bit mix of the row's 32-bit key and j decides. One 64-bit mix per row
+// instead of per element: the per-element 64-bit arithmetic was a quarter of the fused attention kernels'
+// instructions. The mix (Wellons' "lowbias32") is a bijection of 32-bit words, so each row's keys draw
+// distinct words, and rows are decorrelated by their avalanche-mixed keys.
+ANVIL_HD uint32_t attention_dropout_row_key(uint64_t key, uint64_t row) {
+  return static_cast<uint32_t>(dropout_mix(key + row * 0x9E3779B97F4A7C15ull) >> 32);
+}
+ANVIL_HD bool attention_dropout_keep(uint32_t row_key, uint32_t j, uint32_t threshold) {
+  uint32_t x = row_key ^ (j * 0x9E3779B9u);
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x >= threshold;
+}
 // The factor kept elements are multiplied by (PyTorch's 1 / (1 - p), in fp32).
 ANVIL_HD float dropout_scale(float p) {
   return 1.0f / (1.0f - p);

@@ -3,7 +3,9 @@
 // kept ones are scaled by 1 / (1 - p), and it is a pure function of the state, the site and the index.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "core/half.hpp"
@@ -51,6 +53,45 @@ TEST(Dropout, KeepsTheHashedElementsScaled) {
   // The counter: each training forward advances it.
   ops->dropout_next_micro(&st);
   EXPECT_EQ(st.micro, 4u);
+}
+
+// The attention-probability mask (a 32-bit mix per element under a per-row key): the kept fraction is 1 - p
+// overall and within rows, and the masks of neighbouring rows and neighbouring keys are independent (they
+// agree as often as two independent draws do).
+TEST(Dropout, AttentionMaskIsUnbiasedAndIndependent) {
+  const uint64_t key = dropout_key(99, 2, 5);
+  const int rows = 512, cols = 512;
+  for (const float p : {0.1f, 0.5f}) {
+    const uint32_t threshold = dropout_threshold(p);
+    std::vector<uint8_t> keep(size_t(rows) * cols);
+    for (int r = 0; r < rows; ++r) {
+      const uint32_t row_key = attention_dropout_row_key(key, uint64_t(r) + 12345);
+      for (int j = 0; j < cols; ++j)
+        keep[size_t(r) * cols + j] = attention_dropout_keep(row_key, j, threshold);
+    }
+    const double n = double(rows) * cols;
+    size_t kept = 0, same_row_pair = 0, same_col_pair = 0;
+    int worst_row = 0;
+    for (int r = 0; r < rows; ++r) {
+      int row_kept = 0;
+      for (int j = 0; j < cols; ++j) {
+        const size_t i = size_t(r) * cols + j;
+        kept += keep[i], row_kept += keep[i];
+        if (r > 0) same_row_pair += keep[i] == keep[i - cols];
+        if (j > 0) same_col_pair += keep[i] == keep[i - 1];
+      }
+      worst_row = std::max(worst_row, std::abs(row_kept - int(std::lround(cols * (1 - p)))));
+    }
+    const double sd = std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(kept / n, 1 - p, 5 * sd) << p;
+    // A row of 512 keys: 6 standard deviations of Binomial(512, p) over 512 rows.
+    EXPECT_LE(worst_row, int(std::ceil(6 * std::sqrt(cols * p * (1 - p))))) << p;
+    const double agree = p * p + (1 - p) * (1 - p), agree_sd = std::sqrt(agree * (1 - agree) / n);
+    EXPECT_NEAR(same_row_pair / (n - cols), agree, 6 * agree_sd) << p;
+    EXPECT_NEAR(same_col_pair / (n - rows), agree, 6 * agree_sd) << p;
+  }
+  // Another key gives another mask.
+  EXPECT_NE(attention_dropout_row_key(key, 7), attention_dropout_row_key(dropout_key(99, 3, 5), 7));
 }
 
 // Rows of a bigger tensor draw that tensor's masks: row r of the rows is row r * 5 of a [rows * 5, cols]

@@ -26,16 +26,17 @@ Visibility visibility(const AttentionMask& mask, int b, int T) {
   return {mask.causal, mask.lengths ? std::clamp(mask.lengths[b], 0, T) : T};
 }
 
-// Attention-probability dropout (AttentionMask::dropout): x times the mask and scale of probability element
-// i; the identity without dropout.
+// Attention-probability dropout (AttentionMask::dropout): x times the mask and scale of probability (row,
+// j), given row_key(row) (kernels/dropout.hpp); the identity without dropout.
 struct ProbDropout {
   explicit ProbDropout(const AttentionMask& m)
       : on(m.dropout > 0),
         key(on ? dropout_key(m.dropout_state->seed, m.dropout_state->micro, m.dropout_site) : 0),
         threshold(dropout_threshold(m.dropout)),
         scale(on ? dropout_scale(m.dropout) : 1.0f) {}
-  float operator()(float x, uint64_t i) const {
-    return !on ? x : dropout_keep(key, i, threshold) ? x * scale : 0.0f;
+  uint32_t row_key(uint64_t row) const { return on ? attention_dropout_row_key(key, row) : 0; }
+  float operator()(float x, uint32_t row_key, int j) const {
+    return !on ? x : attention_dropout_keep(row_key, uint32_t(j), threshold) ? x * scale : 0.0f;
   }
   bool on;
   uint64_t key;
@@ -86,8 +87,8 @@ void attention_fwd_t(void* out_, float* lse, const void* qkv_, void* scratch_, i
         const float inv = float(1.0 / sum);
         // With 16-bit storage the probabilities (dropped, in training) are rounded to it before multiplying
         // v, as the GPU's tensor-core P @ V does.
-        const uint64_t row = ((uint64_t(b) * NH + h) * T + t) * T;
-        for (int t2 = 0; t2 <= last; ++t2) p[t2] = S::load(S::store(drop(p[t2] * inv, row + t2)));
+        const uint32_t row_key = drop.row_key((uint64_t(b) * NH + h) * T + t);
+        for (int t2 = 0; t2 <= last; ++t2) p[t2] = S::load(S::store(drop(p[t2] * inv, row_key, t2)));
         float* acc;
         if constexpr (kF32)
           acc = o;
@@ -147,7 +148,7 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
         const float row_lse = lse[(int64_t(b) * NH + h) * T + t];
         // rowsum(P * dP) = dout . out: the softmax backward's correction without the probabilities (with
         // dropout too: dP is the dropped probabilities' gradient times the mask and scale).
-        const uint64_t row = ((uint64_t(b) * NH + h) * T + t) * T;
+        const uint32_t row_key = drop.row_key((uint64_t(b) * NH + h) * T + t);
         float d_dot_o = 0;
         for (int i = 0; i < HS; ++i) d_dot_o += S::load(d[i]) * S::load(o[i]);
         float* dq = acc + t * stride;
@@ -162,14 +163,14 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
           const auto* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
           float* dk = acc + t2 * stride + koff;
           float* dv = acc + t2 * stride + voff;
-          const float p_stored = S::load(S::store(drop(p[t2], row + t2)));  // as multiplied in the forward
+          const float p_stored = S::load(S::store(drop(p[t2], row_key, t2)));  // as multiplied in the forward
           float dz = 0;  // the gradient of the (dropped) probability
           for (int i = 0; i < HS; ++i) {
             const float di = S::load(d[i]);
             dz += di * S::load(v[i]);
             dv[i] += p_stored * di;
           }
-          const float ds = p[t2] * (drop(dz, row + t2) - d_dot_o) * scale;
+          const float ds = p[t2] * (drop(dz, row_key, t2) - d_dot_o) * scale;
           for (int i = 0; i < HS; ++i) {
             dq[i] += ds * S::load(k[i]);
             dk[i] += ds * S::load(q[i]);

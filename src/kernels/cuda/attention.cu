@@ -15,12 +15,12 @@
 //   G: 3 * B*NH matrix addresses for the pointer-array GEMMs (each 256-byte aligned region padded)
 //
 // Attention-probability dropout (AttentionDropout with p > 0; p == 0 runs exactly the kernels without it):
-// element ((b*NH + h)*T + query)*T + key of the probabilities, i.e. row * T + key in the [B*NH*T, T] layout
-// here, is kept as kernels/dropout.hpp decides with the key dropout_key(seed, micro, site) read from device
-// memory. The forward's softmax writes the dropped probabilities P * keep / (1 - p) for the PV GEMM (lse
-// stays the undropped softmax's). The backward's dprobs are then the gradient of the dropped probabilities:
-// its softmax backward masks them (dP = keep / (1 - p) * dprobs), computes dscores from the undropped P, and
-// rewrites P in place as the dropped P for the dv GEMM, which therefore runs after it.
+// element (row, key) of the [B*NH*T, T] probabilities (row = (b*NH + h)*T + query) is kept as
+// attention_dropout_keep (kernels/dropout.hpp) decides, from the key dropout_key(seed, micro, site) read from
+// device memory. The forward's softmax writes the dropped probabilities P * keep / (1 - p) for the PV GEMM
+// (lse stays the undropped softmax's). The backward's dprobs are then the gradient of the dropped
+// probabilities: its softmax backward masks them (dP = keep / (1 - p) * dprobs), computes dscores from the
+// undropped P, and rewrites P in place as the dropped P for the dv GEMM, which therefore runs after it.
 #include <cmath>
 #include <type_traits>
 
@@ -81,9 +81,9 @@ __global__ void softmax_fwd_kernel(T* probs, float* lse, const float* scores, si
   stats = warp_max_sum(stats);
   const float inv_sum = last >= 0 ? 1.f / stats.sum : 0.f;
   if constexpr (kDropout) {
-    const uint64_t key = dropout_row_key(drop);
+    const uint32_t row_key = attention_dropout_row_key(drop, row);
     for (int j = lane; j < seq; j += kWarpSize) {
-      const bool keep = j <= last && anvil::dropout_keep(key, row * seq + j, drop.threshold);
+      const bool keep = j <= last && anvil::attention_dropout_keep(row_key, j, drop.threshold);
       p[j] = from_float<T>(keep ? __fmul_rn(__expf(s[j] - stats.max) * inv_sum, drop.scale) : 0.f);
     }
   } else {
@@ -133,16 +133,17 @@ __global__ void softmax_dropout_bwd_kernel(T* dscores, const float* dz, T* probs
   const size_t row = blockIdx.x * size_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (row >= rows) return;
-  const uint64_t key = dropout_row_key(drop);
+  const uint32_t row_key = attention_dropout_row_key(drop, row);
   T* p = probs + row * seq;
   const float* g = dz + row * seq;
   T* out = dscores + row * seq;
   float dot = 0.f;
   for (int j = lane; j < seq; j += kWarpSize)
-    if (anvil::dropout_keep(key, row * seq + j, drop.threshold)) dot += to_float(p[j]) * (g[j] * drop.scale);
+    if (anvil::attention_dropout_keep(row_key, j, drop.threshold))
+      dot += to_float(p[j]) * (g[j] * drop.scale);
   dot = warp_sum(dot);
   for (int j = lane; j < seq; j += kWarpSize) {
-    const bool keep = anvil::dropout_keep(key, row * seq + j, drop.threshold);
+    const bool keep = anvil::attention_dropout_keep(row_key, j, drop.threshold);
     const float pj = to_float(p[j]);
     const float dp = keep ? g[j] * drop.scale : 0.f;
     out[j] = from_float<T>(scale * pj * (dp - dot));

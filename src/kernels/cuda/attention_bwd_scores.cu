@@ -158,12 +158,12 @@ __global__ void __launch_bounds__(kThreads)
     const size_t row = row_base + t;
     const float D = live ? d_s[row0 + i] : 0.f;
     float pd[4], ds[4];
-    const uint64_t element0 = row * seq + k0 + col0;  // dropout index of the thread's first key in the row
+    const uint32_t row_key = kDropout ? anvil::attention_dropout_row_key(key, row) : 0;
     for (int j = 0; j < 4; ++j) {
       float dpu = dp[i][j];
       pd[j] = p[i][j];
       if constexpr (kDropout) {
-        const bool keep = anvil::dropout_keep(key, element0 + j, drop.threshold);
+        const bool keep = anvil::attention_dropout_keep(row_key, k0 + col0 + j, drop.threshold);
         dpu = keep ? dpu * drop.scale : 0.f;
         pd[j] = keep ? __fmul_rn(p[i][j], drop.scale) : 0.f;
       }

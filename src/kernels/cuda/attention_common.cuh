@@ -34,6 +34,11 @@ __device__ inline uint64_t dropout_row_key(const DropoutArgs& d) {
   return anvil::dropout_key(d.state->seed, d.state->micro, d.site);
 }
 
+// The 32-bit key of probability row `row` (anvil::attention_dropout_keep's first argument).
+__device__ inline uint32_t attention_dropout_row_key(const DropoutArgs& d, uint64_t row) {
+  return anvil::attention_dropout_row_key(dropout_row_key(d), row);
+}
+
 // attention_bwd_scores.cu: the fused front half of the fp32 backward (see there). Writes the dropped
 // probabilities into `probs` and dscores into `dscores`, both [B, NH, T, T]. Supported for fp32 with head
 // sizes 32, 64 and 128 when the operands allow 4-element vector reads; otherwise attention.cu runs the
