@@ -1,15 +1,14 @@
-// The fp32 attention forward in one kernel (flash-attention style): each thread owns one query row of one
-// head and its output accumulator (in registers), and streams the head's keys and values through shared
-// memory with an online softmax, so neither the scores nor the probabilities are ever written. The
-// materialised path (attention.cu) writes the [B, NH, T, T] scores, rereads them for the softmax, writes the
-// probabilities and rereads them for the PV GEMM. The backward is unchanged: it recomputes the
-// probabilities from q, k and the log-sum-exp written here.
+// The fp32 attention forward in one kernel (flash-attention style): a pair of threads owns two query rows
+// of one head and their output accumulators (in registers, half the dimensions each), and streams the
+// head's keys and values through shared memory with an online softmax, so neither the scores nor the
+// probabilities are ever written. The materialised path (attention.cu) writes the [B, NH, T, T] scores,
+// rereads them for the softmax, writes the probabilities and rereads them for the PV GEMM. The backward is
+// unchanged: it recomputes the probabilities from q, k and the log-sum-exp written here. Scores are formed
+// in the log2 domain (q pre-multiplied by scale * log2(e)) so each probability is one exp2.
 //
-// One thread per query keeps the softmax statistics in registers (no cross-thread reductions), and every
-// key and value read from shared memory is a 16-byte read that all threads of the block make at the same
-// time (a broadcast). Scores are formed in the log2 domain (q pre-multiplied by scale * log2(e)) so each
-// probability is one exp2. (Splitting each row's dimensions over two threads, for twice the warps, measured
-// slower on the H100: 194 against 183 us a BERT-large layer.)
+// Measured on the H100, BERT-large layer (B 4, T 512, 16 heads of 64, dropout 0.1): the GEMMs and softmax
+// 256 us, one thread per query 183 us (shared-memory bandwidth bound: L1 81% busy, FMA 38%), a thread per
+// query with the dimensions split over a pair 194 us (more warps, same bandwidth), this layout 156 us.
 //
 // Dropout: the kept/dropped decision of element (row, key) is exactly the materialised path's
 // (attention_dropout_keep, kernels/dropout.hpp); the sum l of the softmax runs over the undropped
@@ -24,7 +23,7 @@
 namespace anvil::cuda {
 namespace {
 
-constexpr int kQueries = 64;  // queries per block, one per thread
+constexpr int kQueries = 64;  // queries (and threads) per block
 constexpr int kKeys = 32;     // keys (and values) staged in shared memory at a time
 constexpr int kChunk = 16;    // keys per online-softmax update: the scores held in registers at once
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
@@ -59,26 +58,31 @@ __device__ __forceinline__ void wait_staged() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 }
 
-// Block (query tile x, head y = b * NH + h); thread = one query. The pre-scaled q rows live in shared memory
-// (row pitch HS + 4: a warp's 16-byte reads of 8 consecutive rows hit 32 distinct banks), which leaves the
-// registers to the output row and the scores.
+// Block (query tile x, head y = b * NH + h). Lanes 2p and 2p + 1 (a pair) share queries 2p and 2p + 1 of
+// the tile: thread g of the pair owns the groups of four dimensions 2i + g of both rows (interleaved, so the
+// pair's 16-byte reads of a key row fall in different banks) and query 2p + g's softmax statistics. Every
+// key or value element read from shared memory thus feeds two rows' multiply-adds: shared-memory bandwidth
+// (every 16-byte read delivers 512 bytes to a warp, broadcast or not), not the FMA units, bounded the
+// one-thread-per-query version. After the partial scores, the pair swaps halves (one shuffle a key) so each
+// thread holds its own query's whole scores, and swaps the probabilities back for the PV products. The
+// pre-scaled q rows live in shared memory (row pitch HS + 4: conflict-free 16-byte reads).
 template <int HS, bool kDropout>
 __global__ void __launch_bounds__(kQueries)
     attention_fwd_fused_kernel(float* out, float* lse, const float* qkv, int seq, int C, int NH,
                                float scale_log2, bool causal, const int32_t* lengths, DropoutArgs drop) {
-  constexpr int kQPitch = HS + 4;
+  constexpr int kQPitch = HS + 4, kQuads = HS / 4, kMine = kQuads / 2;  // kMine: dimension groups a thread
   __shared__ __align__(16) float k_s[kKeys * HS];
   __shared__ __align__(16) float v_s[kKeys * HS];
   __shared__ __align__(16) float q_s[kQueries * kQPitch];
   const int z = blockIdx.y, b = z / NH, h = z % NH;
-  const int q0 = blockIdx.x * kQueries, t = q0 + threadIdx.x;
+  const int g = threadIdx.x % 2, ra = threadIdx.x - g;         // the pair's rows: ra (g == 0's) and ra + 1
+  const int q0 = blockIdx.x * kQueries, t = q0 + threadIdx.x;  // this thread's query: ra + g
   const int64_t row3 = 3 * int64_t(C);
   const float* head = qkv + int64_t(b) * seq * row3 + int64_t(h) * HS;  // q of token 0; k at +C, v at +2C
   const size_t row = size_t(z) * seq + t;                               // [B*NH*T] row of this query
   const int last = t < seq ? last_key(row, seq, NH, causal, lengths) : -1;
   const int block_last = block_last_key(q0, b, seq, causal, lengths);
 
-  constexpr int kQuads = HS / 4;
   for (int i = threadIdx.x; i < kQueries * kQuads; i += kQueries) {
     const int r = i / kQuads, d = 4 * (i % kQuads);
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -86,11 +90,12 @@ __global__ void __launch_bounds__(kQueries)
     *reinterpret_cast<float4*>(q_s + r * kQPitch + d) =
         make_float4(v.x * scale_log2, v.y * scale_log2, v.z * scale_log2, v.w * scale_log2);
   }
-  const float* my_q = q_s + threadIdx.x * kQPitch;  // read after the first tile's barrier
-  float o[HS];
+  const float* qa = q_s + ra * kQPitch + 4 * g;  // read after the first tile's barrier
+  const float* qb = qa + kQPitch;
+  float oa[4 * kMine], ob[4 * kMine];  // rows ra and ra + 1; element 4i + c: dimension 4 * (2i + g) + c
 #pragma unroll
-  for (int d = 0; d < HS; ++d) o[d] = 0.f;
-  float m = -INFINITY, l = 0.f;  // running max (log2 domain) and sum of 2^(s - m) over the visible keys
+  for (int d = 0; d < 4 * kMine; ++d) oa[d] = ob[d] = 0.f;
+  float m = -INFINITY, l = 0.f;  // own query: running max (log2 domain), sum of 2^(s - m) over visible keys
   const uint32_t row_key = kDropout && t < seq ? attention_dropout_row_key(drop, row) : 0;
 
 #pragma unroll 1
@@ -103,32 +108,41 @@ __global__ void __launch_bounds__(kQueries)
     const int keys = min(kKeys, block_last + 1 - k0);
 #pragma unroll 1
     for (int c0 = 0; c0 < keys; c0 += kChunk) {
-      const float* kc = k_s + c0 * HS;
-      const float* vc = v_s + c0 * HS;
-      uint32_t keep = 0;  // bit j: key c0 + j of the tile is kept by dropout
+      const float* kc = k_s + c0 * HS + 4 * g;
+      const float* vc = v_s + c0 * HS + 4 * g;
+      uint32_t keep = 0;  // bit j: key c0 + j of the tile is kept by dropout in the own query's row
       if constexpr (kDropout) {
 #pragma unroll
         for (int j = 0; j < kChunk; ++j)
           keep |= uint32_t(anvil::attention_dropout_keep(row_key, k0 + c0 + j, drop.threshold)) << j;
       }
-      float s[kChunk];
+      float sa[kChunk], sb[kChunk];  // partial scores of rows ra and ra + 1 over the own dimensions
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) s[j] = 0.f;
+      for (int j = 0; j < kChunk; ++j) sa[j] = sb[j] = 0.f;
 #pragma unroll
-      for (int d = 0; d < HS; d += 4) {
-        const float4 qv = *reinterpret_cast<const float4*>(my_q + d);
+      for (int i = 0; i < kMine; ++i) {
+        const float4 xa = *reinterpret_cast<const float4*>(qa + 8 * i);
+        const float4 xb = *reinterpret_cast<const float4*>(qb + 8 * i);
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-          const float4 kv = *reinterpret_cast<const float4*>(kc + j * HS + d);
-          s[j] = fmaf(qv.x, kv.x, s[j]);
-          s[j] = fmaf(qv.y, kv.y, s[j]);
-          s[j] = fmaf(qv.z, kv.z, s[j]);
-          s[j] = fmaf(qv.w, kv.w, s[j]);
+          const float4 kv = *reinterpret_cast<const float4*>(kc + j * HS + 8 * i);
+          sa[j] = fmaf(xa.x, kv.x, sa[j]);
+          sa[j] = fmaf(xa.y, kv.y, sa[j]);
+          sa[j] = fmaf(xa.z, kv.z, sa[j]);
+          sa[j] = fmaf(xa.w, kv.w, sa[j]);
+          sb[j] = fmaf(xb.x, kv.x, sb[j]);
+          sb[j] = fmaf(xb.y, kv.y, sb[j]);
+          sb[j] = fmaf(xb.z, kv.z, sb[j]);
+          sb[j] = fmaf(xb.w, kv.w, sb[j]);
         }
       }
+      // Own query's whole scores: keep its partial, send the other row's to the partner.
+      float s[kChunk];
       float chunk_max = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
+        const float send = g ? sa[j] : sb[j];
+        s[j] = (g ? sb[j] : sa[j]) + __shfl_xor_sync(0xffffffffu, send, 1);
         if (k0 + c0 + j > last) s[j] = -INFINITY;  // masked, padding or past this tile's keys
         chunk_max = fmaxf(chunk_max, s[j]);
       }
@@ -148,31 +162,50 @@ __global__ void __launch_bounds__(kQueries)
       }
       l = fmaf(l, alpha, sum);
       if (__any_sync(0xffffffffu, alpha != 1.f)) {  // the maximum moved for some row of the warp
+        const float alpha_other = __shfl_xor_sync(0xffffffffu, alpha, 1);
+        const float alpha_a = g ? alpha_other : alpha, alpha_b = g ? alpha : alpha_other;
 #pragma unroll
-        for (int d = 0; d < HS; ++d) o[d] *= alpha;
+        for (int d = 0; d < 4 * kMine; ++d) oa[d] *= alpha_a, ob[d] *= alpha_b;
       }
 #pragma unroll
-      for (int d = 0; d < HS; d += 4) {
+      for (int j = 0; j < kChunk; ++j) {
+        const float other = __shfl_xor_sync(0xffffffffu, s[j], 1);
+        sa[j] = g ? other : s[j];
+        sb[j] = g ? s[j] : other;
+      }
+#pragma unroll
+      for (int i = 0; i < kMine; ++i) {
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-          const float4 vv = *reinterpret_cast<const float4*>(vc + j * HS + d);
-          o[d] = fmaf(s[j], vv.x, o[d]);
-          o[d + 1] = fmaf(s[j], vv.y, o[d + 1]);
-          o[d + 2] = fmaf(s[j], vv.z, o[d + 2]);
-          o[d + 3] = fmaf(s[j], vv.w, o[d + 3]);
+          const float4 vv = *reinterpret_cast<const float4*>(vc + j * HS + 8 * i);
+          oa[4 * i] = fmaf(sa[j], vv.x, oa[4 * i]);
+          oa[4 * i + 1] = fmaf(sa[j], vv.y, oa[4 * i + 1]);
+          oa[4 * i + 2] = fmaf(sa[j], vv.z, oa[4 * i + 2]);
+          oa[4 * i + 3] = fmaf(sa[j], vv.w, oa[4 * i + 3]);
+          ob[4 * i] = fmaf(sb[j], vv.x, ob[4 * i]);
+          ob[4 * i + 1] = fmaf(sb[j], vv.y, ob[4 * i + 1]);
+          ob[4 * i + 2] = fmaf(sb[j], vv.z, ob[4 * i + 2]);
+          ob[4 * i + 3] = fmaf(sb[j], vv.w, ob[4 * i + 3]);
         }
       }
     }
   }
-  if (t >= seq) return;
   // A padding query: output 0 and lse 0, the contract's values there.
   const float inv = last >= 0 ? (kDropout ? drop.scale : 1.f) / l : 0.f;
-  float* dst = out + (int64_t(b) * seq + t) * C + int64_t(h) * HS;
+  const float inv_other = __shfl_xor_sync(0xffffffffu, inv, 1);
+  const float inv_a = g ? inv_other : inv, inv_b = g ? inv : inv_other;
+  const int ta = q0 + ra;
+  float* dst = out + (int64_t(b) * seq + ta) * C + int64_t(h) * HS + 4 * g;
 #pragma unroll
-  for (int d = 0; d < HS; d += 4)
-    *reinterpret_cast<float4*>(dst + d) =
-        make_float4(o[d] * inv, o[d + 1] * inv, o[d + 2] * inv, o[d + 3] * inv);
-  lse[row] = last >= 0 ? (m + __log2f(l)) * kLn2 : 0.f;
+  for (int i = 0; i < kMine; ++i) {
+    if (ta < seq)
+      *reinterpret_cast<float4*>(dst + 8 * i) =
+          make_float4(oa[4 * i] * inv_a, oa[4 * i + 1] * inv_a, oa[4 * i + 2] * inv_a, oa[4 * i + 3] * inv_a);
+    if (ta + 1 < seq)
+      *reinterpret_cast<float4*>(dst + C + 8 * i) =
+          make_float4(ob[4 * i] * inv_b, ob[4 * i + 1] * inv_b, ob[4 * i + 2] * inv_b, ob[4 * i + 3] * inv_b);
+  }
+  if (t < seq) lse[row] = last >= 0 ? (m + __log2f(l)) * kLn2 : 0.f;
 }
 
 template <int HS>
