@@ -150,8 +150,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kRowsPerThread; ++i)
       for (int j = 0; j < 4; ++j) p[i][j] = dp[i][j] = 0.f;
   }
-  const uint64_t key = kDropout ? dropout_row_key(drop) : 0;
-  const bool vector_rows = seq % 4 == 0;  // every row starts 4-element aligned
+  const uint64_t key = kDropout ? probabilities_dropout_key(drop) : 0;  // rows' keys derive from it
+  const bool vector_rows = seq % 4 == 0;                                // every row starts 4-element aligned
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int t = q0 + row0 + i;
     if (t >= seq) break;

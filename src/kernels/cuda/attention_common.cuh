@@ -30,13 +30,15 @@ inline DropoutArgs dropout_args(const AttentionDropout& d) {
   return {d.state, d.site, anvil::dropout_threshold(d.p), anvil::dropout_scale(d.p)};
 }
 
-__device__ inline uint64_t dropout_row_key(const DropoutArgs& d) {
+// The key of the probabilities' whole mask in the current micro-batch (read from device memory); each row's
+// 32-bit key derives from it.
+__device__ inline uint64_t probabilities_dropout_key(const DropoutArgs& d) {
   return anvil::dropout_key(d.state->seed, d.state->micro, d.site);
 }
 
 // The 32-bit key of probability row `row` (anvil::attention_dropout_keep's first argument).
 __device__ inline uint32_t attention_dropout_row_key(const DropoutArgs& d, uint64_t row) {
-  return anvil::attention_dropout_row_key(dropout_row_key(d), row);
+  return anvil::attention_dropout_row_key(probabilities_dropout_key(d), row);
 }
 
 // attention_bwd_scores.cu: the fused front half of the fp32 backward (see there). Writes the dropped
