@@ -330,11 +330,60 @@ __global__ void column_sums_kernel(D* dst, const S* src, int rows, int cols, int
   }
 }
 
+// The fp32-source column_sums_kernel with four columns a thread (cols % 4 == 0, 16-byte aligned rows): a
+// block (32, 8) covers 128 columns, each thread kVecRowsPerThread rows per pass with all their loads in
+// flight (the one-column kernel has one load per thread in flight and reached a third of the memory
+// bandwidth at the BERT-large bias gradients).
+constexpr int kVecRowsPerThread = 8;
+template <class D>
+__global__ void column_sums_vec4_kernel(D* dst, const float* src, int rows, int cols, int rows_per_block) {
+  __shared__ float4 partial[kRowThreads][kColumnTile];
+  const int col = 4 * (blockIdx.x * kColumnTile + threadIdx.x);
+  const int row_begin = blockIdx.y * rows_per_block;
+  const int row_end = min(rows, row_begin + rows_per_block);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (col < cols)
+    for (int r0 = row_begin + threadIdx.y; r0 < row_end; r0 += kRowThreads * kVecRowsPerThread) {
+      float4 v[kVecRowsPerThread];
+#pragma unroll
+      for (int k = 0; k < kVecRowsPerThread; ++k) {
+        const int r = r0 + k * kRowThreads;
+        v[k] = r < row_end ? *reinterpret_cast<const float4*>(src + static_cast<size_t>(r) * cols + col)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < kVecRowsPerThread; ++k)
+        acc.x += v[k].x, acc.y += v[k].y, acc.z += v[k].z, acc.w += v[k].w;
+    }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float4 total = partial[0][threadIdx.x];
+    for (int i = 1; i < kRowThreads; ++i) {
+      const float4 p = partial[i][threadIdx.x];
+      total.x += p.x, total.y += p.y, total.z += p.z, total.w += p.w;
+    }
+    atomic_add(&dst[col], total.x), atomic_add(&dst[col + 1], total.y), atomic_add(&dst[col + 2], total.z),
+        atomic_add(&dst[col + 3], total.w);
+  }
+}
+
 }  // namespace
 
 void column_sums_accumulate(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type,
                             const void* src, int rows, int cols) {
   if (rows <= 0 || cols <= 0) return;
+  if (src_type == anvil::DType::F32 && rows_vectorizable<float>(cols, {src})) {
+    const int vec_rows = std::max(kRowThreads * kVecRowsPerThread, (rows + 65534) / 65535);
+    const dim3 grid((cols / 4 + kColumnTile - 1) / kColumnTile, (rows + vec_rows - 1) / vec_rows);
+    dispatch_float(dst_type, [&](auto d) {
+      using D = decltype(d);
+      column_sums_vec4_kernel<<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(
+          static_cast<D*>(dst), static_cast<const float*>(src), rows, cols, vec_rows);
+    });
+    ANVIL_CUDA_CHECK_LAST();
+    return;
+  }
   const int rows_per_block = std::max(kMinRowsPerBlock, (rows + 65534) / 65535);  // gridDim.y <= 65535
   const dim3 grid((cols + kColumnTile - 1) / kColumnTile, (rows + rows_per_block - 1) / rows_per_block);
   dispatch_float(dst_type, [&](auto d) {

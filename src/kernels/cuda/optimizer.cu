@@ -117,12 +117,21 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
   // fp64 division and square root are correctly rounded (also under --use_fast_math): the host's factors.
   const float inv_bias1 = float(1.0 / sv.bias1), sqrt_bias2 = float(sqrt(sv.bias2));
   const uint64_t seed = sv.moment_seed;
+  // Each block takes a contiguous chunk of quads (its threads striding through it), so a thread's elements
+  // only move forward and its range is found once, then advanced: a lookup per quad cost a binary search
+  // over the table in shared memory for every 4 elements.
   const size_t quads = (n + 3) / 4;
-  for (size_t q = blockIdx.x * size_t{blockDim.x} + threadIdx.x; q < quads;
-       q += size_t{gridDim.x} * blockDim.x) {
+  const size_t per_block = ((quads + gridDim.x - 1) / gridDim.x + blockDim.x - 1) / blockDim.x * blockDim.x;
+  const size_t q_end = min(quads, (blockIdx.x + 1) * per_block);
+  size_t q = blockIdx.x * per_block + threadIdx.x;
+  int r = q < q_end ? rv.find(q * 4) : 0;
+  size_t range_end = r + 1 < rv.count ? size_t(rv.begins[r + 1]) : n;
+  for (; q < q_end; q += blockDim.x) {
     const size_t i0 = q * 4;
-    int r = rv.find(i0);
-    size_t range_end = r + 1 < rv.count ? size_t(rv.begins[r + 1]) : n;
+    while (i0 >= range_end) {
+      ++r;
+      range_end = r + 1 < rv.count ? size_t(rv.begins[r + 1]) : n;
+    }
     if constexpr (std::is_same_v<G, float> && !kBf16Moments) {
       if (i0 + 4 <= range_end && !rv.state_begins) {
         const int g = rv.groups[r];
@@ -152,8 +161,8 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
       }
     }
     for (size_t i = i0; i < i0 + 4 && i < n; ++i) {
-      if (i >= range_end) {
-        r = rv.find(i);
+      while (i >= range_end) {
+        ++r;
         range_end = r + 1 < rv.count ? size_t(rv.begins[r + 1]) : n;
       }
       const int g = rv.groups[r];
@@ -208,16 +217,18 @@ void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType 
                       const float* wd4, const anvil::StepValues& sv, const anvil::StepValues* sv_device) {
   if (n == 0 || g.count == 0) return;
   const GroupHyper h = weight_decays(wd4);
+  // About four quads a thread: each thread's range lookup serves several of them.
+  const unsigned grid = grid_for(((n + 3) / 4 + 3) / 4, kThreads);
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
     if (moment_type == anvil::DType::BF16)
-      adamw_fused_kernel<G, true><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
-          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, grad_scale_device,
-          sv, sv_device);
+      adamw_fused_kernel<G, true><<<grid, kThreads, 0, stream>>>(param, static_cast<const G*>(grad), m, v, n,
+                                                                 g, h, beta1, beta2, eps, grad_scale,
+                                                                 grad_scale_device, sv, sv_device);
     else
-      adamw_fused_kernel<G, false><<<grid_for((n + 3) / 4, kThreads), kThreads, 0, stream>>>(
-          param, static_cast<const G*>(grad), m, v, n, g, h, beta1, beta2, eps, grad_scale, grad_scale_device,
-          sv, sv_device);
+      adamw_fused_kernel<G, false><<<grid, kThreads, 0, stream>>>(param, static_cast<const G*>(grad), m, v, n,
+                                                                  g, h, beta1, beta2, eps, grad_scale,
+                                                                  grad_scale_device, sv, sv_device);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
