@@ -75,6 +75,7 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   void run(cudaStream_t stream, const GemmArgs& g);
+  Fp32Matmul fp32() const { return fp32_; }
   // The same, but false (nothing run) when cuBLASLt offers no algorithm for a pointer-array batch (g's
   // arrays set), so the caller can run the batch another way.
   bool try_run(cudaStream_t stream, const GemmArgs& g);
