@@ -15,22 +15,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CB(x)                                                                                  \
-  do {                                                                                         \
-    cublasStatus_t s_ = (x);                                                                   \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusName(s_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "cuda_bench_util.cuh"
 
 struct Shape {
   const char* name;

@@ -16,22 +16,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CB(x)                                                                                  \
-  do {                                                                                         \
-    cublasStatus_t s_ = (x);                                                                   \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusName(s_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "cuda_bench_util.cuh"
 
 namespace {
 
@@ -105,29 +90,6 @@ __global__ void column_sums(float* dst, const float* src, int rows, int cols) {
 void launch_column_sums(cudaStream_t s, float* dst, const float* src, int rows, int cols) {
   column_sums<<<dim3((cols + 31) / 32, (rows + 127) / 128), dim3(32, 8), 0, s>>>(dst, src, rows, cols);
   CK(cudaGetLastError());
-}
-
-template <class F>
-double time_graph(cudaStream_t s, F&& body, int iters = 20) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  body();
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0, s));
-  for (int i = 0; i < iters; ++i) CK(cudaGraphLaunch(ge, s));
-  CK(cudaEventRecord(e1, s));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return 1000.0 * ms / iters;
 }
 
 }  // namespace
