@@ -1,7 +1,5 @@
 // LayerNorm over the last dimension: one warp per row for the row-wise work, and a tiled column
 // reduction for the parameter gradients.
-#include <type_traits>
-
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/kernel_utils.cuh"
 #include "kernels/dropout.hpp"
@@ -237,69 +235,6 @@ __global__ void layernorm_bwd_params_kernel(G* dw, G* db, const T* dout, const T
   }
 }
 
-// The fp32 layernorm_bwd_params_kernel with four columns a thread (C % 4 == 0, 16-byte aligned rows): a
-// block (32, 8) covers 128 columns, each thread up to kVecRowsPerThread rows with all its loads in flight
-// (the one-column kernel keeps one load per thread in flight and reached a third of the memory bandwidth
-// at the BERT-large shapes).
-constexpr int kVecRowsPerThread = 8;
-template <class G, bool kSum>
-__global__ void layernorm_bwd_params_vec4_kernel(G* dw, G* db, const float* dout, const float* dout2,
-                                                 const float* inp, const float* mean, const float* rstd,
-                                                 int N, int C, int rows_per_chunk) {
-  __shared__ float4 partial_dw[kRowThreads][kWarpSize];
-  __shared__ float4 partial_db[kRowThreads][kWarpSize];
-  const int col = 4 * (blockIdx.x * kWarpSize + threadIdx.x);
-  const int row_begin = blockIdx.y * rows_per_chunk;
-  const int row_end = min(N, row_begin + rows_per_chunk);
-  float4 acc_dw = make_float4(0.f, 0.f, 0.f, 0.f), acc_db = acc_dw;
-  if (col < C) {
-    for (int r0 = row_begin + threadIdx.y; r0 < row_end; r0 += kRowThreads * kVecRowsPerThread) {
-      float4 dy[kVecRowsPerThread], x[kVecRowsPerThread];
-      float mu[kVecRowsPerThread], rs[kVecRowsPerThread];
-#pragma unroll
-      for (int k = 0; k < kVecRowsPerThread; ++k) {
-        const int r = r0 + k * kRowThreads;
-        if (r < row_end) {
-          const size_t i = static_cast<size_t>(r) * C + col;
-          dy[k] = *reinterpret_cast<const float4*>(dout + i);
-          if constexpr (kSum) {
-            const float4 d2 = *reinterpret_cast<const float4*>(dout2 + i);
-            dy[k].x += d2.x, dy[k].y += d2.y, dy[k].z += d2.z, dy[k].w += d2.w;
-          }
-          x[k] = *reinterpret_cast<const float4*>(inp + i);
-          mu[k] = mean[r], rs[k] = rstd[r];
-        } else {
-          dy[k] = x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-          mu[k] = rs[k] = 0.f;
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kVecRowsPerThread; ++k) {
-        acc_dw.x += dy[k].x * (x[k].x - mu[k]) * rs[k];
-        acc_dw.y += dy[k].y * (x[k].y - mu[k]) * rs[k];
-        acc_dw.z += dy[k].z * (x[k].z - mu[k]) * rs[k];
-        acc_dw.w += dy[k].w * (x[k].w - mu[k]) * rs[k];
-        acc_db.x += dy[k].x, acc_db.y += dy[k].y, acc_db.z += dy[k].z, acc_db.w += dy[k].w;
-      }
-    }
-  }
-  partial_dw[threadIdx.y][threadIdx.x] = acc_dw;
-  partial_db[threadIdx.y][threadIdx.x] = acc_db;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < C) {
-    float4 sw = partial_dw[0][threadIdx.x], sb = partial_db[0][threadIdx.x];
-    for (int i = 1; i < kRowThreads; ++i) {
-      const float4 w4 = partial_dw[i][threadIdx.x], b4 = partial_db[i][threadIdx.x];
-      sw.x += w4.x, sw.y += w4.y, sw.z += w4.z, sw.w += w4.w;
-      sb.x += b4.x, sb.y += b4.y, sb.z += b4.z, sb.w += b4.w;
-    }
-    atomic_add(&dw[col], sw.x), atomic_add(&dw[col + 1], sw.y), atomic_add(&dw[col + 2], sw.z),
-        atomic_add(&dw[col + 3], sw.w);
-    atomic_add(&db[col], sb.x), atomic_add(&db[col + 1], sb.y), atomic_add(&db[col + 2], sb.z),
-        atomic_add(&db[col + 3], sb.w);
-  }
-}
-
 // Both fp32 LayerNorm backwards in one pass over the rows (C % 4 == 0, C <= kFusedMaxC, 16-byte aligned
 // rows): each warp computes the input gradient of kFusedRowsPerWarp rows as layernorm_bwd_input_kernel does
 // and keeps its lanes' column partials of dw and db in registers; the block then sums its warps' partials in
@@ -474,17 +409,6 @@ void layernorm_bwd_launch(cudaStream_t stream, anvil::DType act, anvil::DType gr
     using T = decltype(t);
     dispatch_float(grad, [&](auto g) {
       using G = decltype(g);
-      if constexpr (std::is_same_v<T, float>) {
-        if (rows_vectorizable<float>(C, {dout, dout2, inp})) {  // a null dout2 is aligned
-          const int vec_rows = std::max(kRowThreads * kVecRowsPerThread, (N + 65534) / 65535);
-          const dim3 vec_grid((C / 4 + kWarpSize - 1) / kWarpSize, (N + vec_rows - 1) / vec_rows);
-          layernorm_bwd_params_vec4_kernel<G, kSum><<<vec_grid, dim3(kWarpSize, kRowThreads), 0, stream>>>(
-              static_cast<G*>(dw), static_cast<G*>(db), static_cast<const float*>(dout),
-              static_cast<const float*>(dout2), static_cast<const float*>(inp), mean, rstd, N, C, vec_rows);
-          ANVIL_CUDA_CHECK_LAST();
-          return;
-        }
-      }
       layernorm_bwd_params_kernel<T, G, kSum><<<grid, dim3(kColumnTile, kRowThreads), 0, stream>>>(
           static_cast<G*>(dw), static_cast<G*>(db), static_cast<const T*>(dout), static_cast<const T*>(dout2),
           static_cast<const T*>(inp), mean, rstd, N, C, rows_per_chunk);

@@ -98,10 +98,10 @@ __device__ __forceinline__ float adamw_element(float p, float gr, void* m_, void
   return p - lr * inv_bias1 * mi / (sqrtf(vi) / sqrt_bias2 + eps);
 }
 
-// Each thread takes 4 consecutive elements: one range lookup for the four, and 16-byte loads and stores
-// of fp32 parameters, gradients and moments when the four share a range with uncompacted state (the
-// arena's buffers are 256-byte aligned, so a multiple-of-4 index is 16-byte aligned); otherwise the
-// elements go one by one.
+// Each thread takes 4 consecutive elements at a time (the range found once per thread, then advanced), and
+// 16-byte loads and stores of fp32 parameters, gradients and moments when the four share a range with
+// uncompacted state (the arena's buffers are 256-byte aligned, so a multiple-of-4 index is 16-byte aligned);
+// otherwise the elements go one by one.
 template <class G, bool kBf16Moments>
 __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* v_, size_t n, GroupTable t,
                                    GroupHyper wd4, float beta1, float beta2, float eps, float grad_scale,
