@@ -129,6 +129,11 @@ struct TrainConfig {
   // launch instead of hundreds). Steps that are profiled or memory-traced run without graphs. Ignored on
   // the CPU.
   bool cuda_graphs = true;
+  // CUDA: run each distinct GEMM with the cuBLASLt algorithm measured fastest on this device instead of the
+  // heuristic's first choice; timed once at first use (eager steps) and kept in gemm_tuning_cache for later
+  // runs (docs/performance.md, "GEMM tuning"). Not supported on the CPU.
+  bool gemm_tuning = false;
+  std::string gemm_tuning_cache;  // empty: $ANVIL_CACHE_DIR, $XDG_CACHE_HOME/anvil or ~/.cache/anvil
   // The device's dense peak FLOP/s for MFU (0: a known GPU's nominal figure, docs/performance.md).
   double peak_flops = 0;
   // Parsed profile_steps (0, 0 when unset).

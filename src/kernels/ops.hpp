@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "kernels/dropout.hpp"
+#include "kernels/gemm_tuning_cache.hpp"
 #include "kernels/split_gemm_plan.hpp"
 #include "kernels/step_values.hpp"
 #include "runtime/device.hpp"
@@ -432,8 +433,9 @@ struct CudaGemmBuffers {
   size_t split_scratch_bytes = 0;
 };
 // fp32 GEMMs as `fp32` says (split_gemm_plan.hpp); 16-bit GEMMs are unaffected.
+// `tuning`: GEMM algorithm tuning (kernels/cuda/gemm_tuner.hpp).
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers,
-                                   OpsPrecision precision = {});
+                                   OpsPrecision precision = {}, const GemmTuningOptions& tuning = {});
 constexpr size_t kCudaGemmWorkspaceBytes = 32ull << 20;
 
 }  // namespace anvil

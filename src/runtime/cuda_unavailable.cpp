@@ -32,7 +32,8 @@ std::unique_ptr<Ops> make_cuda_ops(Device&, bool, void*, size_t, OpsPrecision) {
   ANVIL_THROW("the CUDA backend is not available: this Anvil was built without CUDA");
 }
 
-std::unique_ptr<Ops> make_cuda_ops(Device&, Fp32Matmul, const CudaGemmBuffers&, OpsPrecision) {
+std::unique_ptr<Ops> make_cuda_ops(Device&, Fp32Matmul, const CudaGemmBuffers&, OpsPrecision,
+                                   const GemmTuningOptions&) {
   ANVIL_THROW("the CUDA backend is not available: this Anvil was built without CUDA");
 }
 

@@ -44,6 +44,12 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.seq_len = cfg.seq_len();
   o.training = true;
   o.fp32_matmul = parse_fp32_matmul(cfg.fp32_matmul_mode());
+  ANVIL_REQUIRE(
+      !cfg.gemm_tuning || device == DeviceKind::CUDA,
+      "gemm_tuning tunes the cuBLASLt GEMM algorithms of the CUDA backend; it is not supported on the "
+      "CPU (device {})",
+      cfg.device);
+  o.gemm_tuning = {cfg.gemm_tuning, cfg.gemm_tuning_cache};
   o.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
   o.half_precision_grads = cfg.grad_accum_dtype != "fp32";
   if (cfg.gradient_checkpointing)
@@ -184,7 +190,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     if (uses_split_scratch(o))
       buffers.split_scratch = arena_->get<float>(i_split),
       buffers.split_scratch_bytes = arena_->plan().buffers()[i_split].bytes;
-    ops_ = make_cuda_ops(*device_, o.fp32_matmul, buffers, ops_precision(o));
+    ops_ = make_cuda_ops(*device_, o.fp32_matmul, buffers, ops_precision(o), o.gemm_tuning);
   } else {
     ops_ = make_cpu_ops(*device_, ops_precision(o));
   }

@@ -33,6 +33,7 @@ struct EngineOptions {
   bool training = false;
   // How fp32 GEMMs run on CUDA (the CPU always computes native fp32); 3xTF32 plans a split scratch buffer.
   Fp32Matmul fp32_matmul = Fp32Matmul::Native;
+  GemmTuningOptions gemm_tuning;  // CUDA only
   Precision precision = Precision::FP32;
   // Parameter gradients in the 16-bit compute type instead of fp32 (DeepSpeed's grad_accum_dtype): half
   // the gradient memory, at the cost of accumulation precision.

@@ -276,6 +276,8 @@ const std::map<std::string, Setter>& setters() {
     int_field("max_overflows_at_min_scale", &TrainConfig::max_overflows_at_min_scale);
     bool_field("stochastic_rounding", &TrainConfig::stochastic_rounding);
     bool_field("cuda_graphs", &TrainConfig::cuda_graphs);
+    bool_field("gemm_tuning", &TrainConfig::gemm_tuning);
+    str_field("gemm_tuning_cache", &TrainConfig::gemm_tuning_cache);
     str_field("grad_accum_dtype", &TrainConfig::grad_accum_dtype);
     // A JSON array of step numbers; or, from the command line, one number or a comma-separated list.
     t["debug_inject_overflow_steps"] = [](TrainConfig& c, const Reader& r, const std::string& key,
@@ -643,6 +645,8 @@ json TrainConfig::to_json() const {
           {"memory_trace_step", memory_trace_step},
           {"profile_steps", profile_steps},
           {"cuda_graphs", cuda_graphs},
+          {"gemm_tuning", gemm_tuning},
+          {"gemm_tuning_cache", gemm_tuning_cache},
           {"peak_flops", peak_flops},
           {"device", device},
           {"resume_from_checkpoint", resume_from_checkpoint},

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "anvil/dtype.hpp"
+#include "kernels/cuda/gemm_tuner.hpp"
 #include "kernels/dropout.hpp"
 #include "kernels/split_gemm_plan.hpp"
 #include "kernels/step_values.hpp"
@@ -69,7 +70,7 @@ struct GemmArgs {
 class Gemm {
  public:
   Gemm(Fp32Matmul fp32, void* workspace, size_t workspace_bytes, float* split_scratch = nullptr,
-       size_t split_scratch_bytes = 0);
+       size_t split_scratch_bytes = 0, const GemmTuningOptions& tuning = {});
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -88,8 +89,9 @@ class Gemm {
   };
 
   // `tensor_tf32`: fp32 operands on the TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
-  // nullptr: no algorithm for a pointer-array batch (any other GEMM without one is an error).
-  Plan* plan_for(const GemmArgs& g, bool tensor_tf32);
+  // nullptr: no algorithm for a pointer-array batch (any other GEMM without one is an error). With tuning
+  // on, a GEMM new to this process is timed on `stream` (its operands are ready there).
+  Plan* plan_for(const GemmArgs& g, bool tensor_tf32, cudaStream_t stream);
   bool run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32);
   // gemm_3xtf32.cu: an fp32 GEMM as 3xTF32, chunked through the split scratch.
   void run_3xtf32(cudaStream_t stream, const GemmArgs& g);
@@ -103,6 +105,7 @@ class Gemm {
   size_t split_scratch_floats_;
   std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, HandleDestroyer> handle_;
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+  std::unique_ptr<GemmTuner> tuner_;  // null: cuBLASLt's heuristic choice for every GEMM
 };
 
 // dst[c] += sum over rows r of src[r, c], src [rows, cols] of type src_type, dst of dst_type (matmul's

@@ -53,11 +53,12 @@ cuda::AttentionDropout attention_dropout(const AttentionMask& mask) {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers, OpsPrecision precision)
+  CudaOps(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers, OpsPrecision precision,
+          const GemmTuningOptions& tuning)
       : dev_(dev),
         stream_(cuda_compute_stream(dev)),
         gemm_(fp32, buffers.workspace, buffers.workspace_bytes, buffers.split_scratch,
-              buffers.split_scratch_bytes),
+              buffers.split_scratch_bytes, tuning),
         reduce_scratch_(dev, cuda::kReduceScratchDoubles * sizeof(double)),
         p_(precision),
         act_(precision.compute),
@@ -400,12 +401,12 @@ std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size
 }
 
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers,
-                                   OpsPrecision precision) {
+                                   OpsPrecision precision, const GemmTuningOptions& tuning) {
   if (fp32 == Fp32Matmul::TF32x3 && precision.compute == DType::F32)
     ANVIL_REQUIRE(buffers.split_scratch && buffers.split_scratch_bytes >= kMinSplitScratchBytes,
                   "3xTF32 GEMMs need a split scratch buffer of at least {} bytes, got {}",
                   kMinSplitScratchBytes, buffers.split_scratch_bytes);
-  return std::make_unique<CudaOps>(dev, fp32, buffers, precision);
+  return std::make_unique<CudaOps>(dev, fp32, buffers, precision, tuning);
 }
 
 }  // namespace anvil

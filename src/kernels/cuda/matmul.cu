@@ -124,7 +124,7 @@ void Gemm::HandleDestroyer::operator()(cublasLtHandle_t h) const noexcept {
 }
 
 Gemm::Gemm(Fp32Matmul fp32, void* workspace, size_t workspace_bytes, float* split_scratch,
-           size_t split_scratch_bytes)
+           size_t split_scratch_bytes, const GemmTuningOptions& tuning)
     : fp32_(fp32),
       workspace_(workspace),
       workspace_bytes_(workspace ? workspace_bytes : 0),
@@ -133,11 +133,12 @@ Gemm::Gemm(Fp32Matmul fp32, void* workspace, size_t workspace_bytes, float* spli
   cublasLtHandle_t h = nullptr;
   ANVIL_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_.reset(h);
+  if (tuning.enabled) tuner_ = std::make_unique<GemmTuner>(tuning);
 }
 
 Gemm::~Gemm() = default;
 
-Gemm::Plan* Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
+Gemm::Plan* Gemm::plan_for(const GemmArgs& g, bool tensor_tf32, cudaStream_t stream) {
   const bool pointer_array = g.batch > 1 && g.a_array;
   const size_t ab_bytes = type_bytes(g.ab_type), c_bytes = type_bytes(g.c_type);
   const uint32_t align_a = alignment_bytes(g.a, g.batch, g.stride_a, ab_bytes, g.lda);
@@ -238,18 +239,52 @@ Gemm::Plan* Gemm::plan_for(const GemmArgs& g, bool tensor_tf32) {
   ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
 
-  cublasLtMatmulHeuristicResult_t result{};
+  // With tuning on, the heuristic's first eight choices are candidates too.
+  std::array<cublasLtMatmulHeuristicResult_t, 8> results{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       handle_.get(), desc, plan->layout_first.get(), plan->layout_second.get(), plan->layout_out.get(),
-      plan->layout_out.get(), pref_raw, 1, &result, &found);
+      plan->layout_out.get(), pref_raw, tuner_ ? int(results.size()) : 1, results.data(), &found);
   if (pointer_array && (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)) {
     plans_.emplace(key, nullptr);  // the caller runs the batch another way, and is told so at once next time
     return nullptr;
   }
   ANVIL_CUBLAS_CHECK(status);
   if (found == 0) gemm_error("cuBLASLt found no algorithm for the GEMM " + describe(g));
-  plan->algo = result.algo;
+  plan->algo = results[0].algo;
+  if (tuner_) {
+    GemmProblem p;
+    p.handle = handle_.get();
+    p.desc = desc;
+    p.first = plan->layout_first.get();
+    p.second = plan->layout_second.get();
+    p.out = plan->layout_out.get();
+    p.compute = compute;
+    p.ab_type = cuda_type(g.ab_type);
+    p.c_type = cuda_type(g.c_type);
+    p.first_ptr = pointer_array ? static_cast<const void*>(g.b_array) : g.b;
+    p.second_ptr = pointer_array ? static_cast<const void*>(g.a_array) : g.a;
+    p.c = pointer_array ? const_cast<void*>(static_cast<const void*>(g.c_array)) : g.c;
+    // The extent of a plain C: the last batch's last row ends (batch-1)*stride_c + (m-1)*ldc + n elements in.
+    if (!pointer_array)
+      p.c_bytes = (size_t(g.batch - 1) * size_t(g.stride_c) + size_t(g.m - 1) * size_t(g.ldc ? g.ldc : g.n) +
+                   size_t(g.n)) *
+                  c_bytes;
+    p.alpha = g.alpha;
+    p.beta = g.beta;
+    p.workspace = workspace_;
+    p.workspace_bytes = workspace_bytes_;
+    p.stream = stream;
+    p.describe = describe(g);
+    p.key = describe(g) + " key";
+    for (int64_t v : key) {
+      p.key += ' ';
+      p.key += std::to_string(v);
+    }
+    p.key += " compute ";
+    p.key += std::to_string(int(compute));
+    plan->algo = tuner_->choose(p, results.data(), found);
+  }
   return plans_.emplace(key, std::move(plan)).first->second.get();
 }
 
@@ -280,7 +315,7 @@ bool Gemm::run_plain(cudaStream_t stream, const GemmArgs& g, bool tensor_tf32) {
         "GEMM GELU epilogue needs an unbatched, non-accumulating GEMM with an aux buffer and a "
         "contiguous output: " +
         describe(g));
-  Plan* found = plan_for(g, tensor_tf32);
+  Plan* found = plan_for(g, tensor_tf32, stream);
   if (!found) return false;
   Plan& plan = *found;
   if (g.bias)
