@@ -187,6 +187,10 @@ struct OpsPrecision {
   DType grad = DType::F32;
 };
 
+// How a weight gradient is written: added to what the buffer holds (gradient accumulation over
+// micro-batches), or written over it (its one write of the step, when the buffer was not zeroed).
+enum class GradWrite { Accumulate, Overwrite };
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -241,9 +245,10 @@ class Ops {
   virtual void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
                           int OC) = 0;
   // dinp[N,K] = dout @ w (overwritten; skipped if dinp is null); [grad] dw[OC,K] += dout^T @ inp (skipped
-  // if null); [grad] dbias[OC] += column sums of dout (skipped if null).
+  // if null; with GradWrite::Overwrite, dw = dout^T @ inp, so dw need not be zeroed first); [grad]
+  // dbias[OC] += column sums of dout (skipped if null; always accumulated).
   virtual void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
-                          int N, int K, int OC) = 0;
+                          int N, int K, int OC, GradWrite dw_write = GradWrite::Accumulate) = 0;
   // The MLP's fused GELU. Forward: pre[N,OC] = inp @ w^T + bias (GELU's input, kept for the backward) and
   // out[N,OC] = gelu(pre), in one GEMM on CUDA (cuBLASLt epilogue).
   virtual void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N,
@@ -251,7 +256,8 @@ class Ops {
   // matmul_bwd of a GEMM whose input was gelu(gelu_pre) [N,K], with GELU's backward applied to dinp:
   // dinp = (dout @ w) * gelu'(gelu_pre) (dinp required; dw, dbias as in matmul_bwd).
   virtual void matmul_bwd_dgelu(void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
-                                const void* w, const void* gelu_pre, int N, int K, int OC) = 0;
+                                const void* w, const void* gelu_pre, int N, int K, int OC,
+                                GradWrite dw_write = GradWrite::Accumulate) = 0;
 
   // --- multi-head self-attention (flash-style: probabilities are never stored) ---------------------
   // qkv [B,T,3C]: q = qkv[..., 0:C], k = qkv[..., C:2C], v = qkv[..., 2C:3C]; head h uses columns

@@ -475,14 +475,15 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   if (cfg_.exact_gelu() && rebuild_gelu) {
     ops.matmul_bwd(dfc_, nullptr, nullptr, dproj, nullptr, p.projw, N, F, C);
     ops.gelu_erf_fwd_bwd(act(kFchGelu, l), dfc_, act(kFch, l), dfc_, size_t(N) * F);
-    ops.matmul_bwd(nullptr, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C);
+    ops.matmul_bwd(nullptr, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
   } else if (cfg_.exact_gelu()) {
-    ops.matmul_bwd(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C);
+    ops.matmul_bwd(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
     ops.gelu_erf_bwd(dfc_, act(kFch, l), dfc_, size_t(N) * F);
   } else {
-    ops.matmul_bwd_dgelu(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C);
+    ops.matmul_bwd_dgelu(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C,
+                         dw_write());
   }
-  ops.matmul_bwd(d0_, g.fcw, g.fcb, dfc_, act(kH1, l), p.fcw, N, C, F);
+  ops.matmul_bwd(d0_, g.fcw, g.fcb, dfc_, act(kH1, l), p.fcw, N, C, F, dw_write());
   // Attention LayerNorm of d(h1) = d0_ + d1_: d1_ = d(res1), res1 = x + a Wo^T + bo (in place of d(res2)).
   ops.layernorm_bwd_sum(d1_, g.ln1w, g.ln1b, d0_, d1_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N,
                         C);
@@ -492,7 +493,7 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
     dattn_proj = dfc_;
   }
   ops.matmul_bwd(d0_, g.attow, g.attob, dattn_proj, first_rows ? atty_first_ : act(kAtty, l), p.attow, N, C,
-                 C);
+                 C, dw_write());
   // The attention's output gradient: d0_, or (the [CLS] rows only) d0_ at positions (b, 0) and zero
   // elsewhere, in the MLP-gradient buffer that is free again.
   const void* datty = d0_;
@@ -502,7 +503,7 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   }
   ops.attention_bwd(dqkv_, datty, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
                     layer_mask(mask, l));
-  ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, B * T, C, 3 * C);
+  ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, B * T, C, 3 * C, dw_write());
   // d(x) = d0_ (the attention path) + the carry: the residual path d(res1) in d1_, or in the [CLS]-rows
   // block, d(res1) at positions (b, 0) and zero elsewhere, in dfc_ (free again). The block below sums them.
   if (first_rows) ops.first_token_bwd(dfc_, d1_, B, T, C);
@@ -521,11 +522,15 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   char* g0 = static_cast<char*>(grads_);
   auto grad = [&](size_t off) { return g0 + off * ge_; };
   // Gradients in activation memory (plan_shared_grads) hold activations until their unit's backward: each
-  // unit's are zeroed just before it.
+  // unit's are zeroed just before it. The matrices of the blocks and the head (their decay part) are written
+  // once, by weight-gradient GEMMs that overwrite (dw_write()), so only the rest (biases and LayerNorm
+  // parameters, which accumulate) needs zeroing; the embedding tables accumulate, so that unit is zeroed
+  // whole.
   const auto zero_unit_grads = [&](int unit) {
     if (!share_grad_memory_) return;
     const ParamUnit& u = layout_.units()[unit];
-    ops.device().fill_zero(grad(u.offset), u.numel * ge_);
+    const size_t skip = unit == 0 ? 0 : u.decay_numel;
+    ops.device().fill_zero(grad(u.offset + skip), (u.numel - skip) * ge_);
   };
 
   // Head: classifier, tanh (in place), pooler, then the first-token rows into d0_ (zero elsewhere).
@@ -535,10 +540,11 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   void* dcls = at(dhead_, size_t(B_) * C);
   const bool cls_drop = fwd_dropout_ && p_cls_ > 0;
   ops.matmul_bwd(dpooled, grad(clsw_off_), grad(clsb_off_), dlogits_, cls_drop ? cls_in_ : pooled_,
-                 at(weights_, clsw_off_), B, C, NL);
+                 at(weights_, clsw_off_), B, C, NL, dw_write());
   if (cls_drop) ops.dropout(dpooled, dpooled, size_t(B) * C, p_cls_, dropout_state_, site(L, 1));
   ops.tanh_bwd(dpooled, pooled_, dpooled, size_t(B) * C);
-  ops.matmul_bwd(dcls, grad(poolw_off_), grad(poolb_off_), dpooled, cls_, at(weights_, poolw_off_), B, C, C);
+  ops.matmul_bwd(dcls, grad(poolw_off_), grad(poolb_off_), dpooled, cls_, at(weights_, poolw_off_), B, C, C,
+                 dw_write());
   ops.first_token_bwd(d0_, dcls, B, first_rows_last_ ? 1 : T, C);
   trace_free(trace_head_, "backward");
   trace_free(trace_block_out_[L - 1], "backward");

@@ -87,6 +87,9 @@ class BertModel final : public Model {
   // Gradients sharing activation memory: the next forward overwrites them, and backward() zeroes each
   // unit's gradients itself before writing them, so a backward() sets (not accumulates) the gradients.
   bool grads_share_activations() const override { return share_grad_memory_; }
+  // How the weight-gradient GEMMs write the matrices' gradients: over them when the gradients share
+  // activation memory (one write per step, and the buffer holds garbage until then), else added.
+  GradWrite dw_write() const { return share_grad_memory_ ? GradWrite::Overwrite : GradWrite::Accumulate; }
   // The dropout state (device memory) the masks are drawn from, when the model trains with dropout; else
   // null. Whoever runs training steps sets its seed before each step (and micro to 0).
   DropoutState* dropout_state() const override { return dropout_state_; }

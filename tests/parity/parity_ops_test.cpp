@@ -231,9 +231,12 @@ struct MatmulShape {
 
 class MatmulParity : public ParityTest {
  protected:
-  void check(const MatmulShape& s, bool with_bias, bool with_dinp, double tol) {
+  void check(const MatmulShape& s, bool with_bias, bool with_dinp, double tol,
+             GradWrite dw_write = GradWrite::Accumulate) {
+    const bool overwrite = dw_write == GradWrite::Overwrite;
     SCOPED_TRACE("N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) + " OC=" + std::to_string(s.OC) +
-                 (with_bias ? " bias" : " no bias") + (with_dinp ? "" : " no dinp"));
+                 (with_bias ? " bias" : " no bias") + (with_dinp ? "" : " no dinp") +
+                 (overwrite ? " dw overwritten" : ""));
     const size_t NK = size_t(s.N) * s.K, NOC = size_t(s.N) * s.OC, OCK = size_t(s.OC) * s.K;
     auto inp = mirror(randn(NK));
     auto w = mirror(randn(OCK, 0.2f));
@@ -244,13 +247,14 @@ class MatmulParity : public ParityTest {
     EXPECT_TRUE(same("matmul_fwd out", out, tol));
 
     auto dout = mirror(randn(NOC));
-    auto dinp = output(NK);            // overwritten
-    auto dw = mirror(randn(OCK));      // accumulates
+    auto dinp = output(NK);  // overwritten
+    // Accumulates, or (overwritten) starts as NaN: none of it may reach the result.
+    auto dw = mirror(overwrite ? std::vector<float>(OCK, std::nanf("")) : randn(OCK));
     auto dbias = mirror(randn(s.OC));  // accumulates
     cpu_->matmul_bwd(with_dinp ? dinp.cpu() : nullptr, dw.cpu(), with_bias ? dbias.cpu() : nullptr,
-                     dout.cpu(), inp.cpu(), w.cpu(), s.N, s.K, s.OC);
+                     dout.cpu(), inp.cpu(), w.cpu(), s.N, s.K, s.OC, dw_write);
     gpu_->matmul_bwd(with_dinp ? dinp.gpu() : nullptr, dw.gpu(), with_bias ? dbias.gpu() : nullptr,
-                     dout.gpu(), inp.gpu(), w.gpu(), s.N, s.K, s.OC);
+                     dout.gpu(), inp.gpu(), w.gpu(), s.N, s.K, s.OC, dw_write);
     EXPECT_TRUE(same("matmul_bwd dinp", dinp, tol));  // untouched on both when skipped
     EXPECT_TRUE(same("matmul_bwd dw", dw, tol));
     EXPECT_TRUE(same("matmul_bwd dbias", dbias, kRowReductionTol));
@@ -266,6 +270,15 @@ TEST_F(MatmulParity, Fp32) {
     for (const bool with_bias : {false, true}) check(s, with_bias, /*with_dinp=*/true, kGemmTol);
   }
   check({37, 29, 51}, /*with_bias=*/true, /*with_dinp=*/false, kGemmTol);
+}
+
+// Weight gradients written over a buffer that was not zeroed (BERT's gradients in activation memory),
+// including the two-GEMM split of the weight gradient.
+TEST_F(MatmulParity, OverwrittenWeightGradient) {
+  for (const MatmulShape s :
+       {MatmulShape{37, 29, 51}, MatmulShape{300, 768, 2304}, MatmulShape{1536, 256, 3072}})
+    check(s, /*with_bias=*/true, /*with_dinp=*/true, kGemmTol, GradWrite::Overwrite);
+  check({64, 128, 96}, /*with_bias=*/false, /*with_dinp=*/false, kGemmTol, GradWrite::Overwrite);
 }
 
 // The MLP's fused GEMM + GELU (cuBLASLt epilogues on CUDA, the unfused ops on the CPU), forward and backward.

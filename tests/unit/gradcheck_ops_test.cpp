@@ -144,6 +144,12 @@ TEST_F(GradCheckOps, Matmul) {
   std::vector<float> dw2(w.size(), 0.0f);
   ops_->matmul_bwd(nullptr, dw2.data(), nullptr, R.data(), inp.data(), w.data(), N, K, OC);
   expect_near_all(dw2, dw, 1e-6, "dw without dinp/dbias");
+  // GradWrite::Overwrite: dw is written, whatever it held (NaN here); dbias still accumulates.
+  std::vector<float> dw3(w.size(), std::nanf("")), db3 = pb;
+  ops_->matmul_bwd(nullptr, dw3.data(), db3.data(), R.data(), inp.data(), w.data(), N, K, OC,
+                   GradWrite::Overwrite);
+  expect_near_all(dw3, dw, 1e-6, "overwritten dw");
+  expect_near_all(db3, plus(pb, db), 1e-5, "dbias beside an overwritten dw");
   std::vector<float> nobias(out.size());
   ops_->matmul_fwd(nobias.data(), inp.data(), w.data(), nullptr, N, K, OC);
   ops_->matmul_fwd(out.data(), inp.data(), w.data(), bias.data(), N, K, OC);

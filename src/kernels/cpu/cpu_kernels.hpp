@@ -133,8 +133,9 @@ void layernorm_bwd_sum(DType act, DType grad, void* dinp, void* dw, void* db, co
                        const float* rstd, int N, int C);
 
 void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K, int OC);
+// dw_overwrite: dw = dout^T inp instead of dw += dout^T inp (dbias always accumulates).
 void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
-                const void* w, int N, int K, int OC);
+                const void* w, int N, int K, int OC, bool dw_overwrite = false);
 
 size_t attention_scratch_bytes(DType act, int B, int T, int C, int NH);
 void attention_fwd(DType act, void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C,

@@ -49,8 +49,9 @@ class CpuOps final : public Ops {
     cpu::matmul_fwd(p_.compute, out, inp, w, bias, N, K, OC);
   }
   void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, int N,
-                  int K, int OC) override {
-    cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC);
+                  int K, int OC, GradWrite dw_write) override {
+    cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC,
+                    dw_write == GradWrite::Overwrite);
   }
   // The CPU composes the unfused ops (bit-identical to running them one after the other).
   void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int K,
@@ -59,9 +60,10 @@ class CpuOps final : public Ops {
     cpu::gelu_fwd(p_.compute, out, pre, size_t(N) * OC);
   }
   void matmul_bwd_dgelu(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
-                        const void* gelu_pre, int N, int K, int OC) override {
+                        const void* gelu_pre, int N, int K, int OC, GradWrite dw_write) override {
     ANVIL_ASSERT(dinp, "matmul_bwd_dgelu needs dinp");
-    cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC);
+    cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC,
+                    dw_write == GradWrite::Overwrite);
     cpu::gelu_bwd(p_.compute, dinp, gelu_pre, dinp, size_t(N) * K);
   }
   void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C, int NH,

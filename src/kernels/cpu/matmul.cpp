@@ -85,7 +85,7 @@ void matmul_fwd_t(void* out_, const void* inp_, const void* w_, const void* bias
 
 template <DType A, DType G>
 void matmul_bwd_t(void* dinp_, void* dw_, void* dbias_, const void* dout_, const void* inp_, const void* w_,
-                  int N, int K, int OC) {
+                  int N, int K, int OC, bool dw_overwrite) {
   auto* dinp = static_cast<storage_t<A>*>(dinp_);
   auto* dw = static_cast<storage_t<G>*>(dw_);
   auto* dbias = static_cast<storage_t<G>*>(dbias_);
@@ -105,7 +105,9 @@ void matmul_bwd_t(void* dinp_, void* dw_, void* dbias_, const void* dout_, const
     }
     if (!dw) continue;
     const float* x = widened<A>(inp + int64_t(r0) * K, size_t(rows) * K, kScratchE);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, d, OC, x, K, 1.0f, dw_acc, K);
+    // beta 0: BLAS does not read C, so whatever dw held (garbage when it was not zeroed) is not used.
+    const float beta = dw_overwrite && r0 == 0 ? 0.0f : 1.0f;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, d, OC, x, K, beta, dw_acc, K);
   }
   if (dw) narrow_into<G>(dw, dw_acc, size_t(OC) * K);
   if (!dbias) return;
@@ -129,9 +131,10 @@ void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void
 }
 
 void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
-                const void* w, int N, int K, int OC) {
+                const void* w, int N, int K, int OC, bool dw_overwrite) {
   dispatch_act_grad(act, grad, [&](auto a, auto g) {
-    matmul_bwd_t<decltype(a)::value, decltype(g)::value>(dinp, dw, dbias, dout, inp, w, N, K, OC);
+    matmul_bwd_t<decltype(a)::value, decltype(g)::value>(dinp, dw, dbias, dout, inp, w, N, K, OC,
+                                                         dw_overwrite);
   });
 }
 

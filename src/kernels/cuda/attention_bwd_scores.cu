@@ -8,7 +8,8 @@
 // scores and dprobs in registers. D = rowsum(P * dP) = rowsum(dout * out) since out = P_dropped v, so no
 // reduction over the keys is needed and each tile is independent.
 //
-// Tiles: kRows queries x kCols keys per block of 256 threads, each thread an 8 x 4 patch of both products.
+// Two tilings. Head size 128: kRows queries x kCols keys per block of 256 threads, each thread an 8 x 4 patch
+// of both products (below). Head sizes up to 64: 128 x 128 tiles with the keys streamed (namespace tiled).
 // q, dout (kRows x HS) and k, v (kCols x HS) are staged in shared memory transposed ([HS][rows]) so each
 // step of the inner products is one broadcast 32-byte read of q (dout) and one 16-byte read of k (v).
 #include <array>
@@ -181,6 +182,200 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// --- 128 x 128 tiles for head sizes up to 64 -----------------------------------------------------------
+// The kernel above gives each thread an 8 x 4 patch: 12 floats from shared memory per 32 multiply-adds, so
+// shared-memory bandwidth caps its products at 2/3 of the FMA rate, and with one tile per block the staging,
+// the products and the epilogue of a block run one after another. Here a block keeps 128 queries (q, dout,
+// lse, D) and walks the keys in tiles of 128, copying the next tile's k and v into a second buffer
+// asynchronously (cp.async) while it computes the current one; each thread takes an 8 x 8 patch (rows ty*4
+// and 64 + ty*4, columns tx*4 and 64 + tx*4, four each), 16 floats per 64 multiply-adds.
+namespace tiled {
+
+constexpr int kTile = 128, kThreads = 256, kLd = kTile + 4;
+
+constexpr size_t smem_bytes(int HS) {
+  return (size_t(6) * HS * kLd + 3 * kTile) * sizeof(float);  // q, dout, 2 x (k, v); lse, D, last key
+}
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// kTile keys x HS of k or v ([T, ld], heads in place) from key k0 into dst[HS][kLd], transposed, without
+// waiting: each warp instruction copies 4 keys x 8 dimensions (4 whole 32-byte sectors, into 32 distinct
+// banks). Keys past `seq` read as 0.
+template <int HS>
+__device__ __forceinline__ void load_keys_async(float* dst, const float* src, int64_t ld, int k0, int seq) {
+  constexpr int kKeyGroups = kTile / 4, kChunks = kKeyGroups * (HS / 8);
+  const int lane = threadIdx.x % 32, kk = lane % 4, dd = lane / 4;
+  for (int c = threadIdx.x / 32; c < kChunks; c += kThreads / 32) {
+    const int key = (c % kKeyGroups) * 4 + kk, d = (c / kKeyGroups) * 8 + dd, t = k0 + key;
+    cp_async4(dst + d * kLd + key, src + int64_t(t < seq ? t : 0) * ld + d, t < seq);
+  }
+}
+
+// acc[i][j] = sum_d a[d][row(i)] * b[d][col(j)], rows ty*4 + (0..3) and 64 + ty*4 + (0..3), columns
+// likewise with tx (a, b: [HS][kLd]).
+template <int HS>
+__device__ __forceinline__ void tile_product(float (&acc)[8][8], const float* a, const float* b, int ty,
+                                             int tx) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+#pragma unroll 4
+  for (int d = 0; d < HS; ++d) {
+    const float4 a0 = *reinterpret_cast<const float4*>(a + d * kLd + ty * 4);
+    const float4 a1 = *reinterpret_cast<const float4*>(a + d * kLd + 64 + ty * 4);
+    const float4 b0 = *reinterpret_cast<const float4*>(b + d * kLd + tx * 4);
+    const float4 b1 = *reinterpret_cast<const float4*>(b + d * kLd + 64 + tx * 4);
+    const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+  }
+}
+
+__device__ __forceinline__ int patch_row(int ty, int i) {
+  return i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4);
+}
+
+// Block (query tile x, head y = b * NH + h).
+template <bool kDropout, int HS>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_bwd_scores_tiled_kernel(float* probs, float* dscores, const float* qkv, const float* dout,
+                                      const float* out, const float* lse, int seq, int C, int NH, float scale,
+                                      bool causal, const int32_t* lengths, DropoutArgs drop) {
+  static_assert(HS % 8 == 0 && HS <= 64, "head size");
+  extern __shared__ float smem[];
+  float* q_s = smem;              // [HS][kLd]
+  float* do_s = q_s + HS * kLd;   // [HS][kLd]
+  float* kv_s = do_s + HS * kLd;  // [buffer][k, v][HS][kLd]
+  float* lse_s = kv_s + 4 * HS * kLd;
+  float* d_s = lse_s + kTile;
+  int* last_s = reinterpret_cast<int*>(d_s + kTile);
+  __shared__ int max_last_s;
+
+  const int z = blockIdx.y, b = z / NH, h = z % NH, q0 = blockIdx.x * kTile;
+  const int64_t row3 = 3 * int64_t(C);
+  const float* q = qkv + int64_t(b) * seq * row3 + int64_t(h) * HS;
+  const float* dO = dout + int64_t(b) * seq * C + int64_t(h) * HS;
+  const float* o = out + int64_t(b) * seq * C + int64_t(h) * HS;
+  const size_t row_base = size_t(z) * seq;
+
+  if (threadIdx.x == 0) max_last_s = -1;
+  __syncthreads();
+  int max_last = -1;
+  for (int r = threadIdx.x; r < kTile; r += kThreads) {
+    const int t = q0 + r;
+    const int last = t < seq ? last_key(row_base + t, seq, NH, causal, lengths) : -1;
+    last_s[r] = last, lse_s[r] = t < seq ? lse[row_base + t] : 0.f;
+    max_last = max(max_last, last);
+  }
+  if (max_last >= 0) atomicMax(&max_last_s, max_last);
+  __syncthreads();
+  // Key tiles from live_tiles on are past every row's last key: only zeros to write there.
+  const int live_tiles = max_last_s < 0 ? 0 : max_last_s / kTile + 1, n_tiles = (seq + kTile - 1) / kTile;
+  if (live_tiles > 0) {
+    load_keys_async<HS>(kv_s, q + C, row3, 0, seq);
+    load_keys_async<HS>(kv_s + HS * kLd, q + 2 * C, row3, 0, seq);
+    cp_async_commit();
+    stage_transposed<HS, kTile>(q_s, q, row3, q0, seq);
+    stage_transposed<HS, kTile>(do_s, dO, C, q0, seq);
+    __syncthreads();
+    // D for the tile's queries: two threads per row, each over every other group of four dimensions.
+    const int r = threadIdx.x / 2, part = threadIdx.x % 2, t = q0 + r;
+    float dsum = 0.f;
+    if (t < seq)
+      for (int d = 4 * part; d < HS; d += 8) {
+        float ov[4];
+        load4(ov, o + int64_t(t) * C + d);
+        for (int c = 0; c < 4; ++c) dsum = fmaf(ov[c], do_s[(d + c) * kLd + r], dsum);
+      }
+    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+    if (part == 0) d_s[r] = dsum;
+  }
+
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  const uint64_t key = kDropout ? probabilities_dropout_key(drop) : 0;
+  const bool vector_rows = seq % 4 == 0;
+  for (int j = 0; j < n_tiles; ++j) {
+    const int k0 = j * kTile;
+    float p[8][8], dp[8][8];
+    const bool live = j < live_tiles;
+    if (live) {
+      cp_async_wait_all();
+      __syncthreads();  // tile j visible to all; every thread is done with the other buffer (tile j - 1)
+      if (j + 1 < live_tiles) {
+        float* next = kv_s + ((j + 1) % 2) * 2 * HS * kLd;
+        load_keys_async<HS>(next, q + C, row3, k0 + kTile, seq);
+        load_keys_async<HS>(next + HS * kLd, q + 2 * C, row3, k0 + kTile, seq);
+        cp_async_commit();
+      }
+      const float* k_s = kv_s + (j % 2) * 2 * HS * kLd;
+      tile_product<HS>(p, q_s, k_s, ty, tx);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = patch_row(ty, i), last = last_s[r];
+        const float l = lse_s[r];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+          p[i][jj] = k0 + patch_row(tx, jj) <= last ? __expf(scale * p[i][jj] - l) : 0.f;
+      }
+      tile_product<HS>(dp, do_s, k_s + HS * kLd, ty, tx);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) p[i][jj] = dp[i][jj] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = patch_row(ty, i), t = q0 + r;
+      if (t >= seq) continue;
+      const size_t row = row_base + t;
+      const float D = live ? d_s[r] : 0.f;
+      const uint32_t row_key = kDropout && live ? anvil::attention_dropout_row_key(key, row) : 0;
+      float* prow = probs + row * seq;
+      float* srow = dscores + row * seq;
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        const int c = k0 + g * 64 + tx * 4;
+        float pd[4], ds[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const float pv = p[i][g * 4 + jj];
+          float dpu = dp[i][g * 4 + jj];
+          pd[jj] = pv;
+          if constexpr (kDropout) {
+            const bool keep = live && anvil::attention_dropout_keep(row_key, c + jj, drop.threshold);
+            dpu = keep ? dpu * drop.scale : 0.f;
+            pd[jj] = keep ? __fmul_rn(pv, drop.scale) : 0.f;
+          }
+          ds[jj] = scale * pv * (dpu - D);
+        }
+        if (vector_rows && c + 3 < seq) {
+          store4(prow + c, pd);
+          store4(srow + c, ds);
+        } else {
+          for (int jj = 0; jj < 4 && c + jj < seq; ++jj) prow[c + jj] = pd[jj], srow[c + jj] = ds[jj];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tiled
+
 // The opt-in shared memory per block of the current device, queried once per device: supported() asks on
 // every backward call.
 int max_optin_smem() {
@@ -194,25 +389,36 @@ int max_optin_smem() {
   return bytes;
 }
 
-// Opts the kernel into its dynamic shared memory once per device, before its first launch there (an eager
-// step, outside any graph capture).
-template <bool kDropout, int HS>
-void configure_for_current_device() {
+// Opts `kernel` into `bytes` of dynamic shared memory once per device, before its first launch there (an
+// eager step, outside any graph capture).
+void configure_for_current_device(const void* kernel, size_t bytes) {
   static std::mutex mutex;
-  static std::set<int> configured;
+  static std::set<std::pair<const void*, int>> configured;
   int dev = 0;
   ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
   const std::lock_guard<std::mutex> lock(mutex);
-  if (configured.insert(dev).second)
-    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(attention_bwd_scores_kernel<kDropout, HS>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(HS))));
+  if (configured.insert({kernel, dev}).second)
+    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 template <bool kDropout, int HS>
 void launch(cudaStream_t stream, float* probs, float* dscores, const float* qkv, const float* dout,
             const float* out, const float* lse, int B, int seq, int C, int NH, float scale, bool causal,
             const int32_t* lengths, const DropoutArgs& drop) {
-  configure_for_current_device<kDropout, HS>();
+  // Head sizes up to 64: the 128 x 128 tiles (bert-large, batch 4 x 512, dropout 0.1, H100: 219 -> 183 us a
+  // layer; bench/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_bwd_scores.txt). A head size of 128
+  // would not fit q, dout and two k/v buffers in shared memory.
+  if constexpr (HS <= 64) {
+    const auto kernel = tiled::attention_bwd_scores_tiled_kernel<kDropout, HS>;
+    configure_for_current_device(reinterpret_cast<const void*>(kernel), tiled::smem_bytes(HS));
+    const dim3 grid((seq + tiled::kTile - 1) / tiled::kTile, B * NH);
+    kernel<<<grid, tiled::kThreads, tiled::smem_bytes(HS), stream>>>(probs, dscores, qkv, dout, out, lse, seq,
+                                                                     C, NH, scale, causal, lengths, drop);
+    ANVIL_CUDA_CHECK_LAST();
+    return;
+  }
+  configure_for_current_device(reinterpret_cast<const void*>(attention_bwd_scores_kernel<kDropout, HS>),
+                               smem_bytes(HS));
   const dim3 grid((seq + kCols - 1) / kCols, (seq + kRows - 1) / kRows, B * NH);
   attention_bwd_scores_kernel<kDropout, HS><<<grid, kThreads, smem_bytes(HS), stream>>>(
       probs, dscores, qkv, dout, out, lse, seq, C, NH, scale, causal, lengths, drop);
@@ -250,6 +456,8 @@ bool attention_bwd_scores_supported(anvil::DType act, int B, int T, int C, int N
   if ((HS != 32 && HS != 64 && HS != 128) || C % 4 != 0) return false;
   if (B * int64_t(NH) > 65535 || (T + kRows - 1) / kRows > 65535) return false;
   if (smem_bytes(HS) + 3 * kRows * sizeof(float) > size_t(max_optin_smem())) return false;
+  if (HS <= 64 && (tiled::smem_bytes(HS) + sizeof(int) > size_t(max_optin_smem()) || B * int64_t(NH) > 65535))
+    return false;
   // Four-element vector reads of every row (rows are 4-element aligned given C % 4 == 0).
   for (const void* p : {qkv, dout, out})
     if (reinterpret_cast<uintptr_t>(p) % (4 * sizeof(float)) != 0) return false;

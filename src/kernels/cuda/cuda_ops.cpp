@@ -128,8 +128,8 @@ class CudaOps final : public Ops {
     }
   }
   void matmul_bwd(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w, int N,
-                  int K, int OC) override {
-    matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, nullptr, N, K, OC);
+                  int K, int OC, GradWrite dw_write) override {
+    matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, nullptr, N, K, OC, dw_write);
   }
   void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int K,
                        int OC) override {
@@ -139,9 +139,9 @@ class CudaOps final : public Ops {
     gemm_.run(stream_, g);
   }
   void matmul_bwd_dgelu(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
-                        const void* gelu_pre, int N, int K, int OC) override {
+                        const void* gelu_pre, int N, int K, int OC, GradWrite dw_write) override {
     ANVIL_ASSERT(dinp && gelu_pre, "matmul_bwd_dgelu needs dinp and gelu_pre");
-    matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, gelu_pre, N, K, OC);
+    matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, gelu_pre, N, K, OC, dw_write);
   }
 
   // `scratch` holds attention_scratch_bytes(B, T, C, NH, mask.dropout > 0), whichever path runs. With
@@ -315,7 +315,7 @@ class CudaOps final : public Ops {
  private:
   // dinp (optionally times gelu'(gelu_pre), fused into the GEMM's epilogue), dw and dbias of matmul_bwd.
   void matmul_bwd_impl(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
-                       const void* gelu_pre, int N, int K, int OC) {
+                       const void* gelu_pre, int N, int K, int OC, GradWrite dw_write) {
     // dinp[N,K] = dout[N,OC] @ w[OC,K] (* gelu'(gelu_pre))
     if (dinp)
       gemm_.run(stream_, {.a = dout,
@@ -341,7 +341,7 @@ class CudaOps final : public Ops {
                             .m = rows,
                             .n = K,
                             .k = N,
-                            .beta = 1.f,
+                            .beta = dw_write == GradWrite::Overwrite ? 0.f : 1.f,
                             .lda = rows == OC ? 0 : OC,
                             .ab_type = act_,
                             .c_type = grad_});
