@@ -194,7 +194,8 @@ namespace tiled {
 constexpr int kTile = 128, kThreads = 256, kLd = kTile + 4;
 
 constexpr size_t smem_bytes(int HS) {
-  return (size_t(6) * HS * kLd + 3 * kTile) * sizeof(float);  // q, dout, 2 x (k, v); lse, D, last key
+  // q, dout, 2 x (k, v); per query: lse, D, last key, dropout row key
+  return (size_t(6) * HS * kLd + 4 * kTile) * sizeof(float);
 }
 
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
@@ -263,6 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* lse_s = kv_s + 4 * HS * kLd;
   float* d_s = lse_s + kTile;
   int* last_s = reinterpret_cast<int*>(d_s + kTile);
+  uint32_t* row_key_s = reinterpret_cast<uint32_t*>(last_s + kTile);
   __shared__ int max_last_s;
 
   const int z = blockIdx.y, b = z / NH, h = z % NH, q0 = blockIdx.x * kTile;
@@ -279,6 +281,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = q0 + r;
     const int last = t < seq ? last_key(row_base + t, seq, NH, causal, lengths) : -1;
     last_s[r] = last, lse_s[r] = t < seq ? lse[row_base + t] : 0.f;
+    if constexpr (kDropout)
+      row_key_s[r] = attention_dropout_row_key(drop, row_base + t);  // same every key tile
     max_last = max(max_last, last);
   }
   if (max_last >= 0) atomicMax(&max_last_s, max_last);
@@ -289,24 +293,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_keys_async<HS>(kv_s, q + C, row3, 0, seq);
     load_keys_async<HS>(kv_s + HS * kLd, q + 2 * C, row3, 0, seq);
     cp_async_commit();
+    // D for the tile's queries: two threads per row, each over every other group of four dimensions. The
+    // reads of `out` are issued first, so their latency overlaps the staging's.
+    const int r = threadIdx.x / 2, part = threadIdx.x % 2, t = q0 + r;
+    float ov[HS / 8][4];
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      ov[n][0] = ov[n][1] = ov[n][2] = ov[n][3] = 0.f;
+      if (t < seq) load4(ov[n], o + int64_t(t) * C + 4 * part + 8 * n);
+    }
     stage_transposed<HS, kTile>(q_s, q, row3, q0, seq);
     stage_transposed<HS, kTile>(do_s, dO, C, q0, seq);
     __syncthreads();
-    // D for the tile's queries: two threads per row, each over every other group of four dimensions.
-    const int r = threadIdx.x / 2, part = threadIdx.x % 2, t = q0 + r;
     float dsum = 0.f;
-    if (t < seq)
-      for (int d = 4 * part; d < HS; d += 8) {
-        float ov[4];
-        load4(ov, o + int64_t(t) * C + d);
-        for (int c = 0; c < 4; ++c) dsum = fmaf(ov[c], do_s[(d + c) * kLd + r], dsum);
-      }
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) dsum = fmaf(ov[n][c], do_s[(4 * part + 8 * n + c) * kLd + r], dsum);
     dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
     if (part == 0) d_s[r] = dsum;
   }
 
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-  const uint64_t key = kDropout ? probabilities_dropout_key(drop) : 0;
   const bool vector_rows = seq % 4 == 0;
   for (int j = 0; j < n_tiles; ++j) {
     const int k0 = j * kTile;
@@ -344,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t >= seq) continue;
       const size_t row = row_base + t;
       const float D = live ? d_s[r] : 0.f;
-      const uint32_t row_key = kDropout && live ? anvil::attention_dropout_row_key(key, row) : 0;
+      const uint32_t row_key = kDropout ? row_key_s[r] : 0;
       float* prow = probs + row * seq;
       float* srow = dscores + row * seq;
 #pragma unroll
