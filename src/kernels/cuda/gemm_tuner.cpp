@@ -210,19 +210,20 @@ cublasLtMatmulAlgo_t GemmTuner::choose(const GemmProblem& p,
   }
   EventPair events;
   constexpr double kFailed = std::numeric_limits<double>::infinity();
+  // `n` calls with `algo`; false if cuBLASLt refuses it.
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, int n) {
+    for (int i = 0; i < n; ++i)
+      if (cublasLtMatmul(p.handle, p.desc, &p.alpha, p.first_ptr, p.first, p.second_ptr, p.second, &p.beta, c,
+                         p.out, c, p.out, &algo, p.workspace, p.workspace_bytes,
+                         p.stream) != CUBLAS_STATUS_SUCCESS)
+        return false;
+    return true;
+  };
   // Microseconds per call over `reps` calls after `warmup` untimed ones; infinity if cuBLASLt refuses it.
   auto time_us = [&](const cublasLtMatmulAlgo_t& algo, int warmup, int reps) -> double {
-    for (int i = 0; i < warmup; ++i)
-      if (cublasLtMatmul(p.handle, p.desc, &p.alpha, p.first_ptr, p.first, p.second_ptr, p.second, &p.beta, c,
-                         p.out, c, p.out, &algo, p.workspace, p.workspace_bytes,
-                         p.stream) != CUBLAS_STATUS_SUCCESS)
-        return kFailed;
+    if (!run(algo, warmup)) return kFailed;
     ANVIL_CUDA_CHECK(cudaEventRecord(events.start, p.stream));
-    for (int i = 0; i < reps; ++i)
-      if (cublasLtMatmul(p.handle, p.desc, &p.alpha, p.first_ptr, p.first, p.second_ptr, p.second, &p.beta, c,
-                         p.out, c, p.out, &algo, p.workspace, p.workspace_bytes,
-                         p.stream) != CUBLAS_STATUS_SUCCESS)
-        return kFailed;
+    if (!run(algo, reps)) return kFailed;
     ANVIL_CUDA_CHECK(cudaEventRecord(events.stop, p.stream));
     ANVIL_CUDA_CHECK(cudaEventSynchronize(events.stop));
     float ms = 0;
