@@ -182,7 +182,6 @@ cublasLtMatmulAlgo_t GemmTuner::choose(const GemmProblem& p,
   if (const GemmTuningEntry* e = cache_->find(key)) {
     cublasLtMatmulAlgo_t algo{};
     if (init_algo(p, int(e->config[0]), algo) && set_config(algo, e->config) && accepted(p, algo)) {
-      ++reused_;
       return algo;
     }
     std::fprintf(stderr,
@@ -192,8 +191,8 @@ cublasLtMatmulAlgo_t GemmTuner::choose(const GemmProblem& p,
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   ANVIL_CUDA_CHECK(cudaStreamIsCapturing(p.stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return heuristic;  // no timing inside a graph capture
-  const bool arrays_or_none = p.c_bytes == 0;
-  if (p.beta != 0.f && arrays_or_none) return heuristic;  // nowhere to accumulate but the real C
+  if (p.beta != 0.f && p.c_bytes == 0)
+    return heuristic;  // a pointer array: nowhere to accumulate but the real C
 
   std::vector<cublasLtMatmulAlgo_t> candidates;
   std::set<Config> seen;
@@ -260,7 +259,6 @@ cublasLtMatmulAlgo_t GemmTuner::choose(const GemmProblem& p,
   entry.tuned_us = best[chosen] < kFailed ? best[chosen] : 0;
   entry.candidates = int(candidates.size());
   cache_->put(key, entry);
-  ++tuned_;
   std::printf("gemm tuning: %s: %.1f us (heuristic %.1f us, %d candidates) -> %s\n", p.describe.c_str(),
               entry.tuned_us, entry.heuristic_us, entry.candidates, cache_->path().c_str());
   std::fflush(stdout);

@@ -53,7 +53,6 @@ class GemmTuner {
   std::string full_key(const GemmProblem& p) const;
   std::unique_ptr<GemmTuningCache> cache_;
   std::string device_;  // name and compute capability, part of every key
-  int tuned_ = 0, reused_ = 0;
 };
 
 }  // namespace anvil::cuda
