@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -52,6 +53,9 @@ class DropoutParity : public parity::TypedParityFixture<DType> {
   }
   const DropoutState* cpu_state() const { return static_cast<const DropoutState*>(cpu_state_.get()); }
   const DropoutState* gpu_state() const { return static_cast<const DropoutState*>(gpu_state_.get()); }
+
+  // Attention with probability dropout at one shape, every mask variant, against the CPU (Attention).
+  void check_attention(int B, int T, int C, int NH);
 
   // One dropout result: the mask (zeros) is the hash's, bit for bit, on both backends; the kept values are
   // x * scale rounded once (equal for fp32, within one rounding of the storage type otherwise).
@@ -185,7 +189,16 @@ TEST_P(DropoutParity, NextMicro) {
 // Attention with probability dropout against the CPU, at a shape where cuDNN flash attention would run
 // without dropout (16-bit storage), for every mask variant.
 TEST_P(DropoutParity, Attention) {
-  const int B = 3, T = 40, C = 64, NH = 2;
+  // Head sizes 32 and 64 (fp32: the pair and the tiled fused forward), the second over several query and key
+  // tiles of the fused kernels with ragged edges.
+  for (const auto& [B, T, C, NH] : {std::array<int, 4>{3, 40, 64, 2}, std::array<int, 4>{2, 150, 128, 2}}) {
+    SCOPED_TRACE("B " + std::to_string(B) + " T " + std::to_string(T) + " C " + std::to_string(C) + " NH " +
+                 std::to_string(NH));
+    check_attention(B, T, C, NH);
+  }
+}
+
+void DropoutParity::check_attention(int B, int T, int C, int NH) {
   const float p = 0.1f;
   const uint32_t site = 12;
   const std::string impl = cuda_attention_implementation(act_, C, NH, false);

@@ -44,29 +44,6 @@ __device__ __forceinline__ void store4(float* p, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
-// rows x HS of a [T, ld] operand (heads in place), starting at token t0, into dst[HS][kTileRows + kPad]
-// (fp32); tokens past `seq` read as 0. A warp reads 8 rows x 4 groups of 4 dimensions: 64 contiguous bytes
-// per fp32 row, and shared-memory writes at most 2-way conflicted thanks to the padding.
-template <int HS, int kTileRows>
-__device__ __forceinline__ void stage_transposed(float* dst, const float* src, int64_t ld, int t0, int seq) {
-  constexpr int kQuads = HS / 4, kLd = kTileRows + kPad;
-  static_assert((kTileRows * kQuads) % kThreads == 0 && kQuads % 4 == 0, "tile not covered evenly");
-  float v[kTileRows * kQuads / kThreads][4];
-#pragma unroll
-  for (int n = 0; n < kTileRows * kQuads / kThreads; ++n) {
-    const int i = threadIdx.x + n * kThreads;
-    const int r = i % 8 + 8 * (i / (8 * kQuads)), d = 4 * ((i / 8) % kQuads);
-    v[n][0] = v[n][1] = v[n][2] = v[n][3] = 0.f;
-    if (t0 + r < seq) load4(v[n], src + int64_t(t0 + r) * ld + d);
-  }
-#pragma unroll
-  for (int n = 0; n < kTileRows * kQuads / kThreads; ++n) {
-    const int i = threadIdx.x + n * kThreads;
-    const int r = i % 8 + 8 * (i / (8 * kQuads)), d = 4 * ((i / 8) % kQuads);
-    for (int c = 0; c < 4; ++c) dst[(d + c) * kLd + r] = v[n][c];
-  }
-}
-
 // acc[i][j] = sum_d a[d][row0 + i] * b[d][col0 + j] over d < HS (a: [HS][kRows + kPad], b: [HS][kCols +
 // kPad]).
 template <int HS>
@@ -120,10 +97,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   live = __syncthreads_or(live);
   if (live) {
-    stage_transposed<HS, kRows>(q_s, q, row3, q0, seq);
-    stage_transposed<HS, kRows>(do_s, dO, C, q0, seq);
-    stage_transposed<HS, kCols>(k_s, q + C, row3, k0, seq);
-    stage_transposed<HS, kCols>(v_s, q + 2 * C, row3, k0, seq);
+    stage_transposed<HS, kRows, kThreads>(q_s, q, row3, q0, seq);
+    stage_transposed<HS, kRows, kThreads>(do_s, dO, C, q0, seq);
+    stage_transposed<HS, kCols, kThreads>(k_s, q + C, row3, k0, seq);
+    stage_transposed<HS, kCols, kThreads>(v_s, q + 2 * C, row3, k0, seq);
     __syncthreads();
     // D for the tile's queries: two threads per row, each over every other group of four dimensions.
     const int r = threadIdx.x / 2, part = threadIdx.x % 2, t = q0 + r;
@@ -198,30 +175,6 @@ constexpr size_t smem_bytes(int HS) {
   return (size_t(6) * HS * kLd + 4 * kTile) * sizeof(float);
 }
 
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-// kTile keys x HS of k or v ([T, ld], heads in place) from key k0 into dst[HS][kLd], transposed, without
-// waiting: each warp instruction copies 4 keys x 8 dimensions (4 whole 32-byte sectors, into 32 distinct
-// banks). Keys past `seq` read as 0.
-template <int HS>
-__device__ __forceinline__ void load_keys_async(float* dst, const float* src, int64_t ld, int k0, int seq) {
-  constexpr int kKeyGroups = kTile / 4, kChunks = kKeyGroups * (HS / 8);
-  const int lane = threadIdx.x % 32, kk = lane % 4, dd = lane / 4;
-  for (int c = threadIdx.x / 32; c < kChunks; c += kThreads / 32) {
-    const int key = (c % kKeyGroups) * 4 + kk, d = (c / kKeyGroups) * 8 + dd, t = k0 + key;
-    cp_async4(dst + d * kLd + key, src + int64_t(t < seq ? t : 0) * ld + d, t < seq);
-  }
-}
-
 // acc[i][j] = sum_d a[d][row(i)] * b[d][col(j)], rows ty*4 + (0..3) and 64 + ty*4 + (0..3), columns
 // likewise with tx (a, b: [HS][kLd]).
 template <int HS>
@@ -231,19 +184,7 @@ __device__ __forceinline__ void tile_product(float (&acc)[8][8], const float* a,
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
-#pragma unroll 4
-  for (int d = 0; d < HS; ++d) {
-    const float4 a0 = *reinterpret_cast<const float4*>(a + d * kLd + ty * 4);
-    const float4 a1 = *reinterpret_cast<const float4*>(a + d * kLd + 64 + ty * 4);
-    const float4 b0 = *reinterpret_cast<const float4*>(b + d * kLd + tx * 4);
-    const float4 b1 = *reinterpret_cast<const float4*>(b + d * kLd + 64 + tx * 4);
-    const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-  }
+  patch_product<HS, kLd, 64, kLd, 64>(acc, a + ty * 4, b + tx * 4);
 }
 
 __device__ __forceinline__ int patch_row(int ty, int i) {
@@ -290,8 +231,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Key tiles from live_tiles on are past every row's last key: only zeros to write there.
   const int live_tiles = max_last_s < 0 ? 0 : max_last_s / kTile + 1, n_tiles = (seq + kTile - 1) / kTile;
   if (live_tiles > 0) {
-    load_keys_async<HS>(kv_s, q + C, row3, 0, seq);
-    load_keys_async<HS>(kv_s + HS * kLd, q + 2 * C, row3, 0, seq);
+    stage_transposed_async<HS, kTile, kThreads>(kv_s, q + C, row3, 0, seq);
+    stage_transposed_async<HS, kTile, kThreads>(kv_s + HS * kLd, q + 2 * C, row3, 0, seq);
     cp_async_commit();
     // D for the tile's queries: two threads per row, each over every other group of four dimensions. The
     // reads of `out` are issued first, so their latency overlaps the staging's.
@@ -302,8 +243,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ov[n][0] = ov[n][1] = ov[n][2] = ov[n][3] = 0.f;
       if (t < seq) load4(ov[n], o + int64_t(t) * C + 4 * part + 8 * n);
     }
-    stage_transposed<HS, kTile>(q_s, q, row3, q0, seq);
-    stage_transposed<HS, kTile>(do_s, dO, C, q0, seq);
+    stage_transposed<HS, kTile, kThreads>(q_s, q, row3, q0, seq);
+    stage_transposed<HS, kTile, kThreads>(do_s, dO, C, q0, seq);
     __syncthreads();
     float dsum = 0.f;
 #pragma unroll
@@ -321,12 +262,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     float p[8][8], dp[8][8];
     const bool live = j < live_tiles;
     if (live) {
-      cp_async_wait_all();
+      cp_async_wait<0>();
       __syncthreads();  // tile j visible to all; every thread is done with the other buffer (tile j - 1)
       if (j + 1 < live_tiles) {
         float* next = kv_s + ((j + 1) % 2) * 2 * HS * kLd;
-        load_keys_async<HS>(next, q + C, row3, k0 + kTile, seq);
-        load_keys_async<HS>(next + HS * kLd, q + 2 * C, row3, k0 + kTile, seq);
+        stage_transposed_async<HS, kTile, kThreads>(next, q + C, row3, k0 + kTile, seq);
+        stage_transposed_async<HS, kTile, kThreads>(next + HS * kLd, q + 2 * C, row3, k0 + kTile, seq);
         cp_async_commit();
       }
       const float* k_s = kv_s + (j % 2) * 2 * HS * kLd;
@@ -384,31 +325,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace tiled
 
-// The opt-in shared memory per block of the current device, queried once per device: supported() asks on
-// every backward call.
-int max_optin_smem() {
-  constexpr int kDevices = 64;
-  static std::array<std::atomic<int>, kDevices> cached{};  // 0: not queried yet
-  int dev = 0, bytes = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < kDevices && (bytes = cached[dev].load(std::memory_order_relaxed)) > 0) return bytes;
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (dev < kDevices) cached[dev].store(bytes, std::memory_order_relaxed);
-  return bytes;
-}
-
-// Opts `kernel` into `bytes` of dynamic shared memory once per device, before its first launch there (an
-// eager step, outside any graph capture).
-void configure_for_current_device(const void* kernel, size_t bytes) {
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> configured;
-  int dev = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (configured.insert({kernel, dev}).second)
-    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <bool kDropout, int HS>
 void launch(cudaStream_t stream, float* probs, float* dscores, const float* qkv, const float* dout,
             const float* out, const float* lse, int B, int seq, int C, int NH, float scale, bool causal,
@@ -454,6 +370,31 @@ void launch_for_head_size(int HS, cudaStream_t stream, float* probs, float* dsco
 }
 
 }  // namespace
+
+// The opt-in shared memory per block of the current device, queried once per device: supported() asks on
+// every backward call.
+int max_optin_smem() {
+  constexpr int kDevices = 64;
+  static std::array<std::atomic<int>, kDevices> cached{};  // 0: not queried yet
+  int dev = 0, bytes = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < kDevices && (bytes = cached[dev].load(std::memory_order_relaxed)) > 0) return bytes;
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (dev < kDevices) cached[dev].store(bytes, std::memory_order_relaxed);
+  return bytes;
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory once per device, before its first launch there (an
+// eager step, outside any graph capture).
+void configure_for_current_device(const void* kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> configured;
+  int dev = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (configured.insert({kernel, dev}).second)
+    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
 
 bool attention_bwd_scores_supported(anvil::DType act, int B, int T, int C, int NH, const void* qkv,
                                     const void* dout, const void* out) {

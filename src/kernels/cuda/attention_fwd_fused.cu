@@ -15,6 +15,7 @@
 // probabilities, so lse is the undropped softmax's, and the output is (sum over kept keys of p v) * scale /
 // l.
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/kernel_utils.cuh"
@@ -36,26 +37,25 @@ __device__ __forceinline__ int block_last_key(int q0, int b, int seq, bool causa
   return causal ? min(q0 + kQueries - 1, len - 1) : len - 1;
 }
 
-// Rows k0 .. k0 + kKeys - 1 of a [T, ld] operand (a head, in place) into dst[kKeys][HS] by asynchronous
-// copies (no registers held while the q and output rows occupy them); rows past `seq` are zero-filled.
-// Consecutive threads copy consecutive 16-byte pieces of a row. The caller waits (wait_staged).
-template <int HS>
+// Rows k0 .. k0 + kRows - 1 of a [T, ld] operand (a head, in place) into dst[kRows][kPitch] by asynchronous
+// copies (no registers held while the q and output rows occupy them), by a block of kThreads; rows past
+// `seq` are zero-filled. Consecutive threads copy consecutive 16-byte pieces of a row. The caller commits
+// and waits (wait_staged).
+template <int HS, int kRows = kKeys, int kThreads = kQueries, int kPitch = HS>
 __device__ __forceinline__ void stage_rows(float* dst, const float* src, int64_t ld, int k0, int seq) {
-  constexpr int kQuads = HS / 4, kPerThread = kKeys * kQuads / kQueries;
-  static_assert((kKeys * kQuads) % kQueries == 0, "tile not covered evenly");
+  constexpr int kQuads = HS / 4, kPerThread = kRows * kQuads / kThreads;
+  static_assert((kRows * kQuads) % kThreads == 0, "tile not covered evenly");
 #pragma unroll
   for (int n = 0; n < kPerThread; ++n) {
-    const int i = threadIdx.x + n * kQueries, r = i / kQuads, d = 4 * (i % kQuads);
+    const int i = threadIdx.x + n * kThreads, r = i / kQuads, d = 4 * (i % kQuads);
     const bool inside = k0 + r < seq;
-    const float* from = src + int64_t(inside ? k0 + r : 0) * ld + d;
-    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst + 4 * i));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from),
-                 "r"(inside ? 16 : 0));
+    cp_async16(dst + r * kPitch + d, src + int64_t(inside ? k0 + r : 0) * ld + d, inside);
   }
 }
 
 __device__ __forceinline__ void wait_staged() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 // Block (query tile x, head y = b * NH + h). Lanes 2p and 2p + 1 (a pair) share queries 2p and 2p + 1 of
@@ -208,17 +208,185 @@ __global__ void __launch_bounds__(kQueries)
   if (t < seq) lse[row] = last >= 0 ? (m + __log2f(l)) * kLn2 : 0.f;
 }
 
+// --- 128-query tiles with 8 x 8 patches, head size 64 ----------------------------------------------------
+// The kernel above feeds two multiply-adds per float it reads from shared memory, so shared-memory bandwidth
+// holds its products to about half the FMA rate. Here a block of 128 threads keeps 128 queries and walks the
+// keys in tiles of 64, and every product is an outer product of 8 x 8 patches (four multiply-adds per float
+// read): S = q k^T into registers (thread: rows ty*4 and 64 + ty*4, four each; keys tx*4 and 32 + tx*4),
+// the online softmax on them (a row's 64 keys lie in the 8 consecutive lanes of one ty: three shuffles per
+// row maximum; the sums stay per thread until the end), P through shared memory (transposed, [key][row]),
+// then o += P v (the same rows; dimensions tx*4 and 32 + tx*4). k is copied for the next tile while P v
+// runs, v while the next S runs, each into its single buffer (cp.async), so two blocks fit on an SM.
+namespace tiled {
+
+constexpr int kQ = 128, kK = 64, kThreads = 128, kLdQ = kQ + 4, kLdK = kK + 4;
+
+template <int HS>
+constexpr size_t smem_bytes() {
+  // q^T [HS][kLdQ], k^T [HS][kLdK], v [kK][HS + 4], P^T [kK][kLdQ]; per query: last key, dropout row key
+  return (size_t(HS) * kLdQ + size_t(HS) * kLdK + size_t(kK) * (HS + 4) + size_t(kK) * kLdQ + 2 * kQ) *
+         sizeof(float);
+}
+
+__device__ __forceinline__ int patch_index(int t, int i, int half) {
+  return i < 4 ? t * 4 + i : half + t * 4 + (i - 4);
+}
+
+// Block (query tile x, head y = b * NH + h).
+template <int HS, bool kDropout>
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_fwd_tiled_kernel(float* out, float* lse, const float* qkv, int seq, int C, int NH,
+                               float scale_log2, bool causal, const int32_t* lengths, DropoutArgs drop) {
+  static_assert(HS == 64, "the patch layout covers 64 dimensions");
+  constexpr int kLdV = HS + 4;
+  extern __shared__ __align__(16) float smem[];
+  float* q_s = smem;             // [HS][kLdQ], pre-scaled by scale * log2(e)
+  float* k_s = q_s + HS * kLdQ;  // [HS][kLdK]
+  float* v_s = k_s + HS * kLdK;  // [kK][kLdV]
+  float* p_s = v_s + kK * kLdV;  // [kK][kLdQ]
+  int* last_s = reinterpret_cast<int*>(p_s + kK * kLdQ);
+  uint32_t* row_key_s = reinterpret_cast<uint32_t*>(last_s + kQ);
+  __shared__ int max_last_s;
+
+  const int z = blockIdx.y, b = z / NH, h = z % NH, q0 = blockIdx.x * kQ;
+  const int64_t row3 = 3 * int64_t(C);
+  const float* head = qkv + int64_t(b) * seq * row3 + int64_t(h) * HS;  // q of token 0; k at +C, v at +2C
+  const size_t row_base = size_t(z) * seq;
+
+  if (threadIdx.x == 0) max_last_s = -1;
+  __syncthreads();
+  int max_last = -1;
+  for (int r = threadIdx.x; r < kQ; r += kThreads) {
+    const int t = q0 + r;
+    const int last = t < seq ? last_key(row_base + t, seq, NH, causal, lengths) : -1;
+    last_s[r] = last;
+    if constexpr (kDropout) row_key_s[r] = attention_dropout_row_key(drop, row_base + t);
+    max_last = max(max_last, last);
+  }
+  if (max_last >= 0) atomicMax(&max_last_s, max_last);
+  __syncthreads();
+  const int tiles = max_last_s < 0 ? 0 : max_last_s / kK + 1;  // key tiles any query of the block sees
+
+  const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
+  float o[8][8], m[8], l[8];  // rows patch_index(ty, i, 64); o's columns: dimensions patch_index(tx, j, 32)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    m[i] = -INFINITY, l[i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[i][j] = 0.f;
+  }
+  if (tiles > 0) {
+    stage_transposed_async<HS, kK, kThreads>(k_s, head + C, row3, 0, seq);
+    cp_async_commit();
+    stage_rows<HS, kK, kThreads, kLdV>(v_s, head + 2 * C, row3, 0, seq);
+    cp_async_commit();
+    stage_transposed<HS, kQ, kThreads>(q_s, head, row3, q0, seq, scale_log2);
+  }
+  for (int j = 0; j < tiles; ++j) {
+    const int k0 = j * kK;
+    cp_async_wait<1>();  // k of tile j (v may still be in flight)
+    __syncthreads();
+    float s[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) s[i][c] = 0.f;
+    patch_product<HS, kLdQ, 64, kLdK, 32>(s, q_s + ty * 4, k_s + tx * 4);
+    __syncthreads();  // every thread is done with k_s: the next tile's k goes there
+    if (j + 1 < tiles) stage_transposed_async<HS, kK, kThreads>(k_s, head + C, row3, k0 + kK, seq);
+    cp_async_commit();  // possibly empty: the group count stays uniform
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = patch_index(ty, i, 64), last = last_s[r];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        if (k0 + patch_index(tx, c, 32) > last) s[i][c] = -INFINITY;  // masked, padding or past the keys
+        tile_max = fmaxf(tile_max, s[i][c]);
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 4));
+      const float m_new = fmaxf(m[i], tile_max);
+      // Nothing visible yet: keep every term 0 (2^(-inf - 0)) rather than form -inf - -inf.
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = m[i] == -INFINITY ? 1.f : exp2f(m[i] - m_use);
+      m[i] = m_new;
+      float sum = 0.f;
+      const uint32_t row_key = kDropout ? row_key_s[r] : 0;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        float p = exp2f(s[i][c] - m_use);
+        sum += p;
+        if constexpr (kDropout)
+          if (!anvil::attention_dropout_keep(row_key, k0 + patch_index(tx, c, 32), drop.threshold)) p = 0.f;
+        s[i][c] = p;
+      }
+      l[i] = fmaf(l[i], alpha, sum);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) o[i][c] *= alpha;
+    }
+    // P^T: key patch_index(tx, c, 32), rows ty*4 .. ty*4 + 3 and 64 + ty*4 .. (two 16-byte writes a key).
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      float* dst = p_s + patch_index(tx, c, 32) * kLdQ + ty * 4;
+      *reinterpret_cast<float4*>(dst) = make_float4(s[0][c], s[1][c], s[2][c], s[3][c]);
+      *reinterpret_cast<float4*>(dst + 64) = make_float4(s[4][c], s[5][c], s[6][c], s[7][c]);
+    }
+    cp_async_wait<1>();  // v of tile j (the next k may still be in flight)
+    __syncthreads();
+    patch_product<kK, kLdQ, 64, kLdV, 32>(o, p_s + ty * 4, v_s + tx * 4);
+    __syncthreads();  // every thread is done with v_s and p_s
+    if (j + 1 < tiles) stage_rows<HS, kK, kThreads, kLdV>(v_s, head + 2 * C, row3, k0 + kK, seq);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();  // nothing may land in shared memory after the block exits
+
+  const float drop_scale = kDropout ? drop.scale : 1.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = patch_index(ty, i, 64), t = q0 + r;
+    float sum = l[i];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    if (t >= seq) continue;
+    // A padding query: output 0 and lse 0, the contract's values there.
+    const bool visible = last_s[r] >= 0;
+    const float inv = visible ? drop_scale / sum : 0.f;
+    float* dst = out + (int64_t(b) * seq + t) * C + int64_t(h) * HS + tx * 4;
+    *reinterpret_cast<float4*>(dst) = make_float4(o[i][0] * inv, o[i][1] * inv, o[i][2] * inv, o[i][3] * inv);
+    *reinterpret_cast<float4*>(dst + 32) =
+        make_float4(o[i][4] * inv, o[i][5] * inv, o[i][6] * inv, o[i][7] * inv);
+    if (tx == 0) lse[row_base + t] = visible ? (m[i] + __log2f(sum)) * kLn2 : 0.f;
+  }
+}
+
+}  // namespace tiled
+
 template <int HS>
 void launch(cudaStream_t stream, float* out, float* lse, const float* qkv, int B, int seq, int C, int NH,
             bool causal, const int32_t* lengths, const AttentionDropout& dropout) {
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
+  const DropoutArgs drop = dropout.p > 0 ? dropout_args(dropout) : DropoutArgs{};
+  if constexpr (HS == 64) {
+    // TEMPORARY A/B switch for the device measurement: ANVIL_FWD_PAIRS=1 runs the pair kernel.
+    static const bool pairs = std::getenv("ANVIL_FWD_PAIRS") != nullptr;
+    if (!pairs && tiled::smem_bytes<HS>() + sizeof(int) <= size_t(max_optin_smem())) {
+      const auto kernel = dropout.p > 0 ? tiled::attention_fwd_tiled_kernel<HS, true>
+                                        : tiled::attention_fwd_tiled_kernel<HS, false>;
+      configure_for_current_device(reinterpret_cast<const void*>(kernel), tiled::smem_bytes<HS>());
+      const dim3 grid((seq + tiled::kQ - 1) / tiled::kQ, B * NH);
+      kernel<<<grid, tiled::kThreads, tiled::smem_bytes<HS>(), stream>>>(out, lse, qkv, seq, C, NH,
+                                                                         scale_log2, causal, lengths, drop);
+      ANVIL_CUDA_CHECK_LAST();
+      return;
+    }
+  }
   const dim3 grid((seq + kQueries - 1) / kQueries, B * NH);
-  if (dropout.p > 0)
-    attention_fwd_fused_kernel<HS, true><<<grid, kQueries, 0, stream>>>(
-        out, lse, qkv, seq, C, NH, scale_log2, causal, lengths, dropout_args(dropout));
-  else
-    attention_fwd_fused_kernel<HS, false>
-        <<<grid, kQueries, 0, stream>>>(out, lse, qkv, seq, C, NH, scale_log2, causal, lengths, {});
+  const auto kernel =
+      dropout.p > 0 ? attention_fwd_fused_kernel<HS, true> : attention_fwd_fused_kernel<HS, false>;
+  kernel<<<grid, kQueries, 0, stream>>>(out, lse, qkv, seq, C, NH, scale_log2, causal, lengths, drop);
   ANVIL_CUDA_CHECK_LAST();
 }
 
