@@ -27,6 +27,14 @@ struct RowDropout {
   size_t index_pitch = 0;
 };
 
+// The residual branch's gradient that Ops::layernorm_bwd_sum can produce with the LayerNorm's: see there.
+struct BranchGrad {
+  void* dbranch = nullptr;  // the branch's gradient through `drop` (null without dropout)
+  void* dbias = nullptr;    // += its column sums (null: not wanted)
+  RowDropout drop;
+  bool any() const { return dbranch || dbias; }
+};
+
 // splitmix64's finaliser: a bijection of 64-bit words with full avalanche.
 ANVIL_HD uint64_t dropout_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -237,9 +237,19 @@ class Ops {
   // each element rounded to the compute type as residual_fwd stores it: exactly residual_fwd into a buffer,
   // then layernorm_bwd of it. dinp is OVERWRITTEN (not accumulated); [grad] dw, db accumulate. dinp may
   // alias dout2 (not dout, inp or w). A residual stream's gradient can stay a pair until its LayerNorm.
+  //
+  // With `branch`, also the gradient of the residual branch the LayerNorm's input received, res = x +
+  // dropout(y + bias) (post-LayerNorm blocks): branch.dbranch = dropout_rows of dinp under branch.drop (when
+  // drop.p > 0; it must not alias any other operand; with no dropout it must be null: the branch's gradient
+  // is dinp itself), and [grad] branch.dbias (may be null) += the column sums of that gradient. Exactly
+  // layernorm_bwd_sum, dropout_rows and the bias part of matmul_bwd in sequence; on CUDA one pass.
   virtual void layernorm_bwd_sum(void* dinp, void* dw, void* db, const void* dout, const void* dout2,
                                  const void* inp, const void* w, const float* mean, const float* rstd, int N,
-                                 int C) = 0;
+                                 int C, const BranchGrad& branch) = 0;
+  void layernorm_bwd_sum(void* dinp, void* dw, void* db, const void* dout, const void* dout2, const void* inp,
+                         const void* w, const float* mean, const float* rstd, int N, int C) {
+    layernorm_bwd_sum(dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C, BranchGrad{});
+  }
 
   // --- matmul: out[N,OC] = inp[N,K] @ w[OC,K]^T (+ bias[OC]); bias may be null --------------------
   virtual void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
@@ -313,6 +323,11 @@ class Ops {
   // Both at once, as a backward that recomputes the GELU output needs them: out = gelu_erf(inp) and dinp =
   // dout * gelu_erf'(inp) (one pass over inp on CUDA); dinp may alias dout, out must not alias anything.
   virtual void gelu_erf_fwd_bwd(void* out, void* dinp, const void* inp, const void* dout, size_t n) = 0;
+  // gelu_erf_fwd_bwd of an [N, cols] tensor that also adds dinp's column sums to [grad] dbias[cols] (the bias
+  // gradient of the Linear whose output GELU read): exactly gelu_erf_fwd_bwd, then the bias part of
+  // matmul_bwd; on CUDA one pass.
+  virtual void gelu_erf_fwd_bwd_bias(void* out, void* dinp, void* dbias, const void* inp, const void* dout,
+                                     int N, int cols) = 0;
   // out = tanh(inp) (BERT's pooler); out may alias inp.
   virtual void tanh_fwd(void* out, const void* inp, size_t n) = 0;
   // dinp = dout * (1 - out^2), from the forward's OUTPUT; dinp may alias dout.
@@ -412,6 +427,8 @@ class Ops {
 
 // `precision.compute` must be F32, BF16 or F16 and `precision.grad` F32 or the compute type.
 void validate_ops_precision(OpsPrecision p);
+// layernorm_bwd_sum's `branch` contract for C columns and the LayerNorm's dinp (both backends check it).
+void validate_branch_grad(const BranchGrad& branch, int C, const void* dinp);
 
 std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision = {});
 // What Ops::attention_scratch_bytes answers on a backend, without a device (for planning). CUDA in a

@@ -455,44 +455,44 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   // of this function): none for the top block, dfc_ below the [CLS]-rows block, else d1_. Nothing writes it
   // in between (a checkpoint recompute writes activations and recompute buffers only).
   const void* carry = l == cfg_.n_layer - 1 ? nullptr : first_rows_only(l + 1) ? dfc_ : d1_;
-  // Output LayerNorm: d1_ = d(res2), res2 = h1 + f Wout^T + bout (overwriting a carry in d1_).
+  // With dropout, a projection's output gradient is the LayerNorm's input gradient through the mask (here in
+  // a free buffer), while the residual path keeps the unmasked one. The LayerNorm backward writes both and
+  // the projection's bias gradient (its column sums) in one pass.
+  const bool drop = fwd_dropout_ && p_hidden_ > 0;
+  const auto branch = [&](void* masked, void* dbias, uint32_t s) {
+    return drop ? BranchGrad{masked, dbias, hidden_row_dropout(l, T, s)} : BranchGrad{nullptr, dbias, {}};
+  };
+  // Output LayerNorm: d1_ = d(res2), res2 = h1 + f Wout^T + bout (overwriting a carry in d1_); the output
+  // projection's output gradient dproj (masked: in the free QKV-gradient buffer) and its bias gradient.
   ops.layernorm_bwd_sum(d1_, g.ln2w, g.ln2b, d0_, carry, act(kRes2, l), p.ln2w, ln2_stats, ln2_stats + sBT, N,
-                        C);
+                        C, branch(dqkv_, g.projb, site(l, 2)));
+  const void* dproj = drop ? dqkv_ : d1_;
   // MLP: dfc_ = d(pre-activation); then d0_ = its path's part of d(h1), which with d(res2) in d1_ is d(h1).
   // The output projection's weight gradient needs the GELU output, which is rebuilt from the pre-activation
-  // (a checkpointed block's recompute already did; with exact GELU, in one pass with GELU's backward,
-  // between the projection's input and weight gradients).
+  // (a checkpointed block's recompute already did; with exact GELU, in one pass with GELU's backward and the
+  // MLP input projection's bias gradient, between the output projection's input and weight gradients).
   const bool rebuild_gelu = !checkpointing_.checkpointed(l);
   if (rebuild_gelu && !cfg_.exact_gelu()) ops.gelu_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
-  // With dropout, the projection's output gradient is d(res2) through the mask (in the free QKV-gradient
-  // buffer); the residual path keeps d(res2) itself.
-  const bool drop = fwd_dropout_ && p_hidden_ > 0;
-  const void* dproj = d1_;
-  if (drop) {
-    hidden_dropout(ops, dqkv_, d1_, l, B, T, site(l, 2));
-    dproj = dqkv_;
-  }
+  void* fcb_grad = g.fcb;  // null once a fused op has added it
   if (cfg_.exact_gelu() && rebuild_gelu) {
     ops.matmul_bwd(dfc_, nullptr, nullptr, dproj, nullptr, p.projw, N, F, C);
-    ops.gelu_erf_fwd_bwd(act(kFchGelu, l), dfc_, act(kFch, l), dfc_, size_t(N) * F);
-    ops.matmul_bwd(nullptr, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
+    ops.gelu_erf_fwd_bwd_bias(act(kFchGelu, l), dfc_, g.fcb, act(kFch, l), dfc_, N, F);
+    fcb_grad = nullptr;
+    ops.matmul_bwd(nullptr, g.projw, nullptr, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
   } else if (cfg_.exact_gelu()) {
-    ops.matmul_bwd(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
+    ops.matmul_bwd(dfc_, g.projw, nullptr, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
     ops.gelu_erf_bwd(dfc_, act(kFch, l), dfc_, size_t(N) * F);
   } else {
-    ops.matmul_bwd_dgelu(dfc_, g.projw, g.projb, dproj, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C,
+    ops.matmul_bwd_dgelu(dfc_, g.projw, nullptr, dproj, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C,
                          dw_write());
   }
-  ops.matmul_bwd(d0_, g.fcw, g.fcb, dfc_, act(kH1, l), p.fcw, N, C, F, dw_write());
-  // Attention LayerNorm of d(h1) = d0_ + d1_: d1_ = d(res1), res1 = x + a Wo^T + bo (in place of d(res2)).
+  ops.matmul_bwd(d0_, g.fcw, fcb_grad, dfc_, act(kH1, l), p.fcw, N, C, F, dw_write());
+  // Attention LayerNorm of d(h1) = d0_ + d1_: d1_ = d(res1), res1 = x + a Wo^T + bo (in place of d(res2));
+  // the attention projection's output gradient (masked: in the free MLP-gradient buffer) and bias gradient.
   ops.layernorm_bwd_sum(d1_, g.ln1w, g.ln1b, d0_, d1_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N,
-                        C);
-  const void* dattn_proj = d1_;  // through the mask (in the free MLP-gradient buffer) with dropout
-  if (drop) {
-    hidden_dropout(ops, dfc_, d1_, l, B, T, site(l, 1));
-    dattn_proj = dfc_;
-  }
-  ops.matmul_bwd(d0_, g.attow, g.attob, dattn_proj, first_rows ? atty_first_ : act(kAtty, l), p.attow, N, C,
+                        C, branch(dfc_, g.attob, site(l, 1)));
+  const void* dattn_proj = drop ? dfc_ : d1_;
+  ops.matmul_bwd(d0_, g.attow, nullptr, dattn_proj, first_rows ? atty_first_ : act(kAtty, l), p.attow, N, C,
                  C, dw_write());
   // The attention's output gradient: d0_, or (the [CLS] rows only) d0_ at positions (b, 0) and zero
   // elsewhere, in the MLP-gradient buffer that is free again.

@@ -174,6 +174,80 @@ TEST_P(DropoutParity, Rows) {
   }
 }
 
+// layernorm_bwd_sum with the residual branch's gradient (BERT's post-LayerNorm blocks): the gradient through
+// the branch's dropout and its column sums (the branch bias), against the CPU's ops in sequence. Rows of the
+// tensor itself and rows of a bigger one (index pitch), fp32 rows the fused kernel takes (C <= 1024) and
+// ones it leaves to the unfused kernels; without dropout, the bias gradient of dinp itself.
+TEST_P(DropoutParity, LayerNormBwdBranch) {
+  struct Shape {
+    int N, C, pitch_rows;
+  };
+  const uint64_t seed = (uint64_t(rng_()) << 32) | rng_();
+  const double tol = act_ == DType::F32 ? 1e-4 : ulps(act_, 4);
+  const double tol_sums = act_ == DType::F32 ? 1e-4 : ulps(act_, 8);
+  for (const Shape s : {Shape{37, 1024, 1}, Shape{4, 64, 9}, Shape{19, 200, 1}, Shape{5, 1100, 1}}) {
+    const size_t NC = size_t(s.N) * s.C;
+    Buf inp = act(randn(NC, 2.f, 3.f)), w = act(randn(size_t(s.C), 0.5f, 1.f)), b = act(randn(size_t(s.C)));
+    Buf out = act(randn(NC)), mean = f32(randn(size_t(s.N))), rstd = f32(randn(size_t(s.N)));
+    cpu_->layernorm_fwd(out.cpu(), static_cast<float*>(mean.cpu()), static_cast<float*>(rstd.cpu()),
+                        inp.cpu(), w.cpu(), b.cpu(), s.N, s.C);
+    copy_cpu_to_gpu(mean);
+    copy_cpu_to_gpu(rstd);
+    for (const float p : {0.f, 0.1f}) {
+      SCOPED_TRACE("N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + " pitch rows " +
+                   std::to_string(s.pitch_rows) + " p=" + std::to_string(p));
+      set_state(seed, 6);
+      Buf dout = act(randn(NC)), dout2 = act(randn(NC, 0.5f)), dinp = act(randn(NC, 100.f));
+      Buf dw = grad(randn(size_t(s.C))), db = grad(randn(size_t(s.C))), dbias = grad(randn(size_t(s.C)));
+      Buf dbranch = act(randn(NC, 100.f));
+      const auto branch = [&](bool gpu) {
+        BranchGrad g;
+        g.dbias = gpu ? dbias.gpu() : dbias.cpu();
+        if (p > 0) {
+          g.dbranch = gpu ? dbranch.gpu() : dbranch.cpu();
+          g.drop = {p, gpu ? gpu_state() : cpu_state(), 11, size_t(s.pitch_rows) * s.C};
+        }
+        return g;
+      };
+      cpu_->layernorm_bwd_sum(dinp.cpu(), dw.cpu(), db.cpu(), dout.cpu(), dout2.cpu(), inp.cpu(), w.cpu(),
+                              static_cast<const float*>(mean.cpu()), static_cast<const float*>(rstd.cpu()),
+                              s.N, s.C, branch(false));
+      gpu_->layernorm_bwd_sum(dinp.gpu(), dw.gpu(), db.gpu(), dout.gpu(), dout2.gpu(), inp.gpu(), w.gpu(),
+                              static_cast<const float*>(mean.gpu()), static_cast<const float*>(rstd.gpu()),
+                              s.N, s.C, branch(true));
+      EXPECT_TRUE(same("layernorm_bwd_sum dinp", dinp, tol));
+      EXPECT_TRUE(same("layernorm_bwd_sum dw", dw, tol_sums));
+      EXPECT_TRUE(same("layernorm_bwd_sum db", db, tol_sums));
+      EXPECT_TRUE(same("layernorm_bwd_sum branch dbias", dbias, tol_sums));
+      if (p > 0) {
+        EXPECT_TRUE(same("layernorm_bwd_sum dbranch", dbranch, tol));
+        // The mask is the dropout op's: dbranch is dropout_rows of the CPU's dinp, on each backend.
+        Buf ref = act(randn(NC, 100.f));
+        cpu_->dropout_rows(ref.cpu(), dinp.cpu(), s.N, s.C, size_t(s.pitch_rows) * s.C, p, cpu_state(), 11);
+        EXPECT_TRUE(close("dbranch = dropout_rows(dinp) (cpu)", read(ref, false), read(dbranch, false), 0.0));
+        const std::vector<float> dg = read(dbranch, true), rg = read(ref, false);
+        size_t mask_differs = 0;
+        for (size_t i = 0; i < NC; ++i) mask_differs += (dg[i] == 0.f) != (rg[i] == 0.f);
+        EXPECT_EQ(mask_differs, 0u) << "seed " << seed_;
+      }
+    }
+  }
+  // A dbranch without dropout, or dropout without a dbranch of its own, is refused.
+  Buf x = act(randn(64)), wv = act(randn(8)), st = f32(randn(8));
+  BranchGrad bad;
+  bad.dbranch = x.gpu();
+  EXPECT_THROW(gpu_->layernorm_bwd_sum(x.gpu(), nullptr, nullptr, x.gpu(), nullptr, x.gpu(), wv.gpu(),
+                                       static_cast<const float*>(st.gpu()),
+                                       static_cast<const float*>(st.gpu()), 8, 8, bad),
+               std::exception);
+  bad.drop = {0.1f, gpu_state(), 1, 8};
+  bad.dbranch = nullptr;
+  EXPECT_THROW(gpu_->layernorm_bwd_sum(x.gpu(), nullptr, nullptr, x.gpu(), nullptr, x.gpu(), wv.gpu(),
+                                       static_cast<const float*>(st.gpu()),
+                                       static_cast<const float*>(st.gpu()), 8, 8, bad),
+               std::exception);
+}
+
 TEST_P(DropoutParity, NextMicro) {
   set_state(0x0123456789abcdefull, 41);
   cpu_->dropout_next_micro(static_cast<DropoutState*>(cpu_state_.get()));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../unit/bert_harness.hpp"
@@ -84,6 +85,19 @@ TEST_P(BertOpsParity, GeluErfTanhFirstToken) {
     gpu_->gelu_erf_fwd_bwd(at(y2.gpu()), at(g.gpu()), at(x.gpu()), at(g.gpu()), n - off);
     EXPECT_TRUE(same("gelu_erf_fwd_bwd out", y2, act_ == DType::F32 ? 1e-6 : ulps(act_, 1)));
     EXPECT_TRUE(same("gelu_erf_fwd_bwd dinp", g, act_ == DType::F32 ? 1e-6 : ulps(act_, 1)));
+  }
+  // With the bias gradient (the column sums of dinp, onto nonzero values): rows the fused fp32 kernel takes
+  // (several row blocks, a partial last one) and ones it leaves to the two ops (columns not a multiple of 4).
+  for (const auto& [rows, cols] : {std::pair{37, 4096}, std::pair{130, 512}, std::pair{9, 1030}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    const size_t m = size_t(rows) * cols;
+    Buf xi = act(randn(m, 3.f)), g2 = act(randn(m)), y3 = act(randn(m, 100.f));
+    Buf dbias = grad(randn(size_t(cols)));
+    cpu_->gelu_erf_fwd_bwd_bias(y3.cpu(), g2.cpu(), dbias.cpu(), xi.cpu(), g2.cpu(), rows, cols);
+    gpu_->gelu_erf_fwd_bwd_bias(y3.gpu(), g2.gpu(), dbias.gpu(), xi.gpu(), g2.gpu(), rows, cols);
+    EXPECT_TRUE(same("gelu_erf_fwd_bwd_bias out", y3, act_ == DType::F32 ? 1e-6 : ulps(act_, 1)));
+    EXPECT_TRUE(same("gelu_erf_fwd_bwd_bias dinp", g2, act_ == DType::F32 ? 1e-6 : ulps(act_, 1)));
+    EXPECT_TRUE(same("gelu_erf_fwd_bwd_bias dbias", dbias, grad_ == DType::F32 ? 1e-5 : ulps(grad_, 8)));
   }
 
   cpu_->tanh_fwd(y.cpu(), x.cpu(), n);

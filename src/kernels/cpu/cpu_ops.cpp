@@ -40,9 +40,19 @@ class CpuOps final : public Ops {
                      const float* mean, const float* rstd, int N, int C) override {
     cpu::layernorm_bwd(p_.compute, p_.grad, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
+  using Ops::layernorm_bwd_sum;
   void layernorm_bwd_sum(void* dinp, void* dw, void* db, const void* dout, const void* dout2, const void* inp,
-                         const void* w, const float* mean, const float* rstd, int N, int C) override {
+                         const void* w, const float* mean, const float* rstd, int N, int C,
+                         const BranchGrad& branch) override {
+    validate_branch_grad(branch, C, dinp);
     cpu::layernorm_bwd_sum(p_.compute, p_.grad, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C);
+    // The reference: the ops in sequence.
+    const RowDropout& d = branch.drop;
+    if (d.p > 0)
+      cpu::dropout_rows(p_.compute, branch.dbranch, dinp, N, C, d.index_pitch, d.p, d.state, d.site);
+    if (branch.dbias)
+      cpu::matmul_bwd(p_.compute, p_.grad, nullptr, nullptr, branch.dbias, d.p > 0 ? branch.dbranch : dinp,
+                      nullptr, nullptr, N, 1, C, false);
   }
   void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
                   int OC) override {
@@ -111,6 +121,11 @@ class CpuOps final : public Ops {
   void gelu_erf_fwd_bwd(void* out, void* dinp, const void* inp, const void* dout, size_t n) override {
     cpu::gelu_erf_fwd(p_.compute, out, inp, n);  // the reference: the two ops
     cpu::gelu_erf_bwd(p_.compute, dinp, inp, dout, n);
+  }
+  void gelu_erf_fwd_bwd_bias(void* out, void* dinp, void* dbias, const void* inp, const void* dout, int N,
+                             int cols) override {
+    gelu_erf_fwd_bwd(out, dinp, inp, dout, size_t(N) * cols);  // the reference: the ops in sequence
+    cpu::matmul_bwd(p_.compute, p_.grad, nullptr, nullptr, dbias, dinp, nullptr, nullptr, N, 1, cols, false);
   }
   void tanh_fwd(void* out, const void* inp, size_t n) override { cpu::tanh_fwd(p_.compute, out, inp, n); }
   void tanh_bwd(void* dinp, const void* out, const void* dout, size_t n) override {
@@ -186,6 +201,21 @@ void validate_ops_precision(OpsPrecision p) {
   ANVIL_REQUIRE(p.grad == DType::F32 || p.grad == p.compute,
                 "gradient dtype {} with compute dtype {}: gradients must be F32 or the compute dtype",
                 dtype_name(p.grad), dtype_name(p.compute));
+}
+
+void validate_branch_grad(const BranchGrad& branch, int C, const void* dinp) {
+  const RowDropout& d = branch.drop;
+  ANVIL_REQUIRE(d.p >= 0 && d.p < 1, "layernorm_bwd_sum: branch dropout p = {} needs 0 <= p < 1", d.p);
+  if (d.p > 0) {
+    ANVIL_REQUIRE(d.state && d.index_pitch >= size_t(C),
+                  "layernorm_bwd_sum: branch dropout needs a DropoutState and an index pitch >= {} columns",
+                  C);
+    ANVIL_REQUIRE(branch.dbranch && branch.dbranch != dinp,
+                  "layernorm_bwd_sum: branch dropout needs its own dbranch buffer (not dinp)");
+  } else {
+    ANVIL_REQUIRE(!branch.dbranch,
+                  "layernorm_bwd_sum: dbranch without branch dropout (the gradient is dinp)");
+  }
 }
 
 std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision) {

@@ -1,5 +1,6 @@
 // GELU (tanh approximation and exact erf), tanh, the residual add and the first-token rows: elementwise,
 // grid-stride over size_t counts.
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -133,6 +134,57 @@ __global__ void gelu_erf_fwd_bwd_kernel(T* out, T* dinp, const T* inp, const T* 
   });
 }
 
+// gelu_erf_fwd_bwd of fp32 [rows, cols] (cols % 4 == 0, 16-byte aligned rows) with dinp's column sums added
+// to dbias, in column_sums_vec4_kernel's layout (matmul.cu): a block (32, 8) covers 128 columns and
+// rows_per_block rows, each thread four columns of kGeluRowsInFlight rows per pass with all their loads in
+// flight; the block's partial sums meet in shared memory, then one atomic add per column.
+constexpr int kGeluColumnThreads = 32, kGeluRowThreads = 8, kGeluRowsInFlight = 4;
+template <class G>
+__global__ void gelu_erf_fwd_bwd_bias_kernel(float* out, float* dinp, G* dbias, const float* inp,
+                                             const float* dout, int rows, int cols, int rows_per_block) {
+  __shared__ float4 partial[kGeluRowThreads][kGeluColumnThreads];
+  const int col = 4 * (blockIdx.x * kGeluColumnThreads + threadIdx.x);
+  const int row_begin = blockIdx.y * rows_per_block, row_end = min(rows, row_begin + rows_per_block);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (col < cols)
+    for (int r0 = row_begin + threadIdx.y; r0 < row_end; r0 += kGeluRowThreads * kGeluRowsInFlight) {
+      float4 x[kGeluRowsInFlight], d[kGeluRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kGeluRowsInFlight; ++k) {
+        const int r = r0 + k * kGeluRowThreads;
+        const size_t at = static_cast<size_t>(r) * cols + col;
+        x[k] = d[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < row_end) {
+          x[k] = *reinterpret_cast<const float4*>(inp + at);
+          d[k] = *reinterpret_cast<const float4*>(dout + at);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGeluRowsInFlight; ++k) {
+        const int r = r0 + k * kGeluRowThreads;
+        if (r >= row_end) break;
+        const size_t at = static_cast<size_t>(r) * cols + col;
+        const float4 g = make_float4(d[k].x * gelu_erf_grad(x[k].x), d[k].y * gelu_erf_grad(x[k].y),
+                                     d[k].z * gelu_erf_grad(x[k].z), d[k].w * gelu_erf_grad(x[k].w));
+        *reinterpret_cast<float4*>(out + at) =
+            make_float4(gelu_erf(x[k].x), gelu_erf(x[k].y), gelu_erf(x[k].z), gelu_erf(x[k].w));
+        *reinterpret_cast<float4*>(dinp + at) = g;
+        acc.x += g.x, acc.y += g.y, acc.z += g.z, acc.w += g.w;
+      }
+    }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float4 total = partial[0][threadIdx.x];
+    for (int i = 1; i < kGeluRowThreads; ++i) {
+      const float4 p = partial[i][threadIdx.x];
+      total.x += p.x, total.y += p.y, total.z += p.z, total.w += p.w;
+    }
+    atomic_add(&dbias[col], total.x), atomic_add(&dbias[col + 1], total.y),
+        atomic_add(&dbias[col + 2], total.z), atomic_add(&dbias[col + 3], total.w);
+  }
+}
+
 template <class T>
 __global__ void tanh_fwd_kernel(T* out, const T* inp, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
@@ -212,6 +264,27 @@ void gelu_erf_fwd_bwd(cudaStream_t stream, anvil::DType act, void* out, void* di
           <<<grid_for(n / kN + 1, kThreads), kThreads, 0, stream>>>(o, di, in, d, n);
     else
       gelu_erf_fwd_bwd_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(o, di, in, d, n);
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+void gelu_erf_fwd_bwd_bias(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* out, void* dinp,
+                           void* dbias, const void* inp, const void* dout, int N, int cols) {
+  if (N <= 0 || cols <= 0) return;
+  if (act != anvil::DType::F32 || !rows_vectorizable<float>(cols, {out, dinp, inp, dout})) {
+    gelu_erf_fwd_bwd(stream, act, out, dinp, inp, dout, size_t(N) * cols);
+    column_sums_accumulate(stream, grad, dbias, act, dinp, N, cols);
+    return;
+  }
+  // 64 rows a block: 1024 blocks at the BERT-large MLP's [2048, 4096], 128 atomic adds each.
+  const int rows_per_block = std::max(64, (N + 65534) / 65535);
+  const dim3 grid((cols / 4 + kGeluColumnThreads - 1) / kGeluColumnThreads,
+                  (N + rows_per_block - 1) / rows_per_block);
+  dispatch_float(grad, [&](auto g) {
+    using G = decltype(g);
+    gelu_erf_fwd_bwd_bias_kernel<G><<<grid, dim3(kGeluColumnThreads, kGeluRowThreads), 0, stream>>>(
+        static_cast<float*>(out), static_cast<float*>(dinp), static_cast<G*>(dbias),
+        static_cast<const float*>(inp), static_cast<const float*>(dout), N, cols, rows_per_block);
   });
   ANVIL_CUDA_CHECK_LAST();
 }

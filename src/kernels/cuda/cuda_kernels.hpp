@@ -136,10 +136,12 @@ void residual_layernorm_fwd(cudaStream_t stream, anvil::DType act, void* out, vo
 void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw, void* db,
                    const void* dout, const void* inp, const void* w, const float* mean, const float* rstd,
                    int N, int C);
-// Ops::layernorm_bwd_sum: the parameter-gradient kernel runs first (dinp may alias dout2).
+// Ops::layernorm_bwd_sum: the parameter-gradient kernel runs first (dinp may alias dout2). fp32 rows of at
+// most 1024 columns run one kernel, the branch's gradient included; otherwise dropout_rows and
+// column_sums_accumulate follow.
 void layernorm_bwd_sum(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw,
                        void* db, const void* dout, const void* dout2, const void* inp, const void* w,
-                       const float* mean, const float* rstd, int N, int C);
+                       const float* mean, const float* rstd, int N, int C, const anvil::BranchGrad& branch);
 
 // --- attention.cu: materialised attention (fp32, and the 16-bit fallback) -------------------------------
 // The Ops attention contract (kernels/ops.hpp) with AttentionMask unpacked into causal / lengths / dropout.
@@ -173,6 +175,9 @@ void gelu_erf_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void*
 // Ops::gelu_erf_fwd_bwd: both in one pass over inp.
 void gelu_erf_fwd_bwd(cudaStream_t stream, anvil::DType act, void* out, void* dinp, const void* inp,
                       const void* dout, size_t n);
+// Ops::gelu_erf_fwd_bwd_bias: one pass with the column sums for fp32 rows of 4k columns, else the two ops.
+void gelu_erf_fwd_bwd_bias(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* out, void* dinp,
+                           void* dbias, const void* inp, const void* dout, int N, int cols);
 void tanh_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
 void tanh_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* out, const void* dout, size_t n);
 void first_token_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, int B, int T, int C);

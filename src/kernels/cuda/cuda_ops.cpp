@@ -103,9 +103,13 @@ class CudaOps final : public Ops {
                      const float* mean, const float* rstd, int N, int C) override {
     cuda::layernorm_bwd(stream_, act_, grad_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
+  using Ops::layernorm_bwd_sum;
   void layernorm_bwd_sum(void* dinp, void* dw, void* db, const void* dout, const void* dout2, const void* inp,
-                         const void* w, const float* mean, const float* rstd, int N, int C) override {
-    cuda::layernorm_bwd_sum(stream_, act_, grad_, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C);
+                         const void* w, const float* mean, const float* rstd, int N, int C,
+                         const BranchGrad& branch) override {
+    validate_branch_grad(branch, C, dinp);
+    cuda::layernorm_bwd_sum(stream_, act_, grad_, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C,
+                            branch);
   }
 
   // out[N,OC] = inp[N,K] @ w[OC,K]^T (+ bias)
@@ -211,6 +215,10 @@ class CudaOps final : public Ops {
   }
   void gelu_erf_fwd_bwd(void* out, void* dinp, const void* inp, const void* dout, size_t n) override {
     cuda::gelu_erf_fwd_bwd(stream_, act_, out, dinp, inp, dout, n);
+  }
+  void gelu_erf_fwd_bwd_bias(void* out, void* dinp, void* dbias, const void* inp, const void* dout, int N,
+                             int cols) override {
+    cuda::gelu_erf_fwd_bwd_bias(stream_, act_, grad_, out, dinp, dbias, inp, dout, N, cols);
   }
   void tanh_fwd(void* out, const void* inp, size_t n) override { cuda::tanh_fwd(stream_, act_, out, inp, n); }
   void tanh_bwd(void* dinp, const void* out, const void* dout, size_t n) override {

@@ -249,16 +249,33 @@ size_t fused_bwd_smem_bytes(int C) {
   return size_t(kRowsPerBlock) * C * sizeof(float);
 }
 
-template <class G, bool kSum, bool kOverwrite>
+// The residual branch's gradient (Ops::layernorm_bwd_sum's BranchGrad) for the fused kernel: kBranch adds
+// the column sums of dinp (kDrop: of dinp through the dropout, also written to dbranch) to dbias.
+template <class G>
+struct FusedBranch {
+  float* dbranch;
+  G* dbias;
+  const anvil::DropoutState* state;
+  uint32_t site, threshold;
+  float scale;
+  size_t index_pitch;
+};
+
+template <class G, bool kSum, bool kOverwrite, bool kBranch, bool kDrop>
 __global__ void layernorm_bwd_fused_vec4_kernel(float* dinp, G* dw, G* db, const float* dout,
                                                 const float* dout2, const float* inp, const float* w,
-                                                const float* mean, const float* rstd, int N, int C) {
-  extern __shared__ float partial[];  // [kRowsPerBlock][C]: one warp's column partials, dw then db
+                                                const float* mean, const float* rstd, int N, int C,
+                                                FusedBranch<G> branch) {
+  extern __shared__ float partial[];  // [kRowsPerBlock][C]: one warp's column partials, dw, db, then dbias
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int groups = C / 4;
-  float4 acc_dw[kFusedMaxGroups], acc_db[kFusedMaxGroups];
+  float4 acc_dw[kFusedMaxGroups], acc_db[kFusedMaxGroups], acc_dbias[kBranch ? kFusedMaxGroups : 1];
 #pragma unroll
   for (int k = 0; k < kFusedMaxGroups; ++k) acc_dw[k] = acc_db[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int k = 0; k < (kBranch ? kFusedMaxGroups : 1); ++k) acc_dbias[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  uint64_t key = 0;
+  if constexpr (kDrop) key = anvil::dropout_key(branch.state->seed, branch.state->micro, branch.site);
   const auto load_dy = [&](size_t offset, int i) {
     float4 d = reinterpret_cast<const float4*>(dout + offset)[i];
     if constexpr (kSum) {
@@ -308,18 +325,36 @@ __global__ void layernorm_bwd_fused_vec4_kernel(float* dinp, G* dw, G* db, const
         acc_dw[k].x += dy.x * xh.x, acc_dw[k].y += dy.y * xh.y, acc_dw[k].z += dy.z * xh.z,
             acc_dw[k].w += dy.w * xh.w;
         acc_db[k].x += dy.x, acc_db[k].y += dy.y, acc_db[k].z += dy.z, acc_db[k].w += dy.w;
+        if constexpr (kBranch) {
+          if constexpr (kDrop) {
+            // Exactly Ops::dropout_rows: x * scale rounded once, element (row, c) drawing index row * pitch +
+            // c.
+            const size_t index = size_t(row) * branch.index_pitch + 4 * size_t(i);
+            const auto drop = [&](float v, int c) {
+              return anvil::dropout_keep(key, index + c, branch.threshold) ? __fmul_rn(v, branch.scale) : 0.f;
+            };
+            d = make_float4(drop(d.x, 0), drop(d.y, 1), drop(d.z, 2), drop(d.w, 3));
+            reinterpret_cast<float4*>(branch.dbranch + offset)[i] = d;
+          }
+          acc_dbias[k].x += d.x, acc_dbias[k].y += d.y, acc_dbias[k].z += d.z, acc_dbias[k].w += d.w;
+        }
       }
     }
   }
-  // The block's sums: dw, then db, through the same shared buffer.
-  for (int pass = 0; pass < 2; ++pass) {
+  // The block's sums: dw, db, then dbias, through the same shared buffer.
+  constexpr int kPasses = kBranch ? 3 : 2;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    if (kBranch && pass == 2 && !branch.dbias) break;
 #pragma unroll
     for (int k = 0; k < kFusedMaxGroups; ++k) {
       const int i = lane + k * kWarpSize;
-      if (i < groups) reinterpret_cast<float4*>(partial + warp * C)[i] = pass == 0 ? acc_dw[k] : acc_db[k];
+      if (i < groups)
+        reinterpret_cast<float4*>(partial + warp * C)[i] = pass == 0   ? acc_dw[k]
+                                                           : pass == 1 ? acc_db[k]
+                                                                       : acc_dbias[kBranch ? k : 0];
     }
     __syncthreads();
-    G* dst = pass == 0 ? dw : db;
+    G* dst = pass == 0 ? dw : pass == 1 ? db : branch.dbias;
     for (int c = threadIdx.x; c < C; c += kThreads) {
       float sum = 0.f;
 #pragma unroll
@@ -386,21 +421,37 @@ namespace {
 template <bool kSum, bool kOverwrite>
 void layernorm_bwd_launch(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw,
                           void* db, const void* dout, const void* dout2, const void* inp, const void* w,
-                          const float* mean, const float* rstd, int N, int C) {
+                          const float* mean, const float* rstd, int N, int C,
+                          const anvil::BranchGrad& branch = {}) {
   if (N <= 0 || C <= 0) return;
   const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   const int rows_per_chunk = std::max(kMinRowsPerChunk, (N + 65534) / 65535);  // gridDim.y <= 65535
   const dim3 grid((C + kColumnTile - 1) / kColumnTile, (N + rows_per_chunk - 1) / rows_per_chunk);
+  const bool dropping = branch.drop.p > 0;
   if (act == anvil::DType::F32 && C <= kFusedMaxC &&
-      rows_vectorizable<float>(C, {dinp, dout, dout2, inp, w})) {
+      rows_vectorizable<float>(C, {dinp, dout, dout2, inp, w, branch.dbranch})) {
     dispatch_float(grad, [&](auto g) {
       using G = decltype(g);
       const unsigned fused_blocks = (N + kFusedRowsPerBlock - 1) / kFusedRowsPerBlock;
-      layernorm_bwd_fused_vec4_kernel<G, kSum, kOverwrite>
-          <<<fused_blocks, kThreads, fused_bwd_smem_bytes(C), stream>>>(
-              static_cast<float*>(dinp), static_cast<G*>(dw), static_cast<G*>(db),
-              static_cast<const float*>(dout), static_cast<const float*>(dout2),
-              static_cast<const float*>(inp), static_cast<const float*>(w), mean, rstd, N, C);
+      const FusedBranch<G> fb{static_cast<float*>(branch.dbranch),
+                              static_cast<G*>(branch.dbias),
+                              branch.drop.state,
+                              branch.drop.site,
+                              anvil::dropout_threshold(branch.drop.p),
+                              anvil::dropout_scale(branch.drop.p),  // on the host: fast-math divides roughly
+                              branch.drop.index_pitch};
+      auto launch = [&](auto kernel) {
+        kernel<<<fused_blocks, kThreads, fused_bwd_smem_bytes(C), stream>>>(
+            static_cast<float*>(dinp), static_cast<G*>(dw), static_cast<G*>(db),
+            static_cast<const float*>(dout), static_cast<const float*>(dout2), static_cast<const float*>(inp),
+            static_cast<const float*>(w), mean, rstd, N, C, fb);
+      };
+      if (dropping)
+        launch(layernorm_bwd_fused_vec4_kernel<G, kSum, kOverwrite, true, true>);
+      else if (branch.dbias)
+        launch(layernorm_bwd_fused_vec4_kernel<G, kSum, kOverwrite, true, false>);
+      else
+        launch(layernorm_bwd_fused_vec4_kernel<G, kSum, kOverwrite, false, false>);
       ANVIL_CUDA_CHECK_LAST();
     });
     return;
@@ -425,6 +476,11 @@ void layernorm_bwd_launch(cudaStream_t stream, anvil::DType act, anvil::DType gr
       launch(layernorm_bwd_input_kernel<T, false, kSum, kOverwrite>);
     ANVIL_CUDA_CHECK_LAST();
   });
+  // The branch's gradient by the ops in sequence.
+  const anvil::RowDropout& d = branch.drop;
+  if (dropping) dropout_rows(stream, act, branch.dbranch, dinp, N, C, d.index_pitch, d.p, d.state, d.site);
+  if (branch.dbias)
+    column_sums_accumulate(stream, grad, branch.dbias, act, dropping ? branch.dbranch : dinp, N, C);
 }
 
 }  // namespace
@@ -438,12 +494,13 @@ void layernorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, voi
 
 void layernorm_bwd_sum(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw,
                        void* db, const void* dout, const void* dout2, const void* inp, const void* w,
-                       const float* mean, const float* rstd, int N, int C) {
+                       const float* mean, const float* rstd, int N, int C, const anvil::BranchGrad& branch) {
   if (dout2)
-    layernorm_bwd_launch<true, true>(stream, act, grad, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C);
+    layernorm_bwd_launch<true, true>(stream, act, grad, dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C,
+                                     branch);
   else
     layernorm_bwd_launch<false, true>(stream, act, grad, dinp, dw, db, dout, nullptr, inp, w, mean, rstd, N,
-                                      C);
+                                      C, branch);
 }
 
 }  // namespace anvil::cuda
