@@ -180,8 +180,7 @@ __global__ void gelu_erf_fwd_bwd_bias_kernel(float* out, float* dinp, G* dbias, 
       const float4 p = partial[i][threadIdx.x];
       total.x += p.x, total.y += p.y, total.z += p.z, total.w += p.w;
     }
-    atomic_add(&dbias[col], total.x), atomic_add(&dbias[col + 1], total.y),
-        atomic_add(&dbias[col + 2], total.z), atomic_add(&dbias[col + 3], total.w);
+    atomic_add4(dbias + col, total);
   }
 }
 

@@ -45,11 +45,14 @@ struct Regions {
   float* d;
   void* e;
   T* f;
-  void** heads;  // G: three arrays of B*NH matrix addresses, for one head-batched GEMM at a time
+  void** heads;  // G: per head-batched GEMM three arrays of B*NH matrix addresses, for up to kHeadGemms
 };
 
+// The backward's three head-batched GEMMs (dv, dq, dk) get their address arrays from one kernel launch.
+constexpr int kHeadGemms = 3;
+
 size_t head_arrays_bytes(int B, int NH) {
-  return padded_bytes(3 * static_cast<size_t>(B) * NH * sizeof(void*));
+  return padded_bytes(kHeadGemms * 3 * static_cast<size_t>(B) * NH * sizeof(void*));
 }
 
 // D, E (and F for 16-bit) as in the file comment, then G.
@@ -200,55 +203,83 @@ struct HeadAddresses {
   int NH, count;
 };
 
-__global__ void head_addresses_kernel(void** arrays, HeadAddresses h) {
+// The address arrays of up to kHeadGemms head-batched GEMMs: GEMM y's three arrays at arrays + 3 * count * y.
+struct HeadAddressBatch {
+  HeadAddresses gemm[kHeadGemms];
+};
+
+__global__ void head_addresses_kernel(void** arrays, HeadAddressBatch batch) {
+  const HeadAddresses& h = batch.gemm[blockIdx.y];
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= h.count) return;
+  void** out = arrays + 3 * size_t(h.count) * blockIdx.y;
   const int64_t s = i / h.NH, head = i % h.NH;
-  arrays[i] = const_cast<char*>(h.a + s * h.a_seq + head * h.a_head);
-  arrays[h.count + i] = const_cast<char*>(h.b + s * h.b_seq + head * h.b_head);
-  arrays[2 * h.count + i] = h.c + s * h.c_seq + head * h.c_head;
+  out[i] = const_cast<char*>(h.a + s * h.a_seq + head * h.a_head);
+  out[h.count + i] = const_cast<char*>(h.b + s * h.b_seq + head * h.b_head);
+  out[2 * h.count + i] = h.c + s * h.c_seq + head * h.c_head;
 }
 
-void run_head_batched(Gemm& gemm, cudaStream_t stream, void** arrays, int B, int NH, HeadOperand a,
-                      bool trans_a, HeadOperand b, bool trans_b, void* c, int64_t c_seq, int64_t c_head,
-                      int64_t ldc, int m, int n, int k, float alpha, anvil::DType ab_type,
-                      anvil::DType c_type) {
+// One head-batched GEMM (see run_head_batched).
+struct HeadGemm {
+  HeadOperand a;
+  bool trans_a;
+  HeadOperand b;
+  bool trans_b;
+  void* c;
+  int64_t c_seq, c_head, ldc;
+  int m, n, k;
+  float alpha;
+};
+
+// Runs `gemms` (at most kHeadGemms) in order, their address arrays (B > 1) written by one kernel first.
+void run_head_batched(Gemm& gemm, cudaStream_t stream, void** arrays, int B, int NH,
+                      std::initializer_list<HeadGemm> gemms, anvil::DType ab_type, anvil::DType c_type) {
   const size_t ab = anvil::dtype_bits(ab_type) / 8, cb = anvil::dtype_bits(c_type) / 8;
-  GemmArgs g;
-  g.trans_a = trans_a, g.trans_b = trans_b;
-  g.m = m, g.n = n, g.k = k, g.alpha = alpha;
-  g.lda = a.ld, g.ldb = b.ld, g.ldc = ldc;
-  g.ab_type = ab_type, g.c_type = c_type;
-  g.native_fp32 = true;
+  const int count = B * NH;
   if (B > 1) {
-    const int count = B * NH;
-    const HeadAddresses h{static_cast<const char*>(a.p),
-                          static_cast<const char*>(b.p),
-                          static_cast<char*>(c),
-                          a.seq * int64_t(ab),
-                          a.head * int64_t(ab),
-                          b.seq * int64_t(ab),
-                          b.head * int64_t(ab),
-                          c_seq * int64_t(cb),
-                          c_head * int64_t(cb),
-                          NH,
-                          count};
+    HeadAddressBatch batch{};
+    int y = 0;
+    for (const HeadGemm& hg : gemms)
+      batch.gemm[y++] = {static_cast<const char*>(hg.a.p),
+                         static_cast<const char*>(hg.b.p),
+                         static_cast<char*>(hg.c),
+                         hg.a.seq * int64_t(ab),
+                         hg.a.head * int64_t(ab),
+                         hg.b.seq * int64_t(ab),
+                         hg.b.head * int64_t(ab),
+                         hg.c_seq * int64_t(cb),
+                         hg.c_head * int64_t(cb),
+                         NH,
+                         count};
     constexpr int kAddressThreads = 128;
-    head_addresses_kernel<<<(count + kAddressThreads - 1) / kAddressThreads, kAddressThreads, 0, stream>>>(
-        arrays, h);
+    const dim3 grid((count + kAddressThreads - 1) / kAddressThreads, y);
+    head_addresses_kernel<<<grid, kAddressThreads, 0, stream>>>(arrays, batch);
     ANVIL_CUDA_CHECK_LAST();
-    g.a = a.p, g.b = b.p, g.c = c, g.batch = count;
-    g.stride_a = a.seq | a.head, g.stride_b = b.seq | b.head, g.stride_c = c_seq | c_head;  // alignment only
-    g.a_array = arrays, g.b_array = arrays + count, g.c_array = arrays + 2 * count;
-    if (gemm.try_run(stream, g)) return;
-    g.a_array = g.b_array = nullptr, g.c_array = nullptr;
   }
-  g.batch = NH, g.stride_a = a.head, g.stride_b = b.head, g.stride_c = c_head;
-  for (int s = 0; s < B; ++s) {
-    g.a = static_cast<const char*>(a.p) + size_t(s) * a.seq * ab;
-    g.b = static_cast<const char*>(b.p) + size_t(s) * b.seq * ab;
-    g.c = static_cast<char*>(c) + size_t(s) * c_seq * cb;
-    gemm.run(stream, g);
+  int y = 0;
+  for (const HeadGemm& hg : gemms) {
+    GemmArgs g;
+    g.trans_a = hg.trans_a, g.trans_b = hg.trans_b;
+    g.m = hg.m, g.n = hg.n, g.k = hg.k, g.alpha = hg.alpha;
+    g.lda = hg.a.ld, g.ldb = hg.b.ld, g.ldc = hg.ldc;
+    g.ab_type = ab_type, g.c_type = c_type;
+    g.native_fp32 = true;
+    void** mine = arrays + 3 * size_t(count) * y++;
+    if (B > 1) {
+      g.a = hg.a.p, g.b = hg.b.p, g.c = hg.c, g.batch = count;
+      g.stride_a = hg.a.seq | hg.a.head, g.stride_b = hg.b.seq | hg.b.head,
+      g.stride_c = hg.c_seq | hg.c_head;  // alignment only
+      g.a_array = mine, g.b_array = mine + count, g.c_array = mine + 2 * count;
+      if (gemm.try_run(stream, g)) continue;
+      g.a_array = g.b_array = nullptr, g.c_array = nullptr;
+    }
+    g.batch = NH, g.stride_a = hg.a.head, g.stride_b = hg.b.head, g.stride_c = hg.c_head;
+    for (int s = 0; s < B; ++s) {
+      g.a = static_cast<const char*>(hg.a.p) + size_t(s) * hg.a.seq * ab;
+      g.b = static_cast<const char*>(hg.b.p) + size_t(s) * hg.b.seq * ab;
+      g.c = static_cast<char*>(hg.c) + size_t(s) * hg.c_seq * cb;
+      gemm.run(stream, g);
+    }
   }
 }
 
@@ -270,8 +301,9 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
   const HeadOperand q{qkv, seq3, HS, row3}, k{qkv + C, seq3, HS, row3}, v{qkv + 2 * C, seq3, HS, row3};
   const float scale = 1.f / std::sqrt(static_cast<float>(HS));
   // scores[T,T] = scale * q[T,HS] @ k[T,HS]^T; the full square (masked entries are zeroed next).
-  run_head_batched(gemm, stream, r.heads, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq,
-                   HS, scale, act, anvil::DType::F32);
+  run_head_batched(gemm, stream, r.heads, B, NH,
+                   {HeadGemm{q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq, HS, scale}}, act,
+                   anvil::DType::F32);
   T* probs = kFloat ? reinterpret_cast<T*>(r.d) : static_cast<T*>(r.e);
   const size_t rows = static_cast<size_t>(B) * NH * seq;
   if (dropout.p > 0)
@@ -282,8 +314,20 @@ void attention_fwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* o
         <<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, lse, r.d, rows, seq, NH, causal, lengths, {});
   ANVIL_CUDA_CHECK_LAST();
   // out[T,HS] of each head = probs[T,T] @ v[T,HS] (the dropped probabilities with dropout), written in place
-  run_head_batched(gemm, stream, r.heads, B, NH, {probs, probs_seq, probs_stride, 0}, false, v, false, out,
-                   int64_t(seq) * C, HS, C, seq, HS, seq, 1.f, act, act);
+  run_head_batched(gemm, stream, r.heads, B, NH,
+                   {HeadGemm{{probs, probs_seq, probs_stride, 0},
+                             false,
+                             v,
+                             false,
+                             out,
+                             int64_t(seq) * C,
+                             HS,
+                             C,
+                             seq,
+                             HS,
+                             seq,
+                             1.f}},
+                   act, act);
 }
 
 template <class T>
@@ -303,52 +347,46 @@ void attention_bwd_typed(cudaStream_t stream, Gemm& gemm, anvil::DType act, T* d
   const size_t rows = static_cast<size_t>(B) * NH * seq;
   T* dscores = kFloat ? reinterpret_cast<T*>(dprobs) : r.f;
   const HeadOperand P{probs, probs_seq, probs_stride, 0}, dS{dscores, probs_seq, probs_stride, 0};
-  // dv[T,HS] = probs[T,T]^T @ dout[T,HS], written in place into dqkv's v columns
-  const auto dv_gemm = [&] {
-    run_head_batched(gemm, stream, r.heads, B, NH, P, true, dO, false, dqkv + 2 * C, seq3, HS, row3, seq, HS,
-                     seq, 1.f, act, act);
-  };
-  // dq[T,HS] = dscores[T,T] @ k[T,HS] and dk[T,HS] = dscores[T,T]^T @ q[T,HS], in place into dqkv
-  const auto dq_dk_gemms = [&] {
-    run_head_batched(gemm, stream, r.heads, B, NH, dS, false, k, false, dqkv, seq3, HS, row3, seq, HS, seq,
-                     1.f, act, act);
-    run_head_batched(gemm, stream, r.heads, B, NH, dS, true, q, false, dqkv + C, seq3, HS, row3, seq, HS, seq,
-                     1.f, act, act);
-  };
+  // dv[T,HS] = probs[T,T]^T @ dout[T,HS], dq[T,HS] = dscores[T,T] @ k[T,HS] and dk[T,HS] = dscores[T,T]^T @
+  // q[T,HS], in place into dqkv's columns.
+  const HeadGemm dv{P, true, dO, false, dqkv + 2 * C, seq3, HS, row3, seq, HS, seq, 1.f};
+  const HeadGemm dq{dS, false, k, false, dqkv, seq3, HS, row3, seq, HS, seq, 1.f};
+  const HeadGemm dk{dS, true, q, false, dqkv + C, seq3, HS, row3, seq, HS, seq, 1.f};
   if constexpr (kFloat) {
     if (attention_bwd_scores_supported(act, B, seq, C, NH, qkv, dout, out)) {
       // The (dropped) probabilities and dscores in one pass (attention_bwd_scores.cu), then the three GEMMs.
       attention_bwd_scores(stream, probs, dscores, qkv, dout, out, lse, B, seq, C, NH, scale, causal, lengths,
                            dropout);
-      dv_gemm();
-      dq_dk_gemms();
+      run_head_batched(gemm, stream, r.heads, B, NH, {dv, dq, dk}, act, act);
       return;
     }
   }
   // The probabilities again: scores into D, then exp(score - lse) (in place for fp32, into E for 16-bit).
-  run_head_batched(gemm, stream, r.heads, B, NH, q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq,
-                   HS, scale, act, anvil::DType::F32);
+  run_head_batched(gemm, stream, r.heads, B, NH,
+                   {HeadGemm{q, false, k, true, r.d, probs_seq, probs_stride, 0, seq, seq, HS, scale}}, act,
+                   anvil::DType::F32);
   probs_from_lse_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(probs, r.d, lse, rows, seq, NH, causal,
                                                                        lengths);
   ANVIL_CUDA_CHECK_LAST();
   // dprobs[T,T] = dout[T,HS] @ v[T,HS]^T, in fp32 (with dropout: the gradient of the dropped probabilities)
-  run_head_batched(gemm, stream, r.heads, B, NH, dO, false, v, true, dprobs, probs_seq, probs_stride, 0, seq,
-                   seq, HS, 1.f, act, anvil::DType::F32);
+  run_head_batched(gemm, stream, r.heads, B, NH,
+                   {HeadGemm{dO, false, v, true, dprobs, probs_seq, probs_stride, 0, seq, seq, HS, 1.f}}, act,
+                   anvil::DType::F32);
   if (dropout.p > 0) {
     // dscores from the masked dprobs and the undropped probs, which it then overwrites with the dropped ones
     // for dv.
     softmax_dropout_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(
         dscores, dprobs, probs, rows, seq, scale, dropout_args(dropout));
     ANVIL_CUDA_CHECK_LAST();
-    dv_gemm();
+    run_head_batched(gemm, stream, r.heads, B, NH, {dv, dq, dk}, act, act);
   } else {
-    dv_gemm();
+    run_head_batched(gemm, stream, r.heads, B, NH, {dv}, act, act);
     // dscores = scale * probs * (dprobs - rowsum(probs * dprobs)); in place for fp32
     softmax_bwd_kernel<<<softmax_blocks(rows), kThreads, 0, stream>>>(dscores, dprobs, probs, rows, seq,
                                                                       scale);
     ANVIL_CUDA_CHECK_LAST();
+    run_head_batched(gemm, stream, r.heads, B, NH, {dq, dk}, act, act);
   }
-  dq_dk_gemms();
 }
 
 }  // namespace

@@ -8,14 +8,14 @@
 //
 // Measured on the H100, BERT-large layer (B 4, T 512, 16 heads of 64, dropout 0.1): the GEMMs and softmax
 // 256 us, one thread per query 183 us (shared-memory bandwidth bound: L1 81% busy, FMA 38%), a thread per
-// query with the dimensions split over a pair 194 us (more warps, same bandwidth), this layout 156 us.
+// query with the dimensions split over a pair 194 us (more warps, same bandwidth), this layout 156 us. Head
+// size 64 now runs the 8 x 8 patch kernel below (namespace tiled): 127 us.
 //
 // Dropout: the kept/dropped decision of element (row, key) is exactly the materialised path's
 // (attention_dropout_keep, kernels/dropout.hpp); the sum l of the softmax runs over the undropped
 // probabilities, so lse is the undropped softmax's, and the output is (sum over kept keys of p v) * scale /
 // l.
 #include <cmath>
-#include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/kernel_utils.cuh"
@@ -370,9 +370,9 @@ void launch(cudaStream_t stream, float* out, float* lse, const float* qkv, int B
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
   const DropoutArgs drop = dropout.p > 0 ? dropout_args(dropout) : DropoutArgs{};
   if constexpr (HS == 64) {
-    // TEMPORARY A/B switch for the device measurement: ANVIL_FWD_PAIRS=1 runs the pair kernel.
-    static const bool pairs = std::getenv("ANVIL_FWD_PAIRS") != nullptr;
-    if (!pairs && tiled::smem_bytes<HS>() + sizeof(int) <= size_t(max_optin_smem())) {
+    // bert-large, B 4, T 512, dropout 0.1, H100: 159 -> 127 us a layer against the pair kernel
+    // (bench/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_fwd.txt).
+    if (tiled::smem_bytes<HS>() + sizeof(int) <= size_t(max_optin_smem())) {
       const auto kernel = dropout.p > 0 ? tiled::attention_fwd_tiled_kernel<HS, true>
                                         : tiled::attention_fwd_tiled_kernel<HS, false>;
       configure_for_current_device(reinterpret_cast<const void*>(kernel), tiled::smem_bytes<HS>());

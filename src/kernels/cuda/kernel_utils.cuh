@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "anvil/dtype.hpp"
 #include "runtime/cuda/cuda_check.hpp"
@@ -63,6 +65,20 @@ __device__ __forceinline__ void atomic_add(bf16* p, float v) {
 }
 __device__ __forceinline__ void atomic_add(fp16* p, float v) {
   atomicAdd(p, __float2half_rn(v));
+}
+// p[0..3] += v: one vector atomic for 16-byte aligned fp32 on sm_90 (a quarter of the L2 atomic operations
+// of four scalar ones), else four.
+template <class G>
+__device__ __forceinline__ void atomic_add4(G* p, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  if constexpr (std::is_same_v<G, float>) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 == 0) {
+      atomicAdd(reinterpret_cast<float4*>(p), v);
+      return;
+    }
+  }
+#endif
+  atomic_add(p, v.x), atomic_add(p + 1, v.y), atomic_add(p + 2, v.z), atomic_add(p + 3, v.w);
 }
 
 // Calls f(T{}) with T the storage type of `dtype` (F32, BF16 or F16); the launchers use it to pick the

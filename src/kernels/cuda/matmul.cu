@@ -398,8 +398,7 @@ __global__ void column_sums_vec4_kernel(D* dst, const float* src, int rows, int 
       const float4 p = partial[i][threadIdx.x];
       total.x += p.x, total.y += p.y, total.z += p.z, total.w += p.w;
     }
-    atomic_add(&dst[col], total.x), atomic_add(&dst[col + 1], total.y), atomic_add(&dst[col + 2], total.z),
-        atomic_add(&dst[col + 3], total.w);
+    atomic_add4(dst + col, total);
   }
 }
 
