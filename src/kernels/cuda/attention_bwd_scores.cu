@@ -12,11 +12,7 @@
 // of both products (below). Head sizes up to 64: 128 x 128 tiles with the keys streamed (namespace tiled).
 // q, dout (kRows x HS) and k, v (kCols x HS) are staged in shared memory transposed ([HS][rows]) so each
 // step of the inner products is one broadcast 32-byte read of q (dout) and one 16-byte read of k (v).
-#include <array>
-#include <atomic>
 #include <cmath>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "kernels/cuda/attention_common.cuh"
@@ -370,31 +366,6 @@ void launch_for_head_size(int HS, cudaStream_t stream, float* probs, float* dsco
 }
 
 }  // namespace
-
-// The opt-in shared memory per block of the current device, queried once per device: supported() asks on
-// every backward call.
-int max_optin_smem() {
-  constexpr int kDevices = 64;
-  static std::array<std::atomic<int>, kDevices> cached{};  // 0: not queried yet
-  int dev = 0, bytes = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < kDevices && (bytes = cached[dev].load(std::memory_order_relaxed)) > 0) return bytes;
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (dev < kDevices) cached[dev].store(bytes, std::memory_order_relaxed);
-  return bytes;
-}
-
-// Opts `kernel` into `bytes` of dynamic shared memory once per device, before its first launch there (an
-// eager step, outside any graph capture).
-void configure_for_current_device(const void* kernel, size_t bytes) {
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> configured;
-  int dev = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (configured.insert({kernel, dev}).second)
-    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 bool attention_bwd_scores_supported(anvil::DType act, int B, int T, int C, int NH, const void* qkv,
                                     const void* dout, const void* out) {

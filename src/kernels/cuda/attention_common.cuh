@@ -123,12 +123,6 @@ __device__ __forceinline__ void patch_product(float (&acc)[8][8], const float* a
   }
 }
 
-// The opt-in shared memory per block of the current device (queried once per device), and opting a kernel
-// into `bytes` of dynamic shared memory once per device, before its first launch there (an eager step,
-// outside any graph capture). Defined in attention_bwd_scores.cu.
-int max_optin_smem();
-void configure_for_current_device(const void* kernel, size_t bytes);
-
 // attention_bwd_scores.cu: the fused front half of the fp32 backward (see there). Writes the dropped
 // probabilities into `probs` and dscores into `dscores`, both [B, NH, T, T]. Supported for fp32 with head
 // sizes 32, 64 and 128 when the operands allow 4-element vector reads; otherwise attention.cu runs the

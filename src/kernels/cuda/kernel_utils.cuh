@@ -5,11 +5,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "anvil/dtype.hpp"
 #include "runtime/cuda/cuda_check.hpp"
@@ -79,6 +84,31 @@ __device__ __forceinline__ void atomic_add4(G* p, float4 v) {
   }
 #endif
   atomic_add(p, v.x), atomic_add(p + 1, v.y), atomic_add(p + 2, v.z), atomic_add(p + 3, v.w);
+}
+
+// The opt-in shared memory per block of the current device, queried once per device: supported() asks on
+// every backward call.
+inline int max_optin_smem() {
+  constexpr int kDevices = 64;
+  static std::array<std::atomic<int>, kDevices> cached{};  // 0: not queried yet
+  int dev = 0, bytes = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < kDevices && (bytes = cached[dev].load(std::memory_order_relaxed)) > 0) return bytes;
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (dev < kDevices) cached[dev].store(bytes, std::memory_order_relaxed);
+  return bytes;
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory once per device, before its first launch there (an
+// eager step, outside any graph capture).
+inline void configure_for_current_device(const void* kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> configured;
+  int dev = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (configured.insert({kernel, dev}).second)
+    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 // Calls f(T{}) with T the storage type of `dtype` (F32, BF16 or F16); the launchers use it to pick the

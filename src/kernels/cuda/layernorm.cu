@@ -236,17 +236,18 @@ __global__ void layernorm_bwd_params_kernel(G* dw, G* db, const T* dout, const T
 }
 
 // Both fp32 LayerNorm backwards in one pass over the rows (C % 4 == 0, C <= kFusedMaxC, 16-byte aligned
-// rows): each warp computes the input gradient of kFusedRowsPerWarp rows as layernorm_bwd_input_kernel does
-// and keeps its lanes' column partials of dw and db in registers; the block then sums its warps' partials in
-// shared memory and adds them with one atomic per column. The separate kernels read dout, dout2 and the
-// input once each more, and launch twice: bert-large's 47 LayerNorm backwards a step take 986 us fused
-// against 1082 us (662 + 420) on an H100.
+// rows): each warp computes the input gradient of one row as layernorm_bwd_input_kernel does and writes its
+// row's terms of dw and db (and of the branch's bias gradient) into its own rows of shared memory; the block
+// then sums its warps' rows and adds them with one 16-byte atomic per four columns. The separate kernels read
+// dout, dout2 and the input once each more, and launch twice: bert-large's 47 LayerNorm backwards a step
+// take 986 us fused against 1082 us (662 + 420) on an H100. Keeping the partial sums in shared memory rather
+// than registers (96 of them, for two rows a warp) leaves room for two blocks an SM: a kernel of this
+// size has few warps, and with one block an SM they waited on memory most of the time (Nsight Compute: 37%
+// of the DRAM bandwidth).
 constexpr int kFusedMaxGroups = 8;  // 16-byte groups per lane: C <= 32 * 4 * 8
 constexpr int kFusedMaxC = kWarpSize * 4 * kFusedMaxGroups;
-constexpr int kFusedRowsPerWarp = 2;
-constexpr int kFusedRowsPerBlock = kRowsPerBlock * kFusedRowsPerWarp;
-size_t fused_bwd_smem_bytes(int C) {
-  return size_t(kRowsPerBlock) * C * sizeof(float);
+size_t fused_bwd_smem_bytes(int C, bool branch_bias) {
+  return size_t(branch_bias ? 3 : 2) * kRowsPerBlock * C * sizeof(float);
 }
 
 // The residual branch's gradient (Ops::layernorm_bwd_sum's BranchGrad) for the fused kernel: kBranch adds
@@ -266,14 +267,15 @@ __global__ void layernorm_bwd_fused_vec4_kernel(float* dinp, G* dw, G* db, const
                                                 const float* dout2, const float* inp, const float* w,
                                                 const float* mean, const float* rstd, int N, int C,
                                                 FusedBranch<G> branch) {
-  extern __shared__ float partial[];  // [kRowsPerBlock][C]: one warp's column partials, dw, db, then dbias
+  // [pass][kRowsPerBlock][C]: each warp's row of terms of dw (pass 0), db (1) and, with kBranch and dbias,
+  // the branch bias (2)
+  extern __shared__ float partial[];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int groups = C / 4;
-  float4 acc_dw[kFusedMaxGroups], acc_db[kFusedMaxGroups], acc_dbias[kBranch ? kFusedMaxGroups : 1];
-#pragma unroll
-  for (int k = 0; k < kFusedMaxGroups; ++k) acc_dw[k] = acc_db[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int k = 0; k < (kBranch ? kFusedMaxGroups : 1); ++k) acc_dbias[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int passes = kBranch && branch.dbias ? 3 : 2;
+  float4* part_dw = reinterpret_cast<float4*>(partial + warp * C);
+  float4* part_db = reinterpret_cast<float4*>(partial + (kRowsPerBlock + warp) * C);
+  float4* part_dbias = reinterpret_cast<float4*>(partial + (2 * kRowsPerBlock + warp) * C);
   uint64_t key = 0;
   if constexpr (kDrop) key = anvil::dropout_key(branch.state->seed, branch.state->micro, branch.site);
   const auto load_dy = [&](size_t offset, int i) {
@@ -284,9 +286,13 @@ __global__ void layernorm_bwd_fused_vec4_kernel(float* dinp, G* dw, G* db, const
     }
     return d;
   };
-  for (int rr = 0; rr < kFusedRowsPerWarp; ++rr) {
-    const int row = blockIdx.x * kFusedRowsPerBlock + rr * kRowsPerBlock + warp;
-    if (row >= N) break;
+  const int row = blockIdx.x * kRowsPerBlock + warp;
+  if (row >= N) {  // no row: zero terms
+    for (int i = lane; i < groups; i += kWarpSize) {
+      part_dw[i] = part_db[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (passes == 3) part_dbias[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
     const size_t offset = static_cast<size_t>(row) * C;
     const float4* x4 = reinterpret_cast<const float4*>(inp + offset);
     const float4* w4 = reinterpret_cast<const float4*>(w);
@@ -322,9 +328,8 @@ __global__ void layernorm_bwd_fused_vec4_kernel(float* dinp, G* dw, G* db, const
           d.x += old.x, d.y += old.y, d.z += old.z, d.w += old.w;
         }
         dx4[i] = d;
-        acc_dw[k].x += dy.x * xh.x, acc_dw[k].y += dy.y * xh.y, acc_dw[k].z += dy.z * xh.z,
-            acc_dw[k].w += dy.w * xh.w;
-        acc_db[k].x += dy.x, acc_db[k].y += dy.y, acc_db[k].z += dy.z, acc_db[k].w += dy.w;
+        part_dw[i] = make_float4(dy.x * xh.x, dy.y * xh.y, dy.z * xh.z, dy.w * xh.w);
+        part_db[i] = dy;
         if constexpr (kBranch) {
           if constexpr (kDrop) {
             // Exactly Ops::dropout_rows: x * scale rounded once, element (row, c) drawing index row * pitch +
@@ -336,35 +341,22 @@ __global__ void layernorm_bwd_fused_vec4_kernel(float* dinp, G* dw, G* db, const
             d = make_float4(drop(d.x, 0), drop(d.y, 1), drop(d.z, 2), drop(d.w, 3));
             reinterpret_cast<float4*>(branch.dbranch + offset)[i] = d;
           }
-          acc_dbias[k].x += d.x, acc_dbias[k].y += d.y, acc_dbias[k].z += d.z, acc_dbias[k].w += d.w;
+          if (passes == 3) part_dbias[i] = d;
         }
       }
     }
   }
-  // The block's sums: dw, db, then dbias, through the same shared buffer.
-  constexpr int kPasses = kBranch ? 3 : 2;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    if (kBranch && pass == 2 && !branch.dbias) break;
+  __syncthreads();
+  // The block's sums: every pass's rows, one 16-byte group of columns per thread at a time.
+  for (int j = threadIdx.x; j < passes * groups; j += kThreads) {
+    const int pass = j / groups, c4 = j % groups;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int k = 0; k < kFusedMaxGroups; ++k) {
-      const int i = lane + k * kWarpSize;
-      if (i < groups)
-        reinterpret_cast<float4*>(partial + warp * C)[i] = pass == 0   ? acc_dw[k]
-                                                           : pass == 1 ? acc_db[k]
-                                                                       : acc_dbias[kBranch ? k : 0];
+    for (int wi = 0; wi < kRowsPerBlock; ++wi) {
+      const float4 p = reinterpret_cast<const float4*>(partial + (pass * kRowsPerBlock + wi) * C)[c4];
+      sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
     }
-    __syncthreads();
-    G* dst = pass == 0 ? dw : pass == 1 ? db : branch.dbias;
-    for (int c4 = threadIdx.x; c4 < groups; c4 += kThreads) {
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int wi = 0; wi < kRowsPerBlock; ++wi) {
-        const float4 p = reinterpret_cast<const float4*>(partial + wi * C)[c4];
-        sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
-      }
-      atomic_add4(dst + 4 * c4, sum);
-    }
-    __syncthreads();  // the buffer is rewritten by the next pass
+    atomic_add4((pass == 0 ? dw : pass == 1 ? db : branch.dbias) + 4 * c4, sum);
   }
 }
 
@@ -435,7 +427,8 @@ void layernorm_bwd_launch(cudaStream_t stream, anvil::DType act, anvil::DType gr
       rows_vectorizable<float>(C, {dinp, dout, dout2, inp, w, branch.dbranch})) {
     dispatch_float(grad, [&](auto g) {
       using G = decltype(g);
-      const unsigned fused_blocks = (N + kFusedRowsPerBlock - 1) / kFusedRowsPerBlock;
+      const unsigned fused_blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+      const size_t smem = fused_bwd_smem_bytes(C, branch.dbias != nullptr);
       const FusedBranch<G> fb{static_cast<float*>(branch.dbranch),
                               static_cast<G*>(branch.dbias),
                               branch.drop.state,
@@ -444,7 +437,8 @@ void layernorm_bwd_launch(cudaStream_t stream, anvil::DType act, anvil::DType gr
                               anvil::dropout_scale(branch.drop.p),  // on the host: fast-math divides roughly
                               branch.drop.index_pitch};
       auto launch = [&](auto kernel) {
-        kernel<<<fused_blocks, kThreads, fused_bwd_smem_bytes(C), stream>>>(
+        configure_for_current_device(reinterpret_cast<const void*>(kernel), smem);
+        kernel<<<fused_blocks, kThreads, smem, stream>>>(
             static_cast<float*>(dinp), static_cast<G*>(dw), static_cast<G*>(db),
             static_cast<const float*>(dout), static_cast<const float*>(dout2), static_cast<const float*>(inp),
             static_cast<const float*>(w), mean, rstd, N, C, fb);
