@@ -100,7 +100,8 @@ inline int max_optin_smem() {
 }
 
 // Opts `kernel` into `bytes` of dynamic shared memory once per device, before its first launch there (an
-// eager step, outside any graph capture).
+// eager step, outside any graph capture). Only the first call per kernel and device counts: pass the most any
+// launch of the kernel will request.
 inline void configure_for_current_device(const void* kernel, size_t bytes) {
   static std::mutex mutex;
   static std::set<std::pair<const void*, int>> configured;

@@ -437,7 +437,9 @@ void layernorm_bwd_launch(cudaStream_t stream, anvil::DType act, anvil::DType gr
                               anvil::dropout_scale(branch.drop.p),  // on the host: fast-math divides roughly
                               branch.drop.index_pitch};
       auto launch = [&](auto kernel) {
-        configure_for_current_device(reinterpret_cast<const void*>(kernel), smem);
+        // Opted into the most any row width needs: the attribute is set once per kernel and device.
+        configure_for_current_device(reinterpret_cast<const void*>(kernel),
+                                     fused_bwd_smem_bytes(kFusedMaxC, true));
         kernel<<<fused_blocks, kThreads, smem, stream>>>(
             static_cast<float*>(dinp), static_cast<G*>(dw), static_cast<G*>(db),
             static_cast<const float*>(dout), static_cast<const float*>(dout2), static_cast<const float*>(inp),
