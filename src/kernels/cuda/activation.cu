@@ -172,16 +172,7 @@ __global__ void gelu_erf_fwd_bwd_bias_kernel(float* out, float* dinp, G* dbias, 
         acc.x += g.x, acc.y += g.y, acc.z += g.z, acc.w += g.w;
       }
     }
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float4 total = partial[0][threadIdx.x];
-    for (int i = 1; i < kGeluRowThreads; ++i) {
-      const float4 p = partial[i][threadIdx.x];
-      total.x += p.x, total.y += p.y, total.z += p.z, total.w += p.w;
-    }
-    atomic_add4(dbias + col, total);
-  }
+  add_block_column_sums(partial, acc, dbias, col, cols);
 }
 
 template <class T>

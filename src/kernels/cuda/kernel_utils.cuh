@@ -86,6 +86,23 @@ __device__ __forceinline__ void atomic_add4(G* p, float4 v) {
   atomic_add(p, v.x), atomic_add(p + 1, v.y), atomic_add(p + 2, v.z), atomic_add(p + 3, v.w);
 }
 
+// The column sums of a block of (kColumns, kRows) threads, each holding `acc`, the sums of its four columns
+// col..col + 3 over its rows: summed down threadIdx.y in `partial` (shared), then added to dst[col..col + 3]
+// by the first row of threads (columns from `cols` on are skipped).
+template <int kColumns, int kRows, class G>
+__device__ __forceinline__ void add_block_column_sums(float4 (&partial)[kRows][kColumns], float4 acc, G* dst,
+                                                      int col, int cols) {
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= cols) return;
+  float4 total = partial[0][threadIdx.x];
+  for (int i = 1; i < kRows; ++i) {
+    const float4 p = partial[i][threadIdx.x];
+    total.x += p.x, total.y += p.y, total.z += p.z, total.w += p.w;
+  }
+  atomic_add4(dst + col, total);
+}
+
 // The opt-in shared memory per block of the current device, queried once per device: supported() asks on
 // every backward call.
 inline int max_optin_smem() {

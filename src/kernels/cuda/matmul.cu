@@ -390,16 +390,7 @@ __global__ void column_sums_vec4_kernel(D* dst, const float* src, int rows, int 
       for (int k = 0; k < kVecRowsPerThread; ++k)
         acc.x += v[k].x, acc.y += v[k].y, acc.z += v[k].z, acc.w += v[k].w;
     }
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float4 total = partial[0][threadIdx.x];
-    for (int i = 1; i < kRowThreads; ++i) {
-      const float4 p = partial[i][threadIdx.x];
-      total.x += p.x, total.y += p.y, total.z += p.z, total.w += p.w;
-    }
-    atomic_add4(dst + col, total);
-  }
+  add_block_column_sums(partial, acc, dst, col, cols);
 }
 
 }  // namespace
