@@ -32,7 +32,6 @@ struct BranchGrad {
   void* dbranch = nullptr;  // the branch's gradient through `drop` (null without dropout)
   void* dbias = nullptr;    // += its column sums (null: not wanted)
   RowDropout drop;
-  bool any() const { return dbranch || dbias; }
 };
 
 // splitmix64's finaliser: a bijection of 64-bit words with full avalanche.

@@ -183,10 +183,6 @@ __device__ __forceinline__ void tile_product(float (&acc)[8][8], const float* a,
   patch_product<HS, kLd, 64, kLd, 64>(acc, a + ty * 4, b + tx * 4);
 }
 
-__device__ __forceinline__ int patch_row(int ty, int i) {
-  return i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4);
-}
-
 // Block (query tile x, head y = b * NH + h).
 template <bool kDropout, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -211,21 +207,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* o = out + int64_t(b) * seq * C + int64_t(h) * HS;
   const size_t row_base = size_t(z) * seq;
 
-  if (threadIdx.x == 0) max_last_s = -1;
-  __syncthreads();
-  int max_last = -1;
-  for (int r = threadIdx.x; r < kTile; r += kThreads) {
-    const int t = q0 + r;
-    const int last = t < seq ? last_key(row_base + t, seq, NH, causal, lengths) : -1;
-    last_s[r] = last, lse_s[r] = t < seq ? lse[row_base + t] : 0.f;
-    if constexpr (kDropout)
-      row_key_s[r] = attention_dropout_row_key(drop, row_base + t);  // same every key tile
-    max_last = max(max_last, last);
-  }
-  if (max_last >= 0) atomicMax(&max_last_s, max_last);
-  __syncthreads();
+  const int max_last = stage_query_rows<kTile, kThreads, kDropout>(last_s, row_key_s, &max_last_s, q0,
+                                                                   row_base, seq, NH, causal, lengths, drop);
+  for (int r = threadIdx.x; r < kTile; r += kThreads) lse_s[r] = q0 + r < seq ? lse[row_base + q0 + r] : 0.f;
   // Key tiles from live_tiles on are past every row's last key: only zeros to write there.
-  const int live_tiles = max_last_s < 0 ? 0 : max_last_s / kTile + 1, n_tiles = (seq + kTile - 1) / kTile;
+  const int live_tiles = max_last < 0 ? 0 : max_last / kTile + 1, n_tiles = (seq + kTile - 1) / kTile;
   if (live_tiles > 0) {
     stage_transposed_async<HS, kTile, kThreads>(kv_s, q + C, row3, 0, seq);
     stage_transposed_async<HS, kTile, kThreads>(kv_s + HS * kLd, q + 2 * C, row3, 0, seq);
@@ -270,11 +256,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile_product<HS>(p, q_s, k_s, ty, tx);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const int r = patch_row(ty, i), last = last_s[r];
+        const int r = patch_index(ty, i, 64), last = last_s[r];
         const float l = lse_s[r];
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj)
-          p[i][jj] = k0 + patch_row(tx, jj) <= last ? __expf(scale * p[i][jj] - l) : 0.f;
+          p[i][jj] = k0 + patch_index(tx, jj, 64) <= last ? __expf(scale * p[i][jj] - l) : 0.f;
       }
       tile_product<HS>(dp, do_s, k_s + HS * kLd, ty, tx);
     } else {
@@ -285,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int r = patch_row(ty, i), t = q0 + r;
+      const int r = patch_index(ty, i, 64), t = q0 + r;
       if (t >= seq) continue;
       const size_t row = row_base + t;
       const float D = live ? d_s[r] : 0.f;

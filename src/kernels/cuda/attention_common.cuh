@@ -102,6 +102,34 @@ __device__ __forceinline__ void stage_transposed_async(float* dst, const float* 
   }
 }
 
+// Row (or column) i of a thread's 8 x 8 patch (patch_product's layout): t*4 + i for i < 4, then half + t*4 +
+// (i - 4).
+__device__ __forceinline__ int patch_index(int t, int i, int half) {
+  return i < 4 ? t * 4 + i : half + t * 4 + (i - 4);
+}
+
+// The prologue of a block that keeps kRows queries of one head (rows row_base + q0 ..): each query's last
+// visible key into last_s (-1: a padding query or past `seq`) and, with kDropout, its dropout row key into
+// row_key_s. Returns the last key any of them sees (-1: none), the same in every thread.
+template <int kRows, int kThreads, bool kDropout>
+__device__ __forceinline__ int stage_query_rows(int* last_s, uint32_t* row_key_s, int* max_last_s, int q0,
+                                                size_t row_base, int seq, int NH, bool causal,
+                                                const int32_t* lengths, const DropoutArgs& drop) {
+  if (threadIdx.x == 0) *max_last_s = -1;
+  __syncthreads();
+  int max_last = -1;
+  for (int r = threadIdx.x; r < kRows; r += kThreads) {
+    const int t = q0 + r;
+    const int last = t < seq ? last_key(row_base + t, seq, NH, causal, lengths) : -1;
+    last_s[r] = last;
+    if constexpr (kDropout) row_key_s[r] = attention_dropout_row_key(drop, row_base + t);
+    max_last = max(max_last, last);
+  }
+  if (max_last >= 0) atomicMax(max_last_s, max_last);
+  __syncthreads();
+  return *max_last_s;
+}
+
 // acc[i][j] += sum over s < kSteps of a[s][row i] * b[s][column j], for a thread's 8 x 8 patch of a product
 // whose operands are staged step-major in shared memory (a: row pitch kLdA, b: kLdB), `a` and `b` pointing at
 // the patch's first row and column. Rows i < 4 are a[s][0..3], rows 4..7 a[s][kHalfA + 0..3]; columns

@@ -228,10 +228,6 @@ constexpr size_t smem_bytes() {
          sizeof(float);
 }
 
-__device__ __forceinline__ int patch_index(int t, int i, int half) {
-  return i < 4 ? t * 4 + i : half + t * 4 + (i - 4);
-}
-
 // Block (query tile x, head y = b * NH + h).
 template <int HS, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -253,19 +249,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float* head = qkv + int64_t(b) * seq * row3 + int64_t(h) * HS;  // q of token 0; k at +C, v at +2C
   const size_t row_base = size_t(z) * seq;
 
-  if (threadIdx.x == 0) max_last_s = -1;
-  __syncthreads();
-  int max_last = -1;
-  for (int r = threadIdx.x; r < kQ; r += kThreads) {
-    const int t = q0 + r;
-    const int last = t < seq ? last_key(row_base + t, seq, NH, causal, lengths) : -1;
-    last_s[r] = last;
-    if constexpr (kDropout) row_key_s[r] = attention_dropout_row_key(drop, row_base + t);
-    max_last = max(max_last, last);
-  }
-  if (max_last >= 0) atomicMax(&max_last_s, max_last);
-  __syncthreads();
-  const int tiles = max_last_s < 0 ? 0 : max_last_s / kK + 1;  // key tiles any query of the block sees
+  const int max_last = stage_query_rows<kQ, kThreads, kDropout>(last_s, row_key_s, &max_last_s, q0, row_base,
+                                                                seq, NH, causal, lengths, drop);
+  const int tiles = max_last < 0 ? 0 : max_last / kK + 1;  // key tiles any query of the block sees
 
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   float o[8][8], m[8], l[8];  // rows patch_index(ty, i, 64); o's columns: dimensions patch_index(tx, j, 32)
