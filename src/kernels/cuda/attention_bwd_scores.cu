@@ -9,7 +9,8 @@
 // reduction over the keys is needed and each tile is independent.
 //
 // Two tilings. Head size 128: kRows queries x kCols keys per block of 256 threads, each thread an 8 x 4 patch
-// of both products (below). Head sizes up to 64: 128 x 128 tiles with the keys streamed (namespace tiled).
+// of both products (below). Head sizes up to 64: 128 queries a block with the keys streamed in tiles of 64
+// (namespace tiled).
 // q, dout (kRows x HS) and k, v (kCols x HS) are staged in shared memory transposed ([HS][rows]) so each
 // step of the inner products is one broadcast 32-byte read of q (dout) and one 16-byte read of k (v).
 #include <cmath>
@@ -155,119 +156,110 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// --- 128 x 128 tiles for head sizes up to 64 -----------------------------------------------------------
+// --- 128 queries x 64-key tiles, two blocks an SM, for head sizes up to 64 ------------------------------
 // The kernel above gives each thread an 8 x 4 patch: 12 floats from shared memory per 32 multiply-adds, so
-// shared-memory bandwidth caps its products at 2/3 of the FMA rate, and with one tile per block the staging,
-// the products and the epilogue of a block run one after another. Here a block keeps 128 queries (q, dout,
-// lse, D) and walks the keys in tiles of 128, copying the next tile's k and v into a second buffer
-// asynchronously (cp.async) while it computes the current one; each thread takes an 8 x 8 patch (rows ty*4
-// and 64 + ty*4, columns tx*4 and 64 + tx*4, four each), 16 floats per 64 multiply-adds.
+// shared-memory bandwidth caps its products at 2/3 of the FMA rate. Here each thread takes an 8 x 8 patch
+// (rows ty*4 and 64 + ty*4, four each; keys tx*4 and 32 + tx*4), 16 floats per 64 multiply-adds. A block of
+// 128 threads keeps 128 queries (q, dout, lse, D) and walks the keys in tiles of 64 with single-buffered k
+// and v (102 KB of shared memory), so two blocks share an SM and one's stores overlap the other's products:
+// an earlier version with 128-key tiles, double-buffered, and one block of 256 threads an SM (203 KB) left
+// the FMA units idle while its threads wrote a tile's results (178 -> 154 us a bert-large layer). The next
+// tile's k is copied (cp.async) during dP = dout v^T, the next v during the stores and the next S.
 namespace tiled {
 
-constexpr int kTile = 128, kThreads = 256, kLd = kTile + 4;
+constexpr int kQ = 128, kK = 64, kThreads = 128, kLdQ = kQ + 4, kLdK = kK + 4;
 
 constexpr size_t smem_bytes(int HS) {
-  // q, dout, 2 x (k, v); per query: lse, D, last key, dropout row key
-  return (size_t(6) * HS * kLd + 4 * kTile) * sizeof(float);
-}
-
-// acc[i][j] = sum_d a[d][row(i)] * b[d][col(j)], rows ty*4 + (0..3) and 64 + ty*4 + (0..3), columns
-// likewise with tx (a, b: [HS][kLd]).
-template <int HS>
-__device__ __forceinline__ void tile_product(float (&acc)[8][8], const float* a, const float* b, int ty,
-                                             int tx) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
-  patch_product<HS, kLd, 64, kLd, 64>(acc, a + ty * 4, b + tx * 4);
+  // q^T, dout^T [HS][kLdQ]; k^T, v^T [HS][kLdK]; per query: lse, D, last key, dropout row key
+  return (size_t(2) * HS * kLdQ + size_t(2) * HS * kLdK + 4 * kQ) * sizeof(float);
 }
 
 // Block (query tile x, head y = b * NH + h).
 template <bool kDropout, int HS>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     attention_bwd_scores_tiled_kernel(float* probs, float* dscores, const float* qkv, const float* dout,
                                       const float* out, const float* lse, int seq, int C, int NH, float scale,
                                       bool causal, const int32_t* lengths, DropoutArgs drop) {
-  static_assert(HS % 8 == 0 && HS <= 64, "head size");
-  extern __shared__ float smem[];
-  float* q_s = smem;              // [HS][kLd]
-  float* do_s = q_s + HS * kLd;   // [HS][kLd]
-  float* kv_s = do_s + HS * kLd;  // [buffer][k, v][HS][kLd]
-  float* lse_s = kv_s + 4 * HS * kLd;
-  float* d_s = lse_s + kTile;
-  int* last_s = reinterpret_cast<int*>(d_s + kTile);
-  uint32_t* row_key_s = reinterpret_cast<uint32_t*>(last_s + kTile);
+  static_assert(HS % 16 == 0 && HS <= 64, "head size");
+  extern __shared__ __align__(16) float smem[];
+  float* q_s = smem;              // [HS][kLdQ]
+  float* do_s = q_s + HS * kLdQ;  // [HS][kLdQ]
+  float* k_s = do_s + HS * kLdQ;  // [HS][kLdK]
+  float* v_s = k_s + HS * kLdK;   // [HS][kLdK]
+  float* lse_s = v_s + HS * kLdK;
+  float* d_s = lse_s + kQ;
+  int* last_s = reinterpret_cast<int*>(d_s + kQ);
+  uint32_t* row_key_s = reinterpret_cast<uint32_t*>(last_s + kQ);
   __shared__ int max_last_s;
 
-  const int z = blockIdx.y, b = z / NH, h = z % NH, q0 = blockIdx.x * kTile;
+  const int z = blockIdx.y, b = z / NH, h = z % NH, q0 = blockIdx.x * kQ;
   const int64_t row3 = 3 * int64_t(C);
   const float* q = qkv + int64_t(b) * seq * row3 + int64_t(h) * HS;
   const float* dO = dout + int64_t(b) * seq * C + int64_t(h) * HS;
   const float* o = out + int64_t(b) * seq * C + int64_t(h) * HS;
   const size_t row_base = size_t(z) * seq;
 
-  const int max_last = stage_query_rows<kTile, kThreads, kDropout>(last_s, row_key_s, &max_last_s, q0,
-                                                                   row_base, seq, NH, causal, lengths, drop);
-  for (int r = threadIdx.x; r < kTile; r += kThreads) lse_s[r] = q0 + r < seq ? lse[row_base + q0 + r] : 0.f;
+  const int max_last = stage_query_rows<kQ, kThreads, kDropout>(last_s, row_key_s, &max_last_s, q0, row_base,
+                                                                seq, NH, causal, lengths, drop);
+  lse_s[threadIdx.x] = q0 + int(threadIdx.x) < seq ? lse[row_base + q0 + threadIdx.x] : 0.f;
   // Key tiles from live_tiles on are past every row's last key: only zeros to write there.
-  const int live_tiles = max_last < 0 ? 0 : max_last / kTile + 1, n_tiles = (seq + kTile - 1) / kTile;
+  const int live_tiles = max_last < 0 ? 0 : max_last / kK + 1, n_tiles = (seq + kK - 1) / kK;
   if (live_tiles > 0) {
-    stage_transposed_async<HS, kTile, kThreads>(kv_s, q + C, row3, 0, seq);
-    stage_transposed_async<HS, kTile, kThreads>(kv_s + HS * kLd, q + 2 * C, row3, 0, seq);
+    stage_transposed_async<HS, kK, kThreads>(k_s, q + C, row3, 0, seq);
     cp_async_commit();
-    // D for the tile's queries: two threads per row, each over every other group of four dimensions. The
-    // reads of `out` are issued first, so their latency overlaps the staging's.
-    const int r = threadIdx.x / 2, part = threadIdx.x % 2, t = q0 + r;
-    float ov[HS / 8][4];
+    stage_transposed_async<HS, kK, kThreads>(v_s, q + 2 * C, row3, 0, seq);
+    cp_async_commit();
+    // D = rowsum(dout * out), one thread a query. The reads of `out` are issued first, so their latency
+    // overlaps the staging's; two interleaved partial sums.
+    const int r = threadIdx.x, t = q0 + r;
+    float ov[HS / 4][4];
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n) {
+    for (int n = 0; n < HS / 4; ++n) {
       ov[n][0] = ov[n][1] = ov[n][2] = ov[n][3] = 0.f;
-      if (t < seq) load4(ov[n], o + int64_t(t) * C + 4 * part + 8 * n);
+      if (t < seq) load4(ov[n], o + int64_t(t) * C + 4 * n);
     }
-    stage_transposed<HS, kTile, kThreads>(q_s, q, row3, q0, seq);
-    stage_transposed<HS, kTile, kThreads>(do_s, dO, C, q0, seq);
+    stage_transposed<HS, kQ, kThreads>(q_s, q, row3, q0, seq);
+    stage_transposed<HS, kQ, kThreads>(do_s, dO, C, q0, seq);
     __syncthreads();
-    float dsum = 0.f;
+    float dsum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n)
+    for (int n = 0; n < HS / 4; ++n)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) dsum = fmaf(ov[n][c], do_s[(4 * part + 8 * n + c) * kLd + r], dsum);
-    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
-    if (part == 0) d_s[r] = dsum;
+      for (int c = 0; c < 4; ++c) dsum[n % 2] = fmaf(ov[n][c], do_s[(4 * n + c) * kLdQ + r], dsum[n % 2]);
+    d_s[r] = dsum[0] + dsum[1];
   }
 
-  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const bool vector_rows = seq % 4 == 0;
   for (int j = 0; j < n_tiles; ++j) {
-    const int k0 = j * kTile;
+    const int k0 = j * kK;
     float p[8][8], dp[8][8];
     const bool live = j < live_tiles;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) p[i][c] = dp[i][c] = 0.f;
     if (live) {
-      cp_async_wait<0>();
-      __syncthreads();  // tile j visible to all; every thread is done with the other buffer (tile j - 1)
-      if (j + 1 < live_tiles) {
-        float* next = kv_s + ((j + 1) % 2) * 2 * HS * kLd;
-        stage_transposed_async<HS, kTile, kThreads>(next, q + C, row3, k0 + kTile, seq);
-        stage_transposed_async<HS, kTile, kThreads>(next + HS * kLd, q + 2 * C, row3, k0 + kTile, seq);
-        cp_async_commit();
-      }
-      const float* k_s = kv_s + (j % 2) * 2 * HS * kLd;
-      tile_product<HS>(p, q_s, k_s, ty, tx);
+      cp_async_wait<1>();  // k of tile j (its v may still be in flight)
+      __syncthreads();
+      patch_product<HS, kLdQ, 64, kLdK, 32>(p, q_s + ty * 4, k_s + tx * 4);
+      __syncthreads();  // every thread is done with k_s: the next tile's k goes there
+      if (j + 1 < live_tiles) stage_transposed_async<HS, kK, kThreads>(k_s, q + C, row3, k0 + kK, seq);
+      cp_async_commit();  // possibly empty: the group count stays uniform
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int r = patch_index(ty, i, 64), last = last_s[r];
         const float l = lse_s[r];
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
-          p[i][jj] = k0 + patch_index(tx, jj, 64) <= last ? __expf(scale * p[i][jj] - l) : 0.f;
+        for (int c = 0; c < 8; ++c)
+          p[i][c] = k0 + patch_index(tx, c, 32) <= last ? __expf(scale * p[i][c] - l) : 0.f;
       }
-      tile_product<HS>(dp, do_s, k_s + HS * kLd, ty, tx);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) p[i][jj] = dp[i][jj] = 0.f;
+      cp_async_wait<1>();  // v of tile j (the next k may still be in flight)
+      __syncthreads();
+      patch_product<HS, kLdQ, 64, kLdK, 32>(dp, do_s + ty * 4, v_s + tx * 4);
+      __syncthreads();  // every thread is done with v_s
+      if (j + 1 < live_tiles) stage_transposed_async<HS, kK, kThreads>(v_s, q + 2 * C, row3, k0 + kK, seq);
+      cp_async_commit();
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -280,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* srow = dscores + row * seq;
 #pragma unroll
       for (int g = 0; g < 2; ++g) {
-        const int c = k0 + g * 64 + tx * 4;
+        const int c = k0 + g * 32 + tx * 4;
         float pd[4], ds[4];
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
@@ -303,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  cp_async_wait<0>();  // nothing may land in shared memory after the block exits
 }
 
 }  // namespace tiled
@@ -311,13 +304,13 @@ template <bool kDropout, int HS>
 void launch(cudaStream_t stream, float* probs, float* dscores, const float* qkv, const float* dout,
             const float* out, const float* lse, int B, int seq, int C, int NH, float scale, bool causal,
             const int32_t* lengths, const DropoutArgs& drop) {
-  // Head sizes up to 64: the 128 x 128 tiles (bert-large, batch 4 x 512, dropout 0.1, H100: 219 -> 183 us a
-  // layer; bench/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_bwd_scores.txt). A head size of 128
-  // would not fit q, dout and two k/v buffers in shared memory.
+  // Head sizes up to 64: the 8 x 8 patches (bert-large, batch 4 x 512, dropout 0.1, H100: 219 -> 154 us a
+  // layer; bench/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_bwd_scores.txt and
+  // ..._scores_64key.txt). A head size of 128 would need 8 x 16 patches: more registers than a thread has.
   if constexpr (HS <= 64) {
     const auto kernel = tiled::attention_bwd_scores_tiled_kernel<kDropout, HS>;
     configure_for_current_device(reinterpret_cast<const void*>(kernel), tiled::smem_bytes(HS));
-    const dim3 grid((seq + tiled::kTile - 1) / tiled::kTile, B * NH);
+    const dim3 grid((seq + tiled::kQ - 1) / tiled::kQ, B * NH);
     kernel<<<grid, tiled::kThreads, tiled::smem_bytes(HS), stream>>>(probs, dscores, qkv, dout, out, lse, seq,
                                                                      C, NH, scale, causal, lengths, drop);
     ANVIL_CUDA_CHECK_LAST();
