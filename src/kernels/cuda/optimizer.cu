@@ -1,5 +1,6 @@
 // Fused AdamW (PyTorch's formula: decoupled weight decay before the Adam update) and SGD over the whole
 // flat parameter buffer.
+#include <algorithm>
 #include <type_traits>
 
 #include "core/half.hpp"
@@ -217,8 +218,14 @@ void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType 
                       const float* wd4, const anvil::StepValues& sv, const anvil::StepValues* sv_device) {
   if (n == 0 || g.count == 0) return;
   const GroupHyper h = weight_decays(wd4);
-  // About four quads a thread: each thread's range lookup serves several of them.
-  const unsigned grid = grid_for(((n + 3) / 4 + 3) / 4, kThreads);
+  // At most two blocks an SM, each walking one contiguous chunk: every block stages the group table and
+  // finds its range once. bert-large's step (335M parameters) took 3.76 ms as 65536 blocks of about 16
+  // quads a thread, 3.33 ms as 264 blocks on an H100's 132 SMs, and 3.37-3.51 ms with 4 to 64 blocks an SM
+  // (bench/results/adamw_grid_h100_2026-11-23.txt).
+  int device = 0, sms = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const unsigned grid = std::min(grid_for(((n + 3) / 4 + 3) / 4, kThreads), 2u * unsigned(std::max(sms, 1)));
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
     if (moment_type == anvil::DType::BF16)
