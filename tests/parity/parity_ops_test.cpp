@@ -77,6 +77,9 @@ class ParityTest : public parity::ParityFixture<> {
   ::testing::AssertionResult same(const std::string& what, const Mirrored<float>& m, double tol) {
     return close(what, read_cpu(m), read_gpu(m), tol);
   }
+
+  void check_fused_adamw(size_t n, const std::vector<uint64_t>& begins, const std::vector<uint8_t>& groups,
+                         size_t skip_begin, size_t skip_end);
 };
 
 // --- embedding -------------------------------------------------------------------------------------
@@ -652,16 +655,12 @@ TEST_F(ParityTest, AdamW) {
   }
 }
 
-// Fused multi-range optimizers: five ranges in three groups plus a skipped one, compact states for the
-// SGD case (state_begins), fp32 and bf16 AdamW moments.
-TEST_F(ParityTest, FusedAdamWAndSgd) {
-  const size_t n = 100003;
-  const std::vector<uint64_t> begins = {0, 20000, 20011, 50000, 70000};
-  const std::vector<uint8_t> groups = {0, 1, 2, kSkipGroup, 0};
-  const std::vector<uint64_t> state_begins = {0, 20000, 20011, 50000, 50000};  // the skipped range has none
+// Fused multi-range AdamW over n parameters in `begins` / `groups` (one group kSkipGroup, whose range
+// [skip_begin, skip_end) must stay untouched), with fp32 and bf16 moments, three steps.
+void ParityTest::check_fused_adamw(size_t n, const std::vector<uint64_t>& begins,
+                                   const std::vector<uint8_t>& groups, size_t skip_begin, size_t skip_end) {
   auto b = mirror(begins);
   auto g = mirror(groups);
-  auto sb = mirror(state_begins);
   const ParamGroupTable cpu_t{b.cpu(), g.cpu(), nullptr, int(begins.size())};
   const ParamGroupTable gpu_t{b.gpu(), g.gpu(), nullptr, int(begins.size())};
   for (const bool bf16 : {false, true}) {
@@ -683,12 +682,26 @@ TEST_F(ParityTest, FusedAdamWAndSgd) {
     }
     EXPECT_TRUE(same("fused adamw param", param, bf16 ? 1e-3 : kElementwiseTol));
     const std::vector<float> pg = read_gpu(param);
-    for (size_t i = 50000; i < 70000; ++i) ASSERT_EQ(pg[i], p0[i]) << "skipped range updated at " << i;
+    for (size_t i = skip_begin; i < skip_end; ++i)
+      ASSERT_EQ(pg[i], p0[i]) << "skipped range updated at " << i;
     if (!bf16) {
       EXPECT_TRUE(same("fused adamw m", m, kElementwiseTol));
       EXPECT_TRUE(same("fused adamw v", v, kElementwiseTol));
     }
   }
+}
+
+// Fused multi-range optimizers: five ranges in three groups plus a skipped one, compact states for the
+// SGD case (state_begins), fp32 and bf16 AdamW moments.
+TEST_F(ParityTest, FusedAdamWAndSgd) {
+  const size_t n = 100003;
+  const std::vector<uint64_t> begins = {0, 20000, 20011, 50000, 70000};
+  const std::vector<uint8_t> groups = {0, 1, 2, kSkipGroup, 0};
+  const std::vector<uint64_t> state_begins = {0, 20000, 20011, 50000, 50000};  // the skipped range has none
+  check_fused_adamw(n, begins, groups, 50000, 70000);
+  auto b = mirror(begins);
+  auto g = mirror(groups);
+  auto sb = mirror(state_begins);
   // SGD with Nesterov momentum and compact momentum state.
   const ParamGroupTable cpu_s{b.cpu(), g.cpu(), sb.cpu(), int(begins.size())};
   const ParamGroupTable gpu_s{b.gpu(), g.gpu(), sb.gpu(), int(begins.size())};
@@ -704,6 +717,13 @@ TEST_F(ParityTest, FusedAdamWAndSgd) {
   }
   EXPECT_TRUE(same("sgd param", param, kElementwiseTol));
   EXPECT_TRUE(same("sgd momentum buffer", buf, kElementwiseTol));
+}
+
+// A buffer large enough that the CUDA launch is capped (two blocks an SM): each block walks a long chunk
+// whose threads cross range boundaries at odd offsets, and ranges straddle the chunks.
+TEST_F(ParityTest, FusedAdamWOverLongChunks) {
+  const size_t n = 3000003;
+  check_fused_adamw(n, {0, 1000001, 1000002, 1500003, 2000001}, {0, 1, 2, kSkipGroup, 0}, 1500003, 2000001);
 }
 
 // The gradient scale read from device memory (grad_scale_device: the trainer's clip factor): on the GPU,
