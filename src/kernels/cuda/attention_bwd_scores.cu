@@ -168,6 +168,7 @@ __global__ void __launch_bounds__(kThreads)
 namespace tiled {
 
 constexpr int kQ = 128, kK = 64, kThreads = 128, kLdQ = kQ + 4, kLdK = kK + 4;
+static_assert(kQ == kThreads, "one thread a query row: its lse and D");
 
 constexpr size_t smem_bytes(int HS) {
   // q^T, dout^T [HS][kLdQ]; k^T, v^T [HS][kLdK]; per query: lse, D, last key, dropout row key
