@@ -271,10 +271,7 @@ __global__ void apply_kernel(float* param, const G* grad, const float* sq, float
 
 // Blocks for the tile kernels: enough to fill the GPU, walking the tiles with a grid-stride loop.
 unsigned tile_grid() {
-  int device = 0, sms = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return unsigned(sms > 0 ? sms : 1) * 8u;
+  return unsigned(sm_count()) * 8u;
 }
 
 }  // namespace

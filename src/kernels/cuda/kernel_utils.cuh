@@ -103,17 +103,27 @@ __device__ __forceinline__ void add_block_column_sums(float4 (&partial)[kRows][k
   atomic_add4(dst + col, total);
 }
 
-// The opt-in shared memory per block of the current device, queried once per device: supported() asks on
-// every backward call.
-inline int max_optin_smem() {
+// An attribute of the current device, queried once per device (launchers ask on every call).
+template <cudaDeviceAttr kAttr>
+inline int cached_device_attribute() {
   constexpr int kDevices = 64;
   static std::array<std::atomic<int>, kDevices> cached{};  // 0: not queried yet
-  int dev = 0, bytes = 0;
+  int dev = 0, value = 0;
   ANVIL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < kDevices && (bytes = cached[dev].load(std::memory_order_relaxed)) > 0) return bytes;
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (dev < kDevices) cached[dev].store(bytes, std::memory_order_relaxed);
-  return bytes;
+  if (dev < kDevices && (value = cached[dev].load(std::memory_order_relaxed)) > 0) return value;
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttr, dev));
+  if (dev < kDevices) cached[dev].store(value, std::memory_order_relaxed);
+  return value;
+}
+
+// The opt-in shared memory per block of the current device.
+inline int max_optin_smem() {
+  return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+}
+
+// The streaming multiprocessors of the current device (at least 1).
+inline int sm_count() {
+  return std::max(cached_device_attribute<cudaDevAttrMultiProcessorCount>(), 1);
 }
 
 // Opts `kernel` into `bytes` of dynamic shared memory once per device, before its first launch there (an

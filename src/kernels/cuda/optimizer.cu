@@ -222,10 +222,7 @@ void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType 
   // finds its range once. bert-large's step (335M parameters) took 3.76 ms as 65536 blocks of about 16
   // quads a thread, 3.33 ms as 264 blocks on an H100's 132 SMs, and 3.37-3.51 ms with 4 to 64 blocks an SM
   // (bench/results/adamw_grid_h100_2026-11-23.txt).
-  int device = 0, sms = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const unsigned grid = std::min(grid_for(((n + 3) / 4 + 3) / 4, kThreads), 2u * unsigned(std::max(sms, 1)));
+  const unsigned grid = std::min(grid_for(((n + 3) / 4 + 3) / 4, kThreads), 2u * unsigned(sm_count()));
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
     if (moment_type == anvil::DType::BF16)
