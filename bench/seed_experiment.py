@@ -251,8 +251,8 @@ def run_child(cmd, env, log_path, timeout, gpu, args, end_marker):
 
 # --- the two systems -----------------------------------------------------------------------------------
 
-def hf_row(name, row, args, env, gpu):
-    work = Path(args.workdir) / f"hf_{name}"
+def hf_row(name, row, args, env, gpu, tag=""):
+    work = Path(args.workdir) / f"hf_{name}{tag}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     shape = MODELS[args.model]
@@ -308,8 +308,8 @@ def anvil_config(row, args, data_path, out_dir):
     return cfg
 
 
-def anvil_row(name, row, args, env, gpu, data_path):
-    work = Path(args.workdir) / f"anvil_{name}"
+def anvil_row(name, row, args, env, gpu, data_path, tag=""):
+    work = Path(args.workdir) / f"anvil_{name}{tag}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     out_dir = work / "out"
@@ -383,6 +383,31 @@ def anvil_row(name, row, args, env, gpu, data_path):
     return out
 
 
+# --- repeated runs -------------------------------------------------------------------------------------
+
+def run_summary(d):
+    """What one run of a repeated row keeps beside the chosen run: time, speed, memory, wall time, error."""
+    if "error" in d:
+        return {"error": d["error"]}
+    return {"time": d["time"], "samples_per_second": d["samples_per_second"],
+            "peak_mib": d["process"]["memory"].get("peak_mib"), "wall_seconds": d["process"]["wall_seconds"]}
+
+
+def median_run(runs):
+    """The run of median time (the lower middle one of an even count) among the runs without an error,
+    with every run's summary under "repeats": the row reports one real run, not a blend of several."""
+    ok = sorted((d for d in runs if "error" not in d), key=lambda d: d["time"])
+    chosen = dict(ok[(len(ok) - 1) // 2]) if ok else dict(runs[-1])
+    chosen["repeats"] = [run_summary(d) for d in runs]
+    return chosen
+
+
+def spread(d, key):
+    """(min, max) of `key` over a result's repeats, or None when it ran once or none had the value."""
+    vals = [r[key] for r in (d or {}).get("repeats", []) if r.get(key) is not None]
+    return (min(vals), max(vals)) if len(vals) > 1 else None
+
+
 # --- environment helpers -------------------------------------------------------------------------------
 
 def bnb_env(args, env):
@@ -441,7 +466,16 @@ def judge(name, row, hf, anvil, args, peak_fp32):
     if ok_h and ok_a:
         r["speed"] = anvil["samples_per_second"] / hf["samples_per_second"]
         r["speed_pass"] = r["speed"] >= target
+        sh, sa = spread(hf, "samples_per_second"), spread(anvil, "samples_per_second")
+        if sh or sa:
+            # The speed verdict is the median runs' ratio; the extremes pair each side's slowest with the
+            # other's fastest run.
+            sh, sa = sh or (hf["samples_per_second"],) * 2, sa or (anvil["samples_per_second"],) * 2
+            r["speed_range"] = [sa[0] / sh[1], sa[1] / sh[0]]
         mh, ma = hf["process"]["memory"].get("peak_mib"), anvil["process"]["memory"].get("peak_mib")
+        # Repeated rows: Anvil's highest peak against HF's lowest, so no repeat of Anvil exceeds any of HF's.
+        mh = (spread(hf, "peak_mib") or (mh, mh))[0]
+        ma = (spread(anvil, "peak_mib") or (ma, ma))[1]
         if mh and ma is not None:
             r["memory"] = ma / mh
             r["memory_pass"] = r["memory"] <= 1.0
@@ -523,6 +557,14 @@ def table(record):
             notes.append(f"  {ROWS[name]['label']}: Anvil ran with gemm_tuning on: {t['gemms_tuned']} GEMMs timed in an "
                          f"untimed two-step run before the row ({t['wall_s']:.1f} s wall, process start to exit), "
                          f"the rest taken from the cache")
+        if "speed_range" in j:
+            th, ta = spread(hf, "time"), spread(an, "time")
+            runs = max(len(hf.get("repeats", [])), len(an.get("repeats", [])))
+            notes.append(f"  {ROWS[name]['label']}: {runs} runs of each system, alternating; the table gives each "
+                         f"side's median run. Time HF {fmt(th and th[0], '.2f')}-{fmt(th and th[1], '.2f')} s, "
+                         f"Anvil {fmt(ta and ta[0], '.2f')}-{fmt(ta and ta[1], '.2f')} s; speed ratio "
+                         f"{j['speed_range'][0]:.2f}x (slowest Anvil, fastest HF) to {j['speed_range'][1]:.2f}x; "
+                         f"memory ratio from Anvil's highest and HF's lowest peak")
         for sysname, d in (("HF", hf), ("Anvil", an)):
             if d and "error" in d:
                 notes.append(f"  {ROWS[name]['label']}: {sysname}: {d['error']}")
@@ -591,6 +633,9 @@ def main():
     ap.add_argument("--time_budget", type=float, default=0.0,
                     help="stop starting new processes after this many seconds (0: no limit); rows not run "
                          "are listed and kept from --merge")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run each row this many times per system, HF and Anvil alternating, each in a fresh "
+                         "process; the table gives each side's median run and the notes the spread")
     ap.add_argument("--workdir", default="/tmp/anvil_seed_experiment")
     ap.add_argument("--keep_checkpoints", action="store_true", help="keep Anvil's final checkpoints")
     ap.add_argument("--out", default="",
@@ -604,6 +649,8 @@ def main():
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1 (got {args.repeats})")
     systems = {s.strip() for s in args.systems.split(",") if s.strip()}
     if not systems or systems - {"hf", "anvil"}:
         ap.error("--systems takes hf, anvil or both")
@@ -654,6 +701,7 @@ def main():
                      "labels": "all 0 (np.random.randint(0, 1), as the seed)", "data_sha256": digest,
                      "hf_dropout": args.dropout, "anvil_dropout": args.dropout, "hf_trainer_defaults": HF_DEFAULTS,
                      "anvil_binary": args.anvil, "anvil_extra_args": args.anvil_args, "python": args.python,
+                     "repeats": args.repeats,
                      "bitsandbytes": bnb_note, "argv": sys.argv[1:]},
         "memory_method": {"available": gpu.available, "source": gpu.source, "error": gpu.error,
                           "poll_seconds": args.poll,
@@ -686,29 +734,39 @@ def main():
             print(f"warning: {args.samples} samples do not divide into steps of {row['batch'] * row['accum']}: "
                   f"HF trains the last partial step, Anvil drops the partial batch")
         entry = {"label": row["label"], "flags": row, "seed_v100": SEED_V100.get(name)}
-        for system in ("hf", "anvil"):
-            if system not in systems:
-                continue
-            if args.time_budget and time.time() - t_start > args.time_budget:
-                not_run.append(f"{name}/{system}")
-                continue
-            print(f"[{time.time() - t_start:6.0f}s] {row['label']}: {system} ...", flush=True)
-            reuse = row.get("hf_as")
-            done = (record["rows"].get(reuse) or {}).get("hf") if reuse else None
-            if system == "hf" and done and "error" not in done:
-                entry["hf"] = dict(done, reused_from_row=reuse)
-                print(f"         HF: the {reuse} row's run (the same HF configuration)", flush=True)
-                continue
-            if system == "hf":
-                entry["hf"] = hf_row(name, row, args, env, gpu)
-                if entry["hf"].get("data_sha256") not in (None, digest):
-                    entry["hf"]["error"] = "the HF child drew different data"  # never expected
-            else:
-                entry["anvil"] = anvil_row(name, row, args, env, gpu, data_path)
-            d = entry[system]
-            msg = d.get("error") or (f"{d['time']:.2f} s, {d['samples_per_second']:.2f} samples/s, "
-                                     f"peak {fmt(d['process']['memory'].get('peak_mib'), '.0f')} MiB")
-            print(f"         {msg}", flush=True)
+        runs = {"hf": [], "anvil": []}
+        for rep in range(args.repeats):
+            tag = f"_run{rep + 1}" if args.repeats > 1 else ""
+            for system in ("hf", "anvil"):
+                if system not in systems:
+                    continue
+                if args.time_budget and time.time() - t_start > args.time_budget:
+                    not_run.append(f"{name}/{system}{tag}")
+                    continue
+                print(f"[{time.time() - t_start:6.0f}s] {row['label']}: {system}"
+                      f"{f' (run {rep + 1}/{args.repeats})' if tag else ''} ...", flush=True)
+                reuse = row.get("hf_as")
+                done = (record["rows"].get(reuse) or {}).get("hf") if reuse else None
+                if system == "hf" and done and "error" not in done:
+                    if not runs["hf"]:
+                        runs["hf"].append(dict(done, reused_from_row=reuse))
+                    print(f"         HF: the {reuse} row's run (the same HF configuration)", flush=True)
+                    continue
+                if system == "hf":
+                    d = hf_row(name, row, args, env, gpu, tag)
+                    if d.get("data_sha256") not in (None, digest):
+                        d["error"] = "the HF child drew different data"  # never expected
+                else:
+                    d = anvil_row(name, row, args, env, gpu, data_path, tag)
+                runs[system].append(d)
+                msg = d.get("error") or (f"{d['time']:.2f} s, {d['samples_per_second']:.2f} samples/s, "
+                                         f"peak {fmt(d['process']['memory'].get('peak_mib'), '.0f')} MiB")
+                print(f"         {msg}", flush=True)
+        for system, rs in runs.items():
+            if len(rs) == 1:
+                entry[system] = rs[0]
+            elif rs:
+                entry[system] = median_run(rs)
         if "hf" not in entry and "anvil" not in entry:
             continue
         # A row re-run for one system keeps the other system's earlier result (--merge).

@@ -3,7 +3,11 @@
 # scripts/pack_for_gpu.sh (.devcarry/) into build-cuda/ and sets LD_LIBRARY_PATH so they find them, cuDNN
 # (the pip package nvidia-cudnn, e.g. PyTorch's) and the CUDA toolkit's NVRTC.
 if [ -d .devcarry/bin ]; then
-  mkdir -p build-cuda && cp .devcarry/bin/* build-cuda/
+  mkdir -p build-cuda
+  for f in .devcarry/bin/*.gz; do  # gzipped by pack_for_gpu.sh
+    b=build-cuda/$(basename "$f" .gz)
+    gunzip -c "$f" > "$b" && chmod +x "$b"
+  done
   tar xzf .devcarry/libs.tgz -C /tmp
   export ANVIL_COMMIT=$(cat .devcarry/commit)
   mkdir -p data/shakespeare

@@ -10,7 +10,9 @@ out=${OUT:-runs/gpu_memory_check}
 mkdir -p "$out"
 if [ -d .devcarry/bin ]; then
   build=/tmp/anvil_bin
-  mkdir -p "$build" && cp .devcarry/bin/* "$build"/
+  mkdir -p "$build"
+  for f in .devcarry/bin/*.gz; do gunzip -c "$f" > "$build/$(basename "$f" .gz)"; done  # pack_for_gpu.sh
+  chmod +x "$build"/*
   tar xzf .devcarry/libs.tgz -C /tmp
   export LD_LIBRARY_PATH=/tmp/anvil_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   mkdir -p data/shakespeare

@@ -9,12 +9,17 @@ build=${ANVIL_BUILD_DIR:-build-cuda}
 [ -x "$build/anvil_parity_tests" ] || { echo "no CUDA build in $build (cmake -S . -B $build && cmake --build $build)" >&2; exit 1; }
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.devcarry/' >> .git/info/exclude; }
 rm -rf .devcarry && mkdir -p .devcarry/bin
-for b in anvil anvil_parity_tests anvil_unit_tests; do [ ! -x "$build/$b" ] || cp "$build/$b" .devcarry/bin/; done
+# Gzipped (about a quarter of their size: the device code compresses well), so that they fit the device
+# tool's carry limit; scripts/gpu_env.sh unpacks them.
+bins=()
+for b in anvil anvil_parity_tests anvil_unit_tests; do
+  [ ! -x "$build/$b" ] || { gzip -c "$build/$b" > ".devcarry/bin/$b.gz"; bins+=("$build/$b"); }
+done
 libs=$(mktemp -d)
 trap 'rm -rf "$libs"' EXIT
 mkdir -p "$libs/anvil_libs"
 # Everything the binaries resolve outside glibc, libstdc++ and the CUDA libraries (present there).
-ldd .devcarry/bin/anvil .devcarry/bin/anvil_parity_tests | awk '/=> \//{print $3}' | sort -u |
+ldd "${bins[@]}" | awk '/=> \//{print $3}' | sort -u |
   grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libcudnn|libnvrtc|libdl|libpthread|librt' |
   while read -r lib; do cp -L "$lib" "$libs/anvil_libs/"; done
 tar czf .devcarry/libs.tgz -C "$libs" anvil_libs
