@@ -643,7 +643,13 @@ def main():
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows of an existing --out that this run does not re-run (split the table over "
                          "several invocations)")
+    ap.add_argument("--combine", nargs="+", metavar="FILE",
+                    help="print and save (--out) one table from the rows of these result files instead of running")
     args = ap.parse_args()
+    if args.combine:
+        if not args.out:
+            ap.error("--combine needs --out")
+        return combine(args.combine, args)
 
     names = list(ROWS) if args.rows == "all" else [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [n for n in names if n not in ROWS]
@@ -779,6 +785,10 @@ def main():
     for name, e in previous.items():  # rows of the earlier run not re-run now (--merge)
         if name not in record["rows"]:
             record["rows"][name] = e
+    finish(record, args, not_run, Path(args.out) if args.out else None)
+
+def finish(record, args, not_run, out_path):
+    """Orders the rows, judges them, prints the table and writes the results (JSON and text)."""
     record["rows"] = {n: record["rows"][n] for n in ROWS if n in record["rows"]}  # the seed's order
     # The fp32 peak for the strict-fp32 rows' bound: given, or the nominal figure Anvil's summary reports for
     # this GPU when it ran in fp32 (src/train/mfu.cpp; data-sheet numbers).
@@ -800,10 +810,11 @@ def main():
                                                             "attn_implementation", "dataset")}
         record["device"] = record["device"] or hf_any.get("device")
 
+    st = record["settings"]
     text = table(record)
-    title = (f"Seed experiment: {args.model}, {args.samples} samples x {args.seq_len} tokens, 1 epoch, on "
-             f"{record['device'] or 'cpu'} (commit {commit[:12]}, {date.date().isoformat()})\n"
-             f"dropout {args.dropout} on both sides; Time = training loop (train_runtime of both, no "
+    title = (f"Seed experiment: {st['model']}, {st['samples']} samples x {st['seq_len']} tokens, 1 epoch, on "
+             f"{record['device'] or 'cpu'} (commit {record['commit'][:12]}, {record['date'][:10]})\n"
+             f"dropout {st['hf_dropout']} on both sides; Time = training loop (train_runtime of both, no "
              f"checkpoint saving); memory = NVML peak minus the idle baseline")
     print("\n" + title + "\n" + text + "\n\n" + details(record))
     if not_run:
@@ -812,11 +823,32 @@ def main():
     if out_path is None:
         slug = re.sub(r"[^a-z0-9]+", "_", (record["device"] or "cpu").lower()).strip("_")
         slug = next((k for k in ("h200", "h100", "a100", "l4") if k in slug), slug)
-        out_path = REPO / "bench" / "results" / f"seed_experiment_{slug}_{date.date().isoformat()}.json"
+        out_path = REPO / "bench" / "results" / f"seed_experiment_{slug}_{record['date'][:10]}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(record, indent=2) + "\n")
     out_path.with_suffix(".txt").write_text(title + "\n" + text + "\n\n" + details(record) + "\n")
     print(f"saved {out_path} and {out_path.with_suffix('.txt')}")
+
+
+def combine(files, args):
+    """--combine: the rows of several result files of one GPU model and the same settings, as one table
+    (later files win for a row in several); the first file's header is kept, with every file's commit and
+    date listed."""
+    records = [json.loads(Path(f).read_text()) for f in files]
+    first = records[0]
+    same = ("model", "samples", "seq_len", "data_seed", "hf_dropout")
+    for f, r in zip(files[1:], records[1:]):
+        diff = [k for k in same if r["settings"].get(k) != first["settings"].get(k)]
+        if diff or r.get("nvml_device") != first.get("nvml_device"):
+            sys.exit(f"--combine: {f} was made with other settings than {files[0]} ({diff or 'device'})")
+    record = dict(first, rows={}, combined_from=[{"file": str(f), "commit": r["commit"], "date": r["date"],
+                                                   "rows": list(r["rows"])} for f, r in zip(files, records)])
+    not_run = []
+    for r in records:
+        record["rows"].update(r["rows"])
+        not_run += r.get("not_run", [])
+    args.model, args.seq_len = first["settings"]["model"], first["settings"]["seq_len"]
+    finish(record, args, [n for n in not_run if n.split("/")[0] not in record["rows"]], Path(args.out))
 
 
 if __name__ == "__main__":
