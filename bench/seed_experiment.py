@@ -787,6 +787,7 @@ def main():
             record["rows"][name] = e
     finish(record, args, not_run, Path(args.out) if args.out else None)
 
+
 def finish(record, args, not_run, out_path):
     """Orders the rows, judges them, prints the table and writes the results (JSON and text)."""
     record["rows"] = {n: record["rows"][n] for n in ROWS if n in record["rows"]}  # the seed's order

@@ -9,14 +9,8 @@ cd "$(dirname "$0")/.."
 out=${OUT:-runs/gpu_memory_check}
 mkdir -p "$out"
 if [ -d .devcarry/bin ]; then
-  build=/tmp/anvil_bin
-  mkdir -p "$build"
-  for f in .devcarry/bin/*.gz; do gunzip -c "$f" > "$build/$(basename "$f" .gz)"; done  # pack_for_gpu.sh
-  chmod +x "$build"/*
-  tar xzf .devcarry/libs.tgz -C /tmp
-  export LD_LIBRARY_PATH=/tmp/anvil_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  mkdir -p data/shakespeare
-  [ -s data/shakespeare/shakespeare.txt ] || gunzip -c .devcarry/shakespeare.txt.gz > data/shakespeare/shakespeare.txt
+  build=build-cuda
+  source scripts/gpu_env.sh  # unpacks .devcarry/ into build-cuda/, sets LD_LIBRARY_PATH, the corpus
 else
   build=${ANVIL_BUILD_DIR:-build}
 fi
