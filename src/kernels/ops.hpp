@@ -280,6 +280,21 @@ class Ops {
   virtual void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                              void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) = 0;
 
+  // --- attention of each sequence's first query only --------------------------------------------
+  // BERT's last block feeds only its [CLS] rows to the pooler, so only query 0 of each sequence matters
+  // there; its keys and values are still every token's. q [B,C]: row b is the query of token (b, 0), heads
+  // side by side; kv [B,T,2C]: k = kv[..., 0:C], v = kv[..., C:2C]. out [B,C] is exactly row (b, 0) of
+  // attention_fwd's output for those q, k, v under `mask` (query index 0: causal sees key 0 only, and the
+  // dropout draws element ((b * NH + h) * T) * T + key); lse [B,NH] is that row's log-sum-exp. A sequence
+  // of length 0 gives out 0 and lse 0. No scratch.
+  virtual void attention_first_query_fwd(void* out, float* lse, const void* q, const void* kv, int B, int T,
+                                         int C, int NH, const AttentionMask& mask) = 0;
+  // dq [B,C] and dkv [B,T,2C], both overwritten (rows of keys no query sees are 0), from dout [B,C] and the
+  // forward's q, kv, out and lse.
+  virtual void attention_first_query_bwd(void* dq, void* dkv, const void* dout, const void* q, const void* kv,
+                                         const void* out, const float* lse, int B, int T, int C, int NH,
+                                         const AttentionMask& mask) = 0;
+
   // --- activation --------------------------------------------------------------------------------
   // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   virtual void gelu_fwd(void* out, const void* inp, size_t n) = 0;

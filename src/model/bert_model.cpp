@@ -328,19 +328,26 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
   void *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l), *res2 = act(kRes2, l);
   float *ln1_stats = stats(kLn1Stats, l), *ln2_stats = stats(kLn2Stats, l);
   auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
-  if (run(kQkv)) ops.matmul_fwd(qkv, x, p.qkvw, p.qkvb, B * T, C, 3 * C);
-  if (run(kAtty))
-    ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, layer_mask(mask, l));
-  // After the attention, N rows: all B x T, or the B [CLS] rows (kept in their own buffer: a recompute of the
-  // attention gives the same values).
+  // After the attention, N rows: all B x T, or the B [CLS] rows (kept in their own buffers: a recompute of
+  // the attention gives the same values).
   const int N = first_rows_only(l) ? B : B * T;
   const void *xr = x, *attyr = atty;
   if (first_rows_only(l)) {
-    if (!only_recomputed) {
-      ops.first_token_fwd(x_first_, x, B, T, C);
-      ops.first_token_fwd(atty_first_, atty, B, T, C);
+    // Only query 0 of each sequence is needed: the keys and values of every token ([B*T, 2C] in the QKV
+    // buffer), the query of the [CLS] rows ([B, C] after them), and their attention alone.
+    if (!only_recomputed) ops.first_token_fwd(x_first_, x, B, T, C);
+    const FirstQueryQkv f = first_query_qkv(qkv, B, T);
+    if (run(kQkv)) {
+      ops.matmul_fwd(f.kv, x, at(p.qkvw, size_t(C) * C), at(p.qkvb, C), B * T, C, 2 * C);
+      ops.matmul_fwd(f.q, x_first_, p.qkvw, p.qkvb, B, C, C);
     }
+    if (run(kAtty))
+      ops.attention_first_query_fwd(atty_first_, stats(kLse, l), f.q, f.kv, B, T, C, NH, layer_mask(mask, l));
     xr = x_first_, attyr = atty_first_;
+  } else {
+    if (run(kQkv)) ops.matmul_fwd(qkv, x, p.qkvw, p.qkvb, B * T, C, 3 * C);
+    if (run(kAtty))
+      ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, layer_mask(mask, l));
   }
   const bool drop = fwd_dropout_ && p_hidden_ > 0;
   // The hidden dropout of a site, for the fused ops (none without dropout).
@@ -494,19 +501,30 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   const void* dattn_proj = drop ? dfc_ : d1_;
   ops.matmul_bwd(d0_, g.attow, nullptr, dattn_proj, first_rows ? atty_first_ : act(kAtty, l), p.attow, N, C,
                  C, dw_write());
-  // The attention's output gradient: d0_, or (the [CLS] rows only) d0_ at positions (b, 0) and zero
-  // elsewhere, in the MLP-gradient buffer that is free again.
-  const void* datty = d0_;
-  if (first_rows) {
-    ops.first_token_bwd(dfc_, d0_, B, T, C);
-    datty = dfc_;
+  if (!first_rows) {
+    ops.attention_bwd(dqkv_, d0_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
+                      layer_mask(mask, l));
+    ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, B * T, C, 3 * C, dw_write());
+    return;  // d(x) = d0_ (the attention path) + the carry d(res1) in d1_: the block below sums them
   }
-  ops.attention_bwd(dqkv_, datty, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
-                    layer_mask(mask, l));
-  ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, B * T, C, 3 * C, dw_write());
-  // d(x) = d0_ (the attention path) + the carry: the residual path d(res1) in d1_, or in the [CLS]-rows
-  // block, d(res1) at positions (b, 0) and zero elsewhere, in dfc_ (free again). The block below sums them.
-  if (first_rows) ops.first_token_bwd(dfc_, d1_, B, T, C);
+  // The [CLS]-rows block: the attention's output gradient is d0_'s B rows; the gradients of the keys and
+  // values ([B*T, 2C]) and of the [CLS] queries ([B, C]) go into the QKV-gradient buffer laid out as the
+  // forward's QKV buffer, and through the two halves of the QKV projection: d(x) from the keys and values
+  // into d0_, from the queries (B rows, after the key/value part of dqkv_) added to the [CLS] rows of
+  // d(res1).
+  const FirstQueryQkv f = first_query_qkv(act(kQkv, l), B, T);
+  const FirstQueryQkv df = first_query_qkv(dqkv_, B, T);
+  ops.attention_first_query_bwd(df.q, df.kv, d0_, f.q, f.kv, atty_first_, stats(kLse, l), B, T, C, NH,
+                                layer_mask(mask, l));
+  void* dx_first = at(df.q, size_t(B) * C);
+  const auto grad_at = [&](void* base, size_t i) { return static_cast<char*>(base) + i * ge_; };
+  ops.matmul_bwd(d0_, grad_at(g.qkvw, size_t(C) * C), grad_at(g.qkvb, C), df.kv, x, at(p.qkvw, size_t(C) * C),
+                 B * T, C, 2 * C, dw_write());
+  ops.matmul_bwd(dx_first, g.qkvw, g.qkvb, df.q, x_first_, p.qkvw, B, C, C, dw_write());
+  ops.residual_fwd(d1_, d1_, dx_first, size_t(B) * C);
+  // d(x) = d0_ + the carry: d(res1) plus the queries' part at positions (b, 0) and zero elsewhere, in dfc_
+  // (free again). The block below sums them.
+  ops.first_token_bwd(dfc_, d1_, B, T, C);
 }
 
 void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_types, const int32_t* lengths,

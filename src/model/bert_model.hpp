@@ -101,8 +101,9 @@ class BertModel final : public Model {
   void copy_logits_to_host(Device& dev, float* dst, int B) const;
   // Only the pooler reads the encoder output, and only its first ([CLS]) rows: by default the last block
   // computes everything after its attention (output projection, LayerNorms, MLP) for those B rows only, not
-  // B x T (the same values and gradients; 1/n_layer of the block work less, about a 24th for bert-large).
-  // Its keys and values still come from every position. set_full_last_hidden_state(true) makes forward()
+  // B x T (the same values and gradients; 1/n_layer of the block work less, about a 24th for bert-large),
+  // and its attention and query projection for the [CLS] queries only (attention_first_query_fwd); its keys
+  // and values still come from every position. set_full_last_hidden_state(true) makes forward()
   // compute the whole last block, for last_hidden_state().
   void set_full_last_hidden_state(bool on) { full_last_hidden_state_ = on; }
   // The encoder output (transformers' last_hidden_state) [B, T, n_embd] and the pooler output (pooler_output)
@@ -220,6 +221,15 @@ class BertModel final : public Model {
   size_t ae_, ge_;  // bytes per element of the compute and gradient types
   // Element `i` of a compute-type buffer.
   void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * ae_; }
+  // The [CLS]-rows block's QKV buffer (and its gradient): the keys and values of every token [B*T, 2C],
+  // then the queries of the B [CLS] rows [B, C] (attention_first_query_fwd's operands).
+  struct FirstQueryQkv {
+    void* kv;
+    void* q;
+  };
+  FirstQueryQkv first_query_qkv(void* buffer, int B, int T) const {
+    return {buffer, at(buffer, size_t(B) * T * 2 * cfg_.n_embd)};
+  }
   void* block_out(int l) const { return block_acts_[l] + act_offset_[l][kSavedKinds]; }
 
   // Plan indices.

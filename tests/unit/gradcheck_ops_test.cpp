@@ -267,6 +267,74 @@ TEST_F(GradCheckOps, Attention) {
   }
 }
 
+// Attention of the first query only (BERT's [CLS]-rows block): exactly row (b, 0) of the whole attention's
+// output and lse, and, for an output gradient at those rows only, exactly the whole backward's q gradient
+// at t = 0 and its k, v gradients, with dropout and padding (one sequence empty) too; and its own gradients
+// by finite differences.
+TEST_F(GradCheckOps, AttentionFirstQuery) {
+  const int B = 3, T = 5, C = 8, NH = 2;
+  const int32_t lengths[B] = {5, 3, 0};
+  DropoutState state{0x5eedull, 3, 0};
+  for (int variant = 0; variant < 6; ++variant) {
+    AttentionMask mask{variant % 2 == 1, variant / 2 % 2 == 1 ? lengths : nullptr};
+    if (variant >= 4) mask.dropout = 0.3f, mask.dropout_state = &state, mask.dropout_site = 7;
+    SCOPED_TRACE(variant);
+    const std::vector<float> qkv = randn(rng_, size_t(B) * T * 3 * C);
+    std::vector<float> q(size_t(B) * C), kv(size_t(B) * T * 2 * C);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < 3 * C; ++j) {
+          const float x = qkv[(size_t(b) * T + t) * 3 * C + j];
+          if (j >= C)
+            kv[(size_t(b) * T + t) * 2 * C + j - C] = x;
+          else if (t == 0)
+            q[size_t(b) * C + j] = x;
+        }
+    std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T);
+    std::vector<float> scratch(
+        std::max<size_t>(1, ops_->attention_scratch_bytes(B, T, C, NH) / sizeof(float)));
+    ops_->attention_fwd(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH, mask);
+    std::vector<float> out1(size_t(B) * C, 9.0f), lse1(size_t(B) * NH, 9.0f);
+    ops_->attention_first_query_fwd(out1.data(), lse1.data(), q.data(), kv.data(), B, T, C, NH, mask);
+    for (int b = 0; b < B; ++b) {
+      for (int j = 0; j < C; ++j)
+        EXPECT_EQ(out1[size_t(b) * C + j], out[size_t(b) * T * C + j]) << b << "," << j;
+      for (int h = 0; h < NH; ++h) EXPECT_EQ(lse1[size_t(b) * NH + h], lse[(size_t(b) * NH + h) * T]) << b;
+    }
+    // Backward: the output gradient at rows (b, 0) only.
+    const std::vector<float> R = randn(rng_, size_t(B) * C);
+    std::vector<float> dout(out.size(), 0.0f);
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < C; ++j) dout[size_t(b) * T * C + j] = R[size_t(b) * C + j];
+    std::vector<float> dqkv(qkv.size());
+    ops_->attention_bwd(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, C,
+                        NH, mask);
+    std::vector<float> dq(q.size(), 123.0f), dkv(kv.size(), 123.0f);  // overwritten
+    ops_->attention_first_query_bwd(dq.data(), dkv.data(), R.data(), q.data(), kv.data(), out1.data(),
+                                    lse1.data(), B, T, C, NH, mask);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int j = 0; j < 3 * C; ++j) {
+          const float want = dqkv[(size_t(b) * T + t) * 3 * C + j];
+          if (j >= C) {
+            EXPECT_FLOAT_EQ(dkv[(size_t(b) * T + t) * 2 * C + j - C], want) << b << "," << t << "," << j;
+          } else if (t == 0) {
+            EXPECT_FLOAT_EQ(dq[size_t(b) * C + j], want) << b << "," << j;
+          }
+        }
+    // Its own gradients, by finite differences of L = out1 . R over q and kv (bidirectional: a causal first
+    // query sees one key, so its q gradient is 0 up to rounding, which a relative check cannot judge).
+    if (mask.causal) continue;
+    const Loss loss = [&] {
+      ops_->attention_first_query_fwd(out1.data(), lse1.data(), q.data(), kv.data(), B, T, C, NH, mask);
+      return dot(out1, R);
+    };
+    EXPECT_TRUE(gradient_matches(loss, q, dq, {.eps = 1e-2, .directions = 4, .coordinates = 6, .seed = 21}));
+    EXPECT_TRUE(
+        gradient_matches(loss, kv, dkv, {.eps = 1e-2, .directions = 4, .coordinates = 6, .seed = 22}));
+  }
+}
+
 TEST_F(GradCheckOps, Gelu) {
   const size_t n = 64;
   // Spread over [-6, 6]: both tails and the curved middle.

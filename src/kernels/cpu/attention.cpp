@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 
@@ -192,6 +193,120 @@ void attention_bwd_t(void* dqkv_, const void* dout_, const void* qkv_, const voi
   }
 }
 
+// Query 0 of each sequence against every key (Ops::attention_first_query_fwd): the row computation of
+// attention_fwd_t at t = 0, on q [B,C] and kv [B,T,2C].
+template <DType A>
+void attention_first_query_fwd_t(void* out_, float* lse, const void* q_, const void* kv_, int B, int T, int C,
+                                 int NH, const AttentionMask& mask) {
+  using S = Storage<A>;
+  auto* out = static_cast<storage_t<A>*>(out_);
+  const auto* qs = static_cast<const storage_t<A>*>(q_);
+  const auto* kv = static_cast<const storage_t<A>*>(kv_);
+  const int HS = C / NH;
+  const int64_t C2 = 2 * int64_t(C);
+  const float scale = 1.0f / std::sqrt(float(HS));
+  const ProbDropout drop(mask);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const Visibility vis = visibility(mask, b, T);
+      const auto* q = qs + int64_t(b) * C + h * HS;
+      auto* o = out + int64_t(b) * C + h * HS;
+      float& row_lse = lse[int64_t(b) * NH + h];
+      if (!vis.row(0)) {
+        for (int i = 0; i < HS; ++i) o[i] = S::store(0.0f);
+        row_lse = 0;
+        continue;
+      }
+      const int last = vis.last_key(0);
+      std::vector<float> p(size_t(last) + 1), acc(HS, 0.0f);
+      float maxv = -INFINITY;
+      for (int t2 = 0; t2 <= last; ++t2) {
+        const auto* k = kv + (int64_t(b) * T + t2) * C2 + h * HS;
+        float dot = 0;
+        for (int i = 0; i < HS; ++i) dot += S::load(q[i]) * S::load(k[i]);
+        p[t2] = dot * scale;
+        maxv = std::max(maxv, p[t2]);
+      }
+      double sum = 0;
+      for (int t2 = 0; t2 <= last; ++t2) {
+        p[t2] = std::exp(p[t2] - maxv);
+        sum += p[t2];
+      }
+      row_lse = maxv + float(std::log(sum));
+      const float inv = float(1.0 / sum);
+      const uint32_t row_key = drop.row_key((uint64_t(b) * NH + h) * T);
+      for (int t2 = 0; t2 <= last; ++t2) {
+        const float pj = S::load(S::store(drop(p[t2] * inv, row_key, t2)));
+        const auto* v = kv + (int64_t(b) * T + t2) * C2 + C + h * HS;
+        for (int i = 0; i < HS; ++i) acc[i] += pj * S::load(v[i]);
+      }
+      for (int i = 0; i < HS; ++i) o[i] = S::store(acc[i]);
+    }
+  }
+}
+
+// Its backward: attention_bwd_t's loop body for the one row t = 0, with the q gradient in dq [B,C] and the
+// k, v gradients in dkv [B,T,2C] (overwritten).
+template <DType A>
+void attention_first_query_bwd_t(void* dq_, void* dkv_, const void* dout_, const void* q_, const void* kv_,
+                                 const void* out_, const float* lse, int B, int T, int C, int NH,
+                                 const AttentionMask& mask) {
+  using S = Storage<A>;
+  auto* dqs = static_cast<storage_t<A>*>(dq_);
+  auto* dkv = static_cast<storage_t<A>*>(dkv_);
+  const auto* dout = static_cast<const storage_t<A>*>(dout_);
+  const auto* qs = static_cast<const storage_t<A>*>(q_);
+  const auto* kv = static_cast<const storage_t<A>*>(kv_);
+  const auto* out = static_cast<const storage_t<A>*>(out_);
+  const int HS = C / NH;
+  const int64_t C2 = 2 * int64_t(C);
+  const float scale = 1.0f / std::sqrt(float(HS));
+  const ProbDropout drop(mask);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const Visibility vis = visibility(mask, b, T);
+      const int last = vis.row(0) ? vis.last_key(0) : -1;
+      const auto* d = dout + int64_t(b) * C + h * HS;
+      const auto* o = out + int64_t(b) * C + h * HS;
+      const auto* q = qs + int64_t(b) * C + h * HS;
+      const float row_lse = lse[int64_t(b) * NH + h];
+      const uint32_t row_key = drop.row_key((uint64_t(b) * NH + h) * T);
+      float d_dot_o = 0;
+      for (int i = 0; i < HS; ++i) d_dot_o += S::load(d[i]) * S::load(o[i]);
+      std::vector<float> dq(HS, 0.0f);
+      for (int t2 = 0; t2 < T; ++t2) {
+        const auto* k = kv + (int64_t(b) * T + t2) * C2 + h * HS;
+        const auto* v = k + C;
+        auto* dk = dkv + (int64_t(b) * T + t2) * C2 + h * HS;
+        auto* dv = dk + C;
+        if (t2 > last) {
+          for (int i = 0; i < HS; ++i) dk[i] = dv[i] = S::store(0.0f);
+          continue;
+        }
+        float dot = 0;
+        for (int i = 0; i < HS; ++i) dot += S::load(q[i]) * S::load(k[i]);
+        const float p = std::exp(dot * scale - row_lse);
+        const float p_stored = S::load(S::store(drop(p, row_key, t2)));  // as multiplied in the forward
+        float dz = 0;  // the gradient of the (dropped) probability
+        for (int i = 0; i < HS; ++i) {
+          const float di = S::load(d[i]);
+          dz += di * S::load(v[i]);
+          dv[i] = S::store(p_stored * di);
+        }
+        const float ds = p * (drop(dz, row_key, t2) - d_dot_o) * scale;
+        for (int i = 0; i < HS; ++i) {
+          dq[i] += ds * S::load(k[i]);
+          dk[i] = S::store(ds * S::load(q[i]));
+        }
+      }
+      auto* dst = dqs + int64_t(b) * C + h * HS;
+      for (int i = 0; i < HS; ++i) dst[i] = S::store(dq[i]);
+    }
+  }
+}
+
 }  // namespace
 
 size_t attention_scratch_bytes(DType act, int B, int T, int C, int NH) {
@@ -209,6 +324,25 @@ void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, con
                    const float* lse, void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) {
   dispatch_float(act, [&](auto a) {
     attention_bwd_t<decltype(a)::value>(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, mask);
+  });
+}
+
+}  // namespace anvil::cpu
+
+namespace anvil::cpu {
+
+void attention_first_query_fwd(DType act, void* out, float* lse, const void* q, const void* kv, int B, int T,
+                               int C, int NH, const AttentionMask& mask) {
+  dispatch_float(act, [&](auto a) {
+    attention_first_query_fwd_t<decltype(a)::value>(out, lse, q, kv, B, T, C, NH, mask);
+  });
+}
+
+void attention_first_query_bwd(DType act, void* dq, void* dkv, const void* dout, const void* q,
+                               const void* kv, const void* out, const float* lse, int B, int T, int C, int NH,
+                               const AttentionMask& mask) {
+  dispatch_float(act, [&](auto a) {
+    attention_first_query_bwd_t<decltype(a)::value>(dq, dkv, dout, q, kv, out, lse, B, T, C, NH, mask);
   });
 }
 

@@ -142,6 +142,12 @@ void attention_fwd(DType act, void* out, float* lse, const void* qkv, void* scra
                    int NH, const AttentionMask& mask);
 void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, const void* out,
                    const float* lse, void* scratch, int B, int T, int C, int NH, const AttentionMask& mask);
+// Ops::attention_first_query_fwd / _bwd.
+void attention_first_query_fwd(DType act, void* out, float* lse, const void* q, const void* kv, int B, int T,
+                               int C, int NH, const AttentionMask& mask);
+void attention_first_query_bwd(DType act, void* dq, void* dkv, const void* dout, const void* q, const void* kv,
+                               const void* out, const float* lse, int B, int T, int C, int NH,
+                               const AttentionMask& mask);
 
 void gelu_fwd(DType act, void* out, const void* inp, size_t n);
 void gelu_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);

@@ -84,6 +84,15 @@ class CpuOps final : public Ops {
                      void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) override {
     cpu::attention_bwd(p_.compute, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, mask);
   }
+  void attention_first_query_fwd(void* out, float* lse, const void* q, const void* kv, int B, int T, int C,
+                                 int NH, const AttentionMask& mask) override {
+    cpu::attention_first_query_fwd(p_.compute, out, lse, q, kv, B, T, C, NH, mask);
+  }
+  void attention_first_query_bwd(void* dq, void* dkv, const void* dout, const void* q, const void* kv,
+                                 const void* out, const float* lse, int B, int T, int C, int NH,
+                                 const AttentionMask& mask) override {
+    cpu::attention_first_query_bwd(p_.compute, dq, dkv, dout, q, kv, out, lse, B, T, C, NH, mask);
+  }
   void gelu_fwd(void* out, const void* inp, size_t n) override { cpu::gelu_fwd(p_.compute, out, inp, n); }
   void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
     cpu::gelu_bwd(p_.compute, dinp, inp, dout, n);

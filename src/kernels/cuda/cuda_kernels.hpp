@@ -160,6 +160,15 @@ void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType ac
                                 const void* dout, const void* qkv, const void* out, const float* lse,
                                 void* scratch, int B, int T, int C, int NH, bool causal,
                                 const int32_t* lengths, const AttentionDropout& dropout);
+// attention_first_query.cu: Ops::attention_first_query_fwd / _bwd (any storage type, any head size up to
+// about 4000).
+void attention_first_query_fwd(cudaStream_t stream, anvil::DType act, void* out, float* lse, const void* q,
+                               const void* kv, int B, int T, int C, int NH, bool causal,
+                               const int32_t* lengths, const AttentionDropout& dropout);
+void attention_first_query_bwd(cudaStream_t stream, anvil::DType act, void* dq, void* dkv, const void* dout,
+                               const void* q, const void* kv, const void* out, const float* lse, int B, int T,
+                               int C, int NH, bool causal, const int32_t* lengths,
+                               const AttentionDropout& dropout);
 // Zeroes the padding rows (t >= lengths[b]) of x [B,T,width], and of lse [B,NH,T] when not null.
 void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int width, float* lse, int B,
                             int T, int NH, const int32_t* lengths);

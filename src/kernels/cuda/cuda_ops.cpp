@@ -177,6 +177,20 @@ class CudaOps final : public Ops {
     }
   }
 
+  void attention_first_query_fwd(void* out, float* lse, const void* q, const void* kv, int B, int T, int C,
+                                 int NH, const AttentionMask& mask) override {
+    check_heads(C, NH);
+    cuda::attention_first_query_fwd(stream_, act_, out, lse, q, kv, B, T, C, NH, mask.causal, mask.lengths,
+                                    attention_dropout(mask));
+  }
+  void attention_first_query_bwd(void* dq, void* dkv, const void* dout, const void* q, const void* kv,
+                                 const void* out, const float* lse, int B, int T, int C, int NH,
+                                 const AttentionMask& mask) override {
+    check_heads(C, NH);
+    cuda::attention_first_query_bwd(stream_, act_, dq, dkv, dout, q, kv, out, lse, B, T, C, NH, mask.causal,
+                                    mask.lengths, attention_dropout(mask));
+  }
+
   void gelu_fwd(void* out, const void* inp, size_t n) override { cuda::gelu_fwd(stream_, act_, out, inp, n); }
   void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) override {
     cuda::gelu_bwd(stream_, act_, dinp, inp, dout, n);

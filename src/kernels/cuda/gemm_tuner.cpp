@@ -174,20 +174,20 @@ std::string GemmTuner::full_key(const GemmProblem& p) const {
                      p.key);
 }
 
+bool GemmTuner::cached(const GemmProblem& p, cublasLtMatmulAlgo_t& algo) {
+  const GemmTuningEntry* e = cache_->find(full_key(p));
+  if (!e) return false;
+  if (init_algo(p, int(e->config[0]), algo) && set_config(algo, e->config) && accepted(p, algo)) return true;
+  std::fprintf(stderr, "anvil: warning: %s: the tuned algorithm for %s is no longer accepted; tuning again\n",
+               cache_->path().c_str(), p.describe.c_str());
+  return false;
+}
+
 cublasLtMatmulAlgo_t GemmTuner::choose(const GemmProblem& p,
                                        const cublasLtMatmulHeuristicResult_t* heuristics, int count) {
   ANVIL_ASSERT(count > 0, "no heuristic algorithm for {}", p.describe);
   const cublasLtMatmulAlgo_t& heuristic = heuristics[0].algo;
   const std::string key = full_key(p);
-  if (const GemmTuningEntry* e = cache_->find(key)) {
-    cublasLtMatmulAlgo_t algo{};
-    if (init_algo(p, int(e->config[0]), algo) && set_config(algo, e->config) && accepted(p, algo)) {
-      return algo;
-    }
-    std::fprintf(stderr,
-                 "anvil: warning: %s: the tuned algorithm for %s is no longer accepted; tuning again\n",
-                 cache_->path().c_str(), p.describe.c_str());
-  }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   ANVIL_CUDA_CHECK(cudaStreamIsCapturing(p.stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return heuristic;  // no timing inside a graph capture

@@ -42,10 +42,15 @@ class GemmTuner {
   GemmTuner(const GemmTuner&) = delete;
   GemmTuner& operator=(const GemmTuner&) = delete;
 
-  // The algorithm for `p`: the cached choice when the cache has one that cuBLASLt still accepts; else,
-  // unless the stream is capturing a graph, the fastest candidate timed now (and cached); else the
-  // heuristic's first choice. Candidates: the heuristic's `count` results (at least one), plus, for fp32
-  // operands, every configuration cuBLASLt accepts (algorithm x tile x stages x split-K x swizzling).
+  // The cached choice for `p`, when the cache has one that cuBLASLt still accepts (rebuilt with AlgoInit and
+  // AlgoCheck alone, so a cache hit never asks the heuristic: the process's first heuristic query costs
+  // 30-55 ms on an H200, bench/cublaslt_first_use.cu). A refused entry is reported, and false returned.
+  bool cached(const GemmProblem& p, cublasLtMatmulAlgo_t& algo);
+
+  // The algorithm for `p` when cached() has none: unless the stream is capturing a graph, the fastest
+  // candidate timed now (and cached); else the heuristic's first choice. Candidates: the heuristic's `count`
+  // results (at least one), plus, for fp32 operands, every configuration cuBLASLt accepts (algorithm x tile
+  // x stages x split-K x swizzling).
   cublasLtMatmulAlgo_t choose(const GemmProblem& p, const cublasLtMatmulHeuristicResult_t* heuristics,
                               int count);
 

@@ -239,21 +239,10 @@ Gemm::Plan* Gemm::plan_for(const GemmArgs& g, bool tensor_tf32, cudaStream_t str
   ANVIL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref_raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
 
-  // With tuning on, the heuristic's first eight choices are candidates too.
-  std::array<cublasLtMatmulHeuristicResult_t, 8> results{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle_.get(), desc, plan->layout_first.get(), plan->layout_second.get(), plan->layout_out.get(),
-      plan->layout_out.get(), pref_raw, tuner_ ? int(results.size()) : 1, results.data(), &found);
-  if (pointer_array && (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)) {
-    plans_.emplace(key, nullptr);  // the caller runs the batch another way, and is told so at once next time
-    return nullptr;
-  }
-  ANVIL_CUBLAS_CHECK(status);
-  if (found == 0) gemm_error("cuBLASLt found no algorithm for the GEMM " + describe(g));
-  plan->algo = results[0].algo;
+  // With tuning on, a cached choice needs no heuristic query; otherwise the heuristic's first eight choices
+  // are candidates too.
+  GemmProblem p;
   if (tuner_) {
-    GemmProblem p;
     p.handle = handle_.get();
     p.desc = desc;
     p.first = plan->layout_first.get();
@@ -283,8 +272,20 @@ Gemm::Plan* Gemm::plan_for(const GemmArgs& g, bool tensor_tf32, cudaStream_t str
     }
     p.key += " compute ";
     p.key += std::to_string(int(compute));
-    plan->algo = tuner_->choose(p, results.data(), found);
+    if (tuner_->cached(p, plan->algo)) return plans_.emplace(key, std::move(plan)).first->second.get();
   }
+  std::array<cublasLtMatmulHeuristicResult_t, 8> results{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle_.get(), desc, plan->layout_first.get(), plan->layout_second.get(), plan->layout_out.get(),
+      plan->layout_out.get(), pref_raw, tuner_ ? int(results.size()) : 1, results.data(), &found);
+  if (pointer_array && (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)) {
+    plans_.emplace(key, nullptr);  // the caller runs the batch another way, and is told so at once next time
+    return nullptr;
+  }
+  ANVIL_CUBLAS_CHECK(status);
+  if (found == 0) gemm_error("cuBLASLt found no algorithm for the GEMM " + describe(g));
+  plan->algo = tuner_ ? tuner_->choose(p, results.data(), found) : results[0].algo;
   return plans_.emplace(key, std::move(plan)).first->second.get();
 }
 
