@@ -389,7 +389,12 @@ TEST_P(DropoutParity, FirstQueryAttention) {
                                       static_cast<const float*>(lse.cpu()), s.B, s.T, s.C, s.NH, cpu_mask);
       gpu_->attention_first_query_bwd(dq.gpu(), dkv.gpu(), dout.gpu(), q.gpu(), kv.gpu(), out.gpu(),
                                       static_cast<const float*>(lse.gpu()), s.B, s.T, s.C, s.NH, gpu_mask);
-      EXPECT_TRUE(same("attention_first_query_bwd dq", dq, tol_grad));
+      if (causal) {
+        // Query 0 sees key 0 alone: its q gradient is 0 up to rounding, which a relative check cannot judge.
+        for (const float x : read(dq, true)) EXPECT_LT(std::fabs(x), 1e-5f);
+      } else {
+        EXPECT_TRUE(same("attention_first_query_bwd dq", dq, tol_grad));
+      }
       EXPECT_TRUE(same("attention_first_query_bwd dkv", dkv, tol_grad));
       // The empty sequence's gradients are exactly 0 on the GPU too (overwritten, not left).
       const std::vector<float> g = read(dkv, true);
