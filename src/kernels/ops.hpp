@@ -469,16 +469,7 @@ struct CudaGemmBuffers {
   size_t workspace_bytes = 0;
   float* split_scratch = nullptr;
   size_t split_scratch_bytes = 0;
-  // A second cuBLASLt workspace of workspace_bytes (may be null). With it, and strict-fp32 (native) GEMMs on
-  // fp32 activations, matmul_bwd runs its weight-gradient GEMM on a second stream, concurrently with the
-  // input-gradient GEMM (uses_weight_grad_stream).
-  void* weight_grad_workspace = nullptr;
 };
-// Whether CUDA ops of this precision and fp32 GEMM kind use CudaGemmBuffers::weight_grad_workspace: strict
-// fp32, where the concurrent pair measured 1-3.5% faster per Linear (bench/gemm_overlap.cu).
-inline bool uses_weight_grad_stream(DType compute, Fp32Matmul fp32) {
-  return compute == DType::F32 && fp32 == Fp32Matmul::Native;
-}
 // fp32 GEMMs as `fp32` says (split_gemm_plan.hpp); 16-bit GEMMs are unaffected.
 // `tuning`: GEMM algorithm tuning (kernels/cuda/gemm_tuner.hpp).
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, Fp32Matmul fp32, const CudaGemmBuffers& buffers,

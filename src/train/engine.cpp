@@ -110,17 +110,9 @@ bool uses_split_scratch(const EngineOptions& o) {
          o.precision == Precision::FP32;
 }
 
-// Training in strict fp32 on CUDA: the backward's weight-gradient GEMMs run on a second stream with their
-// own workspace (CudaGemmBuffers::weight_grad_workspace).
-bool uses_weight_grad_workspace(const EngineOptions& o) {
-  return o.device == DeviceKind::CUDA && o.training &&
-         uses_weight_grad_stream(ops_precision(o).compute, o.fp32_matmul);
-}
-
 // Adds every buffer of a run to `plan`, in a fixed order (the estimate and the real arena agree).
 void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOptions& o, InputIndices& in,
-              size_t* i_gemm_ws, size_t* i_wgrad_ws, size_t* i_split_scratch, size_t* i_step_scalars,
-              size_t* i_step_values) {
+              size_t* i_gemm_ws, size_t* i_split_scratch, size_t* i_step_scalars, size_t* i_step_values) {
   model.plan_memory(plan, o.device);
   if (opt) opt->plan_memory(plan);
   const size_t tok_bytes = size_t(o.batch_size) * o.seq_len * sizeof(int32_t);
@@ -139,9 +131,6 @@ void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOption
   }
   if (o.device == DeviceKind::CUDA)
     *i_gemm_ws = plan.add("cuBLASLt workspace", MemoryCategory::Workspace, kCudaGemmWorkspaceBytes);
-  if (uses_weight_grad_workspace(o))
-    *i_wgrad_ws = plan.add("cuBLASLt workspace (weight-gradient stream)", MemoryCategory::Workspace,
-                           kCudaGemmWorkspaceBytes);
   if (uses_split_scratch(o))
     *i_split_scratch = plan.add("3xTF32 split scratch", MemoryCategory::Workspace,
                                 split_gemm_scratch_bytes(model.config(), o.batch_size, o.seq_len));
@@ -171,8 +160,8 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
   InputIndices inputs;
-  size_t ws = 0, wgrad_ws = 0, split = 0, scalars = 0, values = 0;
-  plan_all(plan, *model, opt.get(), o, inputs, &ws, &wgrad_ws, &split, &scalars, &values);
+  size_t ws = 0, split = 0, scalars = 0, values = 0;
+  plan_all(plan, *model, opt.get(), o, inputs, &ws, &split, &scalars, &values);
   return plan;
 }
 
@@ -186,10 +175,9 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
                       o.share_grad_memory);
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg));
   MemoryPlan plan;
-  size_t i_ws = 0, i_wgrad_ws = 0, i_split = 0;
+  size_t i_ws = 0, i_split = 0;
   InputIndices in;
-  plan_all(plan, *model_, optimizer_.get(), o, in, &i_ws, &i_wgrad_ws, &i_split, &i_step_scalars_,
-           &i_step_values_);
+  plan_all(plan, *model_, optimizer_.get(), o, in, &i_ws, &i_split, &i_step_scalars_, &i_step_values_);
   for (int s = 0; s < 2; ++s) {
     i_tokens_[s] = in.tokens[s], i_targets_[s] = in.targets[s];
     i_lengths_[s] = in.lengths[s], i_labels_[s] = in.labels[s];
@@ -199,7 +187,6 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   // The CUDA ops take their GEMM workspace (and 3xTF32's split scratch) from the arena.
   if (o.device == DeviceKind::CUDA) {
     CudaGemmBuffers buffers{arena_->get<void>(i_ws), kCudaGemmWorkspaceBytes};
-    if (uses_weight_grad_workspace(o)) buffers.weight_grad_workspace = arena_->get<void>(i_wgrad_ws);
     if (uses_split_scratch(o))
       buffers.split_scratch = arena_->get<float>(i_split),
       buffers.split_scratch_bytes = arena_->plan().buffers()[i_split].bytes;

@@ -59,20 +59,11 @@ class CudaOps final : public Ops {
         stream_(cuda_compute_stream(dev)),
         gemm_(fp32, buffers.workspace, buffers.workspace_bytes, buffers.split_scratch,
               buffers.split_scratch_bytes, tuning),
-        concurrent_weight_grads_(buffers.weight_grad_workspace &&
-                                 uses_weight_grad_stream(precision.compute, fp32)),
         reduce_scratch_(dev, cuda::kReduceScratchDoubles * sizeof(double)),
         p_(precision),
         act_(precision.compute),
         grad_(precision.grad) {
     validate_ops_precision(precision);
-    if (concurrent_weight_grads_) {
-      weight_grad_gemm_ = std::make_unique<cuda::Gemm>(fp32, buffers.weight_grad_workspace,
-                                                       buffers.workspace_bytes, nullptr, 0, tuning);
-      weight_grad_stream_ = make_cuda_stream();
-      fork_ = make_cuda_event();
-      join_ = make_cuda_event();
-    }
     int device = 0;
     ANVIL_CUDA_CHECK(cudaGetDevice(&device));
     ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
@@ -347,19 +338,6 @@ class CudaOps final : public Ops {
   // dinp (optionally times gelu'(gelu_pre), fused into the GEMM's epilogue), dw and dbias of matmul_bwd.
   void matmul_bwd_impl(void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
                        const void* gelu_pre, int N, int K, int OC, GradWrite dw_write) {
-    // Both gradients on two streams: the weight's (and bias's) after a fork from the compute stream, joined
-    // back before anything later on the compute stream runs. Both only read dout (and inp or w) and write
-    // distinct buffers. Under graph capture the fork and join become the graph's edges.
-    const bool concurrent = concurrent_weight_grads_ && dinp && (dw || dbias);
-    cudaStream_t wstream = stream_;
-    cuda::Gemm* wgemm = &gemm_;
-    if (concurrent) {
-      ANVIL_CUDA_CHECK(cudaEventRecord(fork_.get(), stream_));
-      ANVIL_CUDA_CHECK(cudaStreamWaitEvent(weight_grad_stream_.get(), fork_.get(), 0));
-      wstream = weight_grad_stream_.get();
-      wgemm = weight_grad_gemm_.get();
-    }
-    weight_grads(wstream, *wgemm, dw, dbias, dout, inp, N, K, OC, dw_write);
     // dinp[N,K] = dout[N,OC] @ w[OC,K] (* gelu'(gelu_pre))
     if (dinp)
       gemm_.run(stream_, {.a = dout,
@@ -372,32 +350,25 @@ class CudaOps final : public Ops {
                           .aux = const_cast<void*>(gelu_pre),
                           .ab_type = act_,
                           .c_type = act_});
-    if (concurrent) {
-      ANVIL_CUDA_CHECK(cudaEventRecord(join_.get(), weight_grad_stream_.get()));
-      ANVIL_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_.get(), 0));
-    }
-  }
-  // dw[OC,K] += dout[N,OC]^T @ inp[N,K], accumulated in the gradient type (in row blocks of dw, from column
-  // blocks of dout, where split_outputs says so); dbias += the column sums of dout. On `stream` with `gemm`.
-  void weight_grads(cudaStream_t stream, cuda::Gemm& gemm, void* dw, void* dbias, const void* dout,
-                    const void* inp, int N, int K, int OC, GradWrite dw_write) {
+    // dw[OC,K] += dout[N,OC]^T @ inp[N,K], accumulated in the gradient type (in row blocks of dw, from
+    // column blocks of dout, where split_outputs says so)
     const int first = split_outputs(N, OC);
     if (dw)
       for (const auto& [r0, rows] : {std::pair{0, first}, std::pair{first, OC - first}}) {
         if (rows == 0) continue;
-        gemm.run(stream, {.a = offset(dout, r0),
-                          .trans_a = true,
-                          .b = inp,
-                          .c = static_cast<char*>(dw) + size_t(r0) * K * dtype_bytes(grad_, 1),
-                          .m = rows,
-                          .n = K,
-                          .k = N,
-                          .beta = dw_write == GradWrite::Overwrite ? 0.f : 1.f,
-                          .lda = rows == OC ? 0 : OC,
-                          .ab_type = act_,
-                          .c_type = grad_});
+        gemm_.run(stream_, {.a = offset(dout, r0),
+                            .trans_a = true,
+                            .b = inp,
+                            .c = static_cast<char*>(dw) + size_t(r0) * K * dtype_bytes(grad_, 1),
+                            .m = rows,
+                            .n = K,
+                            .k = N,
+                            .beta = dw_write == GradWrite::Overwrite ? 0.f : 1.f,
+                            .lda = rows == OC ? 0 : OC,
+                            .ab_type = act_,
+                            .c_type = grad_});
       }
-    if (dbias) cuda::column_sums_accumulate(stream, grad_, dbias, act_, dout, N, OC);
+    if (dbias) cuda::column_sums_accumulate(stream_, grad_, dbias, act_, dout, N, OC);
   }
   // How many of a Linear's OC outputs its first GEMM computes (OC: one GEMM), for the forward and the
   // weight gradient. cuBLAS's strict-fp32 (SIMT) kernels for large outputs take tiles of 256 x 128, one
@@ -427,12 +398,6 @@ class CudaOps final : public Ops {
   Device& dev_;
   cudaStream_t stream_;
   cuda::Gemm gemm_;
-  // The weight-gradient stream (CudaGemmBuffers::weight_grad_workspace), its GEMMs (their own workspace)
-  // and the fork / join events; unset when not used.
-  bool concurrent_weight_grads_ = false;
-  std::unique_ptr<cuda::Gemm> weight_grad_gemm_;
-  CudaStreamHandle weight_grad_stream_;
-  CudaEventHandle fork_, join_;
   cuda::CudnnAttention flash_;   // its cuDNN handle is created on first use
   DeviceBuffer reduce_scratch_;  // kReduceScratchDoubles doubles for the reductions
   OpsPrecision p_;

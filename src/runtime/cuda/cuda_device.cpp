@@ -13,28 +13,30 @@
 #include "runtime/device.hpp"
 
 namespace anvil {
+namespace {
 
-void CudaStreamDestroyer::operator()(cudaStream_t s) const noexcept {
-  ANVIL_CUDA_WARN(cudaStreamDestroy(s));
-}
-void CudaEventDestroyer::operator()(cudaEvent_t e) const noexcept {
-  ANVIL_CUDA_WARN(cudaEventDestroy(e));
-}
+struct StreamDestroyer {
+  void operator()(cudaStream_t s) const noexcept { ANVIL_CUDA_WARN(cudaStreamDestroy(s)); }
+};
+using StreamHandle = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDestroyer>;
 
-CudaStreamHandle make_cuda_stream() {
+struct EventDestroyer {
+  void operator()(cudaEvent_t e) const noexcept { ANVIL_CUDA_WARN(cudaEventDestroy(e)); }
+};
+using EventHandle = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDestroyer>;
+
+StreamHandle make_stream() {
   cudaStream_t s = nullptr;
   // Non-blocking: no implicit ordering with the legacy default stream, which nothing here uses.
   ANVIL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return CudaStreamHandle(s);
+  return StreamHandle(s);
 }
 
-CudaEventHandle make_cuda_event() {
+EventHandle make_event() {
   cudaEvent_t e = nullptr;
   ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return CudaEventHandle(e);
+  return EventHandle(e);
 }
-
-namespace {
 
 int visible_gpu_count() noexcept {
   int count = 0;
@@ -61,9 +63,9 @@ class CudaDevice final : public Device {
   explicit CudaDevice(int ordinal)
       : ordinal_(ordinal),
         current_(ordinal),
-        compute_(make_cuda_stream()),
-        copy_(make_cuda_stream()),
-        copies_done_(make_cuda_event()) {
+        compute_(make_stream()),
+        copy_(make_stream()),
+        copies_done_(make_event()) {
     ANVIL_CUDA_CHECK(cudaGetDeviceProperties(&props_, ordinal));
     // The context, the streams and the event exist now and nothing is allocated yet: what the driver
     // reports in use is the runtime's own overhead (plus any other process on this GPU).
@@ -203,11 +205,11 @@ class CudaDevice final : public Device {
     return timing_marks_[size_t(i)].get();
   }
 
-  CudaStreamHandle compute_;
-  CudaStreamHandle copy_;
-  std::vector<CudaEventHandle> timing_marks_;  // profiling (StepProfiler)
-  CudaEventHandle copies_done_;
-  CudaEventHandle inputs_released_event_ = make_cuda_event();
+  StreamHandle compute_;
+  StreamHandle copy_;
+  std::vector<EventHandle> timing_marks_;  // profiling (StepProfiler)
+  EventHandle copies_done_;
+  EventHandle inputs_released_event_ = make_event();
   bool inputs_released_ = false;  // recorded since the last async copy
   size_t context_overhead_ = 0;
 };
