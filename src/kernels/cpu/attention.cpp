@@ -45,6 +45,39 @@ struct ProbDropout {
   float scale;
 };
 
+// One query row of the forward over keys 0..last: scores q . k(t2) * scale into p, the softmax (its
+// log-sum-exp into row_lse), and o = the probabilities (dropped, and with 16-bit storage rounded to it before
+// multiplying v, as the GPU's tensor-core P @ V does) times v(t2), summed in fp32 in acc (HS floats; acc may
+// be o itself for fp32 storage). k and v: functions of the key index giving its key and value rows.
+template <DType A, class KeyRow, class ValueRow>
+void attend_row(storage_t<A>* o, float& row_lse, const storage_t<A>* q, KeyRow k, ValueRow v, int last,
+                int HS, float scale, const ProbDropout& drop, uint32_t row_key, float* p, float* acc) {
+  using S = Storage<A>;
+  float maxv = -INFINITY;
+  for (int t2 = 0; t2 <= last; ++t2) {
+    const auto* kr = k(t2);
+    float dot = 0;
+    for (int i = 0; i < HS; ++i) dot += S::load(q[i]) * S::load(kr[i]);
+    p[t2] = dot * scale;
+    maxv = std::max(maxv, p[t2]);
+  }
+  double sum = 0;
+  for (int t2 = 0; t2 <= last; ++t2) {
+    p[t2] = std::exp(p[t2] - maxv);
+    sum += p[t2];
+  }
+  row_lse = maxv + float(std::log(sum));
+  const float inv = float(1.0 / sum);
+  for (int t2 = 0; t2 <= last; ++t2) p[t2] = S::load(S::store(drop(p[t2] * inv, row_key, t2)));
+  for (int i = 0; i < HS; ++i) acc[i] = 0;
+  for (int t2 = 0; t2 <= last; ++t2) {
+    const auto* vr = v(t2);
+    for (int i = 0; i < HS; ++i) acc[i] += p[t2] * S::load(vr[i]);
+  }
+  if (static_cast<void*>(acc) != static_cast<void*>(o))
+    for (int i = 0; i < HS; ++i) o[i] = S::store(acc[i]);
+}
+
 template <DType A>
 void attention_fwd_t(void* out_, float* lse, const void* qkv_, void* scratch_, int B, int T, int C, int NH,
                      const AttentionMask& mask) {
@@ -70,38 +103,16 @@ void attention_fwd_t(void* out_, float* lse, const void* qkv_, void* scratch_, i
           row_lse = 0;
           continue;
         }
-        const int last = vis.last_key(t);
-        float maxv = -INFINITY;
-        for (int t2 = 0; t2 <= last; ++t2) {
-          const auto* k = qkv + (int64_t(b) * T + t2) * C3 + C + h * HS;
-          float dot = 0;
-          for (int i = 0; i < HS; ++i) dot += S::load(q[i]) * S::load(k[i]);
-          p[t2] = dot * scale;
-          maxv = std::max(maxv, p[t2]);
-        }
-        double sum = 0;
-        for (int t2 = 0; t2 <= last; ++t2) {
-          p[t2] = std::exp(p[t2] - maxv);
-          sum += p[t2];
-        }
-        row_lse = maxv + float(std::log(sum));
-        const float inv = float(1.0 / sum);
-        // With 16-bit storage the probabilities (dropped, in training) are rounded to it before multiplying
-        // v, as the GPU's tensor-core P @ V does.
-        const uint32_t row_key = drop.row_key((uint64_t(b) * NH + h) * T + t);
-        for (int t2 = 0; t2 <= last; ++t2) p[t2] = S::load(S::store(drop(p[t2] * inv, row_key, t2)));
         float* acc;
         if constexpr (kF32)
           acc = o;
         else
           acc = thread_scratch<float>(kScratchA, HS);
-        for (int i = 0; i < HS; ++i) acc[i] = 0;
-        for (int t2 = 0; t2 <= last; ++t2) {
-          const auto* v = qkv + (int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
-          for (int i = 0; i < HS; ++i) acc[i] += p[t2] * S::load(v[i]);
-        }
-        if constexpr (!kF32)
-          for (int i = 0; i < HS; ++i) o[i] = S::store(acc[i]);
+        const auto row = [&](int part) {
+          return [=](int t2) { return qkv + (int64_t(b) * T + t2) * C3 + part * C + h * HS; };
+        };
+        attend_row<A>(o, row_lse, q, row(1), row(2), vis.last_key(t), HS, scale, drop,
+                      drop.row_key((uint64_t(b) * NH + h) * T + t), p, acc);
       }
     }
   }
@@ -219,29 +230,12 @@ void attention_first_query_fwd_t(void* out_, float* lse, const void* q_, const v
         continue;
       }
       const int last = vis.last_key(0);
-      std::vector<float> p(size_t(last) + 1), acc(HS, 0.0f);
-      float maxv = -INFINITY;
-      for (int t2 = 0; t2 <= last; ++t2) {
-        const auto* k = kv + (int64_t(b) * T + t2) * C2 + h * HS;
-        float dot = 0;
-        for (int i = 0; i < HS; ++i) dot += S::load(q[i]) * S::load(k[i]);
-        p[t2] = dot * scale;
-        maxv = std::max(maxv, p[t2]);
-      }
-      double sum = 0;
-      for (int t2 = 0; t2 <= last; ++t2) {
-        p[t2] = std::exp(p[t2] - maxv);
-        sum += p[t2];
-      }
-      row_lse = maxv + float(std::log(sum));
-      const float inv = float(1.0 / sum);
-      const uint32_t row_key = drop.row_key((uint64_t(b) * NH + h) * T);
-      for (int t2 = 0; t2 <= last; ++t2) {
-        const float pj = S::load(S::store(drop(p[t2] * inv, row_key, t2)));
-        const auto* v = kv + (int64_t(b) * T + t2) * C2 + C + h * HS;
-        for (int i = 0; i < HS; ++i) acc[i] += pj * S::load(v[i]);
-      }
-      for (int i = 0; i < HS; ++i) o[i] = S::store(acc[i]);
+      std::vector<float> p(size_t(last) + 1), acc(HS);
+      const auto row = [&](int part) {
+        return [=](int t2) { return kv + (int64_t(b) * T + t2) * C2 + part * C + h * HS; };
+      };
+      attend_row<A>(o, row_lse, q, row(0), row(1), last, HS, scale, drop,
+                    drop.row_key((uint64_t(b) * NH + h) * T), p.data(), acc.data());
     }
   }
 }

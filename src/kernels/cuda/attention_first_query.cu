@@ -217,25 +217,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// What both launches derive from the shapes: the score scale, the device side of the dropout, and the
+// dynamic shared memory (under the 48 KB any kernel may use: head sizes up to about 4000).
+struct FirstQueryLaunch {
+  float scale;
+  DropoutArgs drop;
+  size_t smem;
+  FirstQueryLaunch(int C, int NH, const AttentionDropout& dropout)
+      : scale(1.f / std::sqrt(float(C / NH))),
+        drop(dropout.p > 0 ? dropout_args(dropout) : DropoutArgs{}),
+        smem(smem_floats(C / NH) * sizeof(float)) {
+    if (smem > 48 * 1024)
+      detail::raise_at(__FILE__, __LINE__,
+                       "first-query attention: head size " + std::to_string(C / NH) + " is too large");
+  }
+};
+
 }  // namespace
 
 void attention_first_query_fwd(cudaStream_t stream, anvil::DType act, void* out, float* lse, const void* q,
                                const void* kv, int B, int T, int C, int NH, bool causal,
                                const int32_t* lengths, const AttentionDropout& dropout) {
   if (B <= 0) return;
-  const int HS = C / NH;
-  const float scale = 1.f / std::sqrt(float(HS));
-  const DropoutArgs drop = dropout.p > 0 ? dropout_args(dropout) : DropoutArgs{};
-  const size_t smem = smem_floats(HS) * sizeof(float);  // under the 48 KB any kernel may use up to HS ~4000
-  if (smem > 48 * 1024)
-    detail::raise_at(__FILE__, __LINE__,
-                     "first-query attention: head size " + std::to_string(HS) + " is too large");
+  const FirstQueryLaunch l(C, NH, dropout);
   dispatch_float(act, [&](auto tag) {
     using E = decltype(tag);
-    const auto kernel = first_query_fwd_kernel<E>;
-    kernel<<<B * NH, kThreads, smem, stream>>>(static_cast<E*>(out), lse, static_cast<const E*>(q),
-                                               static_cast<const E*>(kv), T, C, NH, scale, causal, lengths,
-                                               drop, dropout.p > 0);
+    first_query_fwd_kernel<E><<<B * NH, kThreads, l.smem, stream>>>(
+        static_cast<E*>(out), lse, static_cast<const E*>(q), static_cast<const E*>(kv), T, C, NH, l.scale,
+        causal, lengths, l.drop, dropout.p > 0);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
@@ -245,20 +254,13 @@ void attention_first_query_bwd(cudaStream_t stream, anvil::DType act, void* dq, 
                                int C, int NH, bool causal, const int32_t* lengths,
                                const AttentionDropout& dropout) {
   if (B <= 0) return;
-  const int HS = C / NH;
-  const float scale = 1.f / std::sqrt(float(HS));
-  const DropoutArgs drop = dropout.p > 0 ? dropout_args(dropout) : DropoutArgs{};
-  const size_t smem = smem_floats(HS) * sizeof(float);  // under the 48 KB any kernel may use up to HS ~4000
-  if (smem > 48 * 1024)
-    detail::raise_at(__FILE__, __LINE__,
-                     "first-query attention: head size " + std::to_string(HS) + " is too large");
+  const FirstQueryLaunch l(C, NH, dropout);
   dispatch_float(act, [&](auto tag) {
     using E = decltype(tag);
-    const auto kernel = first_query_bwd_kernel<E>;
-    kernel<<<B * NH, kThreads, smem, stream>>>(static_cast<E*>(dq), static_cast<E*>(dkv),
-                                               static_cast<const E*>(dout), static_cast<const E*>(q),
-                                               static_cast<const E*>(kv), static_cast<const E*>(out), lse, T,
-                                               C, NH, scale, causal, lengths, drop, dropout.p > 0);
+    first_query_bwd_kernel<E><<<B * NH, kThreads, l.smem, stream>>>(
+        static_cast<E*>(dq), static_cast<E*>(dkv), static_cast<const E*>(dout), static_cast<const E*>(q),
+        static_cast<const E*>(kv), static_cast<const E*>(out), lse, T, C, NH, l.scale, causal, lengths,
+        l.drop, dropout.p > 0);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
