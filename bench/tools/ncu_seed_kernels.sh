@@ -5,7 +5,8 @@
 #   bash bench/tools/ncu_seed_kernels.sh [OUT_FILE] [REGEX]
 # OUT_FILE: the report (default /tmp/ncu_seed_kernels.txt). REGEX: the kernels (default: the fused attention
 # forward and backward-scores kernels and the forward's tn GEMMs). Skips the first 60 matching launches
-# (tuning and the first steps), profiles the next 4; the training run stops after 3 steps.
+# (tuning and the first steps), profiles the next 4; the training run stops after 3 steps. Written in session 16
+# after an ncu attempt failed on a relative binary path; not yet run on the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-/tmp/ncu_seed_kernels.txt}
