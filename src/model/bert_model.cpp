@@ -510,20 +510,21 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   // The [CLS]-rows block: the attention's output gradient is d0_'s B rows; the gradients of the keys and
   // values ([B*T, 2C]) and of the [CLS] queries ([B, C]) go into the QKV-gradient buffer laid out as the
   // forward's QKV buffer, and through the two halves of the QKV projection: d(x) from the keys and values
-  // into d0_, from the queries (B rows, after the key/value part of dqkv_) added to the [CLS] rows of
+  // into d0_, from the queries (B rows, in the MLP-gradient buffer dfc_, free since the attention
+  // projection's backward read it: dqkv_ has no room for them when T is 1) added to the [CLS] rows of
   // d(res1).
   const FirstQueryQkv f = first_query_qkv(act(kQkv, l), B, T);
   const FirstQueryQkv df = first_query_qkv(dqkv_, B, T);
   ops.attention_first_query_bwd(df.q, df.kv, d0_, f.q, f.kv, atty_first_, stats(kLse, l), B, T, C, NH,
                                 layer_mask(mask, l));
-  void* dx_first = at(df.q, size_t(B) * C);
+  void* dx_first = dfc_;
   const auto grad_at = [&](void* base, size_t i) { return static_cast<char*>(base) + i * ge_; };
   ops.matmul_bwd(d0_, grad_at(g.qkvw, size_t(C) * C), grad_at(g.qkvb, C), df.kv, x, at(p.qkvw, size_t(C) * C),
                  B * T, C, 2 * C, dw_write());
   ops.matmul_bwd(dx_first, g.qkvw, g.qkvb, df.q, x_first_, p.qkvw, B, C, C, dw_write());
   ops.residual_fwd(d1_, d1_, dx_first, size_t(B) * C);
   // d(x) = d0_ + the carry: d(res1) plus the queries' part at positions (b, 0) and zero elsewhere, in dfc_
-  // (free again). The block below sums them.
+  // (read into d1_ above, so free again). The block below sums them.
   ops.first_token_bwd(dfc_, d1_, B, T, C);
 }
 
