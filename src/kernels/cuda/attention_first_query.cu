@@ -35,30 +35,7 @@ struct DimLayout {
 
 size_t smem_floats(int HS) {
   const DimLayout L(HS);
-  return size_t(2) * HS + 2 * size_t(kChunk) + size_t(L.groups) * HS + 2 * kWarpSize;
-}
-
-// The block's maximum or sum of one value per thread (every thread gets it); red: 32 floats of shared memory.
-template <bool kMax>
-__device__ float block_reduce(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, w) : v + w;
-  }
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  __syncthreads();  // red may still be read from a previous call
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = kMax ? -INFINITY : 0.f;
-  for (int w = 0; w < kThreads / kWarpSize; ++w) v = kMax ? fmaxf(v, red[w]) : v + red[w];
-  return v;
-}
-
-// The keys query 0 of sequence b sees: 0..last (-1: the sequence is empty).
-__device__ int first_query_last_key(int b, int T, bool causal, const int32_t* lengths) {
-  const int len = lengths ? min(max(lengths[b], 0), T) : T;
-  if (len == 0) return -1;
-  return causal ? 0 : len - 1;
+  return size_t(2) * HS + 2 * size_t(kChunk) + size_t(L.groups) * HS;
 }
 
 // a_s . b over HS elements, a_s in shared memory. fp32 rows are read as float4 when they allow it (one
@@ -94,11 +71,10 @@ __global__ void __launch_bounds__(kThreads)
   float* q_s = smem;                // [HS]
   float* p_s = q_s + 2 * HS;        // [kChunk]: the chunk's probabilities as they multiply v
   float* acc_s = p_s + 2 * kChunk;  // [groups][HS]: partial outputs
-  float* red = acc_s + L.groups * HS;
   const int64_t C2 = 2 * int64_t(C);
   const E* k = kv + int64_t(b) * T * C2 + int64_t(h) * HS;  // key 0 of this head; v at + C
   E* o = out + int64_t(b) * C + int64_t(h) * HS;
-  const int last = first_query_last_key(b, T, causal, lengths);
+  const int last = last_key(size_t(z) * T, T, NH, causal, lengths);  // query 0's
   if (last < 0) {
     for (int d = threadIdx.x; d < HS; d += kThreads) o[d] = from_float<E>(0.f);
     if (threadIdx.x == 0) lse[z] = 0.f;
@@ -110,10 +86,10 @@ __global__ void __launch_bounds__(kThreads)
   // Pass 1: the maximum and the sum of the softmax over every visible key (per thread, then the block).
   float m = -INFINITY;
   for (int j = threadIdx.x; j <= last; j += kThreads) m = fmaxf(m, dot(q_s, k + j * C2, HS) * scale);
-  m = block_reduce<true>(m, red);
+  m = block_max(m);
   float l = 0.f;
   for (int j = threadIdx.x; j <= last; j += kThreads) l += expf(dot(q_s, k + j * C2, HS) * scale - m);
-  l = block_reduce<false>(l, red);
+  l = block_sum(l);
   const float inv = 1.f / l;
   const uint32_t row_key = dropout ? attention_dropout_row_key(drop, uint64_t(z) * T) : 0;
   // Pass 2: o = sum of the normalised (dropped, rounded) probabilities times v, chunk by chunk.
@@ -158,11 +134,10 @@ __global__ void __launch_bounds__(kThreads)
   float* pd_s = d_s + HS;        // [kChunk]: the dropped probabilities as they multiply dout (dv)
   float* ds_s = pd_s + kChunk;   // [kChunk]: the score gradients
   float* acc_s = ds_s + kChunk;  // [groups][HS]: partial dq
-  float* red = acc_s + L.groups * HS;
   const int64_t C2 = 2 * int64_t(C), row = int64_t(b) * C + int64_t(h) * HS;
-  const E* k = kv + int64_t(b) * T * C2 + int64_t(h) * HS;  // v at + C
-  E* dk = dkv + int64_t(b) * T * C2 + int64_t(h) * HS;      // dv at + C
-  const int last = first_query_last_key(b, T, causal, lengths);
+  const E* k = kv + int64_t(b) * T * C2 + int64_t(h) * HS;           // v at + C
+  E* dk = dkv + int64_t(b) * T * C2 + int64_t(h) * HS;               // dv at + C
+  const int last = last_key(size_t(z) * T, T, NH, causal, lengths);  // query 0's
   for (int d = threadIdx.x; d < HS; d += kThreads) {
     q_s[d] = to_float(q[row + d]);
     d_s[d] = to_float(dout[row + d]);
@@ -171,7 +146,7 @@ __global__ void __launch_bounds__(kThreads)
   // D = dout . out = rowsum(P * dP): the softmax backward's correction.
   float part = 0.f;
   for (int d = threadIdx.x; d < HS; d += kThreads) part += to_float(dout[row + d]) * to_float(out[row + d]);
-  const float D = block_reduce<false>(part, red);  // (its barriers also publish q_s, d_s and acc_s)
+  const float D = block_sum(part);  // (its barriers also publish q_s, d_s and acc_s)
   const float row_lse = lse[z];
   const uint32_t row_key = dropout ? attention_dropout_row_key(drop, uint64_t(z) * T) : 0;
   const int g = threadIdx.x / L.lanes, lane = threadIdx.x % L.lanes;

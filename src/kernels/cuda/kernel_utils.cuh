@@ -194,6 +194,18 @@ __device__ inline T block_sum(T v) {
   return warp_sum(total);
 }
 
+// Maximum over the whole block, as block_sum (every thread gets it; all threads must call it).
+__device__ inline float block_max(float v) {
+  __shared__ float warp_maxes[32];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;
+  v = warp_max(v);
+  __syncthreads();  // warp_maxes may still be read by a previous call
+  if (lane == 0) warp_maxes[warp] = v;
+  __syncthreads();
+  return warp_max(lane < num_warps ? warp_maxes[lane] : -INFINITY);
+}
+
 // Online softmax statistics: running max `m` and sum of exp(x - m). Combining handles empty (-inf) sides.
 struct MaxSum {
   float max;
