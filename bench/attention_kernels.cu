@@ -1,8 +1,8 @@
-// bench/attention_kernels.cu: the strict-fp32 fused attention kernels alone, at the seed row's shape (bert-large
-// layer: batch 4 x 512 tokens, 16 heads of 64, dropout 0.1), checked against a naive reference and timed as
-// CUDA graphs. For iterating on attention_fwd_fused.cu / attention_bwd_scores.cu without a whole training run.
-// Standalone, built on the GPU machine with nvcc alone (the kernel files are compiled in from any path, so a
-// variant can be timed beside the committed one):
+// bench/attention_kernels.cu: the strict-fp32 fused attention kernels alone, at the seed row's shape
+// (bert-large layer: batch 4 x 512 tokens, 16 heads of 64, dropout 0.1), checked against a naive reference
+// and timed as CUDA graphs. For iterating on attention_fwd_fused.cu / attention_bwd_scores.cu without a whole
+// training run. Standalone, built on the GPU machine with nvcc alone (the kernel files are compiled in from
+// any path, so a variant can be timed beside the committed one):
 //   nvcc -O3 -std=c++20 -arch=sm_90 --use_fast_math --expt-relaxed-constexpr -Isrc -Iinclude \
 //     bench/attention_kernels.cu src/kernels/cuda/attention_fwd_fused.cu \
 //     src/kernels/cuda/attention_bwd_scores.cu -o /tmp/attention_kernels && /tmp/attention_kernels [B T C NH]
@@ -136,36 +136,46 @@ int main(int argc, char** argv) {
   const anvil::cuda::AttentionDropout dropout{p, state, 7};
   const anvil::cuda::DropoutArgs drop = anvil::cuda::dropout_args(dropout);
 
-  reference_rows<<<(rows + 127) / 128, 128>>>(ref_out, ref_lse, ref_probs, ref_dscores, qkv, dout, B, T, C, NH,
-                                               scale, drop, true);
+  reference_rows<<<(rows + 127) / 128, 128>>>(ref_out, ref_lse, ref_probs, ref_dscores, qkv, dout, B, T, C,
+                                              NH, scale, drop, true);
   CK(cudaGetLastError());
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   anvil::cuda::attention_fwd_fused(s, out, lse, qkv, B, T, C, NH, false, nullptr, dropout);
   CK(cudaStreamSynchronize(s));
   // The backward reads the forward's own out and lse, as in training.
-  anvil::cuda::attention_bwd_scores(s, probs, dscores, qkv, dout, out, lse, B, T, C, NH, scale, false, nullptr,
-                                    dropout);
+  anvil::cuda::attention_bwd_scores(s, probs, dscores, qkv, dout, out, lse, B, T, C, NH, scale, false,
+                                    nullptr, dropout);
   CK(cudaStreamSynchronize(s));
   const Diff d_out = compare(out, ref_out, n_act), d_lse = compare(lse, ref_lse, rows);
   const Diff d_p = compare(probs, ref_probs, n_probs), d_ds = compare(dscores, ref_dscores, n_probs);
-  std::printf("check: out max |diff| %.3g (max |ref| %.3g), lse %.3g (%.3g), probs %.3g (%.3g), dscores %.3g "
-              "(%.3g)\n",
-              d_out.max_abs, d_out.max_ref, d_lse.max_abs, d_lse.max_ref, d_p.max_abs, d_p.max_ref, d_ds.max_abs,
-              d_ds.max_ref);
-  const bool ok = d_out.max_abs <= 1e-4 * d_out.max_ref + 1e-5 && d_lse.max_abs <= 1e-4 * d_lse.max_ref + 1e-5 &&
-                  d_p.max_abs <= 1e-4 * d_p.max_ref + 1e-6 && d_ds.max_abs <= 1e-3 * d_ds.max_ref + 1e-6;
+  std::printf(
+      "check: out max |diff| %.3g (max |ref| %.3g), lse %.3g (%.3g), probs %.3g (%.3g), dscores %.3g "
+      "(%.3g)\n",
+      d_out.max_abs, d_out.max_ref, d_lse.max_abs, d_lse.max_ref, d_p.max_abs, d_p.max_ref, d_ds.max_abs,
+      d_ds.max_ref);
+  const bool ok = d_out.max_abs <= 1e-4 * d_out.max_ref + 1e-5 &&
+                  d_lse.max_abs <= 1e-4 * d_lse.max_ref + 1e-5 && d_p.max_abs <= 1e-4 * d_p.max_ref + 1e-6 &&
+                  d_ds.max_abs <= 1e-3 * d_ds.max_ref + 1e-6;
   std::printf("check: %s\n", ok ? "PASS" : "FAIL");
 
   const double flops = 2.0 * 2.0 * double(rows) * T * HS;  // two [T, T] x [T, HS] products a head
-  const double fwd_us = time_graph(s, [&] {
-    anvil::cuda::attention_fwd_fused(s, out, lse, qkv, B, T, C, NH, false, nullptr, dropout);
-  });
+  const double fwd_us = time_graph(
+      s, [&] { anvil::cuda::attention_fwd_fused(s, out, lse, qkv, B, T, C, NH, false, nullptr, dropout); });
   const double bwd_us = time_graph(s, [&] {
     anvil::cuda::attention_bwd_scores(s, probs, dscores, qkv, dout, out, lse, B, T, C, NH, scale, false,
                                       nullptr, dropout);
   });
-  std::printf("attention_fwd_fused   %8.1f us  %5.1f TFLOP/s\n", fwd_us, flops / fwd_us * 1e-6);
-  std::printf("attention_bwd_scores  %8.1f us  %5.1f TFLOP/s\n", bwd_us, flops / bwd_us * 1e-6);
+  const anvil::cuda::AttentionDropout none{};  // the same kernels without dropout: what the masks cost
+  const double fwd0_us = time_graph(
+      s, [&] { anvil::cuda::attention_fwd_fused(s, out, lse, qkv, B, T, C, NH, false, nullptr, none); });
+  const double bwd0_us = time_graph(s, [&] {
+    anvil::cuda::attention_bwd_scores(s, probs, dscores, qkv, dout, out, lse, B, T, C, NH, scale, false,
+                                      nullptr, none);
+  });
+  std::printf("attention_fwd_fused   %8.1f us  %5.1f TFLOP/s   without dropout %8.1f us\n", fwd_us,
+              flops / fwd_us * 1e-6, fwd0_us);
+  std::printf("attention_bwd_scores  %8.1f us  %5.1f TFLOP/s   without dropout %8.1f us\n", bwd_us,
+              flops / bwd_us * 1e-6, bwd0_us);
   return ok ? 0 : 2;
 }

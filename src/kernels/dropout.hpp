@@ -57,21 +57,32 @@ ANVIL_HD bool dropout_keep(uint64_t key, uint64_t i, uint32_t threshold) {
 }
 
 // Attention-probability dropout, [B*NH*T, T] probabilities: element (row, j) (row = (b * NH + h) * T +
-// query, j the key) is kept as a 32-bit mix of the row's 32-bit key and j decides. One 64-bit mix per row
-// instead of per element: the per-element 64-bit arithmetic was a quarter of the fused attention kernels'
-// instructions. The mix (Wellons' "lowbias32") is a bijection of 32-bit words, so each row's keys draw
-// distinct words, and rows are decorrelated by their avalanche-mixed keys.
+// query, j the key) is kept as 16 bits of a 32-bit mix of the row's 32-bit key and the key pair j / 2
+// decide. One 64-bit mix per row instead of per element: the per-element 64-bit arithmetic was a quarter of
+// the fused attention kernels' instructions; one 32-bit mix per pair of keys halves what remained of it. The
+// mix (Wellons' "lowbias32") is a bijection of 32-bit words, so each row's pairs draw distinct words, and
+// rows are decorrelated by their avalanche-mixed keys.
 ANVIL_HD uint32_t attention_dropout_row_key(uint64_t key, uint64_t row) {
   return static_cast<uint32_t>(dropout_mix(key + row * 0x9E3779B97F4A7C15ull) >> 32);
 }
-ANVIL_HD bool attention_dropout_keep(uint32_t row_key, uint32_t j, uint32_t threshold) {
-  uint32_t x = row_key ^ (j * 0x9E3779B9u);
+// The 32 bits that decide keys 2 * pair (low half) and 2 * pair + 1 (high half) of a row.
+ANVIL_HD uint32_t attention_dropout_pair_bits(uint32_t row_key, uint32_t pair) {
+  uint32_t x = row_key ^ (pair * 0x9E3779B9u);
   x ^= x >> 16;
   x *= 0x7FEB352Du;
   x ^= x >> 15;
   x *= 0x846CA68Bu;
   x ^= x >> 16;
-  return x >= threshold;
+  return x;
+}
+// Key j (its pair's bits given) is kept when its 16 bits, as the top half of a word, reach the 32-bit
+// threshold: dropped with probability ceil(threshold / 2^16) / 2^16, within 2^-16 of p (1.000061 p for p =
+// 0.1).
+ANVIL_HD bool attention_dropout_keep_bits(uint32_t pair_bits, uint32_t j, uint32_t threshold) {
+  return ((j & 1u) ? (pair_bits & 0xFFFF0000u) : (pair_bits << 16)) >= threshold;
+}
+ANVIL_HD bool attention_dropout_keep(uint32_t row_key, uint32_t j, uint32_t threshold) {
+  return attention_dropout_keep_bits(attention_dropout_pair_bits(row_key, j >> 1), j, threshold);
 }
 // The factor kept elements are multiplied by (PyTorch's 1 / (1 - p), in fp32).
 ANVIL_HD float dropout_scale(float p) {

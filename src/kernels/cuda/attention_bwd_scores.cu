@@ -164,10 +164,15 @@ __global__ void __launch_bounds__(kThreads)
 // and v (102 KB of shared memory), so two blocks share an SM and one's stores overlap the other's products:
 // an earlier version with 128-key tiles, double-buffered, and one block of 256 threads an SM (203 KB) left
 // the FMA units idle while its threads wrote a tile's results (178 -> 154 us a bert-large layer). The next
-// tile's k is copied (cp.async) during dP = dout v^T, the next v during the stores and the next S.
+// tile's k is copied (cp.async) during dP = dout v^T, the next v during the stores and the next S. 155 ->
+// 146 us a bert-large layer on the H100 (bench/results/attention_kernels_h100_2026-11-26.txt) from: exp2 of
+// one multiply-add (lse in the log2 domain), dropout hashed per key pair, the products unrolled by 8, and a
+// branch-free epilogue for tiles whose rows and keys all exist (a per-row branch kept the rows' arithmetic
+// from interleaving).
 namespace tiled {
 
 constexpr int kQ = 128, kK = 64, kThreads = 128, kLdQ = kQ + 4, kLdK = kK + 4;
+constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kQ == kThreads, "one thread a query row: its lse and D");
 
 constexpr size_t smem_bytes(int HS) {
@@ -191,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* d_s = lse_s + kQ;
   int* last_s = reinterpret_cast<int*>(d_s + kQ);
   uint32_t* row_key_s = reinterpret_cast<uint32_t*>(last_s + kQ);
-  __shared__ int max_last_s;
+  __shared__ BlockKeys keys_s;
 
   const int z = blockIdx.y, b = z / NH, h = z % NH, q0 = blockIdx.x * kQ;
   const int64_t row3 = 3 * int64_t(C);
@@ -200,11 +205,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float* o = out + int64_t(b) * seq * C + int64_t(h) * HS;
   const size_t row_base = size_t(z) * seq;
 
-  const int max_last = stage_query_rows<kQ, kThreads, kDropout>(last_s, row_key_s, &max_last_s, q0, row_base,
-                                                                seq, NH, causal, lengths, drop);
-  lse_s[threadIdx.x] = q0 + int(threadIdx.x) < seq ? lse[row_base + q0 + threadIdx.x] : 0.f;
+  const BlockKeys keys = stage_query_rows<kQ, kThreads, kDropout>(last_s, row_key_s, &keys_s, q0, row_base,
+                                                                  seq, NH, causal, lengths, drop);
+  // lse in the log2 domain: each probability is then one multiply-add and one exp2.
+  lse_s[threadIdx.x] = q0 + int(threadIdx.x) < seq ? lse[row_base + q0 + threadIdx.x] * kLog2e : 0.f;
+  const float scale_log2 = scale * kLog2e;
   // Key tiles from live_tiles on are past every row's last key: only zeros to write there.
-  const int live_tiles = max_last < 0 ? 0 : max_last / kK + 1, n_tiles = (seq + kK - 1) / kK;
+  const int live_tiles = keys.any_sees < 0 ? 0 : keys.any_sees / kK + 1, n_tiles = (seq + kK - 1) / kK;
   if (live_tiles > 0) {
     stage_transposed_async<HS, kK, kThreads>(k_s, q + C, row3, 0, seq);
     cp_async_commit();
@@ -243,55 +250,88 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (live) {
       cp_async_wait<1>();  // k of tile j (its v may still be in flight)
       __syncthreads();
-      patch_product<HS, kLdQ, 64, kLdK, 32>(p, q_s + ty * 4, k_s + tx * 4);
+      patch_product<HS, kLdQ, 64, kLdK, 32, 8>(p, q_s + ty * 4, k_s + tx * 4);
       __syncthreads();  // every thread is done with k_s: the next tile's k goes there
       if (j + 1 < live_tiles) stage_transposed_async<HS, kK, kThreads>(k_s, q + C, row3, k0 + kK, seq);
-      cp_async_commit();  // possibly empty: the group count stays uniform
+      cp_async_commit();                 // possibly empty: the group count stays uniform
+      if (k0 + kK - 1 > keys.all_see) {  // some query of the block does not see every key of the tile
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = patch_index(ty, i, 64), last = last_s[r];
-        const float l = lse_s[r];
+        for (int i = 0; i < 8; ++i) {
+          const int r = patch_index(ty, i, 64), last = last_s[r];
+          const float l = lse_s[r];
 #pragma unroll
-        for (int c = 0; c < 8; ++c)
-          p[i][c] = k0 + patch_index(tx, c, 32) <= last ? __expf(scale * p[i][c] - l) : 0.f;
+          for (int c = 0; c < 8; ++c)
+            p[i][c] = k0 + patch_index(tx, c, 32) <= last ? exp2f(fmaf(scale_log2, p[i][c], -l)) : 0.f;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float l = lse_s[patch_index(ty, i, 64)];
+#pragma unroll
+          for (int c = 0; c < 8; ++c) p[i][c] = exp2f(fmaf(scale_log2, p[i][c], -l));
+        }
       }
       cp_async_wait<1>();  // v of tile j (the next k may still be in flight)
       __syncthreads();
-      patch_product<HS, kLdQ, 64, kLdK, 32>(dp, do_s + ty * 4, v_s + tx * 4);
+      patch_product<HS, kLdQ, 64, kLdK, 32, 8>(dp, do_s + ty * 4, v_s + tx * 4);
       __syncthreads();  // every thread is done with v_s
       if (j + 1 < live_tiles) stage_transposed_async<HS, kK, kThreads>(v_s, q + 2 * C, row3, k0 + kK, seq);
       cp_async_commit();
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = patch_index(ty, i, 64), t = q0 + r;
-      if (t >= seq) continue;
-      const size_t row = row_base + t;
+    // Row i's results at keys c .. c + 3 (c = k0 + g * 32 + tx * 4): the dropped probabilities and dscores.
+    const auto results = [&](int i, int g, float(&pd)[4], float(&ds)[4]) {
+      const int r = patch_index(ty, i, 64), c = k0 + g * 32 + tx * 4;
       const float D = live ? d_s[r] : 0.f;
-      const uint32_t row_key = kDropout ? row_key_s[r] : 0;
-      float* prow = probs + row * seq;
-      float* srow = dscores + row * seq;
+      uint32_t bits[2] = {0, 0};  // the dropout bits of keys c, c + 1 and c + 2, c + 3
+      if constexpr (kDropout) {
+        bits[0] = anvil::attention_dropout_pair_bits(row_key_s[r], uint32_t(c) >> 1);
+        bits[1] = anvil::attention_dropout_pair_bits(row_key_s[r], (uint32_t(c) >> 1) + 1);
+      }
 #pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        const int c = k0 + g * 32 + tx * 4;
-        float pd[4], ds[4];
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const float pv = p[i][g * 4 + jj];
-          float dpu = dp[i][g * 4 + jj];
-          pd[jj] = pv;
-          if constexpr (kDropout) {
-            const bool keep = live && anvil::attention_dropout_keep(row_key, c + jj, drop.threshold);
-            dpu = keep ? dpu * drop.scale : 0.f;
-            pd[jj] = keep ? __fmul_rn(pv, drop.scale) : 0.f;
-          }
-          ds[jj] = scale * pv * (dpu - D);
+      for (int jj = 0; jj < 4; ++jj) {
+        const float pv = p[i][g * 4 + jj];
+        float dpu = dp[i][g * 4 + jj];
+        pd[jj] = pv;
+        if constexpr (kDropout) {
+          const bool keep = live && anvil::attention_dropout_keep_bits(bits[jj / 2], jj, drop.threshold);
+          dpu = keep ? dpu * drop.scale : 0.f;
+          pd[jj] = keep ? __fmul_rn(pv, drop.scale) : 0.f;
         }
-        if (vector_rows && c + 3 < seq) {
-          store4(prow + c, pd);
-          store4(srow + c, ds);
-        } else {
-          for (int jj = 0; jj < 4 && c + jj < seq; ++jj) prow[c + jj] = pd[jj], srow[c + jj] = ds[jj];
+        ds[jj] = scale * pv * (dpu - D);
+      }
+    };
+    if (vector_rows && q0 + kQ <= seq && k0 + kK <= seq) {
+      // Every row and key of the tile exists: no per-row branch, so the rows' arithmetic interleaves.
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row_base + q0 + patch_index(ty, i, 64);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          float pd[4], ds[4];
+          results(i, g, pd, ds);
+          const int c = k0 + g * 32 + tx * 4;
+          store4(probs + row * seq + c, pd);
+          store4(dscores + row * seq + c, ds);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int t = q0 + patch_index(ty, i, 64);
+        if (t >= seq) continue;
+        float* prow = probs + (row_base + t) * seq;
+        float* srow = dscores + (row_base + t) * seq;
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          float pd[4], ds[4];
+          results(i, g, pd, ds);
+          const int c = k0 + g * 32 + tx * 4;
+          if (vector_rows && c + 3 < seq) {
+            store4(prow + c, pd);
+            store4(srow + c, ds);
+          } else {
+            for (int jj = 0; jj < 4 && c + jj < seq; ++jj) prow[c + jj] = pd[jj], srow[c + jj] = ds[jj];
+          }
         }
       }
     }

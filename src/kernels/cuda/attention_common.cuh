@@ -108,26 +108,34 @@ __device__ __forceinline__ int patch_index(int t, int i, int half) {
   return i < 4 ? t * 4 + i : half + t * 4 + (i - 4);
 }
 
+// The keys a block's queries see: the last key any of them sees (-1: none), and the last key all of them see
+// (-1: some query sees none), so key tiles up to `all_see` need no mask.
+struct BlockKeys {
+  int any_sees, all_see;
+};
+
 // The prologue of a block that keeps kRows queries of one head (rows row_base + q0 ..): each query's last
 // visible key into last_s (-1: a padding query or past `seq`) and, with kDropout, its dropout row key into
-// row_key_s. Returns the last key any of them sees (-1: none), the same in every thread.
+// row_key_s. Returns the block's BlockKeys, the same in every thread.
 template <int kRows, int kThreads, bool kDropout>
-__device__ __forceinline__ int stage_query_rows(int* last_s, uint32_t* row_key_s, int* max_last_s, int q0,
-                                                size_t row_base, int seq, int NH, bool causal,
-                                                const int32_t* lengths, const DropoutArgs& drop) {
-  if (threadIdx.x == 0) *max_last_s = -1;
+__device__ __forceinline__ BlockKeys stage_query_rows(int* last_s, uint32_t* row_key_s, BlockKeys* keys_s,
+                                                      int q0, size_t row_base, int seq, int NH, bool causal,
+                                                      const int32_t* lengths, const DropoutArgs& drop) {
+  if (threadIdx.x == 0) *keys_s = {-1, seq};
   __syncthreads();
-  int max_last = -1;
+  int any_sees = -1, all_see = seq;
   for (int r = threadIdx.x; r < kRows; r += kThreads) {
     const int t = q0 + r;
     const int last = t < seq ? last_key(row_base + t, seq, NH, causal, lengths) : -1;
     last_s[r] = last;
     if constexpr (kDropout) row_key_s[r] = attention_dropout_row_key(drop, row_base + t);
-    max_last = max(max_last, last);
+    any_sees = max(any_sees, last);
+    all_see = min(all_see, last);
   }
-  if (max_last >= 0) atomicMax(max_last_s, max_last);
+  if (any_sees >= 0) atomicMax(&keys_s->any_sees, any_sees);
+  if (all_see < seq) atomicMin(&keys_s->all_see, all_see);
   __syncthreads();
-  return *max_last_s;
+  return *keys_s;
 }
 
 // acc[i][j] += sum over s < kSteps of a[s][row i] * b[s][column j], for a thread's 8 x 8 patch of a product

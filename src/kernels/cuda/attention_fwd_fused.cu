@@ -9,7 +9,9 @@
 // Measured on the H100, BERT-large layer (B 4, T 512, 16 heads of 64, dropout 0.1): the GEMMs and softmax
 // 256 us, one thread per query 183 us (shared-memory bandwidth bound: L1 81% busy, FMA 38%), a thread per
 // query with the dimensions split over a pair 194 us (more warps, same bandwidth), this layout 156 us. Head
-// size 64 now runs the 8 x 8 patch kernel below (namespace tiled): 127 us.
+// size 64 now runs the 8 x 8 patch kernel below (namespace tiled): 127 us; 122 us after its softmax reduced
+// the eight rows' maxima together, rescaled lazily, hashed dropout per key pair and unrolled the products by
+// 8 (bench/attention_kernels.cu; bench/results/attention_kernels_h100_2026-11-26.txt).
 //
 // Dropout: the kept/dropped decision of element (row, key) is exactly the materialised path's
 // (attention_dropout_keep, kernels/dropout.hpp); the sum l of the softmax runs over the undropped
@@ -220,6 +222,7 @@ __global__ void __launch_bounds__(kQueries)
 namespace tiled {
 
 constexpr int kQ = 128, kK = 64, kThreads = 128, kLdQ = kQ + 4, kLdK = kK + 4;
+constexpr float kSlack = 8.f;  // log2 domain: the running maximum may lag the true one by a factor 256
 
 template <int HS>
 constexpr size_t smem_bytes() {
@@ -242,16 +245,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* p_s = v_s + kK * kLdV;  // [kK][kLdQ]
   int* last_s = reinterpret_cast<int*>(p_s + kK * kLdQ);
   uint32_t* row_key_s = reinterpret_cast<uint32_t*>(last_s + kQ);
-  __shared__ int max_last_s;
+  __shared__ BlockKeys keys_s;
 
   const int z = blockIdx.y, b = z / NH, h = z % NH, q0 = blockIdx.x * kQ;
   const int64_t row3 = 3 * int64_t(C);
   const float* head = qkv + int64_t(b) * seq * row3 + int64_t(h) * HS;  // q of token 0; k at +C, v at +2C
   const size_t row_base = size_t(z) * seq;
 
-  const int max_last = stage_query_rows<kQ, kThreads, kDropout>(last_s, row_key_s, &max_last_s, q0, row_base,
-                                                                seq, NH, causal, lengths, drop);
-  const int tiles = max_last < 0 ? 0 : max_last / kK + 1;  // key tiles any query of the block sees
+  const BlockKeys keys = stage_query_rows<kQ, kThreads, kDropout>(last_s, row_key_s, &keys_s, q0, row_base,
+                                                                  seq, NH, causal, lengths, drop);
+  const int tiles = keys.any_sees < 0 ? 0 : keys.any_sees / kK + 1;  // key tiles any query of the block sees
 
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   float o[8][8], m[8], l[8];  // rows patch_index(ty, i, 64); o's columns: dimensions patch_index(tx, j, 32)
@@ -277,40 +280,70 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int c = 0; c < 8; ++c) s[i][c] = 0.f;
-    patch_product<HS, kLdQ, 64, kLdK, 32>(s, q_s + ty * 4, k_s + tx * 4);
+    patch_product<HS, kLdQ, 64, kLdK, 32, 8>(s, q_s + ty * 4, k_s + tx * 4);
     __syncthreads();  // every thread is done with k_s: the next tile's k goes there
     if (j + 1 < tiles) stage_transposed_async<HS, kK, kThreads>(k_s, head + C, row3, k0 + kK, seq);
-    cp_async_commit();  // possibly empty: the group count stays uniform
+    cp_async_commit();                 // possibly empty: the group count stays uniform
+    if (k0 + kK - 1 > keys.all_see) {  // some query of the block does not see every key of the tile
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int last = last_s[patch_index(ty, i, 64)];
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+          if (k0 + patch_index(tx, c, 32) > last) s[i][c] = -INFINITY;  // masked, padding or past the keys
+      }
+    }
+    // The rows' tile maxima, all eight rows at once (independent chains: the shuffles' latencies overlap).
+    float tile_max[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int r = patch_index(ty, i, 64), last = last_s[r];
-      float tile_max = -INFINITY;
+      tile_max[i] = s[i][0];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        if (k0 + patch_index(tx, c, 32) > last) s[i][c] = -INFINITY;  // masked, padding or past the keys
-        tile_max = fmaxf(tile_max, s[i][c]);
-      }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 4));
-      const float m_new = fmaxf(m[i], tile_max);
-      // Nothing visible yet: keep every term 0 (2^(-inf - 0)) rather than form -inf - -inf.
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = m[i] == -INFINITY ? 1.f : exp2f(m[i] - m_use);
-      m[i] = m_new;
+      for (int c = 1; c < 8; ++c) tile_max[i] = fmaxf(tile_max[i], s[i][c]);
+    }
+#pragma unroll
+    for (int lanes = 1; lanes < 8; lanes *= 2)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], lanes));
+    // The running maximum m moves only when a score exceeds it by more than kSlack (so probabilities up to
+    // 2^kSlack accumulate, harmless in fp32): after the first tiles o is almost never rescaled. Nothing
+    // visible yet (m and the tile's maximum -inf) moves nothing; the first visible tile rescales zeros
+    // (alpha = 2^-inf = 0).
+    bool moved = false;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const bool move = tile_max[i] > m[i] + kSlack;
+      const float alpha = move ? exp2f(m[i] - tile_max[i]) : 1.f;
+      m[i] = move ? tile_max[i] : m[i];
+      l[i] *= alpha;
+      tile_max[i] = alpha;  // kept for the rescale below
+      moved |= move;
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) o[i][c] *= tile_max[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float m_use = m[i] == -INFINITY ? 0.f : m[i];  // no -inf - -inf: masked terms are 2^-inf = 0
       float sum = 0.f;
-      const uint32_t row_key = kDropout ? row_key_s[r] : 0;
+      const uint32_t row_key = kDropout ? row_key_s[patch_index(ty, i, 64)] : 0;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        float p = exp2f(s[i][c] - m_use);
-        sum += p;
-        if constexpr (kDropout)
-          if (!anvil::attention_dropout_keep(row_key, k0 + patch_index(tx, c, 32), drop.threshold)) p = 0.f;
-        s[i][c] = p;
+      for (int c = 0; c < 8; c += 2) {  // columns c and c + 1: keys 2n and 2n + 1, one pair's dropout bits
+        float p0 = exp2f(s[i][c] - m_use), p1 = exp2f(s[i][c + 1] - m_use);
+        sum += p0 + p1;
+        if constexpr (kDropout) {
+          const uint32_t bits =
+              anvil::attention_dropout_pair_bits(row_key, (k0 + patch_index(tx, c, 32)) >> 1);
+          if (!anvil::attention_dropout_keep_bits(bits, 0, drop.threshold)) p0 = 0.f;
+          if (!anvil::attention_dropout_keep_bits(bits, 1, drop.threshold)) p1 = 0.f;
+        }
+        s[i][c] = p0, s[i][c + 1] = p1;
       }
-      l[i] = fmaf(l[i], alpha, sum);
-#pragma unroll
-      for (int c = 0; c < 8; ++c) o[i][c] *= alpha;
+      l[i] += sum;
     }
     // P^T: key patch_index(tx, c, 32), rows ty*4 .. ty*4 + 3 and 64 + ty*4 .. (two 16-byte writes a key).
 #pragma unroll
@@ -321,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     cp_async_wait<1>();  // v of tile j (the next k may still be in flight)
     __syncthreads();
-    patch_product<kK, kLdQ, 64, kLdV, 32>(o, p_s + ty * 4, v_s + tx * 4);
+    patch_product<kK, kLdQ, 64, kLdV, 32, 8>(o, p_s + ty * 4, v_s + tx * 4);
     __syncthreads();  // every thread is done with v_s and p_s
     if (j + 1 < tiles) stage_rows<HS, kK, kThreads, kLdV>(v_s, head + 2 * C, row3, k0 + kK, seq);
     cp_async_commit();
