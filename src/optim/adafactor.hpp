@@ -65,8 +65,8 @@ class Adafactor final : public Optimizer {
   float* exp_avg_ = nullptr;  // with beta1
   AdafactorTensor* table_ = nullptr;
   void* scratch_ = nullptr;
-  // The device table is uploaded by the first step after bind() and by every step 1: Optimizer::reset
-  // zeroes every state buffer, this one included (it runs after bind, before the first step).
+  // The device table is uploaded by reset() (after_reset: reset zeroes every state buffer, this one
+  // included) or, after a bind() without reset, by the first step.
   bool table_uploaded_ = false;
   void after_reset(Device& dev) override;
 };

@@ -166,7 +166,6 @@ void AdamW8bit::bind_state(const std::vector<void*>& b) {
   g8_ = device_table(t8_, table8_);
   gf_ = device_table(tf_, tablef_);
   uploaded_ = false;
-  last_step_ = 0;
 }
 
 void AdamW8bit::upload_constants(Device& dev) {
@@ -202,8 +201,9 @@ void AdamW8bit::fill_step_values(float lr, int64_t step, StepValues& out) const 
 void AdamW8bit::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
                        const float* grad_scale_device, const StepValues* step_values) {
   ANVIL_ASSERT(maps_, "adamw_8bit: step before bind");
-  if (!uploaded_ || step <= last_step_) upload_constants(ops.device());
-  last_step_ = step;
+  // Once after bind() (reset() uploads them too): never inside a step's graph recording, where a synchronous
+  // copy is not allowed (a step may be recorded right after its first, eager run).
+  if (!uploaded_) upload_constants(ops.device());
   if (num_blocks_) {
     ops.adamw8bit_step(params, grads, m_codes_, m_absmax_, v_codes_, v_absmax_, maps_, maps_ + 256, numel(),
                        num_blocks_, g8_,

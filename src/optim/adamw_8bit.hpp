@@ -84,10 +84,9 @@ class AdamW8bit final : public Optimizer {
   float* maps_ = nullptr;  // m map then v map
   void *table8_ = nullptr, *tablef_ = nullptr;
   ParamGroupTable g8_, gf_;
-  // Optimizer::reset() zeroes every state buffer, the maps and tables included, and is not virtual: they are
-  // uploaded by the first step after bind(), and again whenever the step count goes back (a reset).
+  // Optimizer::reset() zeroes every state buffer, the maps and tables included, then uploads them again
+  // (after_reset); after a bind() without reset the first step uploads them.
   bool uploaded_ = false;
-  int64_t last_step_ = 0;
 };
 
 }  // namespace anvil
