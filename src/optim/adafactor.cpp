@@ -122,8 +122,7 @@ void Adafactor::fill_step_values(float lr, int64_t step, StepValues& out) const 
 void Adafactor::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
                        const float* grad_scale_device, const StepValues* step_values) {
   ANVIL_ASSERT(sq_ && table_, "adafactor: step before bind");
-  // Once after bind() (reset() uploads it too): never inside a step's graph recording, where a synchronous
-  // copy is not allowed (a step may be recorded right after its first, eager run).
+  // Once after bind() (reset() uploads it too), so a step's graph recording never meets a synchronous copy.
   if (!table_uploaded_) {
     ops.device().copy_to_device(table_, tensors_.data(), tensors_.size() * sizeof(AdafactorTensor));
     table_uploaded_ = true;

@@ -201,8 +201,7 @@ void AdamW8bit::fill_step_values(float lr, int64_t step, StepValues& out) const 
 void AdamW8bit::update(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
                        const float* grad_scale_device, const StepValues* step_values) {
   ANVIL_ASSERT(maps_, "adamw_8bit: step before bind");
-  // Once after bind() (reset() uploads them too): never inside a step's graph recording, where a synchronous
-  // copy is not allowed (a step may be recorded right after its first, eager run).
+  // Once after bind() (reset() uploads them too), so a step's graph recording never meets a synchronous copy.
   if (!uploaded_) upload_constants(ops.device());
   if (num_blocks_) {
     ops.adamw8bit_step(params, grads, m_codes_, m_absmax_, v_codes_, v_absmax_, maps_, maps_ + 256, numel(),

@@ -470,14 +470,10 @@ TrainSummary Run::go() {
   //     between micro-batches, from host buffers that change) and one for the step's tail (norm to cast);
   //   - the fp16 loss scaler: the host decides between the norm and the optimizer (a skipped step must not
   //     touch the weights), so micro-batches, the norm and the update are separate graphs.
-  // The first use of a key runs eagerly (it builds the attention plans and GEMM algorithm choices a
-  // recording then keeps). A key of the run's full batch shape (every step of a fixed-length run; shape-free
-  // parts) is recorded right after that first use, so the host records and instantiates it while the GPU
-  // still runs the eager work, not with the GPU idle at the second use (bert-large: two recordings of a
-  // 1,500-kernel step). Other shapes (classification batches padded to their own length) are recorded at
-  // their second use, so a shape seen once costs no recording. Micro-batch graphs bake in the loss-gradient
-  // scale, so an fp16 scale change records them again. Profiled, memory-traced and overflow-injected steps
-  // run eagerly.
+  // A graph is recorded at the second use of its key (the first runs eagerly: it builds the attention plans
+  // and GEMM algorithm choices the recording then keeps). Micro-batch graphs bake in the loss-gradient
+  // scale, so an fp16 scale change records them again. Profiled, memory-traced and overflow-injected
+  // steps run eagerly.
   const bool use_graphs = cfg_.cuda_graphs && dev.kind() == DeviceKind::CUDA;
   enum class Part { Step, Micro, Tail, Norm, Update };
   struct CachedGraph {
@@ -492,17 +488,7 @@ TrainSummary Run::go() {
                             const std::function<void()>& work) {
     if (eager) return work(), false;
     CachedGraph& g = graphs[key];
-    if (g.uses++ == 0) {
-      work();
-      const int key_b = std::get<2>(key), key_t = std::get<3>(key);
-      if ((key_b == 0 && key_t == 0) || (key_b == B && key_t == T)) {
-        // Recording only enqueues into the graph: nothing of `work` runs twice.
-        g.graph = dev.capture(work);
-        g.grad_scale = grad_scale;
-        ++graphs_recorded;
-      }
-      return false;
-    }
+    if (g.uses++ == 0) return work(), false;
     if (!g.graph || g.grad_scale != grad_scale) {
       g.graph = dev.capture(work);
       g.grad_scale = grad_scale;

@@ -120,8 +120,8 @@ TEST_F(StepGraphTest, WholeStepReplaysTrainAsEager) {
   };
   for (const Case& c : cases) {
     const TrainSummary s = compare(c.name, c.extra, 2e-3);
-    // Steps 1 and 2 run eagerly (the first use of each input slot); each slot's graph is recorded once (right
-    // after its eager step: the run's full batch shape) and every later step is one replay.
+    // Steps 1 and 2 run eagerly (the first use of each input slot); each slot's graph is recorded once and
+    // every later step is one replay.
     EXPECT_EQ(s.cuda_graphs_recorded, 2) << c.name;
     EXPECT_EQ(s.cuda_graph_whole_steps, 10) << c.name;
     EXPECT_EQ(s.cuda_graph_launches, 10) << c.name;
