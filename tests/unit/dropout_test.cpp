@@ -94,6 +94,25 @@ TEST(Dropout, AttentionMaskIsUnbiasedAndIndependent) {
   EXPECT_NE(attention_dropout_row_key(key, 7), attention_dropout_row_key(dropout_key(99, 3, 5), 7));
 }
 
+// Attention masks decide a pair of keys from one 32-bit mix: the even key by the low 16 bits, the odd key by
+// the high 16, each kept when its 16 bits reach ceil(threshold / 2^16) (the drop probability rounded up to a
+// multiple of 2^-16).
+TEST(Dropout, AttentionKeysOfAPairTakeSixteenBitsEach) {
+  const uint32_t threshold = dropout_threshold(0.1f);
+  const uint32_t t16 = uint32_t((uint64_t(threshold) + 0xFFFFu) >> 16);  // 6554 for p = 0.1
+  EXPECT_EQ(t16, 6554u);
+  EXPECT_FALSE(attention_dropout_keep_bits(t16 - 1, 0, threshold));
+  EXPECT_TRUE(attention_dropout_keep_bits(t16, 0, threshold));
+  EXPECT_FALSE(attention_dropout_keep_bits((t16 - 1) << 16 | 0xFFFFu, 1, threshold));
+  EXPECT_TRUE(attention_dropout_keep_bits(t16 << 16, 1, threshold));
+  EXPECT_TRUE(attention_dropout_keep_bits(0, 0, dropout_threshold(0.f)));  // p = 0 keeps everything
+  const uint32_t row_key = attention_dropout_row_key(dropout_key(7, 1, 3), 42);
+  for (uint32_t j = 0; j < 64; ++j)
+    EXPECT_EQ(attention_dropout_keep(row_key, j, threshold),
+              attention_dropout_keep_bits(attention_dropout_pair_bits(row_key, j / 2), j, threshold))
+        << j;
+}
+
 // Rows of a bigger tensor draw that tensor's masks: row r of the rows is row r * 5 of a [rows * 5, cols]
 // tensor (BERT's last block computing only the [CLS] rows).
 TEST(Dropout, RowsDrawTheWholeTensorsMask) {
