@@ -172,7 +172,6 @@ __global__ void __launch_bounds__(kThreads)
 namespace tiled {
 
 constexpr int kQ = 128, kK = 64, kThreads = 128, kLdQ = kQ + 4, kLdK = kK + 4;
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kQ == kThreads, "one thread a query row: its lse and D");
 
 constexpr size_t smem_bytes(int HS) {

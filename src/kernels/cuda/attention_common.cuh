@@ -10,6 +10,9 @@
 
 namespace anvil::cuda {
 
+// log2(e): the fused fp32 kernels form probabilities as exp2 of log2-domain scores.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // The keys row `row` (query t of sequence b, head any) sees: 0..last (last = -1: a padding query).
 __device__ inline int last_key(size_t row, int seq, int NH, bool causal, const int32_t* lengths) {
   const int t = static_cast<int>(row % seq);

@@ -29,7 +29,7 @@ namespace {
 constexpr int kQueries = 64;  // queries (and threads) per block
 constexpr int kKeys = 32;     // keys (and values) staged in shared memory at a time
 constexpr int kChunk = 16;    // keys per online-softmax update: the scores held in registers at once
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // The last key any query of the block sees (-1: every query of the block is padding). Uniform over the
 // block, so the key loop needs no vote.
