@@ -10,7 +10,8 @@
 // step's LayerNorm and GELU kernels), and a chain of the elementwise kernels alone. Each is timed with plain
 // launches and with the elementwise kernels launched with PDL (and, in the primaries, `launch_dependents`
 // at entry). Standalone, built on the GPU machine with nvcc alone:
-//   nvcc -O3 -std=c++17 -arch=sm_90 bench/pdl_probe.cu -lcublasLt -lcublas -o /tmp/pdl_probe && /tmp/pdl_probe
+//   nvcc -O3 -std=c++17 -arch=sm_90 bench/pdl_probe.cu -lcublasLt -lcublas -o /tmp/pdl_probe &&
+//   /tmp/pdl_probe
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -30,7 +31,8 @@ __global__ void elementwise(float4* y, const float4* x, size_t n4, float a, floa
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
   }
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
+       i += size_t(gridDim.x) * blockDim.x) {
     float4 v = x[i];
     v.x = v.x * a + b, v.y = v.y * a + b, v.z = v.z * a + b, v.w = v.w * a + b;
     y[i] = v;
@@ -130,12 +132,14 @@ int main() {
     const double lq = time_graph(s, [&] { layers(std::true_type{}, kLayers); });
     const double cp = time_graph(s, [&] { chain(std::false_type{}); });
     const double cq = time_graph(s, [&] { chain(std::true_type{}); });
-    std::printf("%d layers of GEMM + 2 elementwise: plain %.1f us, PDL %.1f us (%.2f us less a PDL boundary); "
-                "GEMMs alone %.1f us\n",
-                kLayers, lp, lq, (lp - lq) / (2 * kLayers), g);
-    std::printf("%d elementwise kernels chained: plain %.1f us (%.2f us each), PDL %.1f us (%.2f us less a "
-                "boundary)\n",
-                2 * kLayers, cp, cp / (2 * kLayers), cq, (cp - cq) / (2 * kLayers));
+    std::printf(
+        "%d layers of GEMM + 2 elementwise: plain %.1f us, PDL %.1f us (%.2f us less a PDL boundary); "
+        "GEMMs alone %.1f us\n",
+        kLayers, lp, lq, (lp - lq) / (2 * kLayers), g);
+    std::printf(
+        "%d elementwise kernels chained: plain %.1f us (%.2f us each), PDL %.1f us (%.2f us less a "
+        "boundary)\n",
+        2 * kLayers, cp, cp / (2 * kLayers), cq, (cp - cq) / (2 * kLayers));
   }
   // The results must not depend on the launch mode: 20 layers from x = 0 leave about 1 - 2^-20 everywhere
   // (the GEMM's sums may round), the same value both ways.
