@@ -120,39 +120,6 @@ __global__ void fill(float* x, size_t n, uint32_t salt) {
   }
 }
 
-// cuBLASLt's best heuristic algorithm of 8 for row-major C = A B^T (as column-major C^T = B A^T: op(B) = T).
-struct LtGemm {
-  cublasLtHandle_t lt;
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t la, lb, lc;
-  std::vector<cublasLtMatmulHeuristicResult_t> algos;
-  void* ws;
-  size_t ws_bytes = 32 << 20;
-  LtGemm(int M, int N, int K) {
-    CB(cublasLtCreate(&lt));
-    CB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
-    CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, K, N, K));  // B [N,K] row-major = [K,N] col-major
-    CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, K, M, K));  // A
-    CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
-    CK(cudaMalloc(&ws, ws_bytes));
-    cublasLtMatmulPreference_t pref;
-    CB(cublasLtMatmulPreferenceCreate(&pref));
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                            sizeof(ws_bytes)));
-    algos.resize(8);
-    int found = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, algos.data(), &found));
-    algos.resize(found);
-  }
-  void run(cudaStream_t s, float* C, const float* A, const float* B, int algo) {
-    const float one = 1.f, zero = 0.f;
-    CB(cublasLtMatmul(lt, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, &algos[algo].algo, ws, ws_bytes, s));
-  }
-};
-
 }  // namespace
 
 int main() {
@@ -186,7 +153,7 @@ int main() {
     CK(cudaMalloc(&R, size_t(M) * N * 4));
     fill<<<1024, 256>>>(A, size_t(M) * K, 1);
     fill<<<1024, 256>>>(B, size_t(N) * K, 2);
-    LtGemm lt(M, N, K);
+    LtLinearGemm lt(M, N, K, 8);
     const double flops = 2.0 * M * N * K;
     double best_lt = 1e30;
     for (size_t a = 0; a < lt.algos.size(); ++a) {
