@@ -79,6 +79,12 @@ struct TrainConfig {
 
   uint64_t seed = 42;
   std::string output_dir = "runs/default";
+  // HF overwrite_output_dir: a fresh run (not a resume) may start in an output_dir that already holds
+  // another run's checkpoints; they are removed first. Without it such a start is refused.
+  bool overwrite_output_dir = false;
+  // HF save_total_limit: keep at most this many checkpoint-N directories (the newest), deleting older
+  // ones after each save; 0 keeps all.
+  int64_t save_total_limit = 0;
   int64_t logging_steps = 1;
   int64_t save_steps = 0;  // 0: save only at the end
   // "steps": checkpoints every save_steps and at the end; "no": none (HF's save_strategy="no").
@@ -155,6 +161,11 @@ struct TrainConfig {
   static std::vector<std::string> keys();
   // Other names accepted for a key (as config keys and flags), never written: alias -> key.
   static const std::map<std::string, std::string>& key_aliases();
+
+  // Where each key the user set explicitly came from (key -> a config file path, "--flag", ...), for
+  // errors that blame the right source and for checks against a resumed checkpoint. Keys left at their
+  // defaults are absent. Not written by to_json.
+  std::map<std::string, std::string> origin;
 
   // Derived values.
   int seq_len() const { return max_seq_length > 0 ? max_seq_length : model.block_size; }

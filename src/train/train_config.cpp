@@ -258,6 +258,8 @@ const std::map<std::string, Setter>& setters() {
       c.seed = uint64_t(s);
     };
     str_field("output_dir", &TrainConfig::output_dir);
+    bool_field("overwrite_output_dir", &TrainConfig::overwrite_output_dir);
+    int_field("save_total_limit", &TrainConfig::save_total_limit);
     int_field("logging_steps", &TrainConfig::logging_steps);
     int_field("save_steps", &TrainConfig::save_steps);
     str_field("save_strategy", &TrainConfig::save_strategy);
@@ -385,6 +387,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
                     key, j[key].dump());
     }
     given.insert(key);
+    c.origin[key] = source;
     if (key == "model") continue;
     auto it = table.find(key);
     if (it == table.end()) {
@@ -489,6 +492,8 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(max_grad_norm >= 0, "{}: max_grad_norm must be >= 0 (0 disables clipping), got {}", s,
                 max_grad_norm);
   ANVIL_REQUIRE(logging_steps >= 1, "{}: logging_steps must be >= 1, got {}", s, logging_steps);
+  ANVIL_REQUIRE(save_total_limit >= 0, "{}: save_total_limit must be >= 0 (0 keeps every checkpoint), got {}",
+                s, save_total_limit);
   ANVIL_REQUIRE(save_steps >= 0, "{}: save_steps must be >= 0, got {}", s, save_steps);
   ANVIL_REQUIRE(save_strategy == "steps" || save_strategy == "no",
                 "{}: save_strategy must be steps or no, got '{}'", s, save_strategy);
@@ -621,6 +626,8 @@ json TrainConfig::to_json() const {
           {"adafactor_warmup_init", adafactor_warmup_init},
           {"seed", seed},
           {"output_dir", output_dir},
+          {"overwrite_output_dir", overwrite_output_dir},
+          {"save_total_limit", save_total_limit},
           {"logging_steps", logging_steps},
           {"save_steps", save_steps},
           {"save_strategy", save_strategy},
