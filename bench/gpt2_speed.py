@@ -1,194 +1,304 @@
 #!/usr/bin/env python3
-"""GPT-2 training speed (issue 6): Anvil against HF transformers eager and torch.compile, same GPU, bf16.
+"""GPT-2 training speed: Anvil against the PyTorch reference (torch.compile and eager), same GPU, bf16.
 
-For each model (d12, d24, d36; vocabulary 50257, sequence length 1024, random tokens), each system runs
-with its own best micro-batch from --batches (the largest that fits, tried from the top; a system's best
-tokens/s over them is kept):
-  anvil  : `anvil train --bf16 --optim adamw_torch_fused` on a random-token shard
-  eager  : transformers GPT2LMHeadModel (attn_implementation="sdpa"), bf16 autocast, fused AdamW
-  compile: the same under torch.compile (default mode)
-Reported after --warmup steps: tokens/s, ms/step, MFU (6N + 12LCT FLOPs per token against --peak_flops,
-default the H100 SXM bf16 dense data-sheet figure) and peak device memory in use, with Anvil/compile and
-Anvil/eager ratios. Parts write JSON into --parts_dir (one per model and system, so a run that hits the
-device time limit keeps what finished); --report merges them into bench/results/gpt2_speed_<date>.json.
+For GPT-2 d12, d24 and d36 (124M, 350M, 774M; vocabulary 50257, sequence 1024, random tokens), three systems:
 
-    python3 bench/gpt2_speed.py --anvil build/anvil --part d12:anvil,d12:eager,d12:compile
-    python3 bench/gpt2_speed.py --report
+  anvil    `anvil train --bf16` on a random-token shard (fused AdamW, clipping at 1.0, CUDA graphs: defaults)
+  compile  the shared reference (bench/benchlib/torch_reference.py): transformers GPT2LMHeadModel, vocabulary
+           padded to 50304, SDPA attention, bf16 autocast, torch.compile(model) called with the labels so the
+           loss is inside the compiled graph, torch.optim.AdamW(fused=True), clipping at 1.0, every batch
+           made on the device before the first step, one synchronisation before and one after the timed steps
+  eager    the same reference without torch.compile
+
+Each system runs each micro-batch it tries in a fresh process (--batches, largest first: the per-model
+defaults bracket the earlier best batches). `--search largest` (default) keeps the largest that fits, which
+was the fastest (or within 0.2% of it) for every system and model in earlier runs; `--search best` also goes
+on down the list while each smaller batch is faster and keeps the fastest (about 1.7x the run time: a
+torch.compile process takes 1-1.7 minutes on an H100, most of it compiling). Every system gets --warmup untimed steps (Anvil records its CUDA graphs there,
+torch.compile compiles) and --steps timed ones.
+
+Measured and printed per model and system: tokens/s and ms/step over the timed steps, MFU (6N + 12LCT FLOPs
+per token, N counted with the 50257-token vocabulary as Anvil counts it, the same for every system, against
+--peak_flops: by default the H100/H200 SXM bf16 dense data-sheet figure), the NVML peak of the GPU memory
+the process used (polled by this script for every system alike, bench/benchlib/child.py) next to each side's
+own figure (Anvil's summary peak; torch.cuda.max_memory_reserved), and the ratios Anvil/compile and
+Anvil/eager.
+
+What is not symmetric, to Anvil's cost: Anvil's training loop synchronises with the device once per step
+(it reads the loss), while the reference never synchronises inside the timed steps; Anvil reads its batches
+from the shard on the host each step (copied on a second stream), while the reference's data sits on the
+device. Anvil's time is the wall time from the end of its last warm-up step to the end of its last step
+(metrics.jsonl `elapsed`), the reference's the time between its two synchronisations.
+
+Results: every attempt is added to the --parts JSON as soon as it finishes (a run cut short by a time limit
+keeps what finished), and at the end the run writes bench/results/gpt2_speed_<device>_<date>_<commit>.json
+and .txt (--out; the .txt ends with a Markdown table for docs/performance.md). Parts of several runs (one
+model per device call, say) are joined without running anything with --report. On the GPU machine, from the
+repository root (after scripts/pack_for_gpu.sh on the build machine), the whole run takes about 7.5 minutes
+on an H100 (d12 2, d24 2.5, d36 3; measured for the reference side, estimated for Anvil's):
+
+    source scripts/gpu_env.sh
+    python3 bench/gpt2_speed.py --anvil build-cuda/anvil --parts $OUT/parts.json --out $OUT --time_budget 480
+
+or in pieces, joined afterwards anywhere (no GPU needed):
+
+    python3 bench/gpt2_speed.py --anvil build-cuda/anvil --models d12,d24 --parts $OUT/parts_a.json --out $OUT
+    python3 bench/gpt2_speed.py --anvil build-cuda/anvil --models d36 --parts $OUT/parts_b.json --out $OUT
+    python3 bench/gpt2_speed.py --report parts_a.json parts_b.json
 """
 import argparse
-import datetime
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from benchlib import anvil_train, torch_reference  # noqa: E402
+from benchlib.child import Meter  # noqa: E402
+from benchlib.nvml import GpuMemory  # noqa: E402
+from benchlib.results import RESULTS, git_commit, result_path, utc_now  # noqa: E402
+from benchlib.shards import write_random_shard  # noqa: E402
 
-PRESETS = {"d12": (12, 12, 768), "d24": (24, 16, 1024), "d36": (36, 20, 1280)}
 VOCAB = 50257
+MODELS = {"d12": "124M", "d24": "350M", "d36": "774M"}
+# Micro-batches tried, largest first. On an H100 (80 GB): Anvil's best were 32, 32, 16 (d12, d24, d36;
+# bench/results/gpt2_speed_2026-11-22.txt, 64 within 0.2% on d12); the shared reference's largest that fit
+# (2026-11-26) torch.compile 64, 32, 16 (41 GB or less each), eager 32, 16, 8.
+BATCHES = {"d12": [64, 32, 16], "d24": [32, 16, 8], "d36": [16, 8, 4]}
+SYSTEMS = ("anvil", "compile", "eager")
+H100_BF16_PEAK = 989.4e12  # H100 SXM / H200 dense bf16, NVIDIA data sheet
+GIB = 1 << 30
 
 
 def flops_per_token(model, seq):
-    L, H, C = PRESETS[model]
+    """6N + 12LCT: N the parameters with the unpadded 50257-token vocabulary (Anvil's MFU convention,
+    src/train/mfu.cpp), the same for every system."""
+    L, _, C = torch_reference.GPT2_SHAPES[model]
     params = VOCAB * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C
     return 6 * params + 12 * L * C * seq
 
 
-def random_shard(path, n_tokens, seed=1):
-    """An Anvil token shard (docs/data.md) of uniform random GPT-2 token ids."""
-    if path.exists():
-        return
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, VOCAB, size=n_tokens, dtype=np.uint16)
-    header = bytearray(64)
-    header[0:8] = b"ANVILTOK"
-    header[8:16] = np.array([1, 1], dtype=np.uint32).tobytes()  # version 1, dtype uint16
-    header[16:32] = np.array([n_tokens, VOCAB], dtype=np.uint64).tobytes()
-    path.write_bytes(bytes(header) + tokens.tobytes())
+# --- running -------------------------------------------------------------------------------------------
+
+def run_one(args, meter, shard, model, system, batch):
+    """One attempt: a fresh process of `system` at `batch`. Returns its record (or error, oom)."""
+    work = Path(args.workdir) / f"{model}_{system}_{batch}"
+    steps = args.warmup + args.steps
+    if system == "anvil":
+        L, H, C = torch_reference.GPT2_SHAPES[model]
+        cfg = Path(args.workdir) / f"{model}.json"
+        cfg.write_text(json.dumps({"model": {"n_layer": L, "n_head": H, "n_embd": C, "vocab_size": VOCAB,
+                                             "block_size": 1024}}))
+        flags = ["--config", cfg, "--device", "cuda", "--train_data", shard, "--per_device_train_batch_size",
+                 batch, "--max_seq_length", args.seq, "--max_steps", steps, "--learning_rate", "3e-4",
+                 "--warmup_steps", 0, "--lr_scheduler_type", "constant", "--save_strategy", "no", "--bf16",
+                 "true", "--sample_prompt", "", "--peak_flops", args.peak_flops, "--seed", 1]
+        r = anvil_train.run(args.anvil, flags, work, meter, warmup=args.warmup, timeout=args.timeout)
+        r["own_peak_bytes"] = r.get("self_reported_peak_bytes")
+        r.pop("losses", None)
+        r.pop("summary", None)
+    else:
+        spec = torch_reference.make_spec("gpt2", torch_reference.gpt2_config(model, VOCAB), batch, args.seq,
+                                         compile=system == "compile", precision="bf16", steps=args.steps,
+                                         warmup=args.warmup)
+        r = torch_reference.run(spec, work, meter, timeout=args.timeout)
+        r["own_peak_bytes"] = r.get("torch_max_memory_reserved")
+    r["batch"] = batch
+    r["nvml_peak_bytes"] = (r["process"]["memory"].get("peak_mib") or 0) * (1 << 20) or None
+    return r
 
 
-def run_anvil(args, model, batch, shard):
-    out = Path(args.workdir) / f"anvil_{model}_{batch}"
-    L, H, C = PRESETS[model]
-    cfg = Path(args.workdir) / f"{model}.json"  # the GPT-2 shape with its 50257-token vocabulary
-    cfg.write_text(json.dumps({"model": {"n_layer": L, "n_head": H, "n_embd": C, "vocab_size": VOCAB,
-                                         "block_size": 1024}}))
-    cmd = [args.anvil, "train", "--config", str(cfg), "--device", "cuda", "--train_data", str(shard),
-           "--per_device_train_batch_size", str(batch), "--max_seq_length", str(args.seq), "--max_steps",
-           str(args.steps), "--learning_rate", "3e-4", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
-           "--logging_steps", "1", "--output_dir", str(out), "--save_steps", "0", "--bf16", "true",
-           "--sample_prompt", "", "--peak_flops", str(args.peak_flops)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        return {"error": (p.stderr or p.stdout)[-600:]}
-    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "loss" in r and r["step"] > args.warmup]
-    s = json.loads((out / "summary.json").read_text())
-    import shutil
-    shutil.rmtree(out, ignore_errors=True)
-    step_s = sum(r["step_time"] for r in rows) / len(rows)
-    return {"batch": batch, "tokens_per_second": batch * args.seq / step_s, "ms_per_step": step_s * 1000,
-            "peak_bytes": s["peak_memory_bytes"]}
-
-
-def run_torch(args, model, batch, compiled):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    L, H, C = PRESETS[model]
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=1024, n_embd=C, n_layer=L, n_head=H, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0)
-    torch.manual_seed(1)
-    m = GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa").cuda().train()
-    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
-    fwd = torch.compile(m) if compiled else m
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    times, peak = [], 0
-    try:
-        for _ in range(args.steps):
-            x = torch.randint(0, VOCAB, (batch, args.seq), device="cuda")
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = fwd(input_ids=x).logits
-                loss = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB).float(), x.view(-1))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            free, total = torch.cuda.mem_get_info()
-            peak = max(peak, total - free)
-    except torch.OutOfMemoryError as e:
-        return {"error": f"out of memory at batch {batch}: {str(e)[:200]}"}
-    finally:
-        del opt, fwd, m
-        torch.cuda.empty_cache()
-    step_s = float(np.mean(times[args.warmup:]))
-    return {"batch": batch, "tokens_per_second": batch * args.seq / step_s, "ms_per_step": step_s * 1000,
-            "peak_bytes": peak, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
-
-
-def best_of(results):
-    ok = [r for r in results if "error" not in r]
-    return max(ok, key=lambda r: r["tokens_per_second"]) if ok else {"error": results[-1]["error"]}
-
-
-def report(args):
-    parts = {}
-    for f in sorted(Path(args.parts_dir).glob("speed_*.json")):
-        parts.update(json.loads(f.read_text()))
-    gib = 1 << 30
-    ratios = {}
-    for model in PRESETS:
-        rows = {s: parts.get(f"{model}/{s}") for s in ("anvil", "eager", "compile")}
-        if not any(rows.values()):
+def search(args, meter, shard, model, system, record, save):
+    """Tries the model's batches for one system, largest first (see --search); every attempt is saved."""
+    key = f"{model}/{system}"
+    attempts = record["runs"].setdefault(key, [])
+    fits = []
+    for batch in args.batch_list(model):
+        if args.time_budget and time.time() - args.t_start > args.time_budget:
+            record["not_run"].append(f"{key} batch {batch}")
+            save()
+            return
+        r = run_one(args, meter, shard, model, system, batch)
+        attempts.append(r)
+        save()
+        print(f"[{time.time() - args.t_start:5.0f}s] {key} batch {batch}: " +
+              (r["error"][:160] if "error" in r else
+               f"{r['tokens_per_second']:.0f} tok/s, {r['ms_per_step']:.1f} ms/step, NVML peak "
+               f"{(r['nvml_peak_bytes'] or 0) / GIB:.2f} GiB"), flush=True)
+        if "error" in r:
             continue
-        print(f"GPT-2 {model} (bf16, seq {args.seq}):")
-        for s, r in rows.items():
-            if not r or "error" in r:
-                print(f"  {s:8} {r['error'][:100] if r else 'not run'}")
-                continue
-            mfu = r["tokens_per_second"] * flops_per_token(model, args.seq) / args.peak_flops
-            r["mfu"] = mfu
-            print(f"  {s:8} batch {r['batch']:3d}  {r['tokens_per_second']:9.0f} tok/s  {r['ms_per_step']:8.1f} "
-                  f"ms/step  MFU {100 * mfu:5.1f}%  peak {r['peak_bytes'] / gib:6.2f} GiB")
-        a, c, e = rows["anvil"], rows["compile"], rows["eager"]
-        if a and "error" not in a:
-            for name, ref in (("compile", c), ("eager", e)):
-                if ref and "error" not in ref:
-                    ratios[f"{model}/anvil_over_{name}"] = {
-                        "tokens_per_second": a["tokens_per_second"] / ref["tokens_per_second"],
-                        "peak_memory": a["peak_bytes"] / ref["peak_bytes"]}
-                    print(f"  anvil / {name}: {ratios[f'{model}/anvil_over_{name}']['tokens_per_second']:.2f}x "
-                          f"tokens/s, {ratios[f'{model}/anvil_over_{name}']['peak_memory']:.2f}x memory")
-    record = {"benchmark": "gpt2_speed", "seq": args.seq, "peak_flops": args.peak_flops, "results": parts,
-              "ratios": ratios, "commit": os.environ.get("ANVIL_COMMIT", "unknown"),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = out / f"gpt2_speed_{datetime.date.today().isoformat()}.json"
-    name.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"saved {name}")
+        fits.append(r)
+        if args.search == "largest":
+            break
+        if len(fits) >= 2 and fits[-1]["tokens_per_second"] <= fits[-2]["tokens_per_second"]:
+            break
+    record["done"].append(key)
+    save()
 
+
+# --- reporting -----------------------------------------------------------------------------------------
+
+def best(attempts):
+    ok = [r for r in attempts if "error" not in r]
+    return max(ok, key=lambda r: r["tokens_per_second"]) if ok else None
+
+
+def fmt_k(x):
+    return f"{x / 1000:.1f}K"
+
+
+def report(parts, args):
+    """Joins parts (one or more --parts files), prints the tables and writes the results JSON and .txt."""
+    first = parts[0]
+    for p in parts[1:]:
+        if p["meta"]["device"] != first["meta"]["device"]:
+            sys.exit(f"parts from different devices: {first['meta']['device']} and {p['meta']['device']}")
+        for k in ("seq", "steps", "warmup", "peak_flops"):
+            if p["settings"][k] != first["settings"][k]:
+                sys.exit(f"parts with different settings: {k} {first['settings'][k]} and {p['settings'][k]}")
+    commits = sorted({p["meta"]["commit"] for p in parts})
+    runs, done, not_run = {}, set(), []
+    for p in parts:
+        runs.update(p["runs"])
+        done.update(p["done"])
+        not_run += p["not_run"]
+    st, meta = first["settings"], first["meta"]
+    lines = [f"GPT-2 training speed, bf16, sequence {st['seq']}, random tokens; {meta['device']}, commit(s) "
+             f"{', '.join(c[:7] for c in commits)}, {meta['date'][:10]}; {st['warmup']} warm-up + {st['steps']} "
+             f"timed steps; MFU against {st['peak_flops'] / 1e12:.1f} TFLOP/s; memory: NVML peak of the "
+             f"process (own figure: Anvil's summary peak, torch max_memory_reserved)"]
+    results, ratios, md = {}, {}, []
+    for model in MODELS:
+        rows = {s: best(runs.get(f"{model}/{s}", [])) for s in SYSTEMS}
+        if not any(f"{model}/{s}" in runs for s in SYSTEMS):
+            continue
+        lines.append(f"\nGPT-2 {model} ({MODELS[model]}):")
+        lines.append(f"  {'system':8} {'batch':>5} {'tok/s':>9} {'ms/step':>8} {'MFU':>6} {'NVML peak':>10} "
+                     f"{'own figure':>10}")
+        for s, r in rows.items():
+            key = f"{model}/{s}"
+            if key not in runs:
+                continue
+            if r is None:
+                errs = "; ".join(f"b{a['batch']}: {a['error'][:60]}" for a in runs[key])
+                lines.append(f"  {s:8} no batch ran: {errs}")
+                continue
+            r["mfu"] = r["tokens_per_second"] * flops_per_token(model, st["seq"]) / st["peak_flops"]
+            results[key] = r
+            nv, own = r.get("nvml_peak_bytes"), r.get("own_peak_bytes")
+            lines.append(f"  {s:8} {r['batch']:5d} {r['tokens_per_second']:9.0f} {r['ms_per_step']:8.1f} "
+                         f"{100 * r['mfu']:5.1f}% {(nv or 0) / GIB:8.2f} G {(own or 0) / GIB:8.2f} G"
+                         + ("" if key in done else "  (search not finished)"))
+        a = results.get(f"{model}/anvil")
+        for name in ("compile", "eager"):
+            ref = results.get(f"{model}/{name}")
+            if a and ref:
+                rat = {"tokens_per_second": a["tokens_per_second"] / ref["tokens_per_second"]}
+                if a.get("nvml_peak_bytes") and ref.get("nvml_peak_bytes"):
+                    rat["nvml_peak_memory"] = a["nvml_peak_bytes"] / ref["nvml_peak_bytes"]
+                ratios[f"{model}/anvil_over_{name}"] = rat
+                mem = f", {rat['nvml_peak_memory']:.2f}x NVML peak memory" if "nvml_peak_memory" in rat else ""
+                lines.append(f"  anvil / {name}: {rat['tokens_per_second']:.2f}x tokens/s{mem}")
+
+        def cell(r, with_mfu=True):
+            if not r:
+                return "-"
+            mfu = f", MFU {100 * r['mfu']:.1f}%" if with_mfu else ""
+            return f"{fmt_k(r['tokens_per_second'])} tok/s{mfu}, {(r.get('nvml_peak_bytes') or 0) / GIB:.1f} GiB (B {r['batch']})"
+
+        def ratio_cell(name):
+            rat = ratios.get(f"{model}/anvil_over_{name}")
+            if not rat:
+                return "-"
+            mem = f", {rat['nvml_peak_memory']:.2f}x memory" if "nvml_peak_memory" in rat else ""
+            return f"**{rat['tokens_per_second']:.2f}x** speed{mem}"
+
+        md.append(f"| {model} ({MODELS[model]}) | {cell(rows['anvil'])} | {cell(rows['compile'])} | "
+                  f"{cell(rows['eager'])} | {ratio_cell('compile')} | {ratio_cell('eager')} |")
+    if md:
+        lines += ["", "Markdown (docs/performance.md):", "",
+                  "| model | Anvil | torch.compile | eager | Anvil / compile | Anvil / eager |",
+                  "|---|---|---|---|---|---|", *md]
+    if not_run:
+        lines.append(f"\nnot run (time budget): {', '.join(not_run)}")
+    text = "\n".join(lines)
+    print(text)
+    record = {"benchmark": "gpt2_speed", "device": meta["device"], "driver": meta.get("driver"),
+              "commit": commits[0] if len(commits) == 1 else commits, "date": meta["date"], "settings": st,
+              "memory_method": meta["memory_method"], "torch": meta.get("torch"),
+              "results": results, "ratios": ratios, "runs": runs, "search_done": sorted(done), "not_run": not_run}
+    path = result_path("gpt2_speed", meta["device"], meta["date"], commits[0], directory=args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    path.with_suffix(".txt").write_text(text + "\n")
+    print(f"saved {path} and {path.with_suffix('.txt')}")
+
+
+# --- main ----------------------------------------------------------------------------------------------
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--anvil", default="build/anvil")
-    ap.add_argument("--part", default="", help="comma-separated MODEL:SYSTEM (systems: anvil, eager, compile)")
-    ap.add_argument("--batches", default="32,16,8", help="micro-batches to try, largest first")
+    ap.add_argument("--anvil", default="build-cuda/anvil", help="the anvil binary (CUDA build)")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {','.join(MODELS)}")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {','.join(SYSTEMS)}")
+    ap.add_argument("--batches", default="",
+                    help="micro-batches to try for every model, largest first (default per model: "
+                         + "; ".join(f"{m} {','.join(map(str, b))}" for m, b in BATCHES.items()) + ")")
+    ap.add_argument("--search", choices=("largest", "best"), default="largest")
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--peak_flops", type=float, default=989.4e12)
-    ap.add_argument("--parts_dir", default="/tmp/anvil_speed")
-    ap.add_argument("--workdir", default="/tmp/anvil_speed_runs")
-    ap.add_argument("--report", action="store_true")
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--steps", type=int, default=15, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    ap.add_argument("--peak_flops", type=float, default=H100_BF16_PEAK)
+    ap.add_argument("--timeout", type=float, default=420, help="per-process limit (s)")
+    ap.add_argument("--time_budget", type=float, default=0,
+                    help="start no new process after this many seconds (0: no limit)")
+    ap.add_argument("--gpu_index", type=int, default=0, help="NVML index of the GPU to watch")
+    ap.add_argument("--parts", default="/tmp/anvil_gpt2_speed/parts.json",
+                    help="JSON that collects every attempt of this run as it finishes")
+    ap.add_argument("--workdir", default="/tmp/anvil_gpt2_speed")
+    ap.add_argument("--out", default=str(RESULTS), help="where the results JSON and .txt go")
+    ap.add_argument("--report", nargs="+", metavar="PARTS",
+                    help="join these parts files into one results file; runs nothing")
     args = ap.parse_args()
-    Path(args.parts_dir).mkdir(parents=True, exist_ok=True)
-    Path(args.workdir).mkdir(parents=True, exist_ok=True)
     if args.report:
-        report(args)
-        return
-    shard = Path(args.workdir) / "random_tokens.bin"
-    random_shard(shard, 8_000_000)
-    batches = [int(b) for b in args.batches.split(",")]
-    for item in [p for p in args.part.split(",") if p]:
-        model, system = item.split(":")
-        if model not in PRESETS or system not in ("anvil", "eager", "compile"):
-            sys.exit(f"bad part {item}")
-        results = []
-        for b in batches:
-            r = run_anvil(args, model, b, shard) if system == "anvil" else run_torch(args, model, b, system == "compile")
-            results.append(r)
-            print(item, b, r, flush=True)
-        best = best_of(results)
-        (Path(args.parts_dir) / f"speed_{model}_{system}.json").write_text(json.dumps({item.replace(":", "/"): best}))
+        return report([json.loads(Path(p).read_text()) for p in args.report], args)
+
+    models = [m for m in args.models.split(",") if m]
+    systems = [s for s in args.systems.split(",") if s]
+    if set(models) - set(MODELS) or set(systems) - set(SYSTEMS):
+        ap.error(f"--models from {list(MODELS)}, --systems from {list(SYSTEMS)}")
+    if "anvil" in systems and not Path(args.anvil).is_file():
+        ap.error(f"{args.anvil}: no anvil binary (give --anvil)")
+    override = [int(b) for b in args.batches.split(",") if b]
+    args.batch_list = lambda m: sorted(override or BATCHES[m], reverse=True)
+    args.t_start = time.time()
+    meter = Meter(GpuMemory(args.gpu_index))
+    if not meter.gpu.available:
+        sys.exit(f"no GPU visible to NVML ({meter.gpu.error}): this benchmark runs on the GPU machine")
+    commit, commit_source = git_commit()
+    record = {"meta": {"device": meter.gpu.name(), "driver": meter.gpu.driver_version(), "commit": commit,
+                       "commit_source": commit_source, "date": utc_now().isoformat(timespec="seconds"),
+                       "memory_method": meter.describe()},
+              "settings": {"seq": args.seq, "steps": args.steps, "warmup": args.warmup, "vocab": VOCAB,
+                           "peak_flops": args.peak_flops, "search": args.search, "anvil": args.anvil,
+                           "batches": {m: args.batch_list(m) for m in models}},
+              "runs": {}, "done": [], "not_run": []}
+    parts = Path(args.parts)
+    parts.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        torch_run = next((r for rs in record["runs"].values() for r in rs if r.get("torch")), None)
+        if torch_run:
+            record["meta"]["torch"] = {k: torch_run[k] for k in ("torch", "transformers")}
+        parts.write_text(json.dumps(record, indent=2) + "\n")
+
+    print(f"{record['meta']['device']}, commit {commit[:7]} ({commit_source}); parts -> {parts}", flush=True)
+    shard = write_random_shard(Path(args.workdir) / "random_tokens.bin", 8_000_000, VOCAB)
+    for model in models:
+        for system in systems:
+            search(args, meter, shard, model, system, record, save)
+    report([record], args)
 
 
 if __name__ == "__main__":

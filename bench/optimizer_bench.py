@@ -1,23 +1,25 @@
 #!/usr/bin/env python3
 """Optimizers (issue 5): step time and state memory next to PyTorch, and convergence, on one GPU.
 
-Part `step`: for GPT-2 d12 and d24 (vocabulary 50257), the time of one optimizer step over all parameters
-(random gradients, after warm-up) and the optimizer state's bytes:
+Part `step`: for GPT-2 d12 and d24 (vocabulary 50257, padded to 50304 on both sides), the time of one
+optimizer step over all parameters (random gradients, after warm-up) and the optimizer state's bytes:
   Anvil (`anvil bench-optimizer`): adamw_torch_fused, adafactor, adamw_8bit, sgd (momentum 0.9)
-  PyTorch on the same GPU, same parameter shapes (transformers GPT2LMHeadModel's parameters):
+  PyTorch on the same GPU, same parameter shapes (transformers GPT2LMHeadModel's parameters, built by the
+  shared reference, bench/benchlib/torch_reference.py):
     torch.optim.AdamW(fused=True), transformers.optimization.Adafactor (as HF Trainer configures it:
     scale_parameter=False, relative_step=False), bitsandbytes AdamW8bit (when importable),
     torch.optim.SGD(momentum=0.9, foreach=True)
 Part `converge`: GPT-2 d12 on the Shakespeare BPE shard, bf16, batch 8 x 1024, --steps (1000) steps with
-each Anvil optimizer (loss at the end = mean of the last 20 steps), and bitsandbytes AdamW8bit in a PyTorch
-loop (transformers d12, bf16 autocast) for --bnb_steps (500) steps next to Anvil's 8-bit run at that step.
+each Anvil optimizer (loss at the end = mean of the last 20 steps), and bitsandbytes AdamW8bit in the shared
+PyTorch reference (transformers d12, bf16 autocast, eager, same shard, schedule and hyper-parameters, its own
+random batches) for --bnb_steps (500) steps next to Anvil's 8-bit run at that step.
 
-Parts write JSON into --parts_dir; --report merges them into bench/results/optimizers_<date>.json.
+Parts write JSON into --parts_dir; --report merges them into
+bench/results/optimizers_<device>_<date>_<commit>.json.
 """
 import argparse
-import datetime
 import json
-import os
+import shutil
 import subprocess
 import sys
 import time
@@ -26,10 +28,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpt2_train_bench import read_shard  # noqa: E402  (the Anvil token-shard reader)
+from benchlib import torch_reference  # noqa: E402
+from benchlib.child import Meter  # noqa: E402
+from benchlib.nvml import GpuMemory  # noqa: E402
+from benchlib.results import RESULTS, git_commit, result_path, utc_now  # noqa: E402
+from benchlib.shards import read_shard  # noqa: E402
 
 ANVIL_OPTIMS = ["adamw_torch_fused", "adafactor", "adamw_8bit", "sgd"]
-PRESETS = {"d12": (12, 12, 768), "d24": (24, 16, 1024)}
+MODELS = ["d12", "d24"]
 LR = {"adamw_torch_fused": 6e-4, "adafactor": 1e-3, "adamw_8bit": 6e-4, "sgd": 0.1}
 
 
@@ -44,11 +50,8 @@ def anvil_step(args, model, optim):
 
 def torch_step(model_name, optim):
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    L, H, C = PRESETS[model_name]
-    cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=C, n_layer=L, n_head=H)
-    model = GPT2LMHeadModel(cfg).cuda()
+    model = torch_reference.build_model("gpt2", torch_reference.gpt2_config(model_name))
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
@@ -94,6 +97,7 @@ def torch_step(model_name, optim):
 
 
 def anvil_train(args, optim, outdir):
+    shutil.rmtree(outdir, ignore_errors=True)  # anvil refuses an output_dir holding an earlier run's files
     cmd = [args.anvil, "train", "--device", "cuda", "--model", "d12", "--tokenizer", args.tokenizer,
            "--train_data", args.data, "--per_device_train_batch_size", "8", "--max_seq_length", "1024",
            "--max_steps", str(args.steps), "--learning_rate", str(LR[optim]), "--weight_decay", "0.1",
@@ -110,7 +114,6 @@ def anvil_train(args, optim, outdir):
     rows = [r for r in rows if "loss" in r]
     losses = [r["loss"] for r in rows]
     s = json.loads((outdir / "summary.json").read_text())
-    import shutil
     shutil.rmtree(outdir, ignore_errors=True)
     return {"loss_first": losses[0], "loss_end_mean20": float(np.mean(losses[-20:])),
             "loss_at_bnb_steps_mean20": float(np.mean(losses[args.bnb_steps - 20:args.bnb_steps])),
@@ -119,47 +122,21 @@ def anvil_train(args, optim, outdir):
 
 
 def bnb_train(args):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-    try:
-        import bitsandbytes as bnb
-    except Exception as e:  # noqa: BLE001
-        return {"error": f"bitsandbytes not importable: {e}"}
-    tokens, vocab = read_shard(args.data)
-    cfg = GPT2Config(vocab_size=vocab, n_positions=1024, n_embd=768, n_layer=12, n_head=12, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0)
-    torch.manual_seed(1)
-    model = GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa").cuda().train()
-    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or ".ln_" in n)]
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or ".ln_" in n]
-    opt = bnb.optim.AdamW8bit([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                              lr=LR["adamw_8bit"])
-    warm = args.steps // 20
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + np.cos(np.pi * (s - warm) / (args.steps - warm))))
-    B, T = 8, 1024
-    rng = np.random.default_rng(1)
-    nwin = (len(tokens) - 1) // T
-    losses, t0 = [], time.perf_counter()
-    for step in range(args.bnb_steps):
-        idx = rng.choice(nwin, B, replace=False)
-        x = torch.from_numpy(np.stack([tokens[i * T:(i + 1) * T] for i in idx])).cuda()
-        y = torch.from_numpy(np.stack([tokens[i * T + 1:(i + 1) * T + 1] for i in idx])).cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    torch.cuda.synchronize()
-    return {"impl": f"bitsandbytes AdamW8bit {bnb.__version__} (transformers d12, bf16 autocast, SDPA)",
-            "loss_first": losses[0], "loss_at_bnb_steps_mean20": float(np.mean(losses[-20:])),
-            "seconds": time.perf_counter() - t0, "steps": args.bnb_steps,
-            "note": "same shapes, data and schedule as Anvil's run but its own cosine over --steps; "
-                    "data order differs"}
+    """bitsandbytes AdamW8bit in the shared reference: d12 on the same shard, bf16 autocast, eager, weight decay
+    0.1 on matrices and embeddings, clipping 1.0, Anvil's cosine schedule over --steps, for --bnb_steps steps."""
+    _, vocab = read_shard(args.data)
+    spec = torch_reference.make_spec(
+        "gpt2", torch_reference.gpt2_config("d12", vocab), 8, 1024, compile=False, precision="bf16",
+        steps=args.bnb_steps - 1, warmup=1, data={"kind": "shard", "path": str(Path(args.data).resolve()), "seed": 1},
+        lr=LR["adamw_8bit"], weight_decay=0.1, optimizer="adamw_8bit", record_losses=True,
+        schedule={"kind": "cosine", "warmup_steps": args.steps // 20, "total_steps": args.steps})
+    r = torch_reference.run(spec, Path(args.workdir) / "bnb", Meter(GpuMemory()), timeout=3600)
+    if "error" in r:
+        return {"error": r["error"]}
+    return {"impl": f"{r['optimizer']} (transformers d12, bf16 autocast, SDPA, eager)", "loss_first": r["loss_first"],
+            "loss_at_bnb_steps_mean20": float(np.mean(r["losses"][-20:])), "seconds": r["process"]["wall_seconds"],
+            "steps": args.bnb_steps, "note": "same shapes, data and schedule as Anvil's run; random batches of its "
+                                             "own and its own initialisation"}
 
 
 def report(args):
@@ -168,7 +145,7 @@ def report(args):
         for k, v in json.loads(f.read_text()).items():
             parts.setdefault(k, {}).update(v)
     print("Optimizer step time and state memory (same GPU):")
-    for model in PRESETS:
+    for model in MODELS:
         for o in ANVIL_OPTIMS:
             a, t = parts.get("step", {}).get(f"{model}/{o}/anvil"), parts.get("step", {}).get(f"{model}/{o}/torch")
             if not a or "error" in a:
@@ -197,12 +174,13 @@ def report(args):
             print(f"  {b['impl']}: step {b['steps']} loss {b['loss_at_bnb_steps_mean20']:.3f}")
         elif b:
             print(f"  bitsandbytes: {b['error'][:200]}")
-    record = {"benchmark": "optimizers", **parts,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "commit": os.environ.get("ANVIL_COMMIT", "unknown")}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = out / f"optimizers_{datetime.date.today().isoformat()}.json"
+    device = next((v["device"] for v in parts.get("step", {}).values() if "device" in v), None)
+    commit, _ = git_commit()
+    date = utc_now()
+    record = {"benchmark": "optimizers", **parts, "device": device, "date": date.isoformat(timespec="seconds"),
+              "commit": commit}
+    name = result_path("optimizers", device, date, commit, directory=args.out)
+    name.parent.mkdir(parents=True, exist_ok=True)
     name.write_text(json.dumps(record, indent=2) + "\n")
     print(f"saved {name}")
 
@@ -219,7 +197,7 @@ def main():
     ap.add_argument("--parts_dir", default="/tmp/anvil_optim_bench")
     ap.add_argument("--workdir", default="/tmp/anvil_optim_runs")
     ap.add_argument("--report", action="store_true")
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     Path(args.parts_dir).mkdir(parents=True, exist_ok=True)
     if args.report:
@@ -228,7 +206,7 @@ def main():
     result = {}
     if args.part == "step":
         result["step"] = {}
-        for model in PRESETS:
+        for model in MODELS:
             for o in ANVIL_OPTIMS:
                 result["step"][f"{model}/{o}/anvil"] = anvil_step(args, model, o)
                 result["step"][f"{model}/{o}/torch"] = torch_step(model, o)

@@ -28,11 +28,9 @@ import json
 import os
 import re
 import shutil
-import signal
 import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -40,8 +38,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE / "seed_experiment"))
-from nvml import MIB, GpuMemory  # noqa: E402
+sys.path.insert(0, str(HERE))
+from benchlib.child import Meter  # noqa: E402
+from benchlib.nvml import MIB, GpuMemory  # noqa: E402
+from benchlib.results import git_commit, result_path  # noqa: E402
 
 # --- the experiment ------------------------------------------------------------------------------------
 
@@ -147,111 +147,9 @@ def write_cls(path, ids, labels, vocab_size, label_names):
             f.write(s + b"\0" * (pad8(len(s)) - len(s)))
 
 
-# --- running a child while watching GPU memory -------------------------------------------------------
-
-class MemoryWatch:
-    """Polls the GPU's used memory every `interval` seconds in a thread while a child runs: the peak, and a
-    sample taken on request (when the child reports that training ended)."""
-
-    def __init__(self, gpu, interval):
-        self.gpu, self.interval = gpu, interval
-        self.peak = None
-        self.samples = 0
-        self.marked = None
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = None
-
-    def _record(self):
-        used = self.gpu.used_bytes()
-        with self._lock:
-            self.samples += 1
-            self.peak = used if self.peak is None else max(self.peak, used)
-        return used
-
-    def start(self):
-        if self.gpu.available:
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
-
-    def _loop(self):
-        while not self._stop.is_set():
-            self._record()
-            self._stop.wait(self.interval)
-
-    def mark(self):
-        if self.gpu.available:
-            self.marked = self._record()
-
-    def stop(self):
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-            self._record()
-
-
-def quiet_baseline(gpu, settle_s, reference):
-    """Used memory with no child running: waits (up to settle_s) for the previous child's memory to be
-    returned, then takes the lowest of a few samples."""
-    if not gpu.available:
-        return None
-    deadline = time.time() + settle_s
-    while time.time() < deadline and reference is not None and gpu.used_bytes() > reference + 64 * MIB:
-        time.sleep(0.2)
-    vals = []
-    for _ in range(5):
-        vals.append(gpu.used_bytes())
-        time.sleep(0.05)
-    return min(vals)
-
-
-def run_child(cmd, env, log_path, timeout, gpu, args, end_marker):
-    """Runs cmd in its own session, streaming its output to log_path; returns wall time, exit code, memory
-    (peak and at the end marker, both minus the baseline) and the tail of the log."""
-    baseline = quiet_baseline(gpu, args.settle, args.gpu_reference)
-    watch = MemoryWatch(gpu, args.poll)
-    watch.start()
-    t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, start_new_session=True, cwd=str(REPO))
-    tail = []
-
-    def reader():
-        with open(log_path, "w") as log:
-            for line in proc.stdout:
-                log.write(line)
-                tail.append(line.rstrip("\n"))
-                del tail[:-40]
-                if end_marker(line):
-                    watch.mark()
-
-    th = threading.Thread(target=reader, daemon=True)
-    th.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: only what this script started
-        proc.wait()
-    wall = time.time() - t0  # the process's whole life: start-up, model construction, training, exit
-    th.join(timeout=10)
-    watch.stop()
-    mem = {"baseline_used_mib": None if baseline is None else baseline / MIB,
-           "peak_used_mib": None if watch.peak is None else watch.peak / MIB,
-           "nvml_samples": watch.samples}
-    if baseline is not None and watch.peak is not None:
-        mem["peak_mib"] = (watch.peak - baseline) / MIB
-    if baseline is not None and watch.marked is not None:
-        mem["at_end_mib"] = (watch.marked - baseline) / MIB
-        mem["at_end_used_mib"] = watch.marked / MIB
-    return {"wall_seconds": wall, "returncode": proc.returncode, "timed_out": timed_out, "memory": mem,
-            "log": str(log_path), "log_tail": tail[-15:]}
-
-
 # --- the two systems -----------------------------------------------------------------------------------
 
-def hf_row(name, row, args, env, gpu, tag=""):
+def hf_row(name, row, args, env, meter, tag=""):
     work = Path(args.workdir) / f"hf_{name}{tag}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -264,8 +162,8 @@ def hf_row(name, row, args, env, gpu, tag=""):
     result_path = work / "result.json"
     cmd = [args.python, "-u", str(HERE / "seed_experiment" / "hf_child.py"), "--spec", str(work / "spec.json"),
            "--result", str(result_path)]
-    run = run_child(cmd, env, work / "log.txt", args.row_timeout, gpu, args,
-                    lambda line: line.startswith("SEED_EXPERIMENT_TRAIN_END"))
+    run = meter.run(cmd, work / "log.txt", args.row_timeout, env=env, cwd=str(REPO),
+                    end_marker=lambda line: line.startswith("SEED_EXPERIMENT_TRAIN_END"))
     res = json.loads(result_path.read_text()) if result_path.exists() else {}
     out = {"spec": spec, "process": run, **res}
     if run["timed_out"]:
@@ -308,7 +206,7 @@ def anvil_config(row, args, data_path, out_dir):
     return cfg
 
 
-def anvil_row(name, row, args, env, gpu, data_path, tag=""):
+def anvil_row(name, row, args, env, meter, data_path, tag=""):
     work = Path(args.workdir) / f"anvil_{name}{tag}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -336,7 +234,8 @@ def anvil_row(name, row, args, env, gpu, data_path, tag=""):
         cmd = cmd + flags
     steps = args.samples // (row["batch"] * row["accum"])
     last = re.compile(rf"^step\s+{steps}/{steps}\b")  # the last step's line: the arena is still held
-    run = run_child(cmd, env, work / "log.txt", args.row_timeout, gpu, args, lambda line: bool(last.match(line)))
+    run = meter.run(cmd, work / "log.txt", args.row_timeout, env=env, cwd=str(REPO),
+                    end_marker=lambda line: bool(last.match(line)))
     out = {"config": cfg, "command": cmd, "process": run}
     if tuning:
         out["gemm_tuning"] = tuning
@@ -435,21 +334,6 @@ def bnb_env(args, env):
             return e, f"bitsandbytes {v} (carried wheel unpacked into {target})"
         return env, f"bitsandbytes not available: {carried} unpacked into {target} but does not import"
     return env, "bitsandbytes not available (not installed, no .devcarry/bnb.tgz)"
-
-
-def git_commit():
-    carried = REPO / ".devcarry" / "commit"
-    if carried.exists():
-        return carried.read_text().strip(), ".devcarry/commit"
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=str(REPO), capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=str(REPO),
-                               capture_output=True, text=True).stdout.strip()
-        if r.returncode == 0:
-            return r.stdout.strip(), "git rev-parse HEAD" + (" (uncommitted changes in the tree)" if dirty else "")
-    except OSError:
-        pass
-    return "unknown", "no .devcarry/commit, no git"
 
 
 # --- report --------------------------------------------------------------------------------------------
@@ -639,7 +523,7 @@ def main():
     ap.add_argument("--workdir", default="/tmp/anvil_seed_experiment")
     ap.add_argument("--keep_checkpoints", action="store_true", help="keep Anvil's final checkpoints")
     ap.add_argument("--out", default="",
-                    help="results JSON (default bench/results/seed_experiment_<device>_<date>.json)")
+                    help="results JSON (default bench/results/seed_experiment_<device>_<date>_<commit>.json)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows of an existing --out that this run does not re-run (split the table over "
                          "several invocations)")
@@ -671,12 +555,12 @@ def main():
     # The seed draws ids in [100, 30000); a smaller vocabulary (bert-tiny) keeps the low end and caps the top.
     args.id_low, args.id_high = 100, min(30000, shape["vocab_size"])
 
-    gpu = GpuMemory(args.gpu_index)
+    meter = Meter(GpuMemory(args.gpu_index), poll=args.poll, settle=args.settle)
+    gpu = meter.gpu
     if not args.device:  # never fall back to a CPU run silently on the GPU machine
         args.device = "cuda" if gpu.available else "auto"
     device_name = gpu.name() if gpu.available else None
-    args.gpu_reference = quiet_baseline(gpu, 0, None)
-    print(f"GPU memory reader: {gpu.source}" + (f"; {device_name}, {args.gpu_reference / MIB:.0f} MiB in use "
+    print(f"GPU memory reader: {gpu.source}" + (f"; {device_name}, {meter.reference / MIB:.0f} MiB in use "
                                                   f"before the benchmark" if gpu.available else
                                                   f" ({gpu.error or 'no GPU'}): memory columns n/a"))
 
@@ -759,11 +643,11 @@ def main():
                     print(f"         HF: the {reuse} row's run (the same HF configuration)", flush=True)
                     continue
                 if system == "hf":
-                    d = hf_row(name, row, args, env, gpu, tag)
+                    d = hf_row(name, row, args, env, meter, tag)
                     if d.get("data_sha256") not in (None, digest):
                         d["error"] = "the HF child drew different data"  # never expected
                 else:
-                    d = anvil_row(name, row, args, env, gpu, data_path, tag)
+                    d = anvil_row(name, row, args, env, meter, data_path, tag)
                 runs[system].append(d)
                 msg = d.get("error") or (f"{d['time']:.2f} s, {d['samples_per_second']:.2f} samples/s, "
                                          f"peak {fmt(d['process']['memory'].get('peak_mib'), '.0f')} MiB")
@@ -822,9 +706,7 @@ def finish(record, args, not_run, out_path):
         print(f"not run (time budget): {', '.join(not_run)}")
 
     if out_path is None:
-        slug = re.sub(r"[^a-z0-9]+", "_", (record["device"] or "cpu").lower()).strip("_")
-        slug = next((k for k in ("h200", "h100", "a100", "l4") if k in slug), slug)
-        out_path = REPO / "bench" / "results" / f"seed_experiment_{slug}_{record['date'][:10]}.json"
+        out_path = result_path("seed_experiment", record["device"], record["date"], record["commit"])
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(record, indent=2) + "\n")
     out_path.with_suffix(".txt").write_text(title + "\n" + text + "\n\n" + details(record) + "\n")

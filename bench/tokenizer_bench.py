@@ -12,12 +12,11 @@ plain encode() per line, no encode_batch), best of --repeats runs. Reports MB/s 
                      line is included: it is how the package is used without batching)
 
 and checks that both produce identical ids for every line. Writes
-bench/results/tokenizer_throughput_<date>.json (device = CPU model, date, commit).
+bench/results/tokenizer_throughput_cpu_<date>_<commit>.json (the CPU model, date and commit inside).
 
 Usage: python3 bench/tokenizer_bench.py [--anvil build/anvil] [--text data/shakespeare/shakespeare.txt]
 """
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib.results import RESULTS, git_commit, result_path, utc_now  # noqa: E402
 
 # Runs in a subprocess so RAYON_NUM_THREADS is set before `tokenizers` is imported.
 HF_SCRIPT = r"""
@@ -64,17 +65,6 @@ def cpu_model():
     return "unknown"
 
 
-def commit():
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def pinned(cmd):
     return (["taskset", "-c", "0"] if shutil.which("taskset") else []) + cmd
 
@@ -96,7 +86,7 @@ def main():
     ap.add_argument("--text", default=str(ROOT / "data" / "shakespeare" / "shakespeare.txt"))
     ap.add_argument("--vocab_size", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out_dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--out_dir", default=str(RESULTS))
     a = ap.parse_args()
     from tokenizers import ByteLevelBPETokenizer
 
@@ -117,10 +107,11 @@ def main():
 
     mb = text_bytes / 1e6
     anvil_e2e, anvil_enc, hf_enc = mb / total, mb / max(total - startup, 1e-9), mb / hf["encode_s"]
+    date, (commit, _) = utc_now(), git_commit()
     result = {
         "benchmark": "tokenizer_throughput",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "commit": commit(),
+        "date": date.isoformat(timespec="seconds"),
+        "commit": commit,
         "device": cpu_model(),
         "cores": 1,
         "text": os.path.relpath(a.text, ROOT),
@@ -144,7 +135,7 @@ def main():
     print(f"anvil tokenize      encode     {anvil_enc:8.2f} MB/s")
     print(f"tokenizers {hf['version']:8s} encode     {hf_enc:8.2f} MB/s  ({hf['encode_s']:.3f} s)")
     print(f"ratio (encode): {result['ratio_encode']}x; identical ids: {hf['identical']}")
-    out = Path(a.out_dir) / f"tokenizer_throughput_{datetime.date.today().isoformat()}.json"
+    out = result_path("tokenizer_throughput", None, date, commit, directory=a.out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {os.path.relpath(out, ROOT)}")

@@ -2,11 +2,13 @@
 # On a GPU machine: the CUDA-vs-CPU parity suite, a short CUDA training run of the default model, and
 # (where transformers is installed) the check that transformers reproduces Anvil's eval loss from the
 # checkpoint. Uses .devcarry/ when present (scripts/pack_for_gpu.sh, for machines without package
-# access), else builds with scripts/build.sh. Results go to $OUT (or runs/gpu_check).
+# access), else builds with scripts/build.sh. Logs go to $OUT (or runs/gpu_check); the parity suite's log is
+# parity_<device>_<date>_<commit>.txt in $OUT (or tests/parity/results/, where the latest logs are kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-runs/gpu_check}
-mkdir -p "$out"
+parity_dir=${OUT:-tests/parity/results}
+mkdir -p "$out" "$parity_dir"
 if [ -d .devcarry/bin ]; then
   build=build-cuda
   source scripts/gpu_env.sh
@@ -17,7 +19,13 @@ else
   source scripts/gpu_env.sh
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-"$build/anvil_parity_tests" --gtest_color=no 2>&1 | tee "$out/parity.log"
+# The log's name as bench/benchlib/results.py names results: device (h100, h200, ...), UTC date, commit.
+gpu=$( (nvidia-smi --query-gpu=name --format=csv,noheader || echo unknown) | head -1 | tr 'A-Z' 'a-z')
+device=$(grep -oE 'h200|h100|a100|l40s|l4' <<<"$gpu" | head -1 || true)
+[ -n "$device" ] || device=$(tr -cs 'a-z0-9' '_' <<<"$gpu" | sed 's/^_*//; s/_*$//')
+commit=${ANVIL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+parity_log="$parity_dir/parity_${device}_$(date -u +%F)_${commit:0:7}.txt"
+"$build/anvil_parity_tests" --gtest_color=no 2>&1 | tee "$parity_log"
 bash scripts/prepare_default_data.sh "$build/anvil"
 "$build/anvil" train --config examples/tiny.json --device cuda --output_dir /tmp/anvil_gpu_check | tee "$out/tiny_cuda.log"
 if python3 -c "import torch, transformers" 2>/dev/null; then

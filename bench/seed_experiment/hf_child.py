@@ -26,8 +26,8 @@ import time
 import traceback
 
 T_START = time.time()
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nvml import MIB, GpuMemory  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib.nvml import MIB, GpuMemory  # noqa: E402
 
 
 def make_dataset(spec, notes):
