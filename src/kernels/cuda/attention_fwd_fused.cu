@@ -11,7 +11,7 @@
 // query with the dimensions split over a pair 194 us (more warps, same bandwidth), this layout 156 us. Head
 // size 64 now runs the 8 x 8 patch kernel below (namespace tiled): 127 us; 122 us after its softmax reduced
 // the eight rows' maxima together, rescaled lazily, hashed dropout per key pair and unrolled the products by
-// 8 (bench/attention_kernels.cu; bench/results/attention_kernels_h100_2026-11-26.txt).
+// 8 (bench/probes/attention_kernels.cu; bench/results/attention_kernels_h100_2026-11-26.txt).
 //
 // Dropout: the kept/dropped decision of element (row, key) is exactly the materialised path's
 // (attention_dropout_keep, kernels/dropout.hpp); the sum l of the softmax runs over the undropped

@@ -376,9 +376,9 @@ class CudaOps final : public Ops {
   // leaves most SMs idle for that wave. The fused query-key-value projection of bert-large (batch 4 x 512,
   // [2048 x 3072]: 1.45 waves on an H100) runs at 40 TF/s against ~49 for the MLP's GEMMs. As [Q|K] plus V
   // (the first two thirds of the outputs, then the last) each part fills its waves: the forward 319 -> 275
-  // us and the weight gradient 312 -> 271 us (bench/gemm_qkv_split.cu). Only for native fp32 (tensor-core
-  // GEMMs tile differently) and outputs a multiple of 3; the input gradient would split its inner dimension
-  // instead, which measured slower (+4%), so it stays one GEMM.
+  // us and the weight gradient 312 -> 271 us (bench/probes/gemm_qkv_split.cu). Only for native fp32
+  // (tensor-core GEMMs tile differently) and outputs a multiple of 3; the input gradient would split its
+  // inner dimension instead, which measured slower (+4%), so it stays one GEMM.
   int split_outputs(int N, int OC) const {
     const bool simt_fp32 = act_ == DType::F32 && gemm_.fp32() == Fp32Matmul::Native;
     if (!simt_fp32 || OC % 3 != 0 || OC < 3 * 128 || sms_ <= 0) return OC;

@@ -44,7 +44,8 @@ class GemmTuner {
 
   // The cached choice for `p`, when the cache has one that cuBLASLt still accepts (rebuilt with AlgoInit and
   // AlgoCheck alone, so a cache hit never asks the heuristic: the process's first heuristic query costs
-  // 30-55 ms on an H200, bench/cublaslt_first_use.cu). A refused entry is reported, and false returned.
+  // 30-55 ms on an H200, bench/probes/cublaslt_first_use.cu). A refused entry is reported, and false
+  // returned.
   bool cached(const GemmProblem& p, cublasLtMatmulAlgo_t& algo);
 
   // The algorithm for `p` when cached() has none: unless the stream is capturing a graph, the fastest
