@@ -27,7 +27,7 @@ commit=${ANVIL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 parity_log="$parity_dir/parity_${device}_$(date -u +%F)_${commit:0:7}.txt"
 "$build/anvil_parity_tests" --gtest_color=no 2>&1 | tee "$parity_log"
 bash scripts/prepare_default_data.sh "$build/anvil"
-"$build/anvil" train --config examples/tiny.json --device cuda --output_dir /tmp/anvil_gpu_check | tee "$out/tiny_cuda.log"
+"$build/anvil" train --config examples/tiny.json --device cuda --output_dir /tmp/anvil_gpu_check --overwrite_output_dir | tee "$out/tiny_cuda.log"
 if python3 -c "import torch, transformers" 2>/dev/null; then
   step=$(python3 -c "import json; print(json.load(open('/tmp/anvil_gpu_check/summary.json'))['global_step'])")
   python3 tests/golden/check_hf_export.py /tmp/anvil_gpu_check/checkpoint-"$step" --anvil "$build/anvil" --device cuda | tee "$out/hf_export_check.txt"

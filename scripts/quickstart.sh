@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh --target anvil
 bash scripts/prepare_default_data.sh build/anvil
-./build/anvil train --config examples/tiny.json "$@"
+./build/anvil train --config examples/tiny.json --overwrite_output_dir "$@"

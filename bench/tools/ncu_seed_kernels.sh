@@ -22,6 +22,6 @@ for s in SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis Occupancy W
   sections+=(--section "$s")
 done
 "$ncu" --kernel-name "regex:$regex" --launch-skip 60 --launch-count 4 "${sections[@]}" \
-  "$anvil" train --config "$config" --max_steps 3 --cuda_graphs false --output_dir /tmp/ncu_seed_out \
+  "$anvil" train --config "$config" --max_steps 3 --cuda_graphs false --output_dir /tmp/ncu_seed_out --overwrite_output_dir \
   >"$out" 2>&1
 echo "ncu report: $out ($(grep -c 'Section: GPU Speed Of Light' "$out" || true) kernels)"

@@ -1,6 +1,7 @@
 #include "io/atomic_dir.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,12 +121,15 @@ void AtomicDirectory::commit() {
 SyncedFileWriter::SyncedFileWriter(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ANVIL_REQUIRE(fd_ >= 0, "{}: cannot open for writing ({})", path_, errno_text(errno));
+  // Only a regular file may be unlinked after a failure: the path may name a device (/dev/full, /dev/null).
+  struct stat st {};
+  regular_file_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 SyncedFileWriter::~SyncedFileWriter() {
   if (fd_ < 0) return;
   ::close(fd_);
-  ::unlink(path_.c_str());
+  if (regular_file_) ::unlink(path_.c_str());
 }
 
 void SyncedFileWriter::write(const void* data, size_t nbytes) {
@@ -143,12 +147,14 @@ void SyncedFileWriter::write(const void* data, size_t nbytes) {
 
 void SyncedFileWriter::finish() {
   ANVIL_ASSERT(fd_ >= 0, "{}: finish() called twice", path_);
-  ANVIL_REQUIRE(::fsync(fd_) == 0, "{}: fsync failed ({})", path_, errno_text(errno));
+  // fsync of a character device (a terminal, /dev/null) is EINVAL: there is nothing to make durable.
+  ANVIL_REQUIRE(::fsync(fd_) == 0 || (!regular_file_ && errno == EINVAL), "{}: fsync failed ({})", path_,
+                errno_text(errno));
   int rc = ::close(fd_);
   int err = errno;
   fd_ = -1;
   if (rc != 0) {
-    ::unlink(path_.c_str());
+    if (regular_file_) ::unlink(path_.c_str());
     ANVIL_THROW("{}: close failed ({})", path_, errno_text(err));
   }
 }
@@ -177,6 +183,87 @@ std::string read_text_file(const std::string& path) {
   }
   ::close(fd);
   return text;
+}
+
+namespace {
+
+// The parts of "<name>.tmp-<digits>" / "<name>.old-<digits>": <name> and whether it is a ".tmp-" one.
+struct InterruptedSaveName {
+  std::string base;  // "" when the name is not of either form
+  bool temporary = false;
+};
+
+InterruptedSaveName parse_interrupted_save_name(const std::string& name) {
+  for (const char* tag : {".tmp-", ".old-"}) {
+    const size_t at = name.rfind(tag);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string_view digits = std::string_view(name).substr(at + 5);
+    if (!digits.empty() &&
+        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return {name.substr(0, at), tag[1] == 't'};
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string interrupted_save_target(const std::string& dir) {
+  if (dir.empty()) return "";
+  // The last component however the path is spelled: "a/b/", "a/b/.", "." (the current directory's name).
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  if (p.empty() || p.filename() == "." || p.filename() == "..") {
+    std::error_code ec;
+    p = fs::absolute(dir, ec).lexically_normal();
+    if (ec) return "";
+    if (!p.has_filename()) p = p.parent_path();
+  }
+  const std::string base = parse_interrupted_save_name(p.filename().string()).base;
+  return base.empty() ? "" : (p.parent_path() / base).string();
+}
+
+void require_not_interrupted_save(const std::string& dir) {
+  const std::string target = interrupted_save_target(dir);
+  ANVIL_REQUIRE(target.empty(),
+                "'{}' is an incomplete checkpoint left by an interrupted save (a temporary directory of the "
+                "atomic save); use '{}' instead, or another checkpoint-N (the next training run in its "
+                "output_dir removes such leftovers)",
+                dir, target);
+}
+
+std::vector<std::string> clean_interrupted_saves(const std::string& parent) {
+  std::vector<std::string> notes;
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) return notes;
+  std::vector<fs::path> temporaries, replaced;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const InterruptedSaveName n = parse_interrupted_save_name(it->path().filename().string());
+    if (!n.base.empty()) (n.temporary ? temporaries : replaced).push_back(it->path());
+  }
+  ANVIL_REQUIRE(!ec, "{}: cannot list the directory ({})", parent, ec.message());
+  for (const fs::path& p : temporaries) {
+    fs::remove_all(p, ec);
+    ANVIL_REQUIRE(!ec, "{}: cannot remove this leftover of an interrupted save ({})", p.string(),
+                  ec.message());
+    notes.push_back(fmt::format("removed '{}', left incomplete by an interrupted save", p.string()));
+  }
+  for (const fs::path& p : replaced) {
+    const fs::path target = p.parent_path() / parse_interrupted_save_name(p.filename().string()).base;
+    if (fs::exists(fs::symlink_status(target, ec))) {
+      fs::remove_all(p, ec);
+      ANVIL_REQUIRE(!ec, "{}: cannot remove the replaced checkpoint of an interrupted save ({})", p.string(),
+                    ec.message());
+      notes.push_back(
+          fmt::format("removed '{}', a replaced checkpoint left by an interrupted save", p.string()));
+    } else {
+      ANVIL_REQUIRE(::rename(p.c_str(), target.c_str()) == 0, "{}: cannot rename back to '{}' ({})",
+                    p.string(), target.string(), errno_text(errno));
+      notes.push_back(fmt::format("restored '{}' from '{}' (a save interrupted while replacing it)",
+                                  target.string(), p.string()));
+    }
+  }
+  if (!notes.empty()) fsync_path(parent, true);
+  return notes;
 }
 
 }  // namespace anvil::io

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace anvil::io {
 
@@ -36,7 +37,8 @@ class AtomicDirectory {
 };
 
 // Writes a file from scratch (truncating any old one) and fsyncs it before close. If it is destroyed
-// before finish() (an error part way), the partial file is removed so no truncated file is left behind.
+// before finish() (an error part way), the partial file is removed so no truncated file is left behind
+// (only when it is a regular file: a path naming a device, e.g. /dev/full, is never unlinked).
 class SyncedFileWriter {
  public:
   explicit SyncedFileWriter(std::string path);  // throws "<path>: cannot open for writing (...)"
@@ -51,11 +53,30 @@ class SyncedFileWriter {
  private:
   std::string path_;
   int fd_ = -1;
+  bool regular_file_ = false;
 };
 
-// Write + fsync; throws naming the path.
+// Write + fsync; throws naming the path. On failure a regular file it created or truncated is removed (a
+// device such as /dev/full is left alone).
 void write_text_file_synced(const std::string& path, std::string_view text);
 // The whole file; throws "<path>: cannot read (<reason>)".
 std::string read_text_file(const std::string& path);
+
+// Interrupted saves. A save killed before its commit leaves "<final>.tmp-<pid>" (incomplete); one killed
+// between commit()'s two renames leaves "<final>.old-<pid>" (the previous, complete version) and no
+// <final>. Neither is a checkpoint to load.
+//
+// For a directory path whose last component is "<name>.tmp-<digits>" or "<name>.old-<digits>": the path
+// of <name> (the directory the save was writing); otherwise "".
+std::string interrupted_save_target(const std::string& dir);
+// Throws "'<dir>' is an incomplete checkpoint left by an interrupted save; use '<final>' instead" when
+// interrupted_save_target(dir) is not empty. Every reader of model and checkpoint directories calls it.
+void require_not_interrupted_save(const std::string& dir);
+// Cleans the leftovers of interrupted saves directly inside `parent` (a training output_dir), which no
+// other process may be writing (the caller holds its lock): removes every "<name>.tmp-<digits>" and
+// every "<name>.old-<digits>" whose <name> exists, and renames an "<name>.old-<digits>" whose <name> is
+// missing back to <name> (the save died after moving the complete previous version aside). Returns one
+// line per action, for the log. Throws naming the path when a removal or rename fails.
+std::vector<std::string> clean_interrupted_saves(const std::string& parent);
 
 }  // namespace anvil::io

@@ -59,6 +59,7 @@ void save_bert_model(const std::string& dir, const BertModel& model, Device& dev
 }
 
 BertLoadReport load_bert_weights(const std::string& dir, BertModel& model, Device& dev) {
+  require_not_interrupted_save(dir);
   const WeightFiles files(dir);
   const ParamLayout& layout = model.layout();
   // Start from the model's current values: head tensors the checkpoint lacks keep them.

@@ -7,6 +7,7 @@
 #include "data/classification_loader.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
+#include "train/resume_check.hpp"
 
 namespace anvil {
 namespace {
@@ -44,6 +45,21 @@ const char* kPrepareHint =
     "DIR` "
     "(a CSV with text and label columns; docs/data.md)";
 
+// Shards record the vocabulary size of the tokenizer that prepared them (prepare-data): data prepared by
+// another tokenizer than the run's would train on ids that mean other tokens.
+void check_tokenizer_vocab(const RunModel& rm, const std::string& path, const char* key,
+                           uint64_t shard_vocab) {
+  if (!rm.tokenizer_known) return;
+  const uint64_t tok_vocab = rm.tokenizer_vocab_size;
+  const std::string tok = rm.tokenizer_file.empty() ? "bytes" : rm.tokenizer_file;
+  ANVIL_REQUIRE(
+      shard_vocab == tok_vocab,
+      "{} '{}' was prepared with a vocabulary of {} tokens but the run's tokenizer '{}' has {}: the "
+      "ids would mean other tokens; prepare the data with this tokenizer (anvil prepare-data "
+      "--tokenizer {}), or train with the tokenizer that prepared it",
+      key, path, shard_vocab, tok, tok_vocab, tok);
+}
+
 }  // namespace
 
 RunModel resolve_run_model(const TrainConfig& cfg) {
@@ -51,7 +67,8 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
   r.config = cfg.model;
   r.labels_from_data = cfg.labels_from_data;
   if (!cfg.resume_from_checkpoint.empty()) {
-    io::read_trainer_state(cfg.resume_from_checkpoint);  // fails first, and clearly, if it is no checkpoint
+    // Fails first, and clearly, if it is no checkpoint.
+    r.resume_state = io::read_trainer_state(cfg.resume_from_checkpoint);
     r.weights_from = cfg.resume_from_checkpoint;
   } else if (!cfg.init_from.empty()) {
     r.weights_from = cfg.init_from;
@@ -60,12 +77,15 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
     r.config = io::read_model_config(r.weights_from);
     r.labels_from_data = r.config.is_bert() && !config_fixes_labels(r.weights_from);
   }
+  if (r.resume_state) check_resume_consistency(cfg, cfg.resume_from_checkpoint, r.config, *r.resume_state);
 
   // The tokenizer: given, or the one the starting checkpoint carries, or bytes.
   r.tokenizer_file = cfg.tokenizer == "bytes" ? "" : cfg.tokenizer;
   if (cfg.tokenizer.empty() && !r.weights_from.empty())
     r.tokenizer_file = io::find_tokenizer_file(r.weights_from);
+  r.tokenizer_known = !cfg.tokenizer.empty() || !r.tokenizer_file.empty();
   r.tokenizer = data::load_tokenizer(r.tokenizer_file.empty() ? "bytes" : r.tokenizer_file);
+  r.tokenizer_vocab_size = r.tokenizer->vocab_size();
   const int tok_vocab = int(r.tokenizer->vocab_size());
   if (!cfg.tokenizer.empty() && r.weights_from.empty() && cfg.vocab_from_tokenizer) {
     r.config.vocab_size = tok_vocab;
@@ -82,8 +102,9 @@ RunModel resolve_run_model(const TrainConfig& cfg) {
   ANVIL_REQUIRE(tok_vocab <= r.config.vocab_size || (implicit_bytes && r.config.is_bert()),
                 "tokenizer '{}' has {} tokens but the model's vocab_size is {}",
                 r.tokenizer_file.empty() ? "bytes" : r.tokenizer_file, tok_vocab, r.config.vocab_size);
-  ANVIL_REQUIRE(cfg.seq_len() <= r.config.block_size, "max_seq_length {} exceeds the model's block_size {}",
-                cfg.seq_len(), r.config.block_size);
+  ANVIL_REQUIRE(cfg.max_seq_length <= r.config.block_size,
+                "max_seq_length {} exceeds the model's block_size {}", cfg.max_seq_length,
+                r.config.block_size);
   return r;
 }
 
@@ -117,6 +138,7 @@ RunData open_run_data(TrainConfig& cfg, RunModel& rm) {
   if (!d.classification) {
     const auto open = [&](const std::string& path, const char* key) {
       auto shard = std::make_shared<data::TokenShard>(path);
+      check_tokenizer_vocab(rm, path, key, shard->vocab_size());
       ANVIL_REQUIRE(shard->vocab_size() <= uint64_t(m.vocab_size),
                     "{} '{}': its vocabulary has {} tokens but the model's vocab_size is {}", key, path,
                     shard->vocab_size(), m.vocab_size);
@@ -133,6 +155,7 @@ RunData open_run_data(TrainConfig& cfg, RunModel& rm) {
                 cfg.train_data, m.problem_type.empty() ? "" : ", problem_type " + m.problem_type);
   const auto open = [&](const std::string& path, const char* key) {
     auto shard = std::make_shared<data::ClassificationShard>(path);
+    check_tokenizer_vocab(rm, path, key, shard->vocab_size());
     ANVIL_REQUIRE(shard->vocab_size() <= uint64_t(m.vocab_size),
                   "{} '{}': its vocabulary has {} tokens but the model's vocab_size is {}", key, path,
                   shard->vocab_size(), m.vocab_size);

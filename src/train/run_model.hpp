@@ -4,12 +4,14 @@
 // training data with what it fixes (for a BERT classifier: the labels and the sequence length).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "anvil/train_config.hpp"
 #include "data/classification_shard.hpp"
 #include "data/token_shard.hpp"
 #include "data/tokenizer.hpp"
+#include "io/checkpoint.hpp"
 
 namespace anvil {
 
@@ -18,11 +20,19 @@ struct RunModel {
   std::string weights_from;    // checkpoint or HF directory, or "" for a fresh initialisation
   std::string tokenizer_file;  // tokenizer.json / vocab.txt, or "" for bytes
   std::unique_ptr<data::Tokenizer> tokenizer;
+  // Whether the tokenizer was chosen (the config names one, "bytes" included, or the weights directory
+  // carries one) rather than the byte tokenizer standing in: the data must then have its vocabulary.
+  bool tokenizer_known = false;
+  uint64_t tokenizer_vocab_size = 0;  // the tokenizer's (kept here: callers may take `tokenizer` away)
+  // The validated trainer_state.json of the checkpoint being resumed.
+  std::optional<io::TrainerState> resume_state;
   // BERT: num_labels and the label names follow the classification data (the config, or the config.json of
   // the weights, does not fix them).
   bool labels_from_data = true;
 };
 
+// A resume (resume_from_checkpoint) reads the checkpoint's trainer_state.json and config.json, and refuses
+// keys set explicitly that contradict them (check_resume_consistency, train/resume_check.hpp).
 RunModel resolve_run_model(const TrainConfig& cfg);
 
 // The training data of a run. Token shards (language modelling) go with GPT-2, classification shards
@@ -38,7 +48,9 @@ struct RunData {
 
 // Opens cfg.train_data (required) and cfg.val_data (optional) and checks them against the model: the data
 // kind against the family (a token shard for a BERT model, or a classification shard for GPT-2, is an error
-// saying what to do instead), the vocabulary, and for classification the labels: num_labels and the label
+// saying what to do instead), the vocabulary (ids below the model's vocab_size; and, when the tokenizer is
+// known, the vocabulary size the shard was prepared with equal to the tokenizer's), and for classification
+// the labels: num_labels and the label
 // names come from the shard when `model.labels_from_data`, else they must agree with it (the count always;
 // the names when the config gives them); train and val must have the same labels. For classification with
 // max_seq_length 0 it also fixes cfg.max_seq_length: the longest example of train and val rounded up to a

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -24,7 +23,9 @@
 #include "runtime/step_profiler.hpp"
 #include "train/engine.hpp"
 #include "train/memory_fit.hpp"
+#include "train/metrics_log.hpp"
 #include "train/mfu.hpp"
+#include "train/run_directory.hpp"
 #include "train/run_model.hpp"
 #include "train/sampler.hpp"
 
@@ -98,6 +99,10 @@ class Run {
  public:
   explicit Run(const TrainConfig& cfg) : cfg_(cfg) {}
   TrainSummary go();
+  // After a failure: the error goes into the run directory (once training has started).
+  void record_error(std::string_view message) noexcept {
+    if (run_dir_) run_dir_->record_error(message);
+  }
 
  private:
   EvalResult evaluate(int slot);
@@ -114,11 +119,10 @@ class Run {
   }
   // `loss_sum`/`loss_steps`: the running train-loss total over all steps so far (including before a resume).
   void save(int64_t step, double loss_sum, int64_t loss_steps);
-  void log_json(const json& j) {
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
-  }
+  void log_json(const json& j) { metrics_->write(j); }
 
+  // First, so it goes last: the lock on output_dir is held until everything writing there is gone.
+  std::unique_ptr<RunDirectory> run_dir_;
   TrainConfig cfg_;  // as run: auto_find_batch_size may change the micro-batch and accumulation
   TransformerConfig model_cfg_;
   std::unique_ptr<Engine> engine_;
@@ -126,7 +130,7 @@ class Run {
   bool classification_ = false;
   std::unique_ptr<data::DataLoader> train_loader_, val_loader_;
   std::unique_ptr<data::ClassificationLoader> example_loader_, val_example_loader_;
-  std::ofstream metrics_;
+  std::optional<MetricsLog> metrics_;
   Rng rng_{0};
   int64_t total_steps_ = 0;
   double loss_sum_before_ = 0;  // sum of step losses before a resume (for train_loss)
@@ -208,6 +212,8 @@ void Run::save(int64_t step, double loss_sum, int64_t loss_steps) {
   const std::string dir = checkpoint_dir(cfg_, step);
   io::save_checkpoint(dir, engine_->model(), engine_->optimizer(), state, tokenizer_file_, engine_->device());
   fmt::print("saved checkpoint {}\n", dir);
+  for (const std::string& old : run_dir_->rotate_checkpoints(dir))
+    fmt::print("deleted checkpoint {} (save_total_limit {})\n", old, cfg_.save_total_limit);
 }
 
 TrainSummary Run::go() {
@@ -216,14 +222,20 @@ TrainSummary Run::go() {
   const std::string weights_from = rm.weights_from;
   tokenizer_file_ = rm.tokenizer_file;
   tokenizer_ = std::move(rm.tokenizer);
-  json resume_state;
-  if (!cfg_.resume_from_checkpoint.empty())
-    resume_state = io::read_trainer_state(cfg_.resume_from_checkpoint);
+  const std::optional<io::TrainerState> resume_state = std::move(rm.resume_state);
+  // The lock on output_dir, the cleanup of interrupted saves, and the refusal to mix with an earlier run.
+  run_dir_ = std::make_unique<RunDirectory>(cfg_);
 
   // --- data: its kind must be the model's; a classifier takes its labels and sequence length from it --
   const RunData data = open_run_data(cfg_, rm);
   classification_ = data.classification;
   model_cfg_ = rm.config;
+  // Weights from a directory fix the shape, so the sequence length defaults to its block_size (not to the
+  // config's preset) and train_config.json records the shape that was trained.
+  if (!weights_from.empty()) {
+    cfg_.model = model_cfg_;
+    cfg_.model_preset.clear();
+  }
   const int T = cfg_.seq_len();  // classification: the longest batch the data can make (open_run_data)
   ANVIL_REQUIRE(!model_cfg_.is_bert() || cfg_.sample_prompt.empty(),
                 "sample_prompt generates text, which needs a GPT-2 model; the model is a BERT classifier "
@@ -287,36 +299,28 @@ TrainSummary Run::go() {
     if (!report.ignored.empty())
       fmt::print("  not used from {}: {}\n", weights_from, join_names(report.ignored));
   }
-  if (!resume_state.is_null()) {
-    try {
-      start_step = resume_state.at("global_step").get<int64_t>();
-      const data::LoaderPosition pos{resume_state.at("loader").at("epoch").get<uint64_t>(),
-                                     resume_state.at("loader").at("batch").get<uint64_t>()};
-      if (classification_)
-        example_loader_->seek(pos);
-      else
-        train_loader_->seek(pos);
-      rng_.set_state(resume_state.at("rng_state").get<uint64_t>());
-      loss_sum_before_ = resume_state.value("train_loss_sum", 0.0);
-      steps_before_ = resume_state.value("train_loss_steps", int64_t(0));
-      if (scaler_ && resume_state.contains("loss_scaler"))
-        scaler_->load_state(resume_state.at("loss_scaler"),
-                            cfg_.resume_from_checkpoint + "/trainer_state.json: loss_scaler");
-    } catch (const json::exception& ex) {
-      ANVIL_THROW("{}/trainer_state.json: missing or malformed field ({})", cfg_.resume_from_checkpoint,
-                  ex.what());
-    }
+  if (resume_state) {  // validated by io::read_trainer_state
+    start_step = resume_state->global_step;
+    const data::LoaderPosition pos{resume_state->loader_epoch, resume_state->loader_batch};
+    if (classification_)
+      example_loader_->seek(pos);
+    else
+      train_loader_->seek(pos);
+    rng_.set_state(resume_state->rng_state);
+    loss_sum_before_ = resume_state->train_loss_sum;
+    steps_before_ = resume_state->train_loss_steps;
+    if (scaler_ && !resume_state->loss_scaler.is_null())
+      scaler_->load_state(resume_state->loss_scaler,
+                          cfg_.resume_from_checkpoint + "/trainer_state.json: loss_scaler");
     io::load_optimizer(cfg_.resume_from_checkpoint + "/optimizer.safetensors", e.optimizer(), dev);
     ANVIL_REQUIRE(start_step < total_steps_, "{}: the checkpoint is at step {} but the run has only {} steps",
                   cfg_.resume_from_checkpoint, start_step, total_steps_);
   }
 
-  fs::create_directories(cfg_.output_dir);
-  metrics_.open(fs::path(cfg_.output_dir) / "metrics.jsonl",
-                start_step > 0 ? std::ios::app : std::ios::trunc);
-  ANVIL_REQUIRE(metrics_.good(), "{}: cannot write metrics.jsonl", cfg_.output_dir);
-  io::write_text_file_synced((fs::path(cfg_.output_dir) / "train_config.json").string(),
-                             cfg_.to_json().dump(2) + "\n");
+  run_dir_->begin();
+  const std::string metrics_path = run_dir_->file("metrics.jsonl");
+  metrics_ = resume_state ? MetricsLog::resume(metrics_path, start_step) : MetricsLog::create(metrics_path);
+  io::write_text_file_synced(run_dir_->file("train_config.json"), cfg_.to_json().dump(2) + "\n");
 
   const std::string model_name =
       !cfg_.model_preset.empty() && weights_from.empty()
@@ -825,7 +829,8 @@ TrainSummary Run::go() {
                   {"last_checkpoint", s.last_checkpoint}};
   if (classification_)
     summary["eval_accuracy"] = s.eval_accuracy >= 0 ? json(s.eval_accuracy) : json(nullptr);
-  io::write_text_file_synced((fs::path(cfg_.output_dir) / "summary.json").string(), summary.dump(2) + "\n");
+  metrics_->close();
+  io::write_text_file_synced(run_dir_->file("summary.json"), summary.dump(2) + "\n");
   return s;
 }
 
@@ -833,7 +838,12 @@ TrainSummary Run::go() {
 
 TrainSummary train(const TrainConfig& cfg) {
   Run run(cfg);
-  return run.go();
+  try {
+    return run.go();
+  } catch (const std::exception& e) {
+    run.record_error(e.what());
+    throw;
+  }
 }
 
 }  // namespace anvil

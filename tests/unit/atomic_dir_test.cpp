@@ -175,3 +175,46 @@ TEST_F(AtomicDirTest, TextFileRoundTripAndErrors) {
   msg = error_message([&] { read_text_file(root_.str()); });  // a directory
   EXPECT_NE(msg.find(root_.str() + ": cannot read ("), std::string::npos) << msg;
 }
+
+// A write that fails on a device (/dev/full is always full) throws naming it, and the clean-up of the partial
+// file never unlinks the device node itself (it once did: unlink("/dev/full") as root).
+TEST_F(AtomicDirTest, FailedWriteToADeviceThrowsAndLeavesTheDevice) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  std::string msg = error_message([&] { write_text_file_synced("/dev/full", "summary"); });
+  EXPECT_NE(msg.find("/dev/full: write failed (No space left on device)"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::is_character_file("/dev/full"));
+}
+
+TEST(InterruptedSave, TemporaryNamesAreRecognised) {
+  using anvil::io::interrupted_save_target;
+  EXPECT_EQ(interrupted_save_target("runs/x/checkpoint-20.tmp-4242"), "runs/x/checkpoint-20");
+  EXPECT_EQ(interrupted_save_target("runs/x/checkpoint-20.tmp-4242/"), "runs/x/checkpoint-20");
+  EXPECT_EQ(interrupted_save_target("runs/x/checkpoint-20.old-7/."), "runs/x/checkpoint-20");
+  EXPECT_EQ(interrupted_save_target("checkpoint-3.old-1"), "checkpoint-3");
+  for (const char* fine : {"runs/x/checkpoint-20", "runs/x/checkpoint-20/", "a.tmp-", "a.tmp-12b", ".tmp-12",
+                           "gpt2", "a.tmp-1/b", ""})
+    EXPECT_EQ(interrupted_save_target(fine), "") << fine;
+  const std::string msg =
+      error_message([] { anvil::io::require_not_interrupted_save("r/checkpoint-5.tmp-99"); });
+  EXPECT_NE(msg.find("'r/checkpoint-5.tmp-99' is an incomplete checkpoint left by an interrupted save"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("use 'r/checkpoint-5' instead"), std::string::npos) << msg;
+}
+
+// Under the output_dir lock every leftover is stale: temporaries go, a checkpoint moved aside by a save that
+// died before its second rename comes back, one whose replacement landed goes.
+TEST_F(AtomicDirTest, InterruptedSavesAreCleanedUp) {
+  for (const char* d : {"checkpoint-1.tmp-5", "checkpoint-2", "checkpoint-2.old-6", "checkpoint-3.old-7",
+                        "checkpoint-4", "keep.tmp-x"})
+    fs::create_directories(under_root(d));
+  write_text_file_synced(under_root("checkpoint-1.tmp-5/model.safetensors"), "partial");
+  write_text_file_synced(under_root("checkpoint-3.old-7/model.safetensors"), "complete");
+  write_text_file_synced(under_root("notes.txt"), "mine");
+  const std::vector<std::string> notes = anvil::io::clean_interrupted_saves(root_.str());
+  EXPECT_EQ(notes.size(), 3u);
+  EXPECT_EQ(root_entries(), (std::vector<std::string>{"checkpoint-2", "checkpoint-3", "checkpoint-4",
+                                                      "keep.tmp-x", "notes.txt"}));
+  EXPECT_EQ(read_text_file(under_root("checkpoint-3/model.safetensors")), "complete");
+  EXPECT_TRUE(anvil::io::clean_interrupted_saves(root_.str()).empty());
+}
