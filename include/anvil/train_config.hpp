@@ -154,8 +154,11 @@ struct TrainConfig {
   // Parses a config object; `source` names it in errors (e.g. the file path). Unknown keys are errors
   // that suggest the nearest valid key. When the object sets `deepspeed`, that DeepSpeed config is
   // applied (its "auto" values take this config's; its other values must agree with the keys this
-  // object sets) before validation.
-  static TrainConfig from_json(const nlohmann::json& j, const std::string& source);
+  // object sets) before validation. `key_sources` names where single keys came from instead (key ->
+  // "--flag" for command-line flags): their errors blame that flag ("--learning_rate must be a number,
+  // got \"abc\""), and it is their `origin`.
+  static TrainConfig from_json(const nlohmann::json& j, const std::string& source,
+                               const std::map<std::string, std::string>& key_sources = {});
   static TrainConfig from_file(const std::string& path);
   nlohmann::json to_json() const;
   static std::vector<std::string> keys();
@@ -185,8 +188,8 @@ struct TrainConfig {
   void validate(const std::string& source) const;
 };
 
-// Sets `key` (a TrainConfig key) in `j` from a command-line string: numbers and true/false are typed,
-// anything else is a string.
+// Sets `key` (a TrainConfig key) in `j` from a command-line string: the value of a key whose default is a
+// string stays a string; otherwise numbers and true/false are typed, and anything else is a string.
 void set_config_override(nlohmann::json& j, const std::string& key, const std::string& value);
 
 // The valid key nearest to `key` by edit distance ("" if nothing is close).

@@ -1,9 +1,11 @@
 // anvil estimate: the per-device memory of a training config, without running it (docs/memory.md).
 //   --json             the estimate as JSON
 //   --sweep            a table over micro-batch x checkpointing x precision x optimizer
-//   --gpu_memory SIZE  the memory to fit in (default: what the GPU here has free, if any)
-//   --overhead_bytes   the CUDA context overhead to assume instead of measuring it (needed to estimate
-//                      for CUDA where no GPU is visible)
+//   --gpu NAME         plan for that GPU (h100, h200, a100-80gb, ...): its memory is the budget and a typical
+//                      CUDA context overhead is assumed; works without a GPU here
+//   --gpu_memory SIZE  the memory to fit in (default: --gpu's, else what the GPU here has free, if any)
+//   --overhead_bytes   the CUDA context overhead to assume instead of measuring it (default without a GPU
+//                      here: the typical overhead below)
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -22,44 +24,92 @@ using json = nlohmann::ordered_json;
 struct EstimateFlags {
   bool json = false;
   bool sweep = false;
+  std::string gpu;
   std::string gpu_memory;
   std::string overhead_bytes;
 };
+
+// The CUDA context overhead (context, streams, library state, and the 32 MiB reserve for what loads
+// lazily) measured on an NVIDIA H100 80GB HBM3 with CUDA 13 and driver 580 (docs/memory.md). Assumed for a
+// GPU that is not here: contexts of other recent GPUs and drivers take a similar few hundred MiB.
+constexpr size_t kTypicalCudaOverheadBytes = 588'054'528;  // 560.8 MiB
+
+// GPUs `--gpu` plans for: the memory CUDA reports as the device's total (cudaMemGetInfo), the budget of a
+// run on an idle GPU. docs/memory.md says where each figure comes from.
+struct KnownGpu {
+  const char* name;   // the --gpu value
+  const char* label;  // as the estimate prints it
+  size_t memory_bytes;
+};
+constexpr size_t mib_bytes(size_t mib) {
+  return mib << 20;
+}
+const KnownGpu kKnownGpus[] = {
+    {"h100", "NVIDIA H100 80GB HBM3", 85'017'493'504},          // measured: 79.18 GiB
+    {"h200", "NVIDIA H200", mib_bytes(142'925)},                // 139.58 GiB, approximate
+    {"a100-80gb", "NVIDIA A100 80GB", mib_bytes(81'050)},       // 79.15 GiB
+    {"a100-40gb", "NVIDIA A100 40GB", mib_bytes(40'335)},       // 39.39 GiB
+    {"rtx4090", "NVIDIA GeForce RTX 4090", mib_bytes(24'207)},  // 23.64 GiB
+};
+
+std::string known_gpu_names() {
+  std::string names;
+  for (const KnownGpu& g : kKnownGpus) names += (names.empty() ? "" : ", ") + std::string(g.name);
+  return names;
+}
+
+const KnownGpu& find_gpu(const std::string& name) {
+  for (const KnownGpu& g : kKnownGpus)
+    if (name == g.name) return g;
+  ANVIL_THROW(
+      "--gpu {}: not a GPU this estimate knows ({}); for another GPU give --device cuda --gpu_memory "
+      "SIZE [--overhead_bytes SIZE]",
+      name, known_gpu_names());
+}
 
 // The device a run of the config would use, and what it costs outside the arena.
 struct Target {
   DeviceKind kind = DeviceKind::CPU;
   std::string name;  // "cpu (2 threads)", "cuda (NVIDIA H100 80GB HBM3)", "cuda (no GPU here)"
   size_t overhead = 0;
-  std::string overhead_source;      // measured | flag | none
+  std::string overhead_source;      // measured | flag | gpu | assumed | none
   std::optional<size_t> available;  // for the arena, on a device that is here (CUDA only)
+  const KnownGpu* gpu = nullptr;    // --gpu
 };
 
-Target target_device(const std::string& device, const std::string& overhead_flag) {
+Target target_device(const std::string& device, const EstimateFlags& f) {
   std::optional<size_t> override;
-  if (!overhead_flag.empty()) override = parse_bytes(overhead_flag, "--overhead_bytes");
+  if (!f.overhead_bytes.empty()) override = parse_bytes(f.overhead_bytes, "--overhead_bytes");
   Target t;
-  t.kind = device == "cpu"    ? DeviceKind::CPU
-           : device == "cuda" ? DeviceKind::CUDA
-                              : (cuda_available() ? DeviceKind::CUDA : DeviceKind::CPU);
+  if (!f.gpu.empty()) {
+    t.gpu = &find_gpu(f.gpu);
+    ANVIL_REQUIRE(device != "cpu", "--gpu {} plans a CUDA run, but device is cpu: drop one of them", f.gpu);
+  }
+  t.kind = device == "cpu"             ? DeviceKind::CPU
+           : device == "cuda" || t.gpu ? DeviceKind::CUDA
+           : cuda_available()          ? DeviceKind::CUDA
+                                       : DeviceKind::CPU;
   t.overhead_source = override ? "flag" : "none";
   t.overhead = override.value_or(0);
   if (t.kind == DeviceKind::CPU) {
     t.name = make_cpu_device()->name();
+    return t;
+  }
+  ANVIL_REQUIRE(
+      cuda_compiled(),
+      "--device cuda: this Anvil was built without CUDA, so it cannot plan for the CUDA backend (build "
+      "with a CUDA toolkit; a GPU is not needed to estimate)");
+  if (t.gpu) {  // the named GPU, even where another one is visible
+    t.name = fmt::format("cuda ({}, --gpu {})", t.gpu->label, t.gpu->name);
+    if (!override) t.overhead = kTypicalCudaOverheadBytes, t.overhead_source = "gpu";
   } else if (cuda_available()) {
     const std::unique_ptr<Device> dev = make_cuda_device();
     t.name = "cuda (" + dev->name() + ")";
     t.available = dev->available_memory_bytes();
     if (!override) t.overhead = dev->context_overhead_bytes(), t.overhead_source = "measured";
   } else {
-    ANVIL_REQUIRE(cuda_compiled(),
-                  "--device cuda: this Anvil was built without CUDA, so it cannot plan for the CUDA backend "
-                  "(build with a CUDA toolkit; a GPU is not needed to estimate)");
-    ANVIL_REQUIRE(
-        override,
-        "--device cuda: no CUDA GPU is visible here to measure the CUDA context overhead; pass "
-        "--overhead_bytes SIZE to estimate for a GPU elsewhere (docs/memory.md lists measured values)");
     t.name = "cuda (no GPU here)";
+    if (!override) t.overhead = kTypicalCudaOverheadBytes, t.overhead_source = "assumed";
   }
   return t;
 }
@@ -67,7 +117,23 @@ Target target_device(const std::string& device, const std::string& overhead_flag
 std::string overhead_note(const Target& t) {
   if (t.overhead_source == "measured") return "(measured here, with the lazy-loading reserve)";
   if (t.overhead_source == "flag") return "(--overhead_bytes)";
+  if (t.overhead_source == "gpu" || t.overhead_source == "assumed")
+    return "(assumed: typical, measured on an H100; --overhead_bytes to change)";
   return "";
+}
+
+// Where the budget came from, after "fits in SIZE (N bytes".
+std::string budget_note(const Target& t, const EstimateFlags& f) {
+  if (!f.gpu_memory.empty()) return ", --gpu_memory";
+  if (t.gpu) return fmt::format(": the memory of an {}, --gpu {}", t.gpu->label, t.gpu->name);
+  return ": free on this GPU now + the overhead already in use";
+}
+
+// Without a budget: how to get one (CUDA only; the CPU has no memory figure to compare with).
+void print_no_budget_hint(const Target& t) {
+  if (t.kind == DeviceKind::CUDA)
+    fmt::print("\nno GPU here to compare with: give --gpu NAME ({}) or --gpu_memory SIZE\n",
+               known_gpu_names());
 }
 
 // Micro-batches of the sweep: powers of two up to max(64, configured), and the configured one.
@@ -111,6 +177,7 @@ int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Targ
   if (f.json) {
     json out = {{"device", device_name(t.kind)},
                 {"device_name", t.name},
+                {"gpu", t.gpu ? json(t.gpu->name) : json(nullptr)},
                 {"overhead_source", t.overhead_source},
                 {"budget_bytes", budget ? json(*budget) : json(nullptr)},
                 {"rows", json::array()}};
@@ -127,9 +194,9 @@ int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Targ
   fmt::print("Memory sweep for {}, {} tokens per sequence, effective batch {}, on {}\n", model_line(model),
              cfg.seq_len(), configured.effective_batch(), t.name);
   if (budget)
-    fmt::print("fits: total <= {} ({} bytes)\n", format_bytes(*budget), *budget);
+    fmt::print("fits: total <= {} ({} bytes{})\n", format_bytes(*budget), *budget, budget_note(t, f));
   else
-    fmt::print("fits: give --gpu_memory SIZE to compare with a budget\n");
+    fmt::print("fits: give --gpu NAME or --gpu_memory SIZE to compare with a budget\n");
   fmt::print("{:>6} {:>6} {:<16} {:<9} {:<9} {:>12} {:>12} {:>11} {:>11} {:>12} {:>5} {:>11}\n", "micro",
              "accum", "checkpointing", "precision", "optimizer", "model states", "activations", "workspace",
              "overhead", "total", "fits", "time/token");
@@ -161,6 +228,7 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
   if (f.json) {
     json j = estimate_json(e);
     j["device_name"] = t.name;
+    j["gpu"] = t.gpu ? json(t.gpu->name) : json(nullptr);
     j["overhead_source"] = t.overhead_source;
     j["budget_bytes"] = budget ? json(*budget) : json(nullptr);
     j["fits"] = budget ? json(fits) : json(nullptr);
@@ -180,15 +248,16 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
       precision_name(s.precision), optimizer_name(s.optimizer), t.name);
   fmt::print("{}", estimate_table(e, overhead_note(t)));
   if (budget) {
-    fmt::print(
-        "\n{} in {} ({} bytes{})\n", fits ? "fits" : "does NOT fit", format_bytes(*budget), *budget,
-        f.gpu_memory.empty() ? ": free on this GPU now + the overhead already in use" : ", --gpu_memory");
+    fmt::print("\n{} in {} ({} bytes{})\n", fits ? "fits" : "does NOT fit", format_bytes(*budget), *budget,
+               budget_note(t, f));
     if (!fits) {
       if (alternatives.empty()) fmt::print("no micro-batch / checkpointing combination fits\n");
       for (const MemoryEstimate& a : alternatives)
         fmt::print("  {}    # total {}, ~{:.2f}x time per token\n", a.scenario.flags_from(s),
                    format_bytes(a.total()), a.time_cost / e.time_cost);
     }
+  } else {
+    print_no_budget_hint(t);
   }
   fmt::print("\nbuffers:\n{}", e.plan.report(true));
   return 0;
@@ -203,10 +272,20 @@ Command make_estimate(CLI::App& parent) {
   flags->add_to(app);
   app->add_flag("--json", ef->json, "print the estimate as JSON");
   app->add_flag("--sweep", ef->sweep, "a table over micro-batch x checkpointing x precision x optimizer");
-  app->add_option("--gpu_memory", ef->gpu_memory,
-                  "memory to fit in, e.g. 80GiB, 81559MiB, 24GB (default: free memory of the GPU here)");
-  app->add_option("--overhead_bytes", ef->overhead_bytes,
-                  "CUDA context overhead to assume instead of measuring it (e.g. 560MiB)");
+  app->add_option("--gpu", ef->gpu,
+                  "plan for this GPU (" + known_gpu_names() +
+                      "): its memory is the budget, with a typical CUDA context overhead; no GPU needed here")
+      ->type_name("NAME");
+  app->add_option(
+         "--gpu_memory", ef->gpu_memory,
+         "memory to fit in, e.g. 80GiB, 81559MiB, 24GB (default: --gpu's, else the free memory of the GPU "
+         "here)")
+      ->type_name("SIZE");
+  app->add_option(
+         "--overhead_bytes", ef->overhead_bytes,
+         "CUDA context overhead to assume instead of measuring it, e.g. 560MiB (default without a GPU "
+         "here: 560.8 MiB, typical)")
+      ->type_name("SIZE");
   return {app, [flags, ef] {
             TrainConfig cfg = flags->resolve();
             RunModel rm = resolve_run_model(cfg);
@@ -215,11 +294,13 @@ Command make_estimate(CLI::App& parent) {
             // are planned.
             if (rm.config.is_bert() && !cfg.train_data.empty()) open_run_data(cfg, rm);
             const TransformerConfig model = rm.config;
-            const Target t = target_device(cfg.device, ef->overhead_bytes);
+            const Target t = target_device(cfg.device, *ef);
             // The budget for the total (arena + overhead).
             std::optional<size_t> budget;
             if (!ef->gpu_memory.empty())
               budget = parse_bytes(ef->gpu_memory, "--gpu_memory");
+            else if (t.gpu)
+              budget = t.gpu->memory_bytes;
             else if (t.available)
               budget = *t.available + t.overhead;
             return ef->sweep ? run_sweep(cfg, model, t, budget, *ef)

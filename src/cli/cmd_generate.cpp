@@ -1,8 +1,10 @@
 // anvil generate: sample text from a checkpoint or a Hugging Face GPT-2 directory.
+#include <limits>
 #include <memory>
 
 #include "anvil/rng.hpp"
 #include "cli/command.hpp"
+#include "cli/help.hpp"
 #include "data/tokenizer.hpp"
 #include "io/checkpoint.hpp"
 #include "train/engine.hpp"
@@ -49,11 +51,12 @@ Command make_generate(CLI::App& parent) {
       parent.add_subcommand("generate", "sample text from a checkpoint or Hugging Face GPT-2 directory");
   app->add_option("--checkpoint", a->checkpoint, "checkpoint or HF model directory")->required();
   app->add_option("--prompt", a->prompt, "text to continue");
-  app->add_option("--max_new_tokens", a->max_new_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app->add_option("--max_new_tokens", a->max_new_tokens, "tokens to generate")
+      ->check(non_negative_integer(std::numeric_limits<int>::max()));
   app->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   app->add_option("--top_k", a->top_k, "sample among the k most likely tokens (0 = all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_integer(std::numeric_limits<int>::max()));
   app->add_option("--seed", a->seed, "sampling seed");
   app->add_option("--device", a->device, "auto | cpu | cuda");
   app->add_option("--tokenizer", a->tokenizer,

@@ -7,19 +7,25 @@
 namespace anvil::cli {
 namespace {
 
+double mib(size_t bytes) {
+  return double(bytes) / (1 << 20);
+}
+
+// The seed's summary, every figure with its unit (memory in MiB throughout).
 void print_summary(const TrainSummary& s) {
   fmt::print("\n***** train metrics *****\n");
-  fmt::print("  Time: {:.2f}\n", s.train_runtime);
+  fmt::print("  Time: {:.2f} s\n", s.train_runtime);
   fmt::print("  Samples/second: {:.2f}\n", s.train_samples_per_second);
   fmt::print("  Tokens/second: {:.0f}\n", s.train_tokens_per_second);
   fmt::print("  train_loss: {:.4f}\n", s.train_loss);
-  fmt::print("  data wait: {:.3f}s ({:.2f}% of the time)\n", s.data_wait_seconds,
-             100.0 * s.data_wait_seconds / s.train_runtime);
+  fmt::print("  data wait: {:.3f} s ({:.2f}% of the time)\n", s.data_wait_seconds,
+             s.train_runtime > 0 ? 100.0 * s.data_wait_seconds / s.train_runtime : 0.0);
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
   if (s.eval_accuracy >= 0) fmt::print("  eval_accuracy: {:.4f}\n", s.eval_accuracy);
-  fmt::print("  {} memory occupied: {} MB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",
-             s.peak_memory_bytes >> 20);
-  fmt::print("  allocator peak: {} bytes (plan: {} bytes)\n", s.allocator_peak_bytes, s.planned_memory_bytes);
+  fmt::print("  {} memory occupied: {:.0f} MiB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",
+             mib(s.peak_memory_bytes));
+  fmt::print("  allocator peak: {:.1f} MiB (plan: {:.1f} MiB)\n", mib(s.allocator_peak_bytes),
+             mib(s.planned_memory_bytes));
   if (!s.last_checkpoint.empty()) fmt::print("  checkpoint: {}\n", s.last_checkpoint);
   if (!s.sample.empty()) fmt::print("\n***** sample *****\n{}\n", s.sample);
 }

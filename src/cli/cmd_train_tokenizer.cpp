@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "cli/command.hpp"
+#include "cli/help.hpp"
 #include "data/bpe_trainer.hpp"
 
 namespace anvil::cli {
@@ -23,19 +24,19 @@ Command make_train_tokenizer(CLI::App& parent) {
       ->required()
       ->allow_extra_args(false)
       ->expected(1, 1 << 20);
-  // Ranges checked on signed values: CLI11 would wrap "-5" into a huge unsigned one.
+  // Signs checked before conversion: CLI11 would wrap "-5" into a huge unsigned value.
   app->add_option("--vocab_size", a->options.vocab_size, "256 byte tokens + merges + special tokens")
       ->required()
-      ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
+      ->check(non_negative_integer(UINT32_MAX));
   app->add_option("--output", a->output, "the tokenizer.json to write")->required();
   app->add_option("--special_tokens", a->options.special_tokens,
                   "special tokens, e.g. \"<|endoftext|>\" (ids after the BPE tokens, in this order)")
       ->allow_extra_args(false)
       ->expected(1, 4096);
   app->add_option("--min_frequency", a->options.min_frequency, "stop when no pair occurs this many times")
-      ->check(CLI::Range(int64_t{0}, INT64_MAX));
+      ->check(non_negative_integer());
   app->add_option("--threads", a->options.threads, "threads for counting and merging (0 = all cores)")
-      ->check(CLI::Range(0, 4096));
+      ->check(integer_between(0, 4096));
   return {app, [a] {
             const data::TrainTokenizerStats s = data::train_tokenizer(a->inputs, a->output, a->options);
             fmt::print(

@@ -29,10 +29,22 @@ std::string type_name(const json& v) {
   return "null";
 }
 
+// Reads the values of one key. `source` names where the key was set: a config file (errors read
+// "FILE: 'key' must be ...") or a command-line flag such as "--learning_rate" (errors read "--learning_rate
+// must be ...", so a bad flag value is blamed on the flag, not on the config file it overrides).
 struct Reader {
-  const std::string& source;
+  std::string source;
+  std::string flag_key;  // the key the flag `source` sets; "" when `source` is a file
+
+  // The subject of an error about `key` (a nested key such as "model.n_layer" under a flag names both).
+  std::string subject(const std::string& key) const {
+    if (flag_key.empty()) return fmt::format("{}: '{}'", source, key);
+    return key == flag_key ? source : fmt::format("{}: '{}'", source, key);
+  }
   void expect(bool ok, const std::string& key, const json& v, const char* want) const {
-    ANVIL_REQUIRE(ok, "{}: '{}' must be {}, got {} ({})", source, key, want, type_name(v), v.dump());
+    if (flag_key.empty())
+      ANVIL_REQUIRE(ok, "{} must be {}, got {} ({})", subject(key), want, type_name(v), v.dump());
+    ANVIL_REQUIRE(ok, "{} must be {}, got {}", subject(key), want, v.dump());
   }
   int64_t integer(const std::string& key, const json& v) const {
     expect(
@@ -64,7 +76,7 @@ void set_model_from_string(TrainConfig& c, const Reader& r, const std::string& n
     try {
       c.model = TransformerConfig::preset(name);
     } catch (const Error& e) {
-      ANVIL_THROW("{}: 'model': {} (or give the path of a Hugging Face config.json)", r.source, e.what());
+      ANVIL_THROW("{}: {} (or give the path of a Hugging Face config.json)", r.subject("model"), e.what());
     }
     c.model_preset = name;
     c.vocab_from_tokenizer = true;
@@ -73,13 +85,13 @@ void set_model_from_string(TrainConfig& c, const Reader& r, const std::string& n
   }
   const std::string path = fs::is_directory(name) ? (fs::path(name) / "config.json").string() : name;
   std::ifstream f(path);
-  ANVIL_REQUIRE(f.good(), "{}: 'model': '{}' is neither a preset nor a readable config.json ({} not found)",
-                r.source, name, path);
+  ANVIL_REQUIRE(f.good(), "{}: '{}' is neither a preset nor a readable config.json ({} not found)",
+                r.subject("model"), name, path);
   json j;
   try {
     j = json::parse(f);
   } catch (const json::parse_error& e) {
-    ANVIL_THROW("{}: 'model': {} is not valid JSON: {}", r.source, path, e.what());
+    ANVIL_THROW("{}: {} is not valid JSON: {}", r.subject("model"), path, e.what());
   }
   c.model = TransformerConfig::from_hf_json(j, path);
   c.model_preset.clear();
@@ -93,8 +105,8 @@ void set_model_from_string(TrainConfig& c, const Reader& r, const std::string& n
 void set_model_from_object(TrainConfig& c, const Reader& r, const json& v) {
   std::string family = "gpt2";
   if (v.contains("family")) family = r.string("model.family", v["family"]);
-  ANVIL_REQUIRE(family == "gpt2" || family == "bert", "{}: 'model.family' must be gpt2 or bert, got '{}'",
-                r.source, family);
+  ANVIL_REQUIRE(family == "gpt2" || family == "bert", "{} must be gpt2 or bert, got '{}'",
+                r.subject("model.family"), family);
   TransformerConfig m = TransformerConfig::preset(family == "bert" ? "bert-tiny" : "tiny");
   static const std::vector<std::string> model_keys = {"family",
                                                       "n_layer",
@@ -165,7 +177,7 @@ void set_model_from_object(TrainConfig& c, const Reader& r, const json& v) {
   }
   // Names without a count fix the count.
   if (v.contains("label_names") && !v.contains("num_labels")) m.num_labels = int(m.label_names.size());
-  m.validate(r.source + ": model");
+  m.validate(r.flag_key.empty() ? r.source + ": model" : r.source);
   c.model = m;
   c.model_preset.clear();
   c.vocab_from_tokenizer = !v.contains("vocab_size");
@@ -181,7 +193,7 @@ const std::map<std::string, Setter>& setters() {
         const int64_t i = r.integer(key, v);
         ANVIL_REQUIRE(
             i >= int64_t(std::numeric_limits<T>::min()) && i <= int64_t(std::numeric_limits<T>::max()),
-            "{}: '{}' is out of range, got {}", r.source, key, i);
+            "{} is out of range, got {}", r.subject(key), i);
         c.*member = static_cast<T>(i);
       };
     };
@@ -254,7 +266,7 @@ const std::map<std::string, Setter>& setters() {
     bool_field("adafactor_warmup_init", &TrainConfig::adafactor_warmup_init);
     t["seed"] = [](TrainConfig& c, const Reader& r, const std::string& key, const json& v) {
       const int64_t s = r.integer(key, v);
-      ANVIL_REQUIRE(s >= 0, "{}: 'seed' must be >= 0, got {}", r.source, s);
+      ANVIL_REQUIRE(s >= 0, "{} must be >= 0, got {}", r.subject(key), s);
       c.seed = uint64_t(s);
     };
     str_field("output_dir", &TrainConfig::output_dir);
@@ -302,8 +314,8 @@ const std::map<std::string, Setter>& setters() {
             pos = 0;
           }
           ANVIL_REQUIRE(pos > 0 && pos == item.size(),
-                        "{}: '{}' must be a list of step numbers (e.g. 3,4,5), got \"{}\" (bad item \"{}\")",
-                        r.source, key, text, item);
+                        "{} must be a list of step numbers (e.g. 3,4,5), got \"{}\" (bad item \"{}\")",
+                        r.subject(key), text, item);
           list.push_back(step);
           start = end + 1;
         }
@@ -312,7 +324,7 @@ const std::map<std::string, Setter>& setters() {
       std::set<int64_t> steps;
       for (const json& item : list) {
         const int64_t step = r.integer(key, item);
-        ANVIL_REQUIRE(step >= 1, "{}: '{}' holds 1-based global step numbers, got {}", r.source, key, step);
+        ANVIL_REQUIRE(step >= 1, "{} holds 1-based global step numbers, got {}", r.subject(key), step);
         steps.insert(step);
       }
       c.debug_inject_overflow_steps.assign(steps.begin(), steps.end());
@@ -369,13 +381,18 @@ const std::map<std::string, std::string>& TrainConfig::key_aliases() {
   return aliases;
 }
 
-TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
+TrainConfig TrainConfig::from_json(const json& j, const std::string& source,
+                                   const std::map<std::string, std::string>& key_sources) {
   ANVIL_REQUIRE(j.is_object(), "{}: the config must be a JSON object, got {}", source, type_name(j));
   TrainConfig c;
-  const Reader r{source};
+  const auto reader = [&](const std::string& key) {
+    const auto it = key_sources.find(key);
+    if (it == key_sources.end()) return Reader{source, ""};
+    return Reader{it->second, it->second.starts_with("--") ? key : ""};
+  };
   const auto& table = setters();
   // "model" first, so that keys depending on it (e.g. max_seq_length) validate against the right shape.
-  if (j.contains("model")) table.at("model")(c, r, "model", j["model"]);
+  if (j.contains("model")) table.at("model")(c, reader("model"), "model", j["model"]);
   std::set<std::string> given;
   for (auto& [name, value] : j.items()) {
     // An alias sets its key (and may not disagree with it).
@@ -387,7 +404,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
                     key, j[key].dump());
     }
     given.insert(key);
-    c.origin[key] = source;
+    const Reader r = reader(key);
+    c.origin[key] = r.source;
     if (key == "model") continue;
     auto it = table.find(key);
     if (it == table.end()) {
@@ -421,40 +439,63 @@ TrainConfig TrainConfig::from_file(const std::string& path) {
 }
 
 void TrainConfig::validate(const std::string& s) const {
-  model.validate(s + ": model");
-  ANVIL_REQUIRE(per_device_train_batch_size >= 1, "{}: per_device_train_batch_size must be >= 1, got {}", s,
-                per_device_train_batch_size);
-  ANVIL_REQUIRE(per_device_eval_batch_size >= 0, "{}: per_device_eval_batch_size must be >= 0, got {}", s,
-                per_device_eval_batch_size);
-  ANVIL_REQUIRE(gradient_accumulation_steps >= 1, "{}: gradient_accumulation_steps must be >= 1, got {}", s,
-                gradient_accumulation_steps);
+  // A key given as a flag is blamed on the flag ("--learning_rate must be ..."), a key from the config after
+  // `s` ("run.json: learning_rate must be ..."); a check of several keys names the flags among them, else
+  // `s`.
+  const auto from_flag = [&](const std::string& key) -> const std::string* {
+    const auto it = origin.find(key);
+    return it != origin.end() && it->second.starts_with("--") ? &it->second : nullptr;
+  };
+  const auto subject = [&](const std::string& key) {
+    const std::string* flag = from_flag(key);
+    return flag ? *flag : s + ": " + key;
+  };
+  const auto blame = [&](std::initializer_list<const char*> keys) {
+    std::vector<std::string> flags;
+    for (const char* key : keys)
+      if (const std::string* flag = from_flag(key)) flags.push_back(*flag);
+    return flags.empty() ? s : fmt::format("{}", fmt::join(flags, ", "));
+  };
+  model.validate(from_flag("model") ? *from_flag("model") : s + ": model");
+  ANVIL_REQUIRE(per_device_train_batch_size >= 1, "{} must be >= 1, got {}",
+                subject("per_device_train_batch_size"), per_device_train_batch_size);
+  ANVIL_REQUIRE(per_device_eval_batch_size >= 0, "{} must be >= 0, got {}",
+                subject("per_device_eval_batch_size"), per_device_eval_batch_size);
+  ANVIL_REQUIRE(gradient_accumulation_steps >= 1, "{} must be >= 1, got {}",
+                subject("gradient_accumulation_steps"), gradient_accumulation_steps);
   try {
     (void)profile_range();
   } catch (const Error& e) {
-    ANVIL_THROW("{}: {}", s, e.what());
+    ANVIL_THROW("{}: {}", blame({"profile_steps"}), e.what());
   }
-  ANVIL_REQUIRE(peak_flops >= 0, "{}: peak_flops must be >= 0 (0: automatic), got {}", s, peak_flops);
-  ANVIL_REQUIRE(memory_trace_step >= 1, "{}: memory_trace_step must be >= 1 (a 1-based global step), got {}",
-                s, memory_trace_step);
-  ANVIL_REQUIRE(max_seq_length >= 0 && max_seq_length <= model.block_size,
-                "{}: max_seq_length must be between 1 and the model's block_size {}, got {}", s,
+  ANVIL_REQUIRE(peak_flops >= 0, "{} must be >= 0 (0: automatic), got {}", subject("peak_flops"), peak_flops);
+  ANVIL_REQUIRE(memory_trace_step >= 1, "{} must be >= 1 (a 1-based global step), got {}",
+                subject("memory_trace_step"), memory_trace_step);
+  // Weights from a directory bring their own block_size: resolve_run_model checks against it.
+  const bool shape_from_weights = !init_from.empty() || !resume_from_checkpoint.empty();
+  ANVIL_REQUIRE(max_seq_length >= 0 && (shape_from_weights || max_seq_length <= model.block_size),
+                "{} must be between 1 and the model's block_size {}, got {}", subject("max_seq_length"),
                 model.block_size, max_seq_length);
   ANVIL_REQUIRE(gradient_checkpointing_mode == "full" || gradient_checkpointing_mode == "selective",
-                "{}: gradient_checkpointing_mode must be full or selective, got '{}'", s,
+                "{} must be full or selective, got '{}'", subject("gradient_checkpointing_mode"),
                 gradient_checkpointing_mode);
-  ANVIL_REQUIRE(gradient_checkpointing_every >= 1, "{}: gradient_checkpointing_every must be >= 1, got {}", s,
-                gradient_checkpointing_every);
+  ANVIL_REQUIRE(gradient_checkpointing_every >= 1, "{} must be >= 1, got {}",
+                subject("gradient_checkpointing_every"), gradient_checkpointing_every);
   ANVIL_REQUIRE(dataloader_num_workers >= 0 && dataloader_num_workers <= 256,
-                "{}: dataloader_num_workers must be between 0 and 256, got {}", s, dataloader_num_workers);
-  ANVIL_REQUIRE(max_steps == -1 || max_steps >= 1,
-                "{}: max_steps must be >= 1 (or -1 to use num_train_epochs), got {}", s, max_steps);
-  ANVIL_REQUIRE(num_train_epochs > 0, "{}: num_train_epochs must be > 0, got {}", s, num_train_epochs);
-  ANVIL_REQUIRE(learning_rate >= 0 && learning_rate < 10, "{}: learning_rate must be in [0, 10), got {}", s,
-                learning_rate);
-  ANVIL_REQUIRE(weight_decay >= 0, "{}: weight_decay must be >= 0, got {}", s, weight_decay);
-  ANVIL_REQUIRE(adam_beta1 >= 0 && adam_beta1 < 1, "{}: adam_beta1 must be in [0, 1), got {}", s, adam_beta1);
-  ANVIL_REQUIRE(adam_beta2 >= 0 && adam_beta2 < 1, "{}: adam_beta2 must be in [0, 1), got {}", s, adam_beta2);
-  ANVIL_REQUIRE(adam_epsilon > 0, "{}: adam_epsilon must be > 0, got {}", s, adam_epsilon);
+                "{} must be between 0 and 256, got {}", subject("dataloader_num_workers"),
+                dataloader_num_workers);
+  ANVIL_REQUIRE(max_steps == -1 || max_steps >= 1, "{} must be >= 1 (or -1 to use num_train_epochs), got {}",
+                subject("max_steps"), max_steps);
+  ANVIL_REQUIRE(num_train_epochs > 0, "{} must be > 0, got {}", subject("num_train_epochs"),
+                num_train_epochs);
+  ANVIL_REQUIRE(learning_rate >= 0 && learning_rate < 10, "{} must be in [0, 10), got {}",
+                subject("learning_rate"), learning_rate);
+  ANVIL_REQUIRE(weight_decay >= 0, "{} must be >= 0, got {}", subject("weight_decay"), weight_decay);
+  ANVIL_REQUIRE(adam_beta1 >= 0 && adam_beta1 < 1, "{} must be in [0, 1), got {}", subject("adam_beta1"),
+                adam_beta1);
+  ANVIL_REQUIRE(adam_beta2 >= 0 && adam_beta2 < 1, "{} must be in [0, 1), got {}", subject("adam_beta2"),
+                adam_beta2);
+  ANVIL_REQUIRE(adam_epsilon > 0, "{} must be > 0, got {}", subject("adam_epsilon"), adam_epsilon);
   try {
     const OptimizerKind kind = parse_optimizer(optim);
     ANVIL_REQUIRE(!adamw_bf16_moments || kind == OptimizerKind::AdamW,
@@ -462,82 +503,87 @@ void TrainConfig::validate(const std::string& s) const {
     ANVIL_REQUIRE(kind == OptimizerKind::SGD || (momentum == 0 && dampening == 0 && !nesterov),
                   "momentum, dampening and nesterov apply to optim sgd, not {}", optim);
   } catch (const Error& e) {
-    ANVIL_THROW("{}: {}", s, e.what());
+    ANVIL_THROW("{}: {}", blame({"optim", "adamw_bf16_moments", "momentum", "dampening", "nesterov"}),
+                e.what());
   }
   ANVIL_REQUIRE(
       no_decay_lr_multiplier >= 0 && embedding_lr_multiplier >= 0,
-      "{}: the lr multipliers must be >= 0, got no_decay_lr_multiplier {} and embedding_lr_multiplier {}", s,
-      no_decay_lr_multiplier, embedding_lr_multiplier);
-  ANVIL_REQUIRE(optim_8bit_min_size >= 0, "{}: optim_8bit_min_size must be >= 0, got {}", s,
+      "{}: the lr multipliers must be >= 0, got no_decay_lr_multiplier {} and embedding_lr_multiplier {}",
+      blame({"no_decay_lr_multiplier", "embedding_lr_multiplier"}), no_decay_lr_multiplier,
+      embedding_lr_multiplier);
+  ANVIL_REQUIRE(optim_8bit_min_size >= 0, "{} must be >= 0, got {}", subject("optim_8bit_min_size"),
                 optim_8bit_min_size);
   ANVIL_REQUIRE(momentum >= 0 && dampening >= 0 && dampening <= 1,
-                "{}: momentum must be >= 0 and dampening in [0, 1], got {} and {}", s, momentum, dampening);
+                "{}: momentum must be >= 0 and dampening in [0, 1], got {} and {}",
+                blame({"momentum", "dampening"}), momentum, dampening);
   ANVIL_REQUIRE(!nesterov || (momentum > 0 && dampening == 0),
                 "{}: nesterov needs momentum > 0 and dampening 0 (as PyTorch), got momentum {} dampening {}",
-                s, momentum, dampening);
+                blame({"nesterov", "momentum", "dampening"}), momentum, dampening);
   ANVIL_REQUIRE(adafactor_eps1 > 0 && adafactor_eps2 > 0 && adafactor_clip_threshold > 0,
-                "{}: adafactor_eps1, adafactor_eps2 and adafactor_clip_threshold must be > 0", s);
-  ANVIL_REQUIRE(adafactor_decay_rate < 0, "{}: adafactor_decay_rate must be < 0 (HF default -0.8), got {}", s,
-                adafactor_decay_rate);
-  ANVIL_REQUIRE(adafactor_beta1 < 1, "{}: adafactor_beta1 must be < 1 (negative: no first moment), got {}", s,
-                adafactor_beta1);
+                "{}: adafactor_eps1, adafactor_eps2 and adafactor_clip_threshold must be > 0",
+                blame({"adafactor_eps1", "adafactor_eps2", "adafactor_clip_threshold"}));
+  ANVIL_REQUIRE(adafactor_decay_rate < 0, "{} must be < 0 (HF default -0.8), got {}",
+                subject("adafactor_decay_rate"), adafactor_decay_rate);
+  ANVIL_REQUIRE(adafactor_beta1 < 1, "{} must be < 1 (negative: no first moment), got {}",
+                subject("adafactor_beta1"), adafactor_beta1);
   ANVIL_REQUIRE(!adafactor_warmup_init || adafactor_relative_step,
-                "{}: adafactor_warmup_init needs adafactor_relative_step (as in transformers)", s);
-  ANVIL_REQUIRE(warmup_steps >= 0, "{}: warmup_steps must be >= 0, got {}", s, warmup_steps);
-  ANVIL_REQUIRE(
-      lr_scheduler_type == "constant" || lr_scheduler_type == "constant_with_warmup" ||
-          lr_scheduler_type == "linear" || lr_scheduler_type == "cosine",
-      "{}: lr_scheduler_type '{}' is not supported (constant, constant_with_warmup, linear, cosine)", s,
-      lr_scheduler_type);
-  ANVIL_REQUIRE(max_grad_norm >= 0, "{}: max_grad_norm must be >= 0 (0 disables clipping), got {}", s,
+                "{}: adafactor_warmup_init needs adafactor_relative_step (as in transformers)",
+                blame({"adafactor_warmup_init", "adafactor_relative_step"}));
+  ANVIL_REQUIRE(warmup_steps >= 0, "{} must be >= 0, got {}", subject("warmup_steps"), warmup_steps);
+  ANVIL_REQUIRE(lr_scheduler_type == "constant" || lr_scheduler_type == "constant_with_warmup" ||
+                    lr_scheduler_type == "linear" || lr_scheduler_type == "cosine",
+                "{} '{}' is not supported (constant, constant_with_warmup, linear, cosine)",
+                subject("lr_scheduler_type"), lr_scheduler_type);
+  ANVIL_REQUIRE(max_grad_norm >= 0, "{} must be >= 0 (0 disables clipping), got {}", subject("max_grad_norm"),
                 max_grad_norm);
-  ANVIL_REQUIRE(logging_steps >= 1, "{}: logging_steps must be >= 1, got {}", s, logging_steps);
-  ANVIL_REQUIRE(save_total_limit >= 0, "{}: save_total_limit must be >= 0 (0 keeps every checkpoint), got {}",
-                s, save_total_limit);
-  ANVIL_REQUIRE(save_steps >= 0, "{}: save_steps must be >= 0, got {}", s, save_steps);
-  ANVIL_REQUIRE(save_strategy == "steps" || save_strategy == "no",
-                "{}: save_strategy must be steps or no, got '{}'", s, save_strategy);
-  ANVIL_REQUIRE(eval_steps >= 0, "{}: eval_steps must be >= 0, got {}", s, eval_steps);
-  ANVIL_REQUIRE(max_eval_batches >= 0, "{}: max_eval_batches must be >= 0 (0: the default), got {}", s,
-                max_eval_batches);
+  ANVIL_REQUIRE(logging_steps >= 1, "{} must be >= 1, got {}", subject("logging_steps"), logging_steps);
+  ANVIL_REQUIRE(save_total_limit >= 0, "{} must be >= 0 (0 keeps every checkpoint), got {}",
+                subject("save_total_limit"), save_total_limit);
+  ANVIL_REQUIRE(save_steps >= 0, "{} must be >= 0, got {}", subject("save_steps"), save_steps);
+  ANVIL_REQUIRE(save_strategy == "steps" || save_strategy == "no", "{} must be steps or no, got '{}'",
+                subject("save_strategy"), save_strategy);
+  ANVIL_REQUIRE(eval_steps >= 0, "{} must be >= 0, got {}", subject("eval_steps"), eval_steps);
+  ANVIL_REQUIRE(max_eval_batches >= 0, "{} must be >= 0 (0: the default), got {}",
+                subject("max_eval_batches"), max_eval_batches);
   ANVIL_REQUIRE(
       fp32_matmul.empty() || fp32_matmul == "fp32" || fp32_matmul == "tf32" || fp32_matmul == "3xtf32",
-      "{}: fp32_matmul must be fp32, tf32 or 3xtf32, got '{}'", s, fp32_matmul);
+      "{} must be fp32, tf32 or 3xtf32, got '{}'", subject("fp32_matmul"), fp32_matmul);
   ANVIL_REQUIRE(!tf32 || fp32_matmul.empty() || fp32_matmul == "tf32",
-                "{}: tf32 true asks for TF32 matmuls but fp32_matmul is '{}'; set one of them", s,
-                fp32_matmul);
+                "{}: tf32 true asks for TF32 matmuls but fp32_matmul is '{}'; set one of them",
+                blame({"tf32", "fp32_matmul"}), fp32_matmul);
   ANVIL_REQUIRE(device == "auto" || device == "cpu" || device == "cuda",
-                "{}: device must be auto, cpu or cuda, got '{}'", s, device);
-  ANVIL_REQUIRE(!output_dir.empty(), "{}: output_dir must not be empty", s);
-  ANVIL_REQUIRE(sample_max_new_tokens >= 0, "{}: sample_max_new_tokens must be >= 0, got {}", s,
+                "{} must be auto, cpu or cuda, got '{}'", subject("device"), device);
+  ANVIL_REQUIRE(!output_dir.empty(), "{} must not be empty", subject("output_dir"));
+  ANVIL_REQUIRE(sample_max_new_tokens >= 0, "{} must be >= 0, got {}", subject("sample_max_new_tokens"),
                 sample_max_new_tokens);
-  ANVIL_REQUIRE(sample_temperature >= 0, "{}: sample_temperature must be >= 0, got {}", s,
+  ANVIL_REQUIRE(sample_temperature >= 0, "{} must be >= 0, got {}", subject("sample_temperature"),
                 sample_temperature);
-  ANVIL_REQUIRE(sample_top_k >= 0, "{}: sample_top_k must be >= 0, got {}", s, sample_top_k);
+  ANVIL_REQUIRE(sample_top_k >= 0, "{} must be >= 0, got {}", subject("sample_top_k"), sample_top_k);
 
   // Precision.
   ANVIL_REQUIRE(!(fp16 && bf16), "{}: fp16 and bf16 are both true; choose one (bf16 needs no loss scaling)",
-                s);
+                blame({"fp16", "bf16"}));
   ANVIL_REQUIRE(
       !stochastic_rounding || bf16,
       "{}: stochastic_rounding rounds bf16 weights, so it needs bf16 true (got stochastic_rounding true "
       "with {})",
-      s, precision());
+      blame({"stochastic_rounding", "bf16"}), precision());
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
-                "{}: grad_accum_dtype must be fp32, bf16 or fp16, got '{}'", s, grad_accum_dtype);
+                "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
   ANVIL_REQUIRE(
       grad_accum_dtype == "fp32" || grad_accum_dtype == precision(),
       "{}: grad_accum_dtype '{}' needs {} true (16-bit gradient accumulation uses the 16-bit type in "
       "use; the precision is {})",
-      s, grad_accum_dtype, grad_accum_dtype, precision());
-  loss_scaler().validate(s);
+      blame({"grad_accum_dtype", "fp16", "bf16"}), grad_accum_dtype, grad_accum_dtype, precision());
+  loss_scaler().validate(blame({"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                                "consecutive_hysteresis", "min_loss_scale", "max_overflows_at_min_scale"}));
   ANVIL_REQUIRE(
       debug_inject_overflow_steps.empty() || fp16,
       "{}: debug_inject_overflow_steps needs fp16 true (only the fp16 loss scaler skips overflowing steps)",
-      s);
+      blame({"debug_inject_overflow_steps", "fp16"}));
   for (const int64_t step : debug_inject_overflow_steps)
-    ANVIL_REQUIRE(step >= 1, "{}: debug_inject_overflow_steps holds 1-based global step numbers, got {}", s,
-                  step);
+    ANVIL_REQUIRE(step >= 1, "{} holds 1-based global step numbers, got {}",
+                  subject("debug_inject_overflow_steps"), step);
 }
 
 LossScalerConfig TrainConfig::loss_scaler() const {
@@ -684,6 +730,12 @@ std::pair<int64_t, int64_t> TrainConfig::profile_range() const {
 }
 
 void set_config_override(json& j, const std::string& key, const std::string& value) {
+  // `--output_dir 2024` or `--sample_prompt true` are strings, not a number or a boolean.
+  static const json defaults = TrainConfig().to_json();
+  if (const auto d = defaults.find(key); d != defaults.end() && d->is_string()) {
+    j[key] = value;
+    return;
+  }
   json v;
   if (value == "true" || value == "false") {
     v = value == "true";

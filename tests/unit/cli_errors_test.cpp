@@ -43,11 +43,114 @@ class CliErrors : public ::testing::Test {
 TEST_F(CliErrors, GoodRunSucceeds) {
   const test::CommandResult r = test::run_anvil(base);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Samples/second"), std::string::npos) << r.output;
+  // The summary states its units.
+  for (const char* needle : {"Samples/second", "  Time: ", " s\n", "data wait: ", "memory occupied: ",
+                             " MiB.\n", "allocator peak: ", " MiB (plan: "})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }
 
 TEST_F(CliErrors, MissingConfigFile) {
-  expect_failure("train --config " + (dir / "none.json"), "none.json");
+  expect_failure("train --config " + (dir / "none.json"),
+                 "--config " + (dir / "none.json") + ": no such file");
+}
+
+TEST_F(CliErrors, ConfigIsADirectory) {
+  expect_failure("train --config " + dir.str(),
+                 "--config " + dir.str() + ": is a directory; give a JSON config file");
+}
+
+// Command-line errors: exit status 1 and exactly one line, `error: ...`.
+void expect_one_line_error(const std::string& args, const std::string& message) {
+  const test::CommandResult r = test::run_anvil(args);
+  EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+  EXPECT_EQ(r.output, "error: " + message + "\n") << args;
+}
+
+TEST_F(CliErrors, UnknownFlagSuggestsTheNearest) {
+  expect_one_line_error("train --learing_rate 3e-4",
+                        "unknown flag --learing_rate (did you mean --learning_rate?)");
+  expect_one_line_error(
+      "estimate --per_device_train_batch_sise=4",
+      "unknown flag --per_device_train_batch_sise (did you mean --per_device_train_batch_size?)");
+  expect_one_line_error("generate --checkpoint x --top-k 3", "unknown flag --top-k (did you mean --top_k?)");
+  expect_one_line_error("train --zzzzzzzz",
+                        "unknown flag --zzzzzzzz; run 'anvil train --help' for the flags");
+  expect_one_line_error("train stray", "unexpected argument 'stray'; run 'anvil train --help' for the flags");
+}
+
+TEST_F(CliErrors, UnknownCommandSuggestsTheNearest) {
+  expect_one_line_error("trian", "unknown command 'trian' (did you mean 'train'?)");
+  expect_one_line_error(
+      "--max_steps 3",
+      "unknown flag --max_steps: flags go after a command (anvil COMMAND --flags); run 'anvil "
+      "--help' for the commands");
+}
+
+TEST_F(CliErrors, ValuesAreCheckedWithoutNumericLimits) {
+  expect_one_line_error("generate --checkpoint x --top_k -3",
+                        "--top_k must be a non-negative integer, got -3");
+  expect_one_line_error("generate --checkpoint x --temperature -1",
+                        "--temperature must be a non-negative number, got -1");
+  expect_one_line_error("generate --checkpoint x --max_new_tokens abc",
+                        "--max_new_tokens must be a non-negative integer, got abc");
+  expect_one_line_error("generate --checkpoint x --seed -1", "--seed must be a non-negative integer, got -1");
+  expect_one_line_error("prepare-data --input x --output y --val_fraction lots",
+                        "--val_fraction must be a number, got lots");
+  expect_one_line_error("train --learning_rate", "--learning_rate needs a value");
+  expect_one_line_error("generate --top_k 3", "--checkpoint is required");
+}
+
+TEST_F(CliErrors, BadFlagValueIsBlamedOnTheFlag) {
+  test::write_file(dir / "c.json", "{\"max_steps\": 2}");
+  expect_one_line_error(base + " --config " + (dir / "c.json") + " --learning_rate abc",
+                        "--learning_rate must be a number, got \"abc\"");
+  expect_one_line_error(base + " --config " + (dir / "c.json") + " --fp16 maybe",
+                        "--fp16 must be true or false, got \"maybe\"");
+  expect_one_line_error(base + " --max_steps 2.5", "--max_steps must be an integer, got 2.5");
+  expect_one_line_error(base + " --init_from a --model_name_or_path b",
+                        "--init_from and --model_name_or_path name the same setting; give one");
+  // The same value in the file is blamed on the file.
+  test::write_file(dir / "bad.json", "{\"learning_rate\": \"abc\"}");
+  expect_one_line_error(base + " --config " + (dir / "bad.json"),
+                        dir / "bad.json" + ": 'learning_rate' must be a number, got a string (\"abc\")");
+  EXPECT_FALSE(fs::exists(out()));
+}
+
+TEST_F(CliErrors, BareBooleanFlags) {
+  // Given alone, before another flag or at the end of the line, a boolean flag means true.
+  const std::string estimate =
+      "estimate --device cpu --model '{\"n_layer\":1,\"n_head\":2,\"n_embd\":16,\"block_size\":16}' --json";
+  test::CommandResult r =
+      test::run_anvil(estimate + " --gradient_checkpointing --per_device_train_batch_size 2 --bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"checkpointing\": \"full\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"precision\": \"bf16\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"micro_batch\": 2"), std::string::npos) << r.output;
+  r = test::run_anvil(estimate + " --gradient_checkpointing false");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"checkpointing\": \"none\""), std::string::npos) << r.output;
+}
+
+TEST_F(CliErrors, HelpAndCommandList) {
+  for (const std::string& args : {std::string(""), std::string("--help")}) {
+    const test::CommandResult r = test::run_anvil(args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Commands:"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("  train "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("  estimate "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("train a model"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("config-reference"), std::string::npos) << "a hidden command is listed:\n"
+                                                                    << r.output;
+  }
+  const test::CommandResult train = test::run_anvil("train --help");
+  EXPECT_EQ(train.exit_code, 0);
+  EXPECT_EQ(train.output.find("debug_inject_overflow_steps"), std::string::npos) << "a test hook is listed";
+  // The test hook is still accepted.
+  EXPECT_EQ(test::run_anvil(base + " --fp16 --debug_inject_overflow_steps 1").exit_code, 0);
+  const test::CommandResult generate = test::run_anvil("generate --help");
+  EXPECT_EQ(generate.exit_code, 0);
+  EXPECT_NE(generate.output.find("(default: 40)"), std::string::npos) << generate.output;
+  EXPECT_NE(generate.output.find("(default: \\n)"), std::string::npos) << generate.output;
 }
 
 TEST_F(CliErrors, UnknownConfigKey) {
@@ -56,7 +159,7 @@ TEST_F(CliErrors, UnknownConfigKey) {
 }
 
 TEST_F(CliErrors, BadValueOnTheCommandLine) {
-  expect_failure(base + " --learning_rate -3", "learning_rate");
+  expect_failure(base + " --learning_rate -3", "--learning_rate must be in [0, 10), got -3");
 }
 
 TEST_F(CliErrors, MissingTrainData) {
