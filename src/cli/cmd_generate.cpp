@@ -35,6 +35,12 @@ int run_generate(const GenerateArgs& a) {
   io::load_model_weights(a.checkpoint, engine.gpt(), engine.device());
   std::string spec = a.tokenizer.empty() ? io::find_tokenizer_file(a.checkpoint) : a.tokenizer;
   const auto tok = data::load_tokenizer(spec.empty() ? "bytes" : spec);
+  // Ids of another vocabulary decode to other text (or fail half-way): the model's vocabulary is the
+  // tokenizer's, as training makes it.
+  ANVIL_REQUIRE(tok->vocab_size() == uint64_t(cfg.vocab_size),
+                "the tokenizer '{}' has {} tokens but the model in {} has a vocabulary of {}: its ids would "
+                "decode to other text; give the tokenizer the model was trained with (--tokenizer)",
+                spec.empty() ? "bytes" : spec, tok->vocab_size(), a.checkpoint, cfg.vocab_size);
   std::vector<int32_t> prompt;
   for (uint32_t id : tok->encode(a.prompt)) prompt.push_back(int32_t(id));
   ANVIL_REQUIRE(!prompt.empty(), "--prompt must not be empty");

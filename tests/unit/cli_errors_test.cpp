@@ -1,5 +1,6 @@
 // Bad input through the `anvil` command: one clear message naming the file/field/value, a non-zero
 // exit code, and no partial output left behind.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -208,6 +209,21 @@ TEST_F(CliErrors, CheckpointShapesDisagreeWithConfig) {
 TEST_F(CliErrors, ResumeFromSomethingThatIsNotACheckpoint) {
   fs::create_directories(dir / "empty");
   expect_failure(base + " --resume_from_checkpoint " + (dir / "empty"), "trainer_state.json");
+}
+
+TEST_F(CliErrors, GenerateWithAnotherVocabularyIsRefused) {
+  ASSERT_EQ(test::run_anvil(with_data(dir / "data/train.bin", dir / "ok")).exit_code, 0);
+  const std::string ck = dir / "ok/checkpoint-2";  // a byte-level model: vocabulary 256
+  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n";
+  for (int i = 0; i < 300; ++i) vocab += fmt::format("w{}\n", i);
+  test::write_file(dir / "vocab.txt", vocab);
+  const std::string gen = "generate --device cpu --max_new_tokens 4 --checkpoint " + ck;
+  EXPECT_EQ(test::run_anvil(gen + " --prompt ab").exit_code, 0);
+  const test::CommandResult r = test::run_anvil(gen + " --prompt w1 --tokenizer " + (dir / "vocab.txt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("has 304 tokens but the model in " + ck + " has a vocabulary of 256"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(CliErrors, GenerateFromMissingCheckpoint) {
