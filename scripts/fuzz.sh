@@ -15,10 +15,12 @@ seconds="${1:-20}"
 declare -A max_len=(
   [fuzz_safetensors]=4096 [fuzz_tokenizer_json]=8192 [fuzz_tokenizer_encode]=2048
   [fuzz_token_shard]=1024 [fuzz_classification_shard]=1024 [fuzz_csv_jsonl]=4096
+  [fuzz_train_config]=4096 [fuzz_train_flags]=1024 [fuzz_trainer_state]=4096
 )
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(fuzz_safetensors fuzz_tokenizer_json fuzz_tokenizer_encode fuzz_token_shard
-                                     fuzz_classification_shard fuzz_csv_jsonl)
+                                     fuzz_classification_shard fuzz_csv_jsonl fuzz_train_config fuzz_train_flags
+                                     fuzz_trainer_state)
 
 cxx="${FUZZ_CXX:-}"
 if [ -z "$cxx" ]; then

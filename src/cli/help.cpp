@@ -156,6 +156,25 @@ std::string one_line(std::string msg) {
   return msg;
 }
 
+// The user's arguments are echoed in messages: their control characters (a newline inside a quoted
+// argument, say) are written as escapes, so that the message stays one line and shows what was typed.
+std::string escape_control_characters(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    else
+      out += c;
+  }
+  return out;
+}
+
 }  // namespace
 
 HelpFormatter::HelpFormatter() {
@@ -228,7 +247,9 @@ void check_numeric_options(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) check_numeric_options(*sub);
 }
 
-std::string parse_error_message(const CLI::ParseError& e, CLI::App& root) {
+namespace {
+
+std::string describe_parse_error(const CLI::ParseError& e, CLI::App& root) {
   CLI::App* cmd = chosen_command(root);
   const std::string msg = one_line(e.what());
   if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
@@ -262,6 +283,12 @@ std::string parse_error_message(const CLI::ParseError& e, CLI::App& root) {
       return msg.substr(to + 14, msg.size() - to - 14 - 7) + " needs a value";
   }
   return msg;
+}
+
+}  // namespace
+
+std::string parse_error_message(const CLI::ParseError& e, CLI::App& root) {
+  return escape_control_characters(describe_parse_error(e, root));
 }
 
 }  // namespace anvil::cli

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "io/bert_checkpoint.hpp"
+#include "io/trainer_state.hpp"
 #include "model/gpt_model.hpp"
 #include "model/model.hpp"
 #include "optim/optimizer.hpp"
@@ -52,26 +53,5 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
 std::string find_tokenizer_file(const std::string& dir);
 // The Hugging Face file name for a tokenizer file: vocab.txt for *.txt, else tokenizer.json.
 std::string tokenizer_file_name(const std::string& path);
-
-// trainer_state.json, validated: every field the trainer reads has its type and range checked here, so a
-// resume never starts from a corrupt or hand-edited state (a negative step, a fractional position...).
-struct TrainerState {
-  int64_t global_step = 0;                      // >= 0: the optimizer steps done
-  int64_t total_steps = -1;                     // the run's planned steps (-1: not recorded)
-  uint64_t loader_epoch = 0, loader_batch = 0;  // the first batch not yet consumed
-  uint64_t rng_state = 0;
-  double train_loss_sum = 0;     // the running train-loss total (finite)
-  int64_t train_loss_steps = 0;  // >= 0: the steps summed into train_loss_sum
-  nlohmann::json loss_scaler;  // fp16: the scaler's state object (LossScaler::load_state checks it); or null
-  nlohmann::json config;       // the training config of the run that saved it (an object), or null
-};
-
-// Parses and validates the text of a trainer_state.json; `path` names it in errors. Any input (arbitrary
-// bytes included) either yields a state or throws anvil::Error naming the path and the field: it is a
-// fuzz target's entry point.
-TrainerState parse_trainer_state(std::string_view text, const std::string& path);
-// <dir>/trainer_state.json through parse_trainer_state; a missing file is an error saying that `dir` is
-// no Anvil checkpoint.
-TrainerState read_trainer_state(const std::string& dir);
 
 }  // namespace anvil::io

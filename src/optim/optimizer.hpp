@@ -17,17 +17,10 @@
 #include "anvil/memory_plan.hpp"
 #include "kernels/ops.hpp"
 #include "model/param_layout.hpp"
+#include "optim/optimizer_kind.hpp"
 #include "runtime/arena.hpp"
 
 namespace anvil {
-
-// HF TrainingArguments `optim` values (and aliases) map to these.
-enum class OptimizerKind { AdamW, Adafactor, AdamW8bit, SGD };
-// The canonical name: adamw_torch_fused | adafactor | adamw_8bit | sgd.
-const char* optimizer_name(OptimizerKind o);
-// HF names: adamw_torch, adamw_torch_fused, adamw_hf, adamw (AdamW); adafactor; adamw_8bit, adamw_bnb_8bit,
-// paged_adamw_8bit is refused (no paging); sgd. Errors name the value and list the accepted ones.
-OptimizerKind parse_optimizer(const std::string& name);
 
 enum class ParamGroup : uint8_t { Decay = 0, NoDecay = 1, Embedding = 2 };
 constexpr int kNumParamGroups = 3;

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "anvil/error.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/optimizer_kind.hpp"
 
 namespace anvil {
 namespace {

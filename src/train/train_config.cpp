@@ -9,7 +9,7 @@
 #include <set>
 
 #include "anvil/error.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/optimizer_kind.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/deepspeed_config.hpp"
 

@@ -79,6 +79,14 @@ TEST_F(CliErrors, UnknownFlagSuggestsTheNearest) {
   expect_one_line_error("train stray", "unexpected argument 'stray'; run 'anvil train --help' for the flags");
 }
 
+// Found by fuzz_train_flags: an argument holding a newline made the error two lines.
+TEST_F(CliErrors, ControlCharactersInArgumentsAreEscaped) {
+  const test::CommandResult r = test::run_anvil("train '--le\nring_rate' 3");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(r.output.starts_with("error: unknown flag --le\\nring_rate")) << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
+}
+
 TEST_F(CliErrors, UnknownCommandSuggestsTheNearest) {
   expect_one_line_error("trian", "unknown command 'trian' (did you mean 'train'?)");
   expect_one_line_error(
