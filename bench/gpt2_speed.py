@@ -63,7 +63,7 @@ from benchlib.shards import write_random_shard  # noqa: E402
 VOCAB = 50257
 MODELS = {"d12": "124M", "d24": "350M", "d36": "774M"}
 # Micro-batches tried, largest first. On an H100 (80 GB): Anvil's best were 32, 32, 16 (d12, d24, d36;
-# bench/results/gpt2_speed_2026-11-22.txt, 64 within 0.2% on d12); the shared reference's largest that fit
+# bench/results/history/gpt2_speed_2026-11-22.txt, 64 within 0.2% on d12); the shared reference's largest that fit
 # (2026-11-26) torch.compile 64, 32, 16 (41 GB or less each), eager 32, 16, 8.
 BATCHES = {"d12": [64, 32, 16], "d24": [32, 16, 8], "d36": [16, 8, 4]}
 SYSTEMS = ("anvil", "compile", "eager")

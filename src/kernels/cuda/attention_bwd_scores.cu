@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
 // an earlier version with 128-key tiles, double-buffered, and one block of 256 threads an SM (203 KB) left
 // the FMA units idle while its threads wrote a tile's results (178 -> 154 us a bert-large layer). The next
 // tile's k is copied (cp.async) during dP = dout v^T, the next v during the stores and the next S. 155 ->
-// 146 us a bert-large layer on the H100 (bench/results/attention_kernels_h100_2026-11-26.txt) from: exp2 of
+// 146 us a bert-large layer on the H100 (bench/probes/results/attention_kernels_h100_2026-11-26.txt) from: exp2 of
 // one multiply-add (lse in the log2 domain), dropout hashed per key pair, the products unrolled by 8, and a
 // branch-free epilogue for tiles whose rows and keys all exist (a per-row branch kept the rows' arithmetic
 // from interleaving).
@@ -345,7 +345,7 @@ void launch(cudaStream_t stream, float* probs, float* dscores, const float* qkv,
             const float* out, const float* lse, int B, int seq, int C, int NH, float scale, bool causal,
             const int32_t* lengths, const DropoutArgs& drop) {
   // Head sizes up to 64: the 8 x 8 patches (bert-large, batch 4 x 512, dropout 0.1, H100: 219 -> 154 us a
-  // layer; bench/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_bwd_scores.txt and
+  // layer; bench/probes/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_bwd_scores.txt and
   // ..._scores_64key.txt). A head size of 128 would need 8 x 16 patches: more registers than a thread has.
   if constexpr (HS <= 64) {
     const auto kernel = tiled::attention_bwd_scores_tiled_kernel<kDropout, HS>;

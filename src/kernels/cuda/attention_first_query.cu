@@ -9,7 +9,7 @@
 //
 // Against the whole attention of that block this skips T - 1 of the T queries: for bert-large (T 512, H200)
 // the last block's forward 1230 -> 335 us and backward 2470 -> 557 us together with the QKV projection's
-// split (bench/results/seed_vanilla_fp32_first_query_h200_2026-11-26.txt).
+// split (bench/probes/results/seed_vanilla_fp32_first_query_h200_2026-11-26.txt).
 #include <cmath>
 #include <string>
 #include <type_traits>

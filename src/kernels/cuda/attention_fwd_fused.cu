@@ -11,7 +11,7 @@
 // query with the dimensions split over a pair 194 us (more warps, same bandwidth), this layout 156 us. Head
 // size 64 now runs the 8 x 8 patch kernel below (namespace tiled): 127 us; 122 us after its softmax reduced
 // the eight rows' maxima together, rescaled lazily, hashed dropout per key pair and unrolled the products by
-// 8 (bench/probes/attention_kernels.cu; bench/results/attention_kernels_h100_2026-11-26.txt).
+// 8 (bench/probes/attention_kernels.cu; bench/probes/results/attention_kernels_h100_2026-11-26.txt).
 //
 // Dropout: the kept/dropped decision of element (row, key) is exactly the materialised path's
 // (attention_dropout_keep, kernels/dropout.hpp); the sum l of the softmax runs over the undropped
@@ -390,7 +390,7 @@ void launch(cudaStream_t stream, float* out, float* lse, const float* qkv, int B
   const DropoutArgs drop = dropout.p > 0 ? dropout_args(dropout) : DropoutArgs{};
   if constexpr (HS == 64) {
     // bert-large, B 4, T 512, dropout 0.1, H100: 159 -> 127 us a layer against the pair kernel
-    // (bench/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_fwd.txt).
+    // (bench/probes/results/seed_vanilla_fp32_profile_h100_2026-11-23_tiled_fwd.txt).
     if (tiled::smem_bytes<HS>() + sizeof(int) <= size_t(max_optin_smem())) {
       const auto kernel = dropout.p > 0 ? tiled::attention_fwd_tiled_kernel<HS, true>
                                         : tiled::attention_fwd_tiled_kernel<HS, false>;

@@ -221,7 +221,7 @@ void adamw_fused_step(cudaStream_t stream, anvil::DType grad_type, anvil::DType 
   // At most two blocks an SM, each walking one contiguous chunk: every block stages the group table and
   // finds its range once. bert-large's step (335M parameters) took 3.76 ms as 65536 blocks of about 16
   // quads a thread, 3.33 ms as 264 blocks on an H100's 132 SMs, and 3.37-3.51 ms with 4 to 64 blocks an SM
-  // (bench/results/adamw_grid_h100_2026-11-23.txt).
+  // (bench/probes/results/adamw_grid_h100_2026-11-23.txt).
   const unsigned grid = std::min(grid_for(((n + 3) / 4 + 3) / 4, kThreads), 2u * unsigned(sm_count()));
   dispatch_float(grad_type, [&](auto t) {
     using G = decltype(t);
