@@ -46,18 +46,28 @@ std::string two_columns(const std::string& left, const std::string& text) {
   return out;
 }
 
-// A default as the user would type it: control characters escaped ("\n"), "" for an empty string.
-std::string printable(const std::string& value) {
+// The user's arguments are echoed in messages: their control characters (a newline inside a quoted
+// argument, say) are written as escapes, so that the message stays one line and shows what was typed.
+std::string escape_control_characters(const std::string& text) {
   std::string out;
-  for (const char c : value) {
+  for (const char c : text) {
     if (c == '\n')
       out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
     else if (c == '\t')
       out += "\\t";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
     else
       out += c;
   }
   return out;
+}
+
+// A default as the user would type it: control characters escaped ("\n").
+std::string printable(const std::string& value) {
+  return escape_control_characters(value);
 }
 
 std::optional<int64_t> parse_integer(std::string_view s) {
@@ -126,8 +136,10 @@ std::string unknown_flag_message(const std::string& arg, CLI::App* cmd) {
   for (const CLI::Option* opt : cmd->get_options())
     for (const std::string& name : opt->get_lnames())
       if (name != "help") names.push_back(name);
-  const std::string bare = flag.substr(flag.find_first_not_of('-'));
-  const std::string near = nearest_key(bare, names);
+  // The name without its dashes; "--=x" has none (found by fuzz_train_flags: substr threw).
+  const size_t name_start = flag.find_first_not_of('-');
+  const std::string bare = name_start == std::string::npos ? "" : flag.substr(name_start);
+  const std::string near = bare.empty() ? "" : nearest_key(bare, names);
   if (!near.empty()) return fmt::format("unknown flag {} (did you mean --{}?)", flag, near);
   return fmt::format("unknown flag {}; run '{} --help' for the flags", flag, command_path(cmd));
 }
@@ -154,25 +166,6 @@ std::string one_line(std::string msg) {
     if (c == '\n') c = ' ';
   while (!msg.empty() && msg.back() == ' ') msg.pop_back();
   return msg;
-}
-
-// The user's arguments are echoed in messages: their control characters (a newline inside a quoted
-// argument, say) are written as escapes, so that the message stays one line and shows what was typed.
-std::string escape_control_characters(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c == '\t')
-      out += "\\t";
-    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-    else
-      out += c;
-  }
-  return out;
 }
 
 }  // namespace

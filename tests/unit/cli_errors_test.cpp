@@ -87,6 +87,11 @@ TEST_F(CliErrors, ControlCharactersInArgumentsAreEscaped) {
   EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << r.output;
 }
 
+// Found by fuzz_train_flags: a flag of dashes alone before '=' threw std::out_of_range.
+TEST_F(CliErrors, FlagWithoutAName) {
+  expect_one_line_error("train --=3", "unknown flag --; run 'anvil train --help' for the flags");
+}
+
 TEST_F(CliErrors, UnknownCommandSuggestsTheNearest) {
   expect_one_line_error("trian", "unknown command 'trian' (did you mean 'train'?)");
   expect_one_line_error(

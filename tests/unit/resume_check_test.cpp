@@ -38,15 +38,7 @@ class ResumeCheck : public ::testing::Test {
   std::string checkpoint() const { return c.dir / "a/checkpoint-2"; }
   static TrainSummary run(const json& j) {
     const TrainConfig cfg = TrainConfig::from_json(j, "test.json");
-    ::testing::internal::CaptureStdout();
-    try {
-      TrainSummary s = train(cfg);
-      ::testing::internal::GetCapturedStdout();
-      return s;
-    } catch (...) {
-      ::testing::internal::GetCapturedStdout();
-      throw;
-    }
+    return test::quietly([&] { return train(cfg); });
   }
   void expect_refused(const json& j, std::initializer_list<std::string> needles) {
     test::expect_error([&] { run(j); }, needles);
@@ -145,14 +137,7 @@ TEST(TokenizerData, ShardsOfAnotherVocabularyAreRefused) {
             {"device", "cpu"},
             {"output_dir", c.dir / "out"}};
   const auto train_json = [](const json& cfg) {
-    ::testing::internal::CaptureStdout();
-    try {
-      train(TrainConfig::from_json(cfg, "test"));
-    } catch (...) {
-      ::testing::internal::GetCapturedStdout();
-      throw;
-    }
-    ::testing::internal::GetCapturedStdout();
+    test::quietly([&] { return train(TrainConfig::from_json(cfg, "test")); });
   };
   test::expect_error([&] { train_json(j); }, {"train_data '" + (c.dir / "data/train.bin") +
                                                   "' was prepared with a vocabulary of 256 tokens",

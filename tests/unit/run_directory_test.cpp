@@ -38,15 +38,7 @@ TrainConfig small_config(const test::ByteCorpus& c, const std::string& out) {
 
 // The train() call, with its progress lines kept out of the test log.
 TrainSummary quiet_train(const TrainConfig& cfg) {
-  ::testing::internal::CaptureStdout();
-  try {
-    TrainSummary s = train(cfg);
-    ::testing::internal::GetCapturedStdout();
-    return s;
-  } catch (...) {
-    ::testing::internal::GetCapturedStdout();
-    throw;
-  }
+  return test::quietly([&] { return train(cfg); });
 }
 
 std::vector<std::string> entries(const std::string& dir) {

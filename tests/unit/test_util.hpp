@@ -102,4 +102,19 @@ struct ByteCorpus {
   }
 };
 
+// Runs `f` with its standard output (a training run's progress lines, say) kept out of the test log; returns
+// what `f` returns and passes on what it throws.
+template <class F>
+auto quietly(F&& f) {
+  ::testing::internal::CaptureStdout();
+  try {
+    auto result = f();
+    ::testing::internal::GetCapturedStdout();
+    return result;
+  } catch (...) {
+    ::testing::internal::GetCapturedStdout();
+    throw;
+  }
+}
+
 }  // namespace anvil::test
