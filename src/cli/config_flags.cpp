@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "anvil/error.hpp"
+#include "data/unicode.hpp"
 #include "train/config_keys.hpp"
 
 namespace anvil::cli {
@@ -59,6 +60,9 @@ TrainConfig ConfigFlags::resolve() {
   for (const auto& [name, opt] : options) {
     if (opt->count() == 0) continue;
     std::string value = values[name];
+    // Config values become JSON strings (train_config.json, checkpoints), which must be UTF-8; a file's
+    // values are checked by the JSON parser, a flag's here (found by fuzz_train_flags).
+    ANVIL_REQUIRE(data::unicode::is_valid_utf8(value), "--{}: the value is not valid UTF-8 text", name);
     const ConfigKeyDoc* doc = find_config_key_doc(name);
     if (value.empty() && doc && config_key_is_boolean(*doc)) value = "true";
     const auto alias = TrainConfig::key_aliases().find(name);

@@ -92,6 +92,11 @@ TEST_F(CliErrors, FlagWithoutAName) {
   expect_one_line_error("train --=3", "unknown flag --; run 'anvil train --help' for the flags");
 }
 
+// Found by fuzz_train_flags: a flag value that is not UTF-8 escaped as nlohmann's type_error.
+TEST_F(CliErrors, FlagValueThatIsNotUtf8) {
+  expect_one_line_error("train --fp16=$(printf 'a\\217b')", "--fp16: the value is not valid UTF-8 text");
+}
+
 TEST_F(CliErrors, UnknownCommandSuggestsTheNearest) {
   expect_one_line_error("trian", "unknown command 'trian' (did you mean 'train'?)");
   expect_one_line_error(
