@@ -170,7 +170,9 @@ struct TrainConfig {
   // defaults are absent. Not written by to_json.
   std::map<std::string, std::string> origin;
 
-  // Derived values.
+  // Derived values. The typed values of the string and flag settings (precision, fp32 matmuls, gradient type,
+  // checkpointing policy, optimizer, schedule, save strategy, profiled steps) are resolved in one place,
+  // resolve_train_config (src/train/resolved_config.hpp), once a run's config is final.
   int seq_len() const { return max_seq_length > 0 ? max_seq_length : model.block_size; }
   int eval_batch_size() const {
     return per_device_eval_batch_size > 0 ? per_device_eval_batch_size : per_device_train_batch_size;

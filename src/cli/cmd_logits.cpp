@@ -42,7 +42,7 @@ int run_logits(const LogitsArgs& a) {
   o.batch_size = B;
   o.seq_len = T;
   Engine e(cfg, o);
-  GptModel& model = e.gpt();
+  Decoder& model = e.decoder();
   io::load_model_weights(a.checkpoint, model, e.device());
   e.device().copy_to_device(e.tokens(0), ids.data(), ids.size() * sizeof(int32_t));
   model.forward(e.ops(), e.tokens(0), nullptr, B, T, 0.0f, false);

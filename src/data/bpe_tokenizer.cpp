@@ -1,9 +1,14 @@
-// Byte-level BPE: added tokens -> pre-tokenizer steps (regex splits, byte-level mapping) -> merges by
-// rank over the bytes of each piece (cached per piece) -> ids.
+// BPE: added tokens -> normalizer -> pre-tokenizer -> merges by rank over the symbols of each piece
+// (cached per piece) -> ids. Two pipelines share the model (vocabulary, merges, unk, merge loop, cache):
 //
-// The ByteLevel step maps every byte to a printable character and the vocabulary is written in those
-// characters; this implementation maps the vocabulary back to bytes once at load time, so encoding works
-// on the input bytes directly and never builds the mapped strings.
+// Byte-level: the ByteLevel step maps every byte to a printable character and the vocabulary is written in
+// those characters; this implementation maps the vocabulary back to bytes once at load time, so encoding
+// works on the input bytes directly and never builds the mapped strings.
+//
+// SentencePiece-style: spaces become "▁" (a Prepend + Replace normalizer, or the Metaspace pre-tokenizer)
+// and the symbols are characters; one missing from the vocabulary becomes <0xNN> byte tokens
+// (byte_fallback) or unk. The decoder is a chain of string steps run over the token strings, as the
+// reference runs it.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "data/bpe_tokenizer.hpp"
 
@@ -279,6 +284,179 @@ struct TransparentHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
+// ---- SentencePiece-style pipeline steps
+
+// A literal pattern -> content replacement (Replace with a String pattern, as normalizer or decoder).
+struct Replacement {
+  std::string pattern, content;
+};
+
+// Non-overlapping occurrences, left to right (the pattern is not empty).
+void replace_all(std::string_view in, const Replacement& r, std::string& out) {
+  out.clear();
+  size_t pos = 0;
+  for (size_t hit; (hit = in.find(r.pattern, pos)) != std::string_view::npos; pos = hit + r.pattern.size()) {
+    out.append(in.substr(pos, hit - pos));
+    out += r.content;
+  }
+  out.append(in.substr(pos));
+}
+
+struct NormalizerStep {
+  bool prepend = false;  // Prepend(text), else Replace
+  std::string text;
+  Replacement replace;
+};
+
+enum class PrependScheme { kFirst, kAlways, kNever };
+
+struct Metaspace {
+  std::string replacement;  // one character
+  PrependScheme scheme = PrependScheme::kAlways;
+  bool split = true;
+};
+
+struct DecoderStep {
+  enum Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  Replacement replace;           // kReplace
+  std::string content;           // kStrip: the character; kMetaspace: the replacement
+  uint64_t start = 0, stop = 0;  // kStrip: at most this many from each end
+  bool prepend = false;          // kMetaspace: prepend_scheme is not "never"
+};
+
+// The byte a ByteFallback decoder reads from a token: "<0xHH>" with HH read as Rust's
+// u8::from_str_radix(HH, 16) does (either case, an optional leading '+').
+std::optional<uint8_t> byte_token_value(std::string_view t) {
+  if (t.size() != 6 || !t.starts_with("<0x") || t[5] != '>') return std::nullopt;
+  std::string_view hex = t.substr(3, 2);
+  if (hex[0] == '+') hex.remove_prefix(1);
+  unsigned v = 0;
+  for (const char c : hex) {
+    const int d = c >= '0' && c <= '9'   ? c - '0'
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                         : -1;
+    if (d < 0) return std::nullopt;
+    v = v * 16 + unsigned(d);
+  }
+  return static_cast<uint8_t>(v);
+}
+
+// The token byte fallback uses for `b`, spelled as the reference spells it ("<0x0A>").
+std::string byte_token(uint8_t b) {
+  return fmt::format("<0x{:02X}>", b);
+}
+
+bool is_one_char(std::string_view s) {
+  if (s.empty()) return false;
+  const unicode::Decoded d = unicode::decode_utf8(s, 0);
+  return d.valid && d.len == s.size();
+}
+
+// Runs one decoder step over the token strings.
+void run_decoder_step(const DecoderStep& step, std::vector<std::string>& tokens) {
+  std::string tmp;
+  switch (step.kind) {
+    case DecoderStep::kReplace:
+      for (std::string& t : tokens) {
+        replace_all(t, step.replace, tmp);
+        t.swap(tmp);
+      }
+      break;
+    case DecoderStep::kByteFallback: {
+      // Runs of byte tokens become their bytes when those are valid UTF-8, else one U+FFFD per byte.
+      std::vector<std::string> out;
+      out.reserve(tokens.size());
+      std::string bytes;
+      const auto flush = [&] {
+        if (bytes.empty()) return;
+        if (unicode::is_valid_utf8(bytes))
+          out.push_back(bytes);
+        else
+          out.insert(out.end(), bytes.size(), "\xEF\xBF\xBD");
+        bytes.clear();
+      };
+      for (std::string& t : tokens) {
+        if (const auto b = byte_token_value(t)) {
+          bytes.push_back(static_cast<char>(*b));
+        } else {
+          flush();
+          out.push_back(std::move(t));
+        }
+      }
+      flush();
+      tokens.swap(out);
+      break;
+    }
+    case DecoderStep::kFuse: {
+      std::string all;
+      for (const std::string& t : tokens) all += t;
+      tokens.assign(1, std::move(all));
+      break;
+    }
+    case DecoderStep::kStrip:
+      // The reference panics when `stop` reaches past the start of a token or past what `start` took;
+      // that token is empty here.
+      for (std::string& t : tokens) {
+        size_t begin = 0, end = t.size();
+        for (uint64_t n = 0; n < step.start && std::string_view(t).substr(begin).starts_with(step.content);
+             ++n)
+          begin += step.content.size();
+        for (uint64_t n = 0; n < step.stop && std::string_view(t).substr(0, end).ends_with(step.content); ++n)
+          end -= step.content.size();
+        t = end > begin ? t.substr(begin, end - begin) : std::string();
+      }
+      break;
+    case DecoderStep::kMetaspace:
+      // Replacements become spaces, except in the first token, where all of them go (unless "never").
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        replace_all(tokens[i], {step.content, i == 0 && step.prepend ? "" : " "}, tmp);
+        tokens[i].swap(tmp);
+      }
+      break;
+  }
+}
+
+// {"String": "..."} of a Replace step (a Regex pattern is refused).
+Replacement parse_replacement(const TokenizerJson& tj, const json& j, const std::string& where) {
+  Replacement r;
+  auto it = j.find("pattern");
+  if (it == j.end() || !it->is_object() || it->size() != 1)
+    tj.fail(where + ".pattern", "expected {\"String\": ...}");
+  if (it->contains("Regex"))
+    tj.fail(where + ".pattern",
+            "Regex '" + (*it)["Regex"].dump() + "' is not supported (only String patterns)");
+  const auto str = it->find("String");
+  if (str == it->end() || !str->is_string()) tj.fail(where + ".pattern", "expected {\"String\": ...}");
+  r.pattern = str->get<std::string>();
+  if (r.pattern.empty()) tj.fail(where + ".pattern", "an empty String pattern is not supported");
+  r.content = tj.str(j, where, "content");
+  return r;
+}
+
+// A Metaspace pre-tokenizer or decoder. The reference reads prepend_scheme (default "always") and, from
+// older files, add_prefix_space, which must agree with it: false only goes with "never".
+Metaspace parse_metaspace(const TokenizerJson& tj, const json& j, const std::string& where) {
+  Metaspace m;
+  m.replacement = tj.str(j, where, "replacement");
+  if (!is_one_char(m.replacement))
+    tj.fail(where + ".replacement", "'" + m.replacement + "' is not a single character");
+  const std::optional<std::string> scheme = tj.opt_str(j, where, "prepend_scheme");
+  if (!scheme || *scheme == "always")
+    m.scheme = PrependScheme::kAlways;
+  else if (*scheme == "first")
+    m.scheme = PrependScheme::kFirst;
+  else if (*scheme == "never")
+    m.scheme = PrependScheme::kNever;
+  else
+    tj.fail(where + ".prepend_scheme", "'" + *scheme + "' is not one of first, always, never");
+  if (!tj.flag(j, where, "add_prefix_space", true) && m.scheme != PrependScheme::kNever)
+    tj.fail(where + ".add_prefix_space",
+            fmt::format("false contradicts prepend_scheme '{}'", scheme.value_or("always")));
+  m.split = tj.flag(j, where, "split", true);
+  return m;
+}
+
 // One pre-tokenizer step.
 struct Step {
   bool byte_level = false;       // else a Split
@@ -293,6 +471,7 @@ struct EncodeScratch {
   pcre2_match_data* md = nullptr;
   std::vector<std::vector<Span>> spans;  // per step depth
   std::vector<std::string> prefixed;     // per step depth: " " + piece for add_prefix_space
+  std::string normalized, metaspaced;    // SentencePiece style: normalizer scratch, Metaspace output
   std::vector<std::pair<Span, bool>> parts;
   // Merge state for one word.
   struct Symbol {
@@ -315,7 +494,7 @@ class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(const TokenizerJson& tj);
 
-  std::string kind() const override { return "bpe"; }
+  std::string kind() const override { return byte_level_ ? "bpe" : "sentencepiece_bpe"; }
   uint64_t vocab_size() const override { return id_to_token_.size(); }
   std::vector<uint32_t> encode(std::string_view text) const override;
   std::string decode(std::span<const uint32_t> ids, bool skip_special) const override;
@@ -333,9 +512,20 @@ class BpeTokenizer final : public Tokenizer {
 
  private:
   void parse_pre_tokenizer(const TokenizerJson& tj, const json& j, const std::string& where);
+  void setup_byte_level(const TokenizerJson& tj, const std::unordered_map<std::string, uint32_t>& vocab,
+                        const std::vector<AddedToken>& added);
+  void setup_sentencepiece(const TokenizerJson& tj, const std::unordered_map<std::string, uint32_t>& vocab,
+                           const std::vector<AddedToken>& added);
+  void parse_sp_normalizer(const TokenizerJson& tj, const json& j, const std::string& where);
+  void parse_sp_decoder(const TokenizerJson& tj, const json& j, const std::string& where);
+  std::string_view sp_normalize(std::string_view in, std::string& out, std::string& tmp) const;
   void pre_tokenize(std::string_view piece, size_t depth, EncodeScratch& s, std::vector<uint32_t>& ids) const;
+  void metaspace_piece(std::string_view piece, bool at_start, EncodeScratch& s,
+                       std::vector<uint32_t>& ids) const;
   void encode_word(std::string_view word, EncodeScratch& s, std::vector<uint32_t>& ids) const;
   void merge_word(std::string_view word, EncodeScratch& s) const;
+  void char_symbols(std::string_view word, EncodeScratch& s) const;
+  std::string decode_sentencepiece(std::span<const uint32_t> ids, bool skip_special) const;
 
   std::unordered_map<std::string, uint32_t, TransparentHash, std::equal_to<>>
       vocab_;  // as written in the file
@@ -344,12 +534,24 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> id_to_token_;  // the token text per id (added tokens included)
   std::vector<std::string> id_to_bytes_;  // what decode() emits per id
   std::vector<bool> has_id_, special_;
-  std::array<int64_t, 256> byte_id_{};  // id of each single-byte token, -1 if the vocabulary lacks it
+  // Byte-level: the id of each byte's token. SentencePiece style: the id of each ASCII character's token
+  // (-1 for bytes >= 0x80). -1 where the vocabulary lacks it.
+  std::array<int64_t, 256> byte_id_{};
   MergeTable merges_;
   std::optional<uint32_t> unk_;
   bool fuse_unk_ = false, ignore_merges_ = false, byte_level_decoder_ = true;
+  bool byte_level_ = true;  // else the SentencePiece-style pipeline
   std::vector<Step> steps_;
   AddedVocabulary added_;
+
+  // SentencePiece style.
+  bool byte_fallback_ = false;
+  std::array<uint32_t, 256> byte_token_id_{};  // <0xNN> (all present when byte_fallback_)
+  std::vector<NormalizerStep> normalizer_;
+  std::optional<Metaspace> metaspace_;
+  bool sp_decoder_ = false;  // else tokens are joined with spaces
+  std::vector<DecoderStep> decoder_;
+  std::string style_;  // how the pipeline was recognised, for errors
 
   // Word cache: piece bytes -> (offset, count) into cache_ids_.
   static constexpr size_t kCacheMaxEntries = 1 << 18, kCacheMaxWord = 128;
@@ -359,17 +561,36 @@ class BpeTokenizer final : public Tokenizer {
   mutable std::vector<uint32_t> cache_ids_;
 };
 
+// Whether a pre-tokenizer (possibly a Sequence) has a ByteLevel step: that makes the pipeline byte-level.
+bool has_byte_level_step(const json& j) {
+  if (!j.is_object()) return false;
+  const auto type = j.find("type");
+  if (type == j.end() || !type->is_string()) return false;
+  if (*type == "ByteLevel") return true;
+  const auto steps = j.find("pretokenizers");
+  if (*type != "Sequence" || steps == j.end() || !steps->is_array()) return false;
+  return std::any_of(steps->begin(), steps->end(), [](const json& e) { return has_byte_level_step(e); });
+}
+
 BpeTokenizer::BpeTokenizer(const TokenizerJson& tj) {
   const json& m = tj.model();
+  const json* pre = tj.section("pre_tokenizer");
+  byte_level_ = pre && has_byte_level_step(*pre);
+  style_ = "byte-level BPE";
+  if (!byte_level_)
+    style_ = pre ? fmt::format("SentencePiece-style BPE (pre_tokenizer '{}', no ByteLevel step)",
+                               tj.str(*pre, "pre_tokenizer", "type"))
+                 : "SentencePiece-style BPE (pre_tokenizer null)";
   // Model options this implementation does not reproduce are refused rather than ignored.
-  if (tj.flag(m, "model", "byte_fallback", false))
+  byte_fallback_ = tj.flag(m, "model", "byte_fallback", false);
+  if (byte_level_ && byte_fallback_)
     tj.fail("model.byte_fallback", "true is not supported (byte-level BPE needs no byte fallback)");
   if (m.contains("dropout") && !m["dropout"].is_null() &&
       !(m["dropout"].is_number() && m["dropout"].get<double>() == 0))
     tj.fail("model.dropout", "BPE dropout is not supported (it makes encoding random)");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (auto v = tj.opt_str(m, "model", k); v && !v->empty())
-      tj.fail(std::string("model.") + k, "'" + *v + "' is not supported for byte-level BPE");
+      tj.fail(std::string("model.") + k, "'" + *v + "' is not supported for " + style_);
   fuse_unk_ = tj.flag(m, "model", "fuse_unk", false);
   ignore_merges_ = tj.flag(m, "model", "ignore_merges", false);
 
@@ -377,6 +598,13 @@ BpeTokenizer::BpeTokenizer(const TokenizerJson& tj) {
   auto vocab = tj.vocab();
   const std::vector<AddedToken> added = parse_added_tokens(tj);
   const uint32_t max_id = tj.id_space(vocab, added);
+  // The reference gives an added token that is also in model.vocab the vocabulary's id, whatever the
+  // file says: a file that disagrees is refused rather than read with other ids.
+  for (size_t i = 0; i < added.size(); ++i)
+    if (auto it = vocab.find(added[i].content); it != vocab.end() && it->second != added[i].id)
+      tj.fail(fmt::format("added_tokens[{}]", i),
+              fmt::format("'{}' has id {} but model.vocab gives it {}, which the reference uses",
+                          added[i].content, added[i].id, it->second));
   id_to_token_.resize(max_id);
   has_id_.assign(max_id, false);
   special_.assign(max_id, false);
@@ -421,10 +649,17 @@ BpeTokenizer::BpeTokenizer(const TokenizerJson& tj) {
     merges_.insert(ia, ib, static_cast<uint32_t>(i), iab);
   }
 
+  if (byte_level_)
+    setup_byte_level(tj, vocab, added);
+  else
+    setup_sentencepiece(tj, vocab, added);
+}
+
+void BpeTokenizer::setup_byte_level(const TokenizerJson& tj,
+                                    const std::unordered_map<std::string, uint32_t>& vocab,
+                                    const std::vector<AddedToken>& added) {
   // Pre-tokenizer: a chain of Split steps that ends in ByteLevel.
-  const json* pre = tj.section("pre_tokenizer");
-  if (!pre) tj.fail("pre_tokenizer", "missing; only byte-level BPE (a ByteLevel pre-tokenizer) is supported");
-  parse_pre_tokenizer(tj, *pre, "pre_tokenizer");
+  parse_pre_tokenizer(tj, *tj.section("pre_tokenizer"), "pre_tokenizer");
   if (steps_.empty() || !steps_.back().byte_level)
     tj.fail("pre_tokenizer", "must end with a ByteLevel step (only byte-level BPE is supported)");
   if (std::count_if(steps_.begin(), steps_.end(), [](const Step& s) { return s.byte_level; }) > 1)
@@ -454,6 +689,7 @@ BpeTokenizer::BpeTokenizer(const TokenizerJson& tj) {
     auto it = vocab.find(enc);
     byte_id_[b] = it == vocab.end() ? -1 : int64_t(it->second);
   }
+  const uint32_t max_id = static_cast<uint32_t>(id_to_token_.size());
   id_to_bytes_.resize(max_id);
   std::string bytes;
   for (uint32_t id = 0; id < max_id; ++id) {
@@ -467,6 +703,115 @@ BpeTokenizer::BpeTokenizer(const TokenizerJson& tj) {
       if (byte_level_to_bytes(t, c2b, bytes)) byte_vocab_.emplace(bytes, id);
 
   added_ = AddedVocabulary(added, [](const std::string& s) { return s; });
+}
+
+void BpeTokenizer::setup_sentencepiece(const TokenizerJson& tj,
+                                       const std::unordered_map<std::string, uint32_t>& vocab,
+                                       const std::vector<AddedToken>& added) {
+  // Single ASCII characters take the fast path of encode_word; others are looked up as strings.
+  for (int b = 0; b < 256; ++b) {
+    auto it = b < 0x80 ? vocab.find(std::string(1, static_cast<char>(b))) : vocab.end();
+    byte_id_[b] = it == vocab.end() ? -1 : int64_t(it->second);
+  }
+  // Byte tokens. The reference falls back to unk for a character whose bytes are not all in the
+  // vocabulary; a SentencePiece byte_fallback model always has all 256, so a missing one is a broken file.
+  // A token the ByteFallback decoder would read as a byte but that is not spelled as encoding spells it
+  // ("<0x0a>", "<0x+A>") would decode to a byte it never encodes: also refused.
+  if (byte_fallback_) {
+    for (int b = 0; b < 256; ++b) {
+      const std::string t = byte_token(static_cast<uint8_t>(b));
+      auto it = vocab.find(t);
+      if (it == vocab.end())
+        tj.fail("model.vocab", "byte_fallback is true but the byte token '" + t +
+                                   "' is missing (all 256 of <0x00>..<0xFF> are needed)");
+      byte_token_id_[b] = it->second;
+    }
+    for (const auto& [t, id] : vocab)
+      if (const auto b = byte_token_value(t); b && t != byte_token(*b))
+        tj.fail(
+            "model.vocab[\"" + t + "\"]",
+            fmt::format("looks like a byte token but is not spelled '{}' (bad byte token)", byte_token(*b)));
+  }
+
+  if (const json* n = tj.section("normalizer")) parse_sp_normalizer(tj, *n, "normalizer");
+  if (const json* p = tj.section("pre_tokenizer")) {
+    const std::string type = tj.str(*p, "pre_tokenizer", "type");
+    if (type != "Metaspace")
+      tj.unsupported("pre_tokenizer", type,
+                     "a ByteLevel step (after Split steps) for byte-level BPE, Metaspace or null for "
+                     "SentencePiece-style BPE");
+    metaspace_ = parse_metaspace(tj, *p, "pre_tokenizer");
+  }
+  if (const json* d = tj.section("decoder")) {
+    sp_decoder_ = true;
+    parse_sp_decoder(tj, *d, "decoder");
+  }
+
+  // normalized=true added tokens are matched in the normalized text, as their normalized content.
+  added_ = AddedVocabulary(added, [&](const std::string& content) {
+    std::string out, tmp;
+    return std::string(sp_normalize(content, out, tmp));
+  });
+}
+
+void BpeTokenizer::parse_sp_normalizer(const TokenizerJson& tj, const json& j, const std::string& where) {
+  if (!j.is_object()) tj.fail(where, "expected an object");
+  const std::string type = tj.str(j, where, "type");
+  if (type == "Sequence") {
+    auto it = j.find("normalizers");
+    if (it == j.end() || !it->is_array()) tj.fail(where + ".normalizers", "expected an array");
+    for (size_t i = 0; i < it->size(); ++i)
+      parse_sp_normalizer(tj, (*it)[i], fmt::format("{}.normalizers[{}]", where, i));
+  } else if (type == "Prepend") {
+    NormalizerStep step;
+    step.prepend = true;
+    step.text = tj.str(j, where, "prepend");
+    normalizer_.push_back(std::move(step));
+  } else if (type == "Replace") {
+    NormalizerStep step;
+    step.replace = parse_replacement(tj, j, where);
+    normalizer_.push_back(std::move(step));
+  } else {
+    tj.unsupported(where, type, "Prepend, Replace (String pattern) and a Sequence of them, for " + style_);
+  }
+}
+
+void BpeTokenizer::parse_sp_decoder(const TokenizerJson& tj, const json& j, const std::string& where) {
+  if (!j.is_object()) tj.fail(where, "expected an object");
+  const std::string type = tj.str(j, where, "type");
+  DecoderStep step{};
+  if (type == "Sequence") {
+    auto it = j.find("decoders");
+    if (it == j.end() || !it->is_array()) tj.fail(where + ".decoders", "expected an array");
+    for (size_t i = 0; i < it->size(); ++i)
+      parse_sp_decoder(tj, (*it)[i], fmt::format("{}.decoders[{}]", where, i));
+    return;
+  } else if (type == "Replace") {
+    step.kind = DecoderStep::kReplace;
+    step.replace = parse_replacement(tj, j, where);
+  } else if (type == "ByteFallback") {
+    step.kind = DecoderStep::kByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = DecoderStep::kFuse;
+  } else if (type == "Strip") {
+    step.kind = DecoderStep::kStrip;
+    step.content = tj.str(j, where, "content");
+    if (!is_one_char(step.content))
+      tj.fail(where + ".content", "'" + step.content + "' is not a single character");
+    step.start = tj.uint(j, where, "start", 0);
+    step.stop = tj.uint(j, where, "stop", 0);
+  } else if (type == "Metaspace") {
+    const Metaspace ms = parse_metaspace(tj, j, where);
+    step.kind = DecoderStep::kMetaspace;
+    step.content = ms.replacement;
+    step.prepend = ms.scheme != PrependScheme::kNever;
+  } else {
+    tj.unsupported(
+        where, type,
+        "Replace (String pattern), ByteFallback, Fuse, Strip, Metaspace and a Sequence of them, for " +
+            style_);
+  }
+  decoder_.push_back(std::move(step));
 }
 
 void BpeTokenizer::parse_pre_tokenizer(const TokenizerJson& tj, const json& j, const std::string& where) {
@@ -523,6 +868,22 @@ std::vector<uint32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   EncodeScratch s;
+  if (!byte_level_) {
+    // Metaspace's prepend_scheme "first" prepends only to the piece that starts the text.
+    bool at_start = true;
+    added_.split(
+        text,
+        [&](std::string_view in, std::string& buffer) { return sp_normalize(in, buffer, s.normalized); },
+        [&](std::string_view piece) {
+          metaspace_piece(piece, at_start, s, ids);
+          at_start = false;
+        },
+        [&](uint32_t id) {
+          ids.push_back(id);
+          at_start = false;
+        });
+    return ids;
+  }
   s.md = pcre2_match_data_create(1, nullptr);
   s.spans.resize(steps_.size());
   s.prefixed.resize(steps_.size());
@@ -531,6 +892,50 @@ std::vector<uint32_t> BpeTokenizer::encode(std::string_view text) const {
       [&](std::string_view piece) { pre_tokenize(piece, 0, s, ids); },
       [&](uint32_t id) { ids.push_back(id); });
   return ids;
+}
+
+// The normalizer steps in order; the result is `in` or a view of `out` (`tmp` is scratch).
+std::string_view BpeTokenizer::sp_normalize(std::string_view in, std::string& out, std::string& tmp) const {
+  std::string_view cur = in;
+  for (const NormalizerStep& step : normalizer_) {
+    if (step.prepend) {
+      if (cur.empty()) continue;  // Prepend leaves an empty string empty
+      tmp.assign(step.text);
+      tmp.append(cur);
+    } else {
+      replace_all(cur, step.replace, tmp);
+    }
+    out.swap(tmp);
+    cur = out;
+  }
+  return cur;
+}
+
+// Metaspace: spaces become the replacement, which is prepended as the scheme says (unless the piece then
+// starts with it); with split, each replacement starts a new word (the reference's MergedWithNext).
+void BpeTokenizer::metaspace_piece(std::string_view piece, bool at_start, EncodeScratch& s,
+                                   std::vector<uint32_t>& ids) const {
+  if (!metaspace_) return encode_word(piece, s, ids);
+  const Metaspace& m = *metaspace_;
+  const std::string& rep = m.replacement;
+  std::string& w = s.metaspaced;
+  w.clear();
+  const bool prepend = m.scheme == PrependScheme::kAlways || (m.scheme == PrependScheme::kFirst && at_start);
+  if (prepend && !piece.starts_with(' ') && !piece.starts_with(rep)) w = rep;
+  for (const char c : piece) {
+    if (c == ' ')
+      w += rep;
+    else
+      w += c;
+  }
+  if (!m.split) return encode_word(w, s, ids);
+  size_t begin = 0;
+  // From 1: a leading replacement starts the first word. A match is always at a character start.
+  for (size_t pos = w.find(rep, 1); pos != std::string::npos; pos = w.find(rep, pos + rep.size())) {
+    encode_word(std::string_view(w).substr(begin, pos - begin), s, ids);
+    begin = pos;
+  }
+  encode_word(std::string_view(w).substr(begin), s, ids);
 }
 
 void BpeTokenizer::pre_tokenize(std::string_view piece, size_t depth, EncodeScratch& s,
@@ -581,24 +986,29 @@ void BpeTokenizer::encode_word(std::string_view word, EncodeScratch& s, std::vec
 // equals; a priority queue of candidate pairs with lazy invalidation keeps this O(n log n).
 void BpeTokenizer::merge_word(std::string_view word, EncodeScratch& s) const {
   s.word_ids.clear();
-  if (ignore_merges_) {
-    auto it = byte_vocab_.find(word);
-    if (it != byte_vocab_.end()) {
+  if (ignore_merges_) {  // a word that is a token is taken whole
+    const auto& whole = byte_level_ ? byte_vocab_ : vocab_;
+    auto it = whole.find(word);
+    if (it != whole.end()) {
       s.word_ids.push_back(it->second);
       return;
     }
   }
   auto& sym = s.symbols;
   sym.clear();
-  bool last_unk = false;
-  for (unsigned char b : word) {
-    if (byte_id_[b] >= 0) {
-      sym.push_back({uint32_t(byte_id_[b]), 0, 0, true});
-      last_unk = false;
-    } else if (unk_) {  // bytes the vocabulary lacks become unk (consecutive ones fused if fuse_unk)
-      if (!(fuse_unk_ && last_unk)) sym.push_back({*unk_, 0, 0, true});
-      last_unk = true;
+  if (byte_level_) {
+    bool last_unk = false;
+    for (unsigned char b : word) {
+      if (byte_id_[b] >= 0) {
+        sym.push_back({uint32_t(byte_id_[b]), 0, 0, true});
+        last_unk = false;
+      } else if (unk_) {  // bytes the vocabulary lacks become unk (consecutive ones fused if fuse_unk)
+        if (!(fuse_unk_ && last_unk)) sym.push_back({*unk_, 0, 0, true});
+        last_unk = true;
+      }
     }
+  } else {
+    char_symbols(word, s);
   }
   const int32_t n = static_cast<int32_t>(sym.size());
   for (int32_t i = 0; i < n; ++i) sym[i].prev = i - 1, sym[i].next = i + 1 < n ? i + 1 : -1;
@@ -633,7 +1043,38 @@ void BpeTokenizer::merge_word(std::string_view word, EncodeScratch& s) const {
   for (int32_t i = 0; i >= 0 && i < n; i = sym[i].next) s.word_ids.push_back(sym[i].id);
 }
 
+// The symbols of a word in characters: a character in the vocabulary is its token; one that is not becomes
+// its byte tokens (byte_fallback) or unk. As in the reference, an unk waits until the next known character
+// (so byte tokens in between come first) and fuse_unk folds the unknown characters up to then into it.
+void BpeTokenizer::char_symbols(std::string_view word, EncodeScratch& s) const {
+  auto& sym = s.symbols;
+  bool unk_pending = false;
+  for (size_t i = 0; i < word.size();) {
+    const unsigned char lead = static_cast<unsigned char>(word[i]);
+    const size_t len = lead < 0x80 ? 1 : unicode::decode_utf8(word, i).len;  // the word is valid UTF-8
+    int64_t id = byte_id_[lead];
+    if (len > 1) {
+      auto it = vocab_.find(word.substr(i, len));
+      id = it == vocab_.end() ? -1 : int64_t(it->second);
+    }
+    if (id >= 0) {
+      if (unk_pending) sym.push_back({*unk_, 0, 0, true});
+      unk_pending = false;
+      sym.push_back({uint32_t(id), 0, 0, true});
+    } else if (byte_fallback_) {  // every byte token is present (checked at load)
+      for (size_t k = i; k < i + len; ++k)
+        sym.push_back({byte_token_id_[static_cast<unsigned char>(word[k])], 0, 0, true});
+    } else if (unk_) {
+      if (unk_pending && !fuse_unk_) sym.push_back({*unk_, 0, 0, true});
+      unk_pending = true;
+    }
+    i += len;
+  }
+  if (unk_pending) sym.push_back({*unk_, 0, 0, true});
+}
+
 std::string BpeTokenizer::decode(std::span<const uint32_t> ids, bool skip_special) const {
+  if (!byte_level_) return decode_sentencepiece(ids, skip_special);
   std::string out;
   bool first = true;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -651,6 +1092,27 @@ std::string BpeTokenizer::decode(std::span<const uint32_t> ids, bool skip_specia
   if (unicode::is_valid_utf8(out)) return out;
   unicode::to_valid_utf8(out, valid);  // byte tokens may split characters: lossy, as the reference
   return valid;
+}
+
+// The token strings through the decoder steps, joined (or joined with spaces when there is no decoder).
+std::string BpeTokenizer::decode_sentencepiece(std::span<const uint32_t> ids, bool skip_special) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint32_t id = ids[i];
+    ANVIL_REQUIRE(id < has_id_.size() && has_id_[id],
+                  "BPE tokenizer: id {} at position {} is not in the vocabulary (size {})", id, i,
+                  has_id_.size());
+    if (!(skip_special && special_[id])) tokens.push_back(id_to_token_[id]);
+  }
+  std::string out;
+  if (!sp_decoder_) {
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  for (const DecoderStep& step : decoder_) run_decoder_step(step, tokens);
+  for (const std::string& t : tokens) out += t;
+  return out;
 }
 
 }  // namespace

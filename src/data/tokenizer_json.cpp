@@ -11,13 +11,12 @@ namespace anvil::data {
 
 using nlohmann::json;
 
-TokenizerJson TokenizerJson::read(const std::string& path) {
+json read_tokenizer_json_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   ANVIL_REQUIRE(f, "tokenizer '{}': cannot open the file", path);
   std::stringstream ss;
   ss << f.rdbuf();
-  TokenizerJson tj;
-  tj.path = path;
+  json root;
   // Deeper values are dropped while parsing and the file refused: nested pre-tokenizer Sequences are
   // parsed recursively, and so are nlohmann's dump() and copies.
   bool too_deep = false;
@@ -27,11 +26,18 @@ TokenizerJson TokenizerJson::read(const std::string& path) {
     return false;
   };
   try {
-    tj.root = json::parse(ss.str(), limit_depth);
+    root = json::parse(ss.str(), limit_depth);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e500
     ANVIL_THROW("tokenizer '{}': not valid JSON ({})", path, e.what());
   }
   ANVIL_REQUIRE(!too_deep, "tokenizer '{}': JSON nested deeper than {} levels", path, kMaxJsonDepth);
+  return root;
+}
+
+TokenizerJson TokenizerJson::read(const std::string& path) {
+  TokenizerJson tj;
+  tj.path = path;
+  tj.root = read_tokenizer_json_file(path);
   ANVIL_REQUIRE(tj.root.is_object(), "tokenizer '{}': expected a JSON object (a Hugging Face tokenizer.json)",
                 path);
   ANVIL_REQUIRE(tj.root.contains("model") && tj.root["model"].is_object(),

@@ -25,6 +25,10 @@ constexpr uint64_t max_id_space(uint64_t tokens) {
   return 2 * tokens + 65536;
 }
 
+// Reads and parses a JSON file of a tokenizer (tokenizer.json, tokenizer_config.json) with the nesting
+// limit; errors name the file.
+nlohmann::json read_tokenizer_json_file(const std::string& path);
+
 // A parsed tokenizer.json. Errors from the accessors name the file and the field ("model.vocab").
 struct TokenizerJson {
   std::string path;

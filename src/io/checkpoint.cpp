@@ -14,19 +14,6 @@ namespace anvil::io {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
-// Hugging Face shape of a parameter, and the number of rows of Anvil's tensor it covers (the padded
-// vocabulary rows of wte are not exported).
-std::vector<int64_t> hf_shape(const ParamTensor& t, const TransformerConfig& cfg) {
-  if (t.name == "transformer.wte.weight") return {cfg.vocab_size, cfg.n_embd};
-  if (t.hf_transposed) return {t.shape[1], t.shape[0]};
-  std::vector<int64_t> s(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.ndim);
-  return s;
-}
-
-}  // namespace
-
 TransformerConfig read_model_config(const std::string& dir) {
   require_not_interrupted_save(dir);
   const std::string path = dir + "/config.json";
@@ -40,75 +27,78 @@ TransformerConfig read_model_config(const std::string& dir) {
   return TransformerConfig::from_hf_json(j, path);
 }
 
-void save_model(const std::string& dir, const GptModel& model, Device& dev) {
+void save_model(const std::string& dir, const Decoder& model, Device& dev) {
   const ParamLayout& layout = model.layout();
-  const TransformerConfig& cfg = model.config();
   std::vector<float> host(layout.total_numel());
   dev.copy_to_host(host.data(), model.params(), host.size() * sizeof(float));
   SafeTensorsWriter w;
   w.set_metadata("format", "pt");
-  std::vector<float> tmp;
+  std::vector<std::vector<float>> transposed;  // kept alive until write()
   for (const ParamTensor& t : layout.tensors()) {
-    const float* src = host.data() + t.offset;
-    const std::vector<int64_t> shape = hf_shape(t, cfg);
+    const float* src = host.data() + t.offset;  // the first hf_rows rows of a padded tensor
     if (t.hf_transposed) {
       const int64_t rows = t.shape[0], cols = t.shape[1];
-      tmp.resize(size_t(rows * cols));
+      std::vector<float>& tmp = transposed.emplace_back(size_t(rows * cols));
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) tmp[size_t(c * rows + r)] = src[r * cols + c];
       src = tmp.data();
     }
-    w.add(t.name, DType::F32, shape, src);
+    w.add(t.name, DType::F32, t.hf_shape(), src);
   }
   w.write(dir + "/model.safetensors");
-  write_text_file_synced(dir + "/config.json", cfg.to_hf_json().dump(2) + "\n");
+  write_text_file_synced(dir + "/config.json", model.config().to_hf_json().dump(2) + "\n");
 }
 
-void load_model_weights(const std::string& dir, GptModel& model, Device& dev) {
+void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
   require_not_interrupted_save(dir);
   const WeightFiles files(dir);
   const ParamLayout& layout = model.layout();
   const TransformerConfig& cfg = model.config();
   std::vector<float> host(layout.total_numel(), 0.0f);
+  std::vector<const ParamTensor*> found(layout.tensors().size(), nullptr);
   std::vector<float> tmp;
-  for (const ParamTensor& t : layout.tensors()) {
-    // GPT2Model checkpoints (e.g. the original "gpt2") name tensors without the "transformer." prefix.
-    auto [reader, info] = files.find(t.name);
-    if (!info && t.name.rfind("transformer.", 0) == 0) std::tie(reader, info) = files.find(t.name.substr(12));
-    ANVIL_REQUIRE(info, "{}: tensor '{}' is missing from the model weights", dir, t.name);
+  for (const auto& [name, _] : files.names()) {
+    const ParamTensor* t = layout.find_hf(name);
+    if (!t) {
+      ANVIL_REQUIRE(layout.hf_ignored(name),
+                    "{}: unexpected tensor '{}' (not part of a {} model with this config.json)",
+                    files.path_of(name), name, cfg.family);
+      continue;
+    }
+    const size_t index = size_t(t - layout.tensors().data());
+    ANVIL_REQUIRE(!found[index], "{}: tensor '{}' is stored twice (as '{}' and '{}')", dir, t->name,
+                  found[index]->name, name);
+    auto [reader, info] = files.find(name);
     const std::string& path = reader->path();
-    const std::vector<int64_t> want = hf_shape(t, cfg);
+    const std::vector<int64_t> want = t->hf_shape();
     ANVIL_REQUIRE(info->shape == want,
-                  "{}: tensor '{}' has shape {} but the model config (config.json) needs {}", path,
-                  info->name, shape_string(info->shape), shape_string(want));
-    float* dst = host.data() + t.offset;
-    if (t.hf_transposed) {
+                  "{}: tensor '{}' has shape {} but the model config (config.json) needs {}", path, name,
+                  shape_string(info->shape), shape_string(want));
+    float* dst = host.data() + t->offset;
+    if (t->hf_transposed) {
       tmp.resize(size_t(info->numel()));
       tensor_to_f32(*info, reader->data(*info), tmp.data(), path);
-      const int64_t rows = t.shape[0], cols = t.shape[1];  // Anvil [out, in]; file [in, out]
+      const int64_t rows = t->shape[0], cols = t->shape[1];  // Anvil [out, in]; file [in, out]
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = tmp[size_t(c * rows + r)];
     } else {
       tensor_to_f32(*info, reader->data(*info), dst, path);
     }
+    found[index] = t;
   }
-  for (const auto& [n, _] : files.names()) {
-    const bool known = layout.find(n) || layout.find("transformer." + n) || n == "lm_head.weight" ||
-                       n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
-    ANVIL_REQUIRE(known, "{}: unexpected tensor '{}' (not part of a GPT-2 model with this config)",
-                  files.path_of(n), n);
-  }
+  for (size_t i = 0; i < found.size(); ++i)
+    ANVIL_REQUIRE(found[i], "{}: tensor '{}' is missing from the model weights", dir, layout.tensors()[i].name);
   model.upload_weights(dev, host.data());
 }
 
 void save_model(const std::string& dir, const Model& model, Device& dev) {
   if (model.config().is_bert()) return save_bert_model(dir, static_cast<const BertModel&>(model), dev);
-  save_model(dir, static_cast<const GptModel&>(model), dev);
+  save_model(dir, static_cast<const Decoder&>(model), dev);
 }
 
 BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev) {
   if (model.config().is_bert()) return load_bert_weights(dir, static_cast<BertModel&>(model), dev);
-  load_model_weights(dir, static_cast<GptModel&>(model), dev);
+  load_model_weights(dir, static_cast<Decoder&>(model), dev);
   return {};
 }
 

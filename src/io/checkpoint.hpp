@@ -16,7 +16,7 @@
 
 #include "io/bert_checkpoint.hpp"
 #include "io/trainer_state.hpp"
-#include "model/gpt_model.hpp"
+#include "model/decoder.hpp"
 #include "model/model.hpp"
 #include "optim/optimizer.hpp"
 
@@ -27,14 +27,17 @@ namespace anvil::io {
 // ("checkpoint-N.tmp-<pid>", "checkpoint-N.old-<pid>": require_not_interrupted_save in atomic_dir.hpp).
 TransformerConfig read_model_config(const std::string& dir);
 
-// Writes model.safetensors and config.json into `dir` (an existing directory).
-void save_model(const std::string& dir, const GptModel& model, Device& dev);
-// Loads <dir>/model.safetensors into the model's parameters. Accepts names with or without the
-// "transformer." prefix, F32/F16/BF16 tensors, ignores the tied lm_head and attention-mask buffers;
-// a missing tensor or a shape that disagrees with the config is an error naming both.
-void load_model_weights(const std::string& dir, GptModel& model, Device& dev);
+// Writes model.safetensors (fp32, Hugging Face names and shapes) and config.json into `dir` (an existing
+// directory): a directory transformers loads as GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM /
+// MistralForCausalLM with no missing or unexpected keys.
+void save_model(const std::string& dir, const Decoder& model, Device& dev);
+// Loads <dir>/model.safetensors (or its shards) into the model's parameters, by the layout table's names
+// and aliases (GPT-2 with or without the "transformer." prefix), F32/F16/BF16 tensors; tensors the table
+// marks as ignorable (a tied head, attention-mask and rotary buffers) are skipped. A missing, duplicated
+// or unexpected tensor, or a shape that disagrees with the config, is an error naming both.
+void load_model_weights(const std::string& dir, Decoder& model, Device& dev);
 
-// Either family: GptModel's functions above, or save_bert_model / load_bert_weights. The BERT loader's report
+// Either family: the Decoder's functions above, or save_bert_model / load_bert_weights. The BERT loader's report
 // (head tensors the directory lacks, which keep their values; tensors skipped) is returned; it is empty for
 // GPT-2.
 void save_model(const std::string& dir, const Model& model, Device& dev);

@@ -8,8 +8,9 @@
 // into one buffer; activation gradients are OVERWRITTEN unless the comment says "accumulates".
 //
 // Op families (one implementation file per family under cpu/ and cuda/):
-//   embedding (GPT-2's; BERT's with token types), layernorm, matmul, attention, activation (gelu, exact
-//   erf gelu, tanh, residual, first-token rows), loss (softmax cross-entropy; sequence classification),
+//   embedding (GPT-2's; BERT's with token types), layernorm, rmsnorm, matmul, attention, rope, generation
+//   (KV-cache writes and attention over the cache, at per-sequence positions), activation
+//   (gelu, exact erf gelu, tanh, swiglu, residual, first-token rows), loss (softmax cross-entropy; sequence classification),
 //   reduction (sums, sums of squares, the gradient-clipping factor), precision (weight casts), optimizer
 //   (AdamW, SGD, Adafactor, 8-bit AdamW).
 #pragma once
@@ -176,6 +177,29 @@ struct AttentionMask {
   float dropout = 0;
   const DropoutState* dropout_state = nullptr;
   uint32_t dropout_site = 0;
+  // Sliding window (Mistral's sliding_window): > 0 lets query t see only keys t2 with t - t2 < window (on
+  // top of `causal`, which it requires); 0: no window.
+  int window = 0;
+};
+
+// The shape of one self-attention call. qkv rows hold NH query heads, then NKV key heads, then NKV value
+// heads, each of HS elements: [B, T, (NH + 2 NKV) HS]; the output rows hold the NH heads side by side
+// [B, T, NH HS]. Grouped-query attention (NKV < NH, NH a multiple of NKV): query head h reads key/value head
+// h / (NH / NKV). Multi-head attention: NKV == NH. HS need not be C / NH of the model (Llama's head_dim).
+struct AttentionShape {
+  int B = 0, T = 0, NH = 0, NKV = 0, HS = 0;
+  int q_width() const { return NH * HS; }
+  int qkv_width() const { return (NH + 2 * NKV) * HS; }
+  // The multi-head shape of the older int-argument forms: C = NH * HS, NKV = NH.
+  static AttentionShape mha(int B, int T, int C, int NH) { return {B, T, NH, NH, C / NH}; }
+};
+
+// One layer's KV cache (generation): k and v, each [B, S, NKV, HS] in the compute type, S the cache's
+// capacity in positions. k[b, p, g, :] is key head g of sequence b at position p (after RoPE); v likewise.
+struct KvCacheLayer {
+  void* k = nullptr;
+  void* v = nullptr;
+  int S = 0;
 };
 
 // The storage types an Ops instance works in. `compute`: activations, activation gradients and the model's
@@ -199,18 +223,29 @@ class Ops {
 
   // Bytes of the `scratch` buffer the attention functions need for these shapes (`dropout`: with
   // attention-probability dropout, AttentionMask::dropout > 0).
-  virtual size_t attention_scratch_bytes(int B, int T, int C, int NH, bool dropout = false) const = 0;
+  virtual size_t attention_scratch_bytes(const AttentionShape& s, bool dropout = false) const = 0;
+  size_t attention_scratch_bytes(int B, int T, int C, int NH, bool dropout = false) const {
+    return attention_scratch_bytes(AttentionShape::mha(B, T, C, NH), dropout);
+  }
 
   // Pointer types: `void*` arguments are in the compute type unless marked [grad] (the gradient type);
   // `float*` arguments are always fp32.
 
   // --- embedding -------------------------------------------------------------------------------
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].   out [B,T,C], tokens [B,T], wte [V,C], wpe [maxT,C]
+  // wpe may be null: no learned positions (Llama, Qwen2, Mistral use RoPE), out[b,t,:] = wte[tokens[b,t],:].
   virtual void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                              int C) = 0;
   // [grad] dwte[tokens[b,t],:] += dout[b,t,:]; [grad] dwpe[t,:] += dout[b,t,:]   (both accumulate)
+  // dwpe may be null (no learned positions): only dwte is written.
   virtual void embedding_bwd(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                              int C) = 0;
+  // The token-embedding gradient of a model without learned positions whose embedding has a padding_idx
+  // (Llama, Qwen2, Mistral: HF's nn.Embedding(padding_idx = pad_token_id)): [grad] dwte[tokens[i],:] +=
+  // dout[i,:] for the B*T rows except those whose token is skip_token (that row never receives a gradient
+  // from the lookup). Accumulates, as embedding_bwd.
+  virtual void embedding_bwd_skip(void* dwte, const void* dout, const int32_t* tokens, int B, int T, int C,
+                                  int32_t skip_token) = 0;
   // BERT's embedding sum (before its LayerNorm): out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] +
   // wtt[types[b,t],:]. `types` [B,T] may be null (every token of type 0). wtt [TV,C].
   virtual void bert_embedding_fwd(void* out, const int32_t* tokens, const int32_t* types, const void* wte,
@@ -251,6 +286,20 @@ class Ops {
     layernorm_bwd_sum(dinp, dw, db, dout, dout2, inp, w, mean, rstd, N, C, BranchGrad{});
   }
 
+  // --- rmsnorm (Llama, Qwen2, Mistral: no mean, no bias) -------------------------------------------
+  // out[N,C] = inp * rstd * w with rstd = 1 / sqrt(mean(inp^2) + eps) (fp32 math; inp * rstd rounded to the
+  // compute type before the multiplication by w, as Hugging Face's LlamaRMSNorm does); writes rstd[N] (fp32).
+  virtual void rmsnorm_fwd(void* out, float* rstd, const void* inp, const void* w, int N, int C,
+                           float eps) = 0;
+  // dinp ACCUMULATES (it is the residual stream's gradient); [grad] dw accumulates.
+  virtual void rmsnorm_bwd(void* dinp, void* dw, const void* dout, const void* inp, const void* w,
+                           const float* rstd, int N, int C) = 0;
+  // The residual stream's next value and its RMSNorm in one pass: out[N,C] = a + b (rounded to the compute
+  // type), then ln = rmsnorm(out) with rstd as rmsnorm_fwd writes it. Exactly residual_fwd followed by
+  // rmsnorm_fwd; on CUDA one kernel. out may alias a or b; ln must not alias any input.
+  virtual void residual_rmsnorm_fwd(void* out, void* ln, float* rstd, const void* a, const void* b,
+                                    const void* w, int N, int C, float eps) = 0;
+
   // --- matmul: out[N,OC] = inp[N,K] @ w[OC,K]^T (+ bias[OC]); bias may be null --------------------
   virtual void matmul_fwd(void* out, const void* inp, const void* w, const void* bias, int N, int K,
                           int OC) = 0;
@@ -269,16 +318,68 @@ class Ops {
                                 const void* w, const void* gelu_pre, int N, int K, int OC,
                                 GradWrite dw_write = GradWrite::Accumulate) = 0;
 
-  // --- multi-head self-attention (flash-style: probabilities are never stored) ---------------------
-  // qkv [B,T,3C]: q = qkv[..., 0:C], k = qkv[..., C:2C], v = qkv[..., 2C:3C]; head h uses columns
-  // h*HS..(h+1)*HS of each, HS = C/NH. out [B,T,C] (heads side by side) = softmax(q k^T / sqrt(HS)) v over
-  // the keys `mask` allows; lse [B,NH,T] (fp32) receives each query row's natural log-sum-exp of its
-  // scaled, masked scores, which is all the backward needs to recompute the probabilities.
-  virtual void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C,
-                             int NH, const AttentionMask& mask) = 0;
-  // dqkv [B,T,3C] overwritten, from dout [B,T,C], the forward's qkv, out and lse, and the same mask.
+  // --- self-attention (flash-style: probabilities are never stored) -------------------------------
+  // qkv [B, T, (NH + 2 NKV) HS] (AttentionShape); query head h uses the columns h*HS..(h+1)*HS of the q
+  // part and key/value head h / (NH / NKV) of the k and v parts. out [B, T, NH HS] (heads side by side) =
+  // softmax(q k^T / sqrt(HS)) v over the keys `mask` allows; lse [B, NH, T] (fp32) receives each query row's
+  // natural log-sum-exp of its scaled, masked scores, which is all the backward needs to recompute the
+  // probabilities.
+  virtual void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, const AttentionShape& s,
+                             const AttentionMask& mask) = 0;
+  // dqkv [B, T, (NH + 2 NKV) HS] overwritten (a key/value head's gradient sums over the query heads of its
+  // group), from dout [B, T, NH HS], the forward's qkv, out and lse, and the same mask.
   virtual void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-                             void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) = 0;
+                             void* scratch, const AttentionShape& s, const AttentionMask& mask) = 0;
+  // Multi-head forms (NKV = NH, HS = C / NH). Implementations bring them into scope with `using`.
+  void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C, int NH,
+                     const AttentionMask& mask) {
+    attention_fwd(out, lse, qkv, scratch, AttentionShape::mha(B, T, C, NH), mask);
+  }
+  void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                     void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) {
+    attention_bwd(dqkv, dout, qkv, out, lse, scratch, AttentionShape::mha(B, T, C, NH), mask);
+  }
+
+  // --- rotary position embedding (RoPE; Hugging Face Llama's rotate-half form) ----------------------
+  // In place on the q and k heads of qkv [B, T, (NH + 2 NKV) HS] (AttentionShape; v untouched): in every q
+  // and k head vector x, the pair (x[i], x[i + HS/2]), i < HS/2, of the token at position p = pos_offset + t
+  // rotates by the angle a = fp32(p) * inv_freq[i] (fp32 product; cos and sin of it in fp32):
+  //   x[i] <- x[i] cos a - x[i + HS/2] sin a;   x[i + HS/2] <- x[i + HS/2] cos a + x[i] sin a.
+  // inv_freq [HS/2] fp32 in the backend's memory (model/rope.hpp makes it from rope_theta and rope_scaling).
+  // HS must be even. pos_offset: the position of row t = 0 (0 in training; the cache length when decoding).
+  virtual void rope_fwd(void* qkv, const float* inv_freq, const AttentionShape& s, int pos_offset) = 0;
+  // Its backward, in place on dqkv: the inverse rotation (angle -a) of the q and k gradients; v untouched.
+  virtual void rope_bwd(void* dqkv, const float* inv_freq, const AttentionShape& s, int pos_offset) = 0;
+
+  // --- generation (KV cache) ----------------------------------------------------------------------
+  // Decoding runs Tn >= 1 new tokens of each of B sequences whose first pos[b] positions are cached: `pos`
+  // is int32 [B] in the backend's memory, and token t of sequence b is at position pos[b] + t. Each op
+  // requires 0 <= pos[b] and pos[b] + Tn <= the bound it names: the CPU throws otherwise; CUDA, which cannot
+  // check device values, skips what lies outside the buffers (the results are then meaningless).
+  //
+  // out[b,t,:] = wte[tokens[b,t],:] + wpe[pos[b] + t,:] (wpe null: the token row alone); tokens [B,Tn];
+  // pos[b] + Tn <= wpe's rows is the caller's to ensure. With every pos[b] = 0 it is exactly embedding_fwd.
+  virtual void embedding_fwd_at(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                                const int32_t* pos, int B, int Tn, int C) = 0;
+  // rope_fwd at per-sequence positions: row (b, t) of qkv [B, Tn, (NH + 2 NKV) HS] (s.T = Tn) rotates as
+  // rope_fwd rotates position pos[b] + t. With every pos[b] = p0 it is exactly rope_fwd(..., pos_offset p0).
+  virtual void rope_fwd_at(void* qkv, const float* inv_freq, const AttentionShape& s, const int32_t* pos) = 0;
+  // Copies the k and v heads of qkv [B, Tn, (NH + 2 NKV) HS] (s.T = Tn; after RoPE) into the cache:
+  // cache.k[b, pos[b] + t, g, :] = key head g of row (b, t), cache.v likewise. Requires pos[b] + Tn <= S.
+  virtual void kv_cache_write(const KvCacheLayer& cache, const void* qkv, const int32_t* pos,
+                              const AttentionShape& s) = 0;
+  // Attention of the new queries over the cache. Query head h of row (b, t) of qkv (its q part; s.T = Tn),
+  // at position p = pos[b] + t, attends to the cached keys and values of head h / (NH / NKV) at positions
+  // [window > 0 ? max(0, p - window + 1) : 0, p] (causal; `window` as AttentionMask::window):
+  // out [B, Tn, NH HS] = softmax(q k^T / sqrt(HS)) v, fp32 math over the stored values, out rounded once
+  // (unlike attention_fwd, the probabilities are not rounded to the storage type). The new tokens' keys and
+  // values must be in the cache already (kv_cache_write first). `max_keys`: a host-side bound with
+  // pos[b] + Tn <= max_keys <= cache.S for every b (CUDA splits each sequence's keys across thread blocks,
+  // flash-decoding style, by it). `scratch` of `scratch_bytes` (cached_attention_scratch_bytes below; fewer
+  // bytes, even 0, only allow fewer splits) holds the splits' partial results.
+  virtual void cached_attention_fwd(void* out, const void* qkv, const KvCacheLayer& cache, const int32_t* pos,
+                                    int max_keys, int window, void* scratch, size_t scratch_bytes,
+                                    const AttentionShape& s) = 0;
 
   // --- attention of each sequence's first query only --------------------------------------------
   // BERT's last block feeds only its [CLS] rows to the pooler, so only query 0 of each sequence matters
@@ -302,6 +403,14 @@ class Ops {
   virtual void gelu_bwd(void* dinp, const void* inp, const void* dout, size_t n) = 0;
   // out = a + b (out may alias a or b).
   virtual void residual_fwd(void* out, const void* a, const void* b, size_t n) = 0;
+  // SwiGLU (Llama's MLP activation) of the fused gate/up GEMM's output inp [N, 2I] (gate = columns 0..I-1,
+  // up = columns I..2I-1): out[N, I] = silu(gate) * up, silu(x) = x / (1 + exp(-x)), fp32 math, out rounded
+  // once. out must not alias inp.
+  virtual void swiglu_fwd(void* out, const void* inp, int N, int I) = 0;
+  // dinp [N, 2I] overwritten: d gate = dout * up * silu'(gate), d up = dout * silu(gate) (silu'(x) =
+  // s (1 + x (1 - s)), s = sigmoid(x)), from the forward's inp and dout [N, I]. dinp must not alias inp or
+  // dout.
+  virtual void swiglu_bwd(void* dinp, const void* inp, const void* dout, int N, int I) = 0;
 
   // --- dropout (training) ---------------------------------------------------------------------------
   // y[i] = keep(i) ? x[i] / (1 - p) : 0, keep(i) from the seed and micro-batch counter in `state` (read when
@@ -453,11 +562,30 @@ std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision = {});
 // probabilities in scratch (B*NH*T*T elements) and recomputes them in the backward.
 // With `dropout` (attention-probability dropout in training), CUDA always takes the materialised path
 // (cuDNN's dropout masks are not the ones every backend draws), and the scratch is sized for it.
-size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH,
-                               bool dropout = false);
-size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH, bool dropout = false);
-// "cudnn flash attention" or "materialized attention": what CUDA attention will run (see above).
-const char* cuda_attention_implementation(DType compute, int C, int NH, bool dropout = false);
+size_t attention_scratch_bytes(DeviceKind backend, DType compute, const AttentionShape& s, bool dropout = false);
+size_t cuda_attention_scratch_bytes(DType compute, const AttentionShape& s, bool dropout = false);
+// The scratch Ops::cached_attention_fwd can use at batch s.B (any Tn): on CUDA room for the partial results
+// of up to kCachedAttentionSplits key splits per query head of a one-token step (fp32 output, max and sum);
+// the CPU needs none.
+constexpr int kCachedAttentionSplits = 64;
+inline size_t cached_attention_scratch_bytes(DeviceKind backend, const AttentionShape& s) {
+  if (backend != DeviceKind::CUDA) return 0;
+  return size_t(s.B) * size_t(s.NH) * kCachedAttentionSplits * (size_t(s.HS) + 2) * sizeof(float);
+}
+// "cudnn flash attention" or "materialized attention": what CUDA attention will run (see above) for heads of
+// HS elements.
+const char* cuda_attention_path(DType compute, int HS, bool dropout = false);
+// Multi-head forms (HS = C / NH, NKV = NH).
+inline size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH,
+                                      bool dropout = false) {
+  return attention_scratch_bytes(backend, compute, AttentionShape::mha(B, T, C, NH), dropout);
+}
+inline size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH, bool dropout = false) {
+  return cuda_attention_scratch_bytes(compute, AttentionShape::mha(B, T, C, NH), dropout);
+}
+inline const char* cuda_attention_implementation(DType compute, int C, int NH, bool dropout = false) {
+  return cuda_attention_path(compute, C / NH, dropout);
+}
 // `tf32`: allow TF32 tensor cores in fp32 GEMMs. `workspace` is a device buffer of `workspace_bytes` for
 // cuBLASLt.
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, bool tf32, void* workspace, size_t workspace_bytes,

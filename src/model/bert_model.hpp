@@ -1,5 +1,5 @@
 // BERT (Hugging Face BertForSequenceClassification) with explicit forward and backward per layer (DESIGN
-// principle 3), implementing the Model interface (model.hpp) as GptModel does: the model owns no memory; it
+// principle 3), implementing the Model interface (model.hpp) as Decoder does: the model owns no memory; it
 // adds its buffers to a MemoryPlan and binds to the Arena carved from it, and nothing is allocated in
 // forward() or backward().
 //
@@ -28,7 +28,7 @@
 // real tokens, 1 <= lengths[b] <= T; the rest is padding, which no query attends to. Padding positions carry
 // values that never reach the logits, and get exactly zero gradient.
 //
-// Precision (OpsPrecision) as in GptModel: weights, activations and activation gradients in the compute
+// Precision (OpsPrecision) as in Decoder: weights, activations and activation gradients in the compute
 // type, parameter gradients in the gradient type, LayerNorm statistics and losses in fp32, fp32 master
 // weights for a 16-bit compute type (sync_weights() rounds them into the compute-type copy).
 //
@@ -145,7 +145,7 @@ class BertModel final : public Model {
     backward(ops, in.tokens, in.token_types, in.lengths, in.B, in.T);
   }
 
-  // Memory history (docs/memory.md) and profiling, as GptModel: while set, forward and backward record
+  // Memory history (docs/memory.md) and profiling, as Decoder: while set, forward and backward record
   // phases and when each saved activation is live. nullptr stops.
   void set_memory_trace(MemoryTrace* trace) override;
   void set_profiler(StepProfiler* profiler) override { profiler_ = profiler; }
@@ -185,7 +185,7 @@ class BertModel final : public Model {
   // Places the gradient buffer over activations (share_grad_memory_); after the activations are planned.
   void plan_shared_grads(MemoryPlan& plan);
 
-  // Memory-trace bookkeeping (see GptModel): live ids per (layer, kind), per block output, and outside.
+  // Memory-trace bookkeeping (see Decoder): live ids per (layer, kind), per block output, and outside.
   void trace_phase(const char* name, int layer);
   void trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer, const char* phase);
   void trace_free(int& id, const char* phase);

@@ -1,7 +1,7 @@
 #include "model/model.hpp"
 
 #include "model/bert_model.hpp"
-#include "model/gpt_model.hpp"
+#include "model/decoder.hpp"
 
 namespace anvil {
 
@@ -12,7 +12,7 @@ std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, i
   if (cfg.is_bert())
     return std::make_unique<BertModel>(cfg, max_batch, max_seq, training, checkpointing, precision,
                                        share_grad_memory);
-  return std::make_unique<GptModel>(cfg, max_batch, max_seq, training, checkpointing, precision);
+  return std::make_unique<Decoder>(cfg, max_batch, max_seq, training, checkpointing, precision);
 }
 
 }  // namespace anvil

@@ -1,4 +1,4 @@
-// The common interface of the model families (GptModel: causal LM; BertModel: encoder + sequence
+// The common interface of the model families (Decoder: the causal LMs; BertModel: encoder + sequence
 // classification head): what the Engine, the trainer, checkpoints and the optimizers need, independent of
 // the family. A model owns no memory: it adds its buffers to a MemoryPlan and binds to the Arena carved from
 // it; its parameters are one flat buffer in the family's ParamLayout.
@@ -75,6 +75,9 @@ class Model {
   // optimizer step (stochastically with a nonzero seed, bf16), a no-op for fp32; with `step_values` (device
   // memory) the seed of a stochastic cast is read there when the cast runs (Ops::cast_weights).
   virtual void init_weights(uint64_t seed, Device& dev) const = 0;
+  // Uploads the model's constant buffers that are not weights (the decoder's RoPE frequencies); the Engine
+  // calls it once, right after bind.
+  virtual void upload_constants(Device& dev) const {}
   virtual void upload_weights(Device& dev, const float* host) const = 0;
   virtual void sync_weights(Ops& ops, uint64_t rounding_seed = 0,
                             const StepValues* step_values = nullptr) const = 0;
@@ -91,9 +94,9 @@ class Model {
   virtual void set_profiler(StepProfiler* profiler) = 0;
 };
 
-// The model of cfg.family ("gpt2": GptModel, "bert": BertModel), planned for inputs up to max_batch x
+// The model of cfg.family (the decoder families: Decoder; "bert": BertModel), planned for inputs up to max_batch x
 // max_seq; with `training`, gradients and the backward workspace too. `share_grad_memory` asks for gradients
-// in dead activation memory (grads_share_activations); only the BERT family does it, GPT-2 ignores it.
+// in dead activation memory (grads_share_activations); only the BERT family does it, decoders ignore it.
 std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, int max_seq, bool training,
                                   CheckpointPolicy checkpointing = {}, OpsPrecision precision = {},
                                   bool share_grad_memory = false);

@@ -1,5 +1,9 @@
 #include "model/param_layout.hpp"
 
+#include <utility>
+
+#include "model/arch_spec.hpp"
+
 namespace anvil {
 
 void ParamLayout::begin_unit(std::string name) {
@@ -9,45 +13,87 @@ void ParamLayout::begin_unit(std::string name) {
   units_.push_back(std::move(u));
 }
 
-void ParamLayout::add(std::string name, Shape shape, bool decay, ParamTensor::Init init, bool hf_transposed) {
+ParamTensor& ParamLayout::add(std::string name, Shape shape, bool decay, ParamTensor::Init init,
+                              bool hf_transposed) {
   ParamUnit& u = units_.back();
   ANVIL_ASSERT(!decay || u.decay_numel == u.numel, "decayed tensor {} after a non-decayed one", name);
-  ParamTensor t{std::move(name), shape, total_, decay, hf_transposed, init};
+  ParamTensor t;
+  t.name = std::move(name), t.shape = shape, t.offset = total_, t.decay = decay;
+  t.hf_transposed = hf_transposed, t.init = init;
   u.numel += t.numel();
   if (decay) u.decay_numel += t.numel();
   total_ += t.numel();
   u.tensors.push_back(tensors_.size());
   tensors_.push_back(std::move(t));
+  return tensors_.back();
 }
 
-ParamLayout ParamLayout::gpt2(const TransformerConfig& cfg) {
+std::vector<int64_t> ParamTensor::hf_shape() const {
+  std::vector<int64_t> s(shape.dims.begin(), shape.dims.begin() + shape.ndim);
+  if (hf_rows >= 0) s[0] = hf_rows;
+  if (hf_transposed) std::swap(s[0], s[1]);
+  return s;
+}
+
+ParamLayout ParamLayout::decoder(const TransformerConfig& cfg) {
   using I = ParamTensor::Init;
-  ANVIL_REQUIRE(cfg.family == "gpt2", "model family '{}' cannot be built as a GPT-2 (family gpt2)",
-                cfg.family);
-  const int64_t C = cfg.n_embd;
+  using R = TensorRole;
+  const ArchSpec s = ArchSpec::of(cfg);
+  const DecoderNames& n = DecoderNames::of(cfg.family);
+  const int64_t C = s.C, F = s.ffn, Q = s.q_width(), KV = s.kv_width();
+  const bool T = n.matrices_transposed;
   ParamLayout l;
+  l.hf_ignored_suffixes_ = n.ignored_suffixes;
+  // Tensors of a tied head are the embedding's: a file may still hold the head (HF ignores it then).
+  if (s.tied_head && !n.head.empty()) l.hf_ignored_suffixes_.push_back(n.head + ".weight");
+  auto tensor = [&](std::string name, Shape shape, bool decay, I init, R role, int layer, bool transposed) {
+    ParamTensor& t = l.add(std::move(name), shape, decay, init, transposed);
+    t.role = role, t.layer = layer;
+    if (!n.alias_strip.empty() && t.name.starts_with(n.alias_strip))
+      t.aliases.push_back(t.name.substr(n.alias_strip.size()));
+    return &t;
+  };
   l.begin_unit("embedding");
-  l.add("transformer.wte.weight", {cfg.padded_vocab_size(), C}, true, I::Normal);
-  l.add("transformer.wpe.weight", {cfg.block_size, C}, true, I::Normal);
-  for (int i = 0; i < cfg.n_layer; ++i) {
-    const std::string p = "transformer.h." + std::to_string(i) + ".";
+  tensor(n.token_embedding, {s.padded_vocab, C}, true, I::Normal, R::TokenEmbedding, -1, false)->hf_rows =
+      s.vocab;
+  if (s.positions == PositionKind::Learned)
+    tensor(n.position_embedding, {s.max_positions, C}, true, I::Normal, R::PositionEmbedding, -1, false);
+  // q, k, v (or gate, up) as one module, or as adjacent parts of the fused matrix / bias.
+  const std::vector<int64_t> qkv_rows =
+      n.qkv.size() == 1 ? std::vector<int64_t>{Q + 2 * KV} : std::vector<int64_t>{Q, KV, KV};
+  const std::vector<int64_t> mlp_rows =
+      n.mlp_in.size() == 1 ? std::vector<int64_t>{s.mlp_in_width()} : std::vector<int64_t>{F, F};
+  ANVIL_ASSERT(int64_t(n.mlp_in.size()) * (s.mlp == MlpKind::SwiGLU ? 1 : 2) == 2,
+               "{}: the name table's MLP does not match its spec", cfg.family);
+  for (int i = 0; i < s.n_layer; ++i) {
+    std::string p = n.block;
+    p.replace(p.find("{L}"), 3, std::to_string(i));
     l.begin_unit("block." + std::to_string(i));
-    l.add(p + "attn.c_attn.weight", {3 * C, C}, true, I::Normal, true);
-    l.add(p + "attn.c_proj.weight", {C, C}, true, I::NormalResidual, true);
-    l.add(p + "mlp.c_fc.weight", {4 * C, C}, true, I::Normal, true);
-    l.add(p + "mlp.c_proj.weight", {C, 4 * C}, true, I::NormalResidual, true);
-    l.add(p + "ln_1.weight", {C}, false, I::Ones);
-    l.add(p + "ln_1.bias", {C}, false, I::Zeros);
-    l.add(p + "attn.c_attn.bias", {3 * C}, false, I::Zeros);
-    l.add(p + "attn.c_proj.bias", {C}, false, I::Zeros);
-    l.add(p + "ln_2.weight", {C}, false, I::Ones);
-    l.add(p + "ln_2.bias", {C}, false, I::Zeros);
-    l.add(p + "mlp.c_fc.bias", {4 * C}, false, I::Zeros);
-    l.add(p + "mlp.c_proj.bias", {C}, false, I::Zeros);
+    for (size_t k = 0; k < n.qkv.size(); ++k)
+      tensor(p + n.qkv[k] + ".weight", {qkv_rows[k], C}, true, I::Normal, R::QkvWeight, i, T);
+    tensor(p + n.out + ".weight", {C, Q}, true, I::NormalResidual, R::OutWeight, i, T);
+    for (size_t k = 0; k < n.mlp_in.size(); ++k)
+      tensor(p + n.mlp_in[k] + ".weight", {mlp_rows[k], C}, true, I::Normal, R::MlpInWeight, i, T);
+    tensor(p + n.mlp_out + ".weight", {C, F}, true, I::NormalResidual, R::MlpOutWeight, i, T);
+    tensor(p + n.norm1 + ".weight", {C}, false, I::Ones, R::Norm1Weight, i, false);
+    if (s.norm_has_bias()) tensor(p + n.norm1 + ".bias", {C}, false, I::Zeros, R::Norm1Bias, i, false);
+    if (s.qkv_bias)
+      for (size_t k = 0; k < n.qkv.size(); ++k)
+        tensor(p + n.qkv[k] + ".bias", {qkv_rows[k]}, false, I::Zeros, R::QkvBias, i, false);
+    if (s.out_bias) tensor(p + n.out + ".bias", {C}, false, I::Zeros, R::OutBias, i, false);
+    tensor(p + n.norm2 + ".weight", {C}, false, I::Ones, R::Norm2Weight, i, false);
+    if (s.norm_has_bias()) tensor(p + n.norm2 + ".bias", {C}, false, I::Zeros, R::Norm2Bias, i, false);
+    if (s.mlp_bias) {
+      for (size_t k = 0; k < n.mlp_in.size(); ++k)
+        tensor(p + n.mlp_in[k] + ".bias", {mlp_rows[k]}, false, I::Zeros, R::MlpInBias, i, false);
+      tensor(p + n.mlp_out + ".bias", {C}, false, I::Zeros, R::MlpOutBias, i, false);
+    }
   }
   l.begin_unit("final");
-  l.add("transformer.ln_f.weight", {C}, false, I::Ones);
-  l.add("transformer.ln_f.bias", {C}, false, I::Zeros);
+  if (!s.tied_head)
+    tensor(n.head + ".weight", {s.padded_vocab, C}, true, I::Normal, R::HeadWeight, -1, false)->hf_rows = s.vocab;
+  tensor(n.final_norm + ".weight", {C}, false, I::Ones, R::FinalNormWeight, -1, false);
+  if (s.norm_has_bias()) tensor(n.final_norm + ".bias", {C}, false, I::Zeros, R::FinalNormBias, -1, false);
   return l;
 }
 
@@ -58,7 +104,8 @@ ParamLayout ParamLayout::bert(const TransformerConfig& cfg) {
   const int64_t C = cfg.n_embd, F = cfg.ffn_size();
   ParamLayout l;
   l.begin_unit("embedding");
-  l.add("bert.embeddings.word_embeddings.weight", {cfg.vocab_size, C}, true, I::Normal);
+  l.add("bert.embeddings.word_embeddings.weight", {cfg.vocab_size, C}, true, I::Normal).role =
+      TensorRole::TokenEmbedding;
   l.add("bert.embeddings.position_embeddings.weight", {cfg.block_size, C}, true, I::Normal);
   l.add("bert.embeddings.token_type_embeddings.weight", {cfg.type_vocab_size, C}, true, I::Normal);
   l.add("bert.embeddings.LayerNorm.weight", {C}, false, I::Ones);
@@ -95,6 +142,27 @@ ParamLayout ParamLayout::bert(const TransformerConfig& cfg) {
 const ParamTensor* ParamLayout::find(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return &t;
+  return nullptr;
+}
+
+const ParamTensor* ParamLayout::find_hf(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+    for (const auto& a : t.aliases)
+      if (a == name) return &t;
+  }
+  return nullptr;
+}
+
+bool ParamLayout::hf_ignored(const std::string& name) const {
+  for (const auto& suffix : hf_ignored_suffixes_)
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
+const ParamTensor* ParamLayout::find_role(TensorRole role, int layer) const {
+  for (const auto& t : tensors_)
+    if (t.role == role && t.layer == layer) return &t;
   return nullptr;
 }
 

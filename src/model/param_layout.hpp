@@ -1,4 +1,6 @@
-// Flat parameter storage (DESIGN principle 2). The model's parameters live in ONE contiguous fp32
+// Flat parameter storage (DESIGN principle 2): the layout table. Each family's tensors are declared once
+// here, with their Hugging Face names, aliases and transforms, their role in the model, initialisation and
+// weight decay; checkpoints, optimizer groups, HF import/export and the models derive everything from it. The model's parameters live in ONE contiguous fp32
 // buffer made of units: the embedding, each transformer block, and the final unit (GPT-2: the final norm,
 // the head being tied to the token embedding; BERT: the pooler and the classifier). Gradients and optimizer
 // states mirror this layout exactly.
@@ -6,7 +8,8 @@
 // Within a unit, tensors that take weight decay come first and those that do not (biases, norm
 // weights) come after, so the optimizer updates each unit with two contiguous range calls.
 //
-// GPT-2 order (offsets in floats; C = n_embd, Vp = padded vocab, P = block_size):
+// Decoder order (ParamLayout::decoder; GPT-2 names shown, offsets in floats; C = n_embd, Vp = padded vocab,
+// P = block_size):
 //   embedding: transformer.wte.weight [Vp, C], transformer.wpe.weight [P, C]
 //   block i:   attn.c_attn.weight [3C, C], attn.c_proj.weight [C, C], mlp.c_fc.weight [4C, C],
 //              mlp.c_proj.weight [C, 4C] | ln_1.weight [C], ln_1.bias [C], attn.c_attn.bias [3C],
@@ -14,6 +17,10 @@
 //   final:     transformer.ln_f.weight [C], transformer.ln_f.bias [C]
 // Matrix weights are stored [out, in] (PyTorch Linear); Hugging Face GPT-2 stores its Conv1D weights
 // [in, out], so those are transposed on import/export (`hf_transposed`).
+// Llama, Qwen2 and Mistral ("model.layers.L." prefix) follow the same order by role: q_proj, k_proj, v_proj
+// (adjacent: the fused QKV matrix), o_proj, gate_proj, up_proj (adjacent: the fused gate/up matrix),
+// down_proj | input_layernorm, [q, k, v biases], [o bias], post_attention_layernorm, [mlp biases]; the
+// embedding unit has model.embed_tokens only; the final unit is [lm_head when untied] | model.norm.
 //
 // BERT order (Hugging Face BertForSequenceClassification names; C = n_embd, I = intermediate size,
 // P = max positions, TV = type vocabulary, NL = num_labels; "L." = "bert.encoder.layer.L."):
@@ -40,14 +47,48 @@
 
 namespace anvil {
 
+// What a tensor is to the model that reads it (the decoder finds its weights by role and layer, not by
+// name); Other for tensors only their own model knows by name (BERT's).
+enum class TensorRole {
+  Other,
+  TokenEmbedding,
+  PositionEmbedding,
+  Norm1Weight,
+  Norm1Bias,
+  QkvWeight,  // q, k, v (one fused tensor or three adjacent ones: [(NH + 2 NKV) HS, C] together)
+  QkvBias,
+  OutWeight,  // attention output projection
+  OutBias,
+  Norm2Weight,
+  Norm2Bias,
+  MlpInWeight,  // GELU: c_fc [F, C]; SwiGLU: gate and up adjacent, [2F, C] together
+  MlpInBias,
+  MlpOutWeight,
+  MlpOutBias,
+  FinalNormWeight,
+  FinalNormBias,
+  HeadWeight,  // an untied LM head
+};
+
 struct ParamTensor {
   std::string name;    // Hugging Face name, e.g. "transformer.h.3.attn.c_attn.weight"
-  Shape shape;         // Anvil's shape ([out, in] for matrices, [Vp, C] for wte)
+  Shape shape;         // Anvil's shape ([out, in] for matrices, [Vp, C] for a padded vocabulary)
   size_t offset = 0;   // in floats, from the start of the whole flat buffer
   bool decay = false;  // takes weight decay
-  bool hf_transposed = false;
+  bool hf_transposed = false;  // Hugging Face stores it [in, out] (GPT-2's Conv1D)
   enum class Init { Normal, NormalResidual, Zeros, Ones } init = Init::Zeros;
+  TensorRole role = TensorRole::Other;
+  int layer = -1;  // the block it belongs to, or -1
+  // Rows Hugging Face stores (the real vocabulary of a padded embedding or head); -1: all. The rows past it
+  // are zero, are not exported and never receive a gradient.
+  int64_t hf_rows = -1;
+  // Other names the same tensor has in Hugging Face files (GPT2Model checkpoints drop "transformer.").
+  std::vector<std::string> aliases;
+  // Whether the optimizer updates it (a frozen base under LoRA will not).
+  bool trainable = true;
   size_t numel() const { return size_t(shape.numel()); }
+  // Its Hugging Face shape: transposed for hf_transposed, hf_rows rows.
+  std::vector<int64_t> hf_shape() const;
 };
 
 struct ParamUnit {
@@ -60,7 +101,8 @@ struct ParamUnit {
 
 class ParamLayout {
  public:
-  static ParamLayout gpt2(const TransformerConfig& cfg);
+  // The causal-LM decoders (gpt2, llama, qwen2, mistral: model/arch_spec.hpp), and BERT.
+  static ParamLayout decoder(const TransformerConfig& cfg);
   static ParamLayout bert(const TransformerConfig& cfg);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -68,11 +110,19 @@ class ParamLayout {
   size_t total_numel() const { return total_; }
   const ParamTensor& get(const std::string& name) const;
   const ParamTensor* find(const std::string& name) const;
+  // The tensor a Hugging Face file names `name` (its name or an alias), or nullptr.
+  const ParamTensor* find_hf(const std::string& name) const;
+  // Whether a Hugging Face file may hold `name` without the model using it (attention-mask and rotary
+  // buffers, a tied head saved anyway).
+  bool hf_ignored(const std::string& name) const;
+  // The first tensor of `role` in block `layer` (-1: outside the blocks), or nullptr.
+  const ParamTensor* find_role(TensorRole role, int layer = -1) const;
 
  private:
   void begin_unit(std::string name);
-  void add(std::string name, Shape shape, bool decay, ParamTensor::Init init, bool hf_transposed = false);
+  ParamTensor& add(std::string name, Shape shape, bool decay, ParamTensor::Init init, bool hf_transposed = false);
   std::vector<ParamTensor> tensors_;
+  std::vector<std::string> hf_ignored_suffixes_;
   std::vector<ParamUnit> units_;
   size_t total_ = 0;
 };

@@ -18,13 +18,13 @@ std::unique_ptr<Device> make_cuda_device(int) {
       "--device cuda: this Anvil was built without CUDA (configure with a CUDA toolkit and ANVIL_CUDA=ON)");
 }
 
-size_t cuda_attention_scratch_bytes(DType, int, int, int, int, bool) {
+size_t cuda_attention_scratch_bytes(DType, const AttentionShape&, bool) {
   ANVIL_THROW(
       "--device cuda: this Anvil was built without CUDA, so it cannot plan for the CUDA backend (configure "
       "with a CUDA toolkit and ANVIL_CUDA=ON)");
 }
 
-const char* cuda_attention_implementation(DType, int, int, bool) {
+const char* cuda_attention_path(DType, int, bool) {
   return "none (built without CUDA)";
 }
 

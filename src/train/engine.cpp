@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "train/resolved_config.hpp"
+
 namespace anvil {
 
 const char* precision_name(Precision p) {
@@ -38,24 +40,23 @@ EngineOptions training_engine_options(const TrainConfig& cfg) {
 }
 
 EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device) {
+  const ResolvedTrainConfig rc = resolve_train_config(cfg);
   EngineOptions o;
   o.device = device;
   o.batch_size = std::max(cfg.per_device_train_batch_size, cfg.val_data.empty() ? 1 : cfg.eval_batch_size());
   o.seq_len = cfg.seq_len();
   o.training = true;
-  o.fp32_matmul = parse_fp32_matmul(cfg.fp32_matmul_mode());
+  o.fp32_matmul = rc.fp32_matmul;
   ANVIL_REQUIRE(
       !cfg.gemm_tuning || device == DeviceKind::CUDA,
       "gemm_tuning tunes the cuBLASLt GEMM algorithms of the CUDA backend; it is not supported on the "
       "CPU (device {})",
       cfg.device);
   o.gemm_tuning = {cfg.gemm_tuning, cfg.gemm_tuning_cache};
-  o.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
-  o.half_precision_grads = cfg.grad_accum_dtype != "fp32";
-  if (cfg.gradient_checkpointing)
-    o.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
-                       cfg.gradient_checkpointing_every};
-  o.optimizer = parse_optimizer(cfg.optim);
+  o.precision = rc.precision;
+  o.half_precision_grads = rc.half_precision_grads;
+  o.checkpointing = rc.checkpointing;
+  o.optimizer = rc.optimizer;
   o.optim = optimizer_hyper(cfg);
   o.share_grad_memory = cfg.gradient_accumulation_steps == 1;
   return o;
@@ -195,6 +196,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     ops_ = make_cpu_ops(*device_, ops_precision(o));
   }
   model_->bind(*arena_);
+  model_->upload_constants(*device_);
   if (optimizer_) {
     optimizer_->bind(*arena_);
     optimizer_->reset(*device_);
@@ -234,11 +236,11 @@ void Engine::upload_step_values() {
   device_->upload_on_compute(step_values(), step_values_host_->get(), sizeof(StepValues));
 }
 
-GptModel& Engine::gpt() {
+Decoder& Engine::decoder() {
   ANVIL_REQUIRE(!is_bert(),
-                "this needs a GPT-2 (causal language) model, but the model is of family 'bert' (a sequence "
+                "this needs a causal language model (a decoder), but the model is of family 'bert' (a sequence "
                 "classifier: train it with classification data, run it with `anvil predict`)");
-  return static_cast<GptModel&>(*model_);
+  return static_cast<Decoder&>(*model_);
 }
 
 BertModel& Engine::bert() {

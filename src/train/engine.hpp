@@ -9,7 +9,7 @@
 #include "anvil/train_config.hpp"
 #include "kernels/ops.hpp"
 #include "model/bert_model.hpp"
-#include "model/gpt_model.hpp"
+#include "model/decoder.hpp"
 #include "model/model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/optimizer.hpp"
@@ -95,7 +95,8 @@ class Engine {
   Model& model() { return *model_; }
   // The model as its family's class; an anvil::Error naming both families when it is of the other one
   // (e.g. `anvil generate` given a BERT classifier).
-  GptModel& gpt();
+  Decoder& decoder();
+  Decoder& gpt() { return decoder(); }  // TEMPORARY: trainer.cpp is being restructured
   BertModel& bert();
   bool is_bert() const { return model_->config().is_bert(); }
   Optimizer& optimizer() { return *optimizer_; }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "train/resolved_config.hpp"
+
 namespace anvil {
 namespace {
 
@@ -89,15 +91,15 @@ MemoryScenario scenario_of(const TrainConfig& cfg) {
   MemoryScenario s;
   s.micro_batch = cfg.per_device_train_batch_size;
   s.accumulation = cfg.gradient_accumulation_steps;
-  if (cfg.gradient_checkpointing)
-    s.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
-                       cfg.gradient_checkpointing_every};
-  s.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
-  s.optimizer = parse_optimizer(cfg.optim);
+  const ResolvedTrainConfig rc = resolve_train_config(cfg);
+  s.checkpointing = rc.checkpointing;
+  s.precision = rc.precision;
+  s.optimizer = rc.optimizer;
   return s;
 }
 
 TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
+  const OptimizerKind configured_optimizer = scenario_of(cfg).optimizer;
   cfg.per_device_train_batch_size = s.micro_batch;
   cfg.gradient_accumulation_steps = s.accumulation;
   cfg.gradient_checkpointing = s.checkpointing.mode != CheckpointMode::None;
@@ -112,7 +114,7 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
     cfg.grad_accum_dtype = s.precision == Precision::FP32 ? "fp32" : precision_name(s.precision);
   if (!cfg.bf16) cfg.stochastic_rounding = false;
   if (!cfg.fp16) cfg.debug_inject_overflow_steps.clear();
-  if (parse_optimizer(cfg.optim) != s.optimizer) {
+  if (configured_optimizer != s.optimizer) {
     cfg.optim = optimizer_name(s.optimizer);
     cfg.adamw_bf16_moments = false;
     cfg.momentum = cfg.dampening = 0;

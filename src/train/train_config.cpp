@@ -9,6 +9,9 @@
 #include <set>
 
 #include "anvil/error.hpp"
+#include "kernels/split_gemm_plan.hpp"
+#include "model/checkpointing.hpp"
+#include "optim/lr_schedule.hpp"
 #include "optim/optimizer_kind.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/deepspeed_config.hpp"
@@ -456,6 +459,15 @@ void TrainConfig::validate(const std::string& s) const {
       if (const std::string* flag = from_flag(key)) flags.push_back(*flag);
     return flags.empty() ? s : fmt::format("{}", fmt::join(flags, ", "));
   };
+  // A setting's valid names are those of its parser (as resolve_train_config uses it); errors name the key.
+  const auto parses = [](const auto& parse) {
+    try {
+      parse();
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
   model.validate(from_flag("model") ? *from_flag("model") : s + ": model");
   ANVIL_REQUIRE(per_device_train_batch_size >= 1, "{} must be >= 1, got {}",
                 subject("per_device_train_batch_size"), per_device_train_batch_size);
@@ -476,7 +488,7 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(max_seq_length >= 0 && (shape_from_weights || max_seq_length <= model.block_size),
                 "{} must be between 1 and the model's block_size {}, got {}", subject("max_seq_length"),
                 model.block_size, max_seq_length);
-  ANVIL_REQUIRE(gradient_checkpointing_mode == "full" || gradient_checkpointing_mode == "selective",
+  ANVIL_REQUIRE(parses([&] { parse_checkpoint_mode(gradient_checkpointing_mode); }),
                 "{} must be full or selective, got '{}'", subject("gradient_checkpointing_mode"),
                 gradient_checkpointing_mode);
   ANVIL_REQUIRE(gradient_checkpointing_every >= 1, "{} must be >= 1, got {}",
@@ -530,8 +542,7 @@ void TrainConfig::validate(const std::string& s) const {
                 "{}: adafactor_warmup_init needs adafactor_relative_step (as in transformers)",
                 blame({"adafactor_warmup_init", "adafactor_relative_step"}));
   ANVIL_REQUIRE(warmup_steps >= 0, "{} must be >= 0, got {}", subject("warmup_steps"), warmup_steps);
-  ANVIL_REQUIRE(lr_scheduler_type == "constant" || lr_scheduler_type == "constant_with_warmup" ||
-                    lr_scheduler_type == "linear" || lr_scheduler_type == "cosine",
+  ANVIL_REQUIRE(parses([&] { parse_lr_schedule(lr_scheduler_type); }),
                 "{} '{}' is not supported (constant, constant_with_warmup, linear, cosine)",
                 subject("lr_scheduler_type"), lr_scheduler_type);
   ANVIL_REQUIRE(max_grad_norm >= 0, "{} must be >= 0 (0 disables clipping), got {}", subject("max_grad_norm"),
@@ -545,9 +556,8 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(eval_steps >= 0, "{} must be >= 0, got {}", subject("eval_steps"), eval_steps);
   ANVIL_REQUIRE(max_eval_batches >= 0, "{} must be >= 0 (0: the default), got {}",
                 subject("max_eval_batches"), max_eval_batches);
-  ANVIL_REQUIRE(
-      fp32_matmul.empty() || fp32_matmul == "fp32" || fp32_matmul == "tf32" || fp32_matmul == "3xtf32",
-      "{} must be fp32, tf32 or 3xtf32, got '{}'", subject("fp32_matmul"), fp32_matmul);
+  ANVIL_REQUIRE(fp32_matmul.empty() || parses([&] { parse_fp32_matmul(fp32_matmul); }),
+                "{} must be fp32, tf32 or 3xtf32, got '{}'", subject("fp32_matmul"), fp32_matmul);
   ANVIL_REQUIRE(!tf32 || fp32_matmul.empty() || fp32_matmul == "tf32",
                 "{}: tf32 true asks for TF32 matmuls but fp32_matmul is '{}'; set one of them",
                 blame({"tf32", "fp32_matmul"}), fp32_matmul);

@@ -56,7 +56,7 @@ void run_parity(const OptimizerHyper& h, DType grad_type, int n_embd, int vocab,
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
   TransformerConfig cfg;
   cfg.n_layer = 2, cfg.n_head = 4, cfg.n_embd = n_embd, cfg.vocab_size = vocab, cfg.block_size = 64;
-  const ParamLayout layout = ParamLayout::gpt2(cfg);
+  const ParamLayout layout = ParamLayout::decoder(cfg);
   const size_t n = layout.total_numel();
   Side cpu(DeviceKind::CPU, layout, h, vocab, grad_type), gpu(DeviceKind::CUDA, layout, h, vocab, grad_type);
   Rng rng(1);

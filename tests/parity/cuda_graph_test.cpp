@@ -36,7 +36,7 @@ TEST_P(CudaGraphTest, ReplayMatchesEagerOnNewInputs) {
   EngineOptions o;
   o.device = DeviceKind::CUDA, o.batch_size = 4, o.seq_len = 64, o.training = true, o.precision = GetParam();
   Engine e(cfg, o);
-  GptModel& m = e.gpt();
+  Decoder& m = e.decoder();
   m.init_weights(seed, e.device());
   const int B = o.batch_size, T = o.seq_len;
   const size_t bt = size_t(B) * T;

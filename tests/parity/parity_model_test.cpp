@@ -77,9 +77,9 @@ void run_steps(Fp32Matmul matmul, double tol, Precision precision = Precision::F
       e.device().copy_to_device(e.tokens(0), ids.data(), N * sizeof(int32_t));
       e.device().copy_to_device(e.targets(0), targets.data(), N * sizeof(int32_t));
       e.device().fill_zero(e.model().grads(), n * sizeof(float));
-      e.gpt().forward(e.ops(), e.tokens(0), e.targets(0), B, T, 1.0f / valid, true);
+      e.decoder().forward(e.ops(), e.tokens(0), e.targets(0), B, T, 1.0f / valid, true);
       loss[k] = e.ops().sum(e.model().losses(), N) / valid;
-      e.gpt().backward(e.ops(), e.tokens(0), B, T);
+      e.decoder().backward(e.ops(), e.tokens(0), B, T);
     }
     EXPECT_NEAR(loss[0], loss[1], tol * loss[0]) << "step " << step << " seed " << seed;
     const std::vector<float> gc = to_host(cpu, cpu.model().grads(), n),

@@ -103,6 +103,19 @@ TEST_F(ParityTest, Embedding) {
   EXPECT_TRUE(same("embedding_bwd dwpe", dwpe, kElementwiseTol));
 }
 
+// The padding_idx form (Llama-family decoders): the pad token's row gets nothing, the others as before.
+TEST_F(ParityTest, EmbeddingBwdSkip) {
+  const int B = 3, T = 17, C = 40, V = 50;
+  auto tokens = mirror(rand_ints(size_t(B) * T, 0, 4));  // few ids: the pad id 2 surely occurs
+  auto dout = mirror(randn(size_t(B) * T * C));
+  auto dwte = mirror(randn(size_t(V) * C));
+  const std::vector<float> before(dwte.cpu(), dwte.cpu() + size_t(V) * C);
+  cpu_->embedding_bwd_skip(dwte.cpu(), dout.cpu(), tokens.cpu(), B, T, C, 2);
+  gpu_->embedding_bwd_skip(dwte.gpu(), dout.gpu(), tokens.gpu(), B, T, C, 2);
+  EXPECT_TRUE(same("embedding_bwd_skip dwte", dwte, kElementwiseTol));
+  for (int c = 0; c < C; ++c) ASSERT_EQ(dwte.cpu()[2 * C + c], before[size_t(2 * C + c)]);
+}
+
 // --- layernorm -------------------------------------------------------------------------------------
 
 TEST_F(ParityTest, ResidualLayerNorm) {

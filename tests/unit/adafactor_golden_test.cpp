@@ -109,7 +109,7 @@ TEST(AdafactorGolden, MatchesTransformers) {
   cfg.n_embd = model.at("n_embd").get<int>();
   cfg.n_layer = model.at("n_layer").get<int>();
   cfg.n_head = model.at("n_head").get<int>();
-  const ParamLayout layout = ParamLayout::gpt2(cfg);
+  const ParamLayout layout = ParamLayout::decoder(cfg);
   const int steps = std::stoi(meta.at("steps"));
   const nlohmann::json settings = nlohmann::json::parse(meta.at("settings"));
   ASSERT_GE(settings.size(), 3u);

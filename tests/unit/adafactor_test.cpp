@@ -167,7 +167,7 @@ class Reference {
 
 struct Rig {
   TransformerConfig cfg = tiny_gpt2();
-  ParamLayout layout = ParamLayout::gpt2(cfg);
+  ParamLayout layout = ParamLayout::decoder(cfg);
   std::unique_ptr<Device> dev = make_cpu_device();
   std::unique_ptr<Ops> ops;
   std::unique_ptr<Adafactor> opt;
@@ -370,7 +370,7 @@ TEST(Adafactor, StateIsExactlyRowsPlusColumnsPerMatrixAndNumelPerVector) {
     OptimizerHyper h;
     if (beta1) h.adafactor_beta1 = 0.9f;
     const TransformerConfig cfg = tiny_gpt2();
-    const ParamLayout layout = ParamLayout::gpt2(cfg);
+    const ParamLayout layout = ParamLayout::decoder(cfg);
     const Adafactor opt(layout, h, cfg.vocab_size);
     size_t rows = 0, cols = 0, vecs = 0;
     for (const ParamTensor& t : layout.tensors()) {
@@ -484,7 +484,7 @@ TEST(Adafactor, ResultDoesNotDependOnTheThreadCount) {
 
 TEST(Adafactor, RefusesInvalidHyperParameters) {
   const TransformerConfig cfg = tiny_gpt2();
-  const ParamLayout layout = ParamLayout::gpt2(cfg);
+  const ParamLayout layout = ParamLayout::decoder(cfg);
   OptimizerHyper h;
   h.relative_step = false, h.warmup_init = true;
   EXPECT_THROW(Adafactor(layout, h), Error);
@@ -500,7 +500,7 @@ TEST(Adafactor, RefusesInvalidHyperParameters) {
 
 TEST(Adafactor, StepSizeFollowsTransformersGetLr) {
   const TransformerConfig cfg = tiny_gpt2();
-  const ParamLayout layout = ParamLayout::gpt2(cfg);
+  const ParamLayout layout = ParamLayout::decoder(cfg);
   OptimizerHyper h;
   h.lr_multiplier[int(ParamGroup::Embedding)] = 0.5f;
   const Adafactor rel(layout, h);

@@ -394,7 +394,7 @@ std::vector<float> random_grads(const ParamLayout& l, int64_t t) {
 }
 
 TEST(AdamW8bitOptimizer, ChoosesStatesLikeBitsandbytes) {
-  const ParamLayout l = ParamLayout::gpt2(test_model());
+  const ParamLayout l = ParamLayout::decoder(test_model());
   AdamW8bit opt(l, test_hyper());
   for (const ParamTensor& t : l.tensors()) {
     const bool embedding =
@@ -413,7 +413,7 @@ TEST(AdamW8bitOptimizer, ChoosesStatesLikeBitsandbytes) {
 }
 
 TEST(AdamW8bitOptimizer, CloseToFp32AdamWAndIdenticalOnFp32StateElements) {
-  const ParamLayout l = ParamLayout::gpt2(test_model());
+  const ParamLayout l = ParamLayout::decoder(test_model());
   const size_t n = l.total_numel();
   auto* o8 = new AdamW8bit(l, test_hyper());
   Harness h8{std::unique_ptr<Optimizer>(o8)}, h32{std::make_unique<AdamW>(l, test_hyper())};
@@ -453,7 +453,7 @@ TEST(AdamW8bitOptimizer, CloseToFp32AdamWAndIdenticalOnFp32StateElements) {
 }
 
 TEST(AdamW8bitOptimizer, AllFp32WhenEveryTensorIsBelowMin8bitSize) {
-  const ParamLayout l = ParamLayout::gpt2(test_model());
+  const ParamLayout l = ParamLayout::decoder(test_model());
   OptimizerHyper h = test_hyper();
   h.min_8bit_size = size_t(1) << 40;
   auto* o8 = new AdamW8bit(l, h);
@@ -472,7 +472,7 @@ TEST(AdamW8bitOptimizer, AllFp32WhenEveryTensorIsBelowMin8bitSize) {
 // The state bytes, from the layout: 2 bytes per padded 8-bit element, 4 bytes per block per moment, 8 bytes
 // per fp32 element, two 256-float maps and the range tables (8 + 8 + 1 bytes per range, groups padded to 8).
 TEST(AdamW8bitOptimizer, StateBytesAreExact) {
-  const ParamLayout l = ParamLayout::gpt2(test_model());
+  const ParamLayout l = ParamLayout::decoder(test_model());
   const OptimizerHyper hp = test_hyper();
   auto* o8 = new AdamW8bit(l, hp);
   Harness h{std::unique_ptr<Optimizer>(o8)};
@@ -521,7 +521,7 @@ std::vector<std::vector<char>> read_state(Harness& h) {
 }
 
 TEST(AdamW8bitOptimizer, StateSaveLoadRoundTripContinuesIdentically) {
-  const ParamLayout l = ParamLayout::gpt2(test_model());
+  const ParamLayout l = ParamLayout::decoder(test_model());
   Harness a(std::make_unique<AdamW8bit>(l, test_hyper()));
   std::vector<float> pa = random_params(l.total_numel(), 3);
   for (int64_t t = 1; t <= 3; ++t) a.opt->step(*a.ops, pa.data(), random_grads(l, t).data(), 1e-3f, t, 1.0f);
@@ -556,7 +556,7 @@ TEST(AdamW8bitOptimizer, StateSaveLoadRoundTripContinuesIdentically) {
 
 TEST(AdamW8bitOptimizer, ResetAndRestartRepeatsTheRun) {
   // reset() zeroes every state buffer, the maps and tables included: the optimizer must upload them again.
-  const ParamLayout l = ParamLayout::gpt2(test_model());
+  const ParamLayout l = ParamLayout::decoder(test_model());
   Harness h(std::make_unique<AdamW8bit>(l, test_hyper()));
   const std::vector<float> p0 = random_params(l.total_numel(), 4);
   std::vector<std::vector<float>> runs;

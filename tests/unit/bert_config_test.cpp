@@ -179,7 +179,7 @@ TEST(BertConfig, BadInputNamesFieldAndValue) {
   EXPECT_NE(import_error(with("is_decoder", true)).find("is_decoder = true is not supported"),
             std::string::npos);
   EXPECT_NE(import_error(with("model_type", "roberta"))
-                .find("model_type 'roberta' is not supported (supported: gpt2, bert)"),
+                .find("model_type 'roberta' is not supported (supported: gpt2, llama, qwen2, mistral, bert)"),
             std::string::npos);
   EXPECT_NE(import_error(with("type_vocab_size", 0)).find("type_vocab_size must be >= 1, got 0"),
             std::string::npos);
@@ -194,7 +194,7 @@ TEST(BertConfig, BadInputNamesFieldAndValue) {
 }
 
 // GPT-2 configs keep their behaviour: the encoder fields must stay at GPT-2's values, and a BERT config
-// cannot be built as a GPT-2 (or the other way round).
+// cannot be built as a decoder (or the other way round).
 TEST(BertConfig, FamiliesStayApart) {
   TransformerConfig g = TransformerConfig::preset("tiny");
   g.validate();
@@ -207,11 +207,11 @@ TEST(BertConfig, FamiliesStayApart) {
   g = TransformerConfig::preset("tiny");
   g.intermediate_size = 100;
   test::expect_error([&] { g.validate(); }, {"intermediate_size 100"});
-  test::expect_error([] { ParamLayout::gpt2(TransformerConfig::preset("bert-tiny")); }, {"'bert'", "GPT-2"});
+  test::expect_error([] { ParamLayout::decoder(TransformerConfig::preset("bert-tiny")); }, {"'bert'", "not a decoder"});
   test::expect_error([] { ParamLayout::bert(TransformerConfig::preset("tiny")); }, {"'gpt2'", "BERT"});
   g = TransformerConfig::preset("tiny");
   g.family = "t5";
-  test::expect_error([&] { g.validate(); }, {"family 't5' is not supported (supported: gpt2, bert)"});
+  test::expect_error([&] { g.validate(); }, {"family 't5' is not supported (supported: gpt2, llama, qwen2, mistral, bert)"});
 }
 
 // Every tensor of BertForSequenceClassification.named_parameters(), with Hugging Face's shapes.

@@ -39,10 +39,10 @@ StepResult run_step(CheckpointPolicy policy) {
     ids[i] = int32_t(rng() % 61), targets[i] = i % 5 == 2 ? kIgnoreIndex : int32_t(rng() % 61);
   e.device().copy_to_device(e.tokens(0), ids.data(), ids.size() * 4);
   e.device().copy_to_device(e.targets(0), targets.data(), targets.size() * 4);
-  e.gpt().forward(e.ops(), e.tokens(0), e.targets(0), 3, 16, 1.0f, true);
+  e.decoder().forward(e.ops(), e.tokens(0), e.targets(0), 3, 16, 1.0f, true);
   StepResult r;
   r.loss_sum = e.ops().sum(e.model().losses(), 48);
-  e.gpt().backward(e.ops(), e.tokens(0), 3, 16);
+  e.decoder().backward(e.ops(), e.tokens(0), 3, 16);
   r.grads.resize(e.model().layout().total_numel());
   e.device().copy_to_host(r.grads.data(), e.model().grads(), r.grads.size() * 4);
   r.activation_bytes =

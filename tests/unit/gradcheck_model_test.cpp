@@ -1,4 +1,4 @@
-// Finite-difference gradient check of a whole tiny GPT-2 on the CPU: GptModel::backward must give the
+// Finite-difference gradient check of a whole tiny GPT-2 on the CPU: Decoder::backward must give the
 // gradient of the mean cross-entropy over valid targets with respect to every parameter, through the
 // tied head, every block and the final norm.
 //
@@ -18,7 +18,7 @@
 #include "anvil/rng.hpp"
 #include "gradcheck_util.hpp"
 #include "kernels/ops.hpp"
-#include "model/gpt_model.hpp"
+#include "model/decoder.hpp"
 #include "test_util.hpp"
 #include "train/engine.hpp"
 
@@ -41,7 +41,7 @@ class GradCheckModel : public ::testing::Test {
     EngineOptions o;
     o.device = DeviceKind::CPU, o.batch_size = B, o.seq_len = T, o.training = true;
     engine_ = std::make_unique<Engine>(config(), o);
-    GptModel& m = model();
+    Decoder& m = model();
     ASSERT_EQ(m.config().padded_vocab_size(), 128);
     m.init_weights(7, engine_->device());
     // GPT-2's init (std 0.02, norms at 1, biases at 0) leaves the network nearly linear with a uniform
@@ -69,7 +69,7 @@ class GradCheckModel : public ::testing::Test {
     engine_->device().copy_to_device(engine_->targets(0), targets.data(), targets.size() * sizeof(int32_t));
   }
 
-  GptModel& model() { return engine_->gpt(); }
+  Decoder& model() { return engine_->gpt(); }
   size_t numel() { return model().layout().total_numel(); }
   // The CPU device's memory is host memory, so parameters and gradients are perturbed and read in place.
   std::span<float> params() { return {model().params(), numel()}; }
@@ -153,13 +153,13 @@ TEST_F(GradCheckModel, NegativeControlWrongGradientFails) {
                                 {.eps = 1e-2, .directions = 2, .coordinates = 3}));
 }
 
-// A batch of more than GptModel::kLossChunkRows rows runs the LM head, loss and head backward in several
+// A batch of more than Decoder::kLossChunkRows rows runs the LM head, loss and head backward in several
 // chunks: its losses and gradients equal those of the same sequences run one by one (one chunk each) and
 // accumulated, up to float summation order; and an inference model's full logits give the same losses.
 TEST(LossChunks, ManyChunksEqualOneByOne) {
   TransformerConfig c;
   c.n_layer = 1, c.n_head = 2, c.n_embd = 16, c.vocab_size = 40, c.block_size = 1024;
-  const int T = 1024, B = int(GptModel::kLossChunkRows / T) + 2;  // B*T rows: two chunks, the last partial
+  const int T = 1024, B = int(Decoder::kLossChunkRows / T) + 2;  // B*T rows: two chunks, the last partial
   EngineOptions o;
   o.device = DeviceKind::CPU, o.seq_len = T, o.training = true;
   o.batch_size = B;
@@ -168,8 +168,8 @@ TEST(LossChunks, ManyChunksEqualOneByOne) {
   Engine one(c, o);
   o.training = false, o.batch_size = B;
   Engine infer(c, o);
-  ASSERT_EQ(big.gpt().logits_rows(), GptModel::kLossChunkRows);
-  ASSERT_EQ(infer.gpt().logits_rows(), size_t(B) * T);
+  ASSERT_EQ(big.decoder().logits_rows(), Decoder::kLossChunkRows);
+  ASSERT_EQ(infer.decoder().logits_rows(), size_t(B) * T);
   big.model().init_weights(3, big.device());
   one.model().init_weights(3, one.device());
   infer.model().init_weights(3, infer.device());
@@ -183,8 +183,8 @@ TEST(LossChunks, ManyChunksEqualOneByOne) {
   std::copy(tokens.begin(), tokens.end(), big.tokens(0));
   std::copy(targets.begin(), targets.end(), big.targets(0));
   std::fill_n(big.model().grads(), P, 0.0f);
-  big.gpt().forward(big.ops(), big.tokens(0), big.targets(0), B, T, 1.0f, true);
-  big.gpt().backward(big.ops(), big.tokens(0), B, T);
+  big.decoder().forward(big.ops(), big.tokens(0), big.targets(0), B, T, 1.0f, true);
+  big.decoder().backward(big.ops(), big.tokens(0), B, T);
   const std::vector<float> big_losses(big.model().losses(), big.model().losses() + rows);
 
   std::fill_n(one.model().grads(), P, 0.0f);
@@ -192,8 +192,8 @@ TEST(LossChunks, ManyChunksEqualOneByOne) {
   for (int b = 0; b < B; ++b) {
     std::copy_n(tokens.begin() + size_t(b) * T, T, one.tokens(0));
     std::copy_n(targets.begin() + size_t(b) * T, T, one.targets(0));
-    one.gpt().forward(one.ops(), one.tokens(0), one.targets(0), 1, T, 1.0f, true);
-    one.gpt().backward(one.ops(), one.tokens(0), 1, T);
+    one.decoder().forward(one.ops(), one.tokens(0), one.targets(0), 1, T, 1.0f, true);
+    one.decoder().backward(one.ops(), one.tokens(0), 1, T);
     one_losses.insert(one_losses.end(), one.model().losses(), one.model().losses() + T);
   }
   for (size_t i = 0; i < rows; ++i) ASSERT_NEAR(big_losses[i], one_losses[i], 1e-5) << "row " << i;
@@ -205,9 +205,9 @@ TEST(LossChunks, ManyChunksEqualOneByOne) {
 
   // The inference model's full logits: log-softmax at the target gives the same per-row losses.
   std::copy(tokens.begin(), tokens.end(), infer.tokens(0));
-  infer.gpt().forward(infer.ops(), infer.tokens(0), nullptr, B, T, 0.0f, false);
+  infer.decoder().forward(infer.ops(), infer.tokens(0), nullptr, B, T, 0.0f, false);
   const int Vp = c.padded_vocab_size();
-  const float* logits = static_cast<const float*>(infer.gpt().logits());
+  const float* logits = static_cast<const float*>(infer.decoder().logits());
   for (size_t r = 0; r < rows; r += 997) {
     if (targets[r] == kIgnoreIndex) continue;
     const float* z = logits + r * Vp;
@@ -217,7 +217,7 @@ TEST(LossChunks, ManyChunksEqualOneByOne) {
     EXPECT_NEAR(big_losses[r], mx + std::log(sum) - z[targets[r]], 1e-4) << "row " << r;
   }
   // A training model asked for more rows of logits than one chunk says so.
-  test::expect_error([&] { big.gpt().forward(big.ops(), big.tokens(0), nullptr, B, T, 0.0f, false); },
+  test::expect_error([&] { big.decoder().forward(big.ops(), big.tokens(0), nullptr, B, T, 0.0f, false); },
                      {"do not fit"});
 }
 

@@ -86,6 +86,20 @@ TEST_F(GradCheckOps, Embedding) {
   expect_near_all(acc_pe, plus(ppe, dwpe), 1e-6, "dwpe");
 }
 
+// The padding_idx form: embedding_bwd's token-embedding gradient with the pad token's row left alone.
+TEST_F(GradCheckOps, EmbeddingBwdSkip) {
+  const int B = 2, T = 5, C = 6, V = 7;
+  const std::vector<int32_t> tokens = {3, 1, 3, 0, 6, 1, 1, 5, 3, 2};
+  const std::vector<float> R = randn(rng_, size_t(B) * T * C);
+  const std::vector<float> start = randn(rng_, size_t(V) * C);
+  std::vector<float> all = start, skipped = start, dwpe(size_t(T) * C);
+  ops_->embedding_bwd(all.data(), dwpe.data(), R.data(), tokens.data(), B, T, C);
+  ops_->embedding_bwd_skip(skipped.data(), R.data(), tokens.data(), B, T, C, 3);
+  for (int v = 0; v < V; ++v)
+    for (int c = 0; c < C; ++c)
+      EXPECT_EQ(skipped[v * C + c], v == 3 ? start[v * C + c] : all[v * C + c]) << v << "," << c;
+}
+
 TEST_F(GradCheckOps, LayerNorm) {
   const int N = 5, C = 24;
   // A non-zero mean and a non-unit scale, so the mean and variance terms of the gradient matter.

@@ -117,8 +117,8 @@ TEST(DeviceMemoryStats, AllocatorPeakIsThePlanDuringTraining) {
       e.device().copy_to_device(e.targets(0), targets.data(), targets.size() * 4);
       const size_t n = e.model().layout().total_numel();
       e.device().fill_zero(e.model().grads(), n * sizeof(float));
-      e.gpt().forward(e.ops(), e.tokens(0), e.targets(0), 3, 16, 1.0f, true);
-      e.gpt().backward(e.ops(), e.tokens(0), 3, 16);
+      e.decoder().forward(e.ops(), e.tokens(0), e.targets(0), 3, 16, 1.0f, true);
+      e.decoder().backward(e.ops(), e.tokens(0), 3, 16);
       e.optimizer().step(e.ops(), e.model().params(), e.model().grads(), 1e-3f, step, 1.0f / 48);
     }
     const Device::MemoryStats s = e.device().memory_stats();

@@ -24,7 +24,7 @@ TransformerConfig tiny_model() {
 }
 
 TEST(ParamGroups, FromTheLayout) {
-  const ParamLayout layout = ParamLayout::gpt2(tiny_model());
+  const ParamLayout layout = ParamLayout::decoder(tiny_model());
   const ParamRangeTable t = ParamRangeTable::from_layout(layout);
   ASSERT_EQ(t.begins.size(), t.groups.size());
   EXPECT_EQ(t.begins.front(), 0u);
@@ -215,7 +215,7 @@ TEST_P(EveryOptimizer, PlanHasTheOptimizersState) {
   const TrainConfig cfg = config(c, c.dir / "run", GetParam());
   EngineOptions o = training_engine_options(cfg, DeviceKind::CPU);
   const MemoryPlan plan = plan_engine_memory(cfg.model, o);
-  std::unique_ptr<Optimizer> opt = make_optimizer(o.optimizer, ParamLayout::gpt2(cfg.model), o.optim);
+  std::unique_ptr<Optimizer> opt = make_optimizer(o.optimizer, ParamLayout::decoder(cfg.model), o.optim);
   EXPECT_EQ(plan.bytes(MemoryCategory::OptimizerState), opt->state_bytes());
   const double per_param = double(opt->state_bytes()) / double(opt->numel());
   const std::string name = GetParam();

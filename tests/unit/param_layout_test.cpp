@@ -62,7 +62,7 @@ int64_t hf_count(const ParamLayout& l, const TransformerConfig& c) {
 TEST(ParamLayout, TotalIsHfCountPlusPaddedVocabRows) {
   for (const TransformerConfig& c :
        {small_config(), TransformerConfig::preset("tiny"), TransformerConfig::preset("d12")}) {
-    const ParamLayout l = ParamLayout::gpt2(c);
+    const ParamLayout l = ParamLayout::decoder(c);
     const int64_t padded_rows = c.padded_vocab_size() - c.vocab_size;
     EXPECT_EQ(int64_t(l.total_numel()), c.num_parameters() + padded_rows * c.n_embd) << c.n_layer;
     EXPECT_EQ(hf_count(l, c), c.num_parameters()) << c.n_layer;
@@ -72,14 +72,14 @@ TEST(ParamLayout, TotalIsHfCountPlusPaddedVocabRows) {
 TEST(ParamLayout, D12HasGpt2SmallParameterCount) {
   const TransformerConfig c = TransformerConfig::preset("d12");
   EXPECT_EQ(c.num_parameters(), 124'439'808);  // GPT2LMHeadModel("gpt2").num_parameters()
-  const ParamLayout l = ParamLayout::gpt2(c);
+  const ParamLayout l = ParamLayout::decoder(c);
   EXPECT_EQ(hf_count(l, c), 124'439'808);
   EXPECT_EQ(c.padded_vocab_size(), 50304);
   EXPECT_EQ(l.total_numel(), 124'439'808u + (50304u - 50257u) * 768u);
 }
 
 TEST(ParamLayout, TensorsAndUnitsAreContiguousAndDisjoint) {
-  const ParamLayout l = ParamLayout::gpt2(small_config());
+  const ParamLayout l = ParamLayout::decoder(small_config());
   // Tensors tile [0, total) in order: no gap, no overlap.
   size_t end = 0;
   for (const ParamTensor& t : l.tensors()) {
@@ -116,7 +116,7 @@ TEST(ParamLayout, TensorsAndUnitsAreContiguousAndDisjoint) {
 }
 
 TEST(ParamLayout, DecayedTensorsComeFirstInEachUnit) {
-  const ParamLayout l = ParamLayout::gpt2(small_config());
+  const ParamLayout l = ParamLayout::decoder(small_config());
   for (const ParamUnit& u : l.units()) {
     // The optimizer updates [offset, offset + decay_numel) with decay and the rest without.
     size_t decayed = 0;
@@ -139,7 +139,7 @@ TEST(ParamLayout, DecayedTensorsComeFirstInEachUnit) {
 
 TEST(ParamLayout, NamesAndShapesMatchHuggingFace) {
   const TransformerConfig c = small_config();
-  const ParamLayout l = ParamLayout::gpt2(c);
+  const ParamLayout l = ParamLayout::decoder(c);
   const auto hf = hf_gpt2_parameters(c);
   EXPECT_EQ(l.tensors().size(), hf.size());
   for (const ParamTensor& t : l.tensors()) {
@@ -162,7 +162,7 @@ TEST(ParamLayout, NamesAndShapesMatchHuggingFace) {
 
 TEST(ParamLayout, InitKindsFollowGpt2) {
   using I = ParamTensor::Init;
-  const ParamLayout l = ParamLayout::gpt2(small_config());
+  const ParamLayout l = ParamLayout::decoder(small_config());
   EXPECT_EQ(l.get("transformer.wte.weight").init, I::Normal);
   EXPECT_EQ(l.get("transformer.wpe.weight").init, I::Normal);
   EXPECT_EQ(l.get("transformer.h.1.attn.c_attn.weight").init, I::Normal);
@@ -177,7 +177,7 @@ TEST(ParamLayout, InitKindsFollowGpt2) {
 }
 
 TEST(ParamLayout, LookupOfUnknownName) {
-  const ParamLayout l = ParamLayout::gpt2(small_config());
+  const ParamLayout l = ParamLayout::decoder(small_config());
   EXPECT_EQ(l.find("lm_head.weight"), nullptr);  // tied to wte, not a tensor of its own
   EXPECT_EQ(l.find("transformer.h.3.ln_1.weight"), nullptr);
   EXPECT_THROW(l.get("transformer.h.3.ln_1.weight"), Error);

@@ -107,6 +107,50 @@ void residual_fwd(DType act, void* out, const void* a, const void* b, size_t n) 
   map2(act, out, a, b, n, [](float x, float y) { return x + y; });
 }
 
+// SwiGLU over rows of [gate | up]: silu(g) = g / (1 + exp(-g)), which saturates cleanly (exp overflowing to
+// inf gives -0, not NaN).
+void swiglu_fwd(DType act, void* out_, const void* inp_, int N, int I) {
+  dispatch_float(act, [&](auto tag) {
+    using S = Storage<decltype(tag)::value>;
+    auto* out = static_cast<typename S::type*>(out_);
+    const auto* inp = static_cast<const typename S::type*>(inp_);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const auto* gate = inp + r * 2 * I;
+      const auto* up = gate + I;
+      auto* o = out + r * I;
+      for (int j = 0; j < I; ++j) {
+        const float g = S::load(gate[j]);
+        o[j] = S::store(g / (1.0f + std::exp(-g)) * S::load(up[j]));
+      }
+    }
+  });
+}
+
+void swiglu_bwd(DType act, void* dinp_, const void* inp_, const void* dout_, int N, int I) {
+  dispatch_float(act, [&](auto tag) {
+    using S = Storage<decltype(tag)::value>;
+    auto* dinp = static_cast<typename S::type*>(dinp_);
+    const auto* inp = static_cast<const typename S::type*>(inp_);
+    const auto* dout = static_cast<const typename S::type*>(dout_);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const auto* gate = inp + r * 2 * I;
+      const auto* up = gate + I;
+      const auto* dy = dout + r * I;
+      auto* dgate = dinp + r * 2 * I;
+      auto* dup = dgate + I;
+      for (int j = 0; j < I; ++j) {
+        const float g = S::load(gate[j]), d = S::load(dy[j]);
+        const float den = 1.0f + std::exp(-g);
+        const float sig = 1.0f / den, silu = g / den;
+        dgate[j] = S::store(d * S::load(up[j]) * (sig * (1.0f + g * (1.0f - sig))));
+        dup[j] = S::store(d * silu);
+      }
+    }
+  });
+}
+
 namespace {
 // y[i] = x[i] kept (scaled) or 0 by the mask bit of element index index_of(i).
 template <class IndexOf>

@@ -121,6 +121,9 @@ void embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, const void* do
                    int B, int T, int C);
 void bert_embedding_fwd(DType act, void* out, const int32_t* tokens, const int32_t* types, const void* wte,
                         const void* wpe, const void* wtt, int B, int T, int C);
+// Ops::embedding_bwd_skip.
+void embedding_bwd_skip(DType act, DType grad, void* dwte, const void* dout, const int32_t* tokens, int B, int T,
+                        int C, int32_t skip_token);
 void bert_embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, void* dwtt, const void* dout,
                         const int32_t* tokens, const int32_t* types, int B, int T, int C, int32_t skip_token);
 
@@ -132,16 +135,39 @@ void layernorm_bwd_sum(DType act, DType grad, void* dinp, void* dw, void* db, co
                        const void* dout2, const void* inp, const void* w, const float* mean,
                        const float* rstd, int N, int C);
 
+// rmsnorm.cpp: Ops::rmsnorm_fwd / rmsnorm_bwd (rstd may be null in the forward). The backward's dw sums
+// dout times the normalised input as the forward rounded it to the compute type (what Hugging Face's weight
+// gradient sees); its dinp differentiates the fp32 math.
+void rmsnorm_fwd(DType act, void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps);
+void rmsnorm_bwd(DType act, DType grad, void* dinp, void* dw, const void* dout, const void* inp,
+                 const void* w, const float* rstd, int N, int C);
+
+// rope.cpp: Ops::rope_fwd / rope_bwd (throw anvil::Error for an odd or empty head size).
+void rope_fwd(DType act, void* qkv, const float* inv_freq, const AttentionShape& s, int pos_offset);
+void rope_bwd(DType act, void* dqkv, const float* inv_freq, const AttentionShape& s, int pos_offset);
+
+// kv_cache.cpp: the generation ops (Ops::embedding_fwd_at, rope_fwd_at, kv_cache_write,
+// cached_attention_fwd); they check the positions (pos is host memory here) and throw anvil::Error naming the
+// one out of range.
+void embedding_fwd_at(DType act, void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                      const int32_t* pos, int B, int Tn, int C);
+void rope_fwd_at(DType act, void* qkv, const float* inv_freq, const AttentionShape& s, const int32_t* pos);
+void kv_cache_write(DType act, const KvCacheLayer& cache, const void* qkv, const int32_t* pos,
+                    const AttentionShape& s);
+void cached_attention_fwd(DType act, void* out, const void* qkv, const KvCacheLayer& cache,
+                          const int32_t* pos, int max_keys, int window, const AttentionShape& s);
+
 void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K, int OC);
 // dw_overwrite: dw = dout^T inp instead of dw += dout^T inp (dbias always accumulates).
 void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
                 const void* w, int N, int K, int OC, bool dw_overwrite = false);
 
-size_t attention_scratch_bytes(DType act, int B, int T, int C, int NH);
-void attention_fwd(DType act, void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C,
-                   int NH, const AttentionMask& mask);
+// Ops::attention_fwd / _bwd (any head counts and head size, sliding window); they check the shape and mask.
+size_t attention_scratch_bytes(DType act, const AttentionShape& s);
+void attention_fwd(DType act, void* out, float* lse, const void* qkv, void* scratch, const AttentionShape& s,
+                   const AttentionMask& mask);
 void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, const void* out,
-                   const float* lse, void* scratch, int B, int T, int C, int NH, const AttentionMask& mask);
+                   const float* lse, void* scratch, const AttentionShape& s, const AttentionMask& mask);
 // Ops::attention_first_query_fwd / _bwd.
 void attention_first_query_fwd(DType act, void* out, float* lse, const void* q, const void* kv, int B, int T,
                                int C, int NH, const AttentionMask& mask);
@@ -152,6 +178,9 @@ void attention_first_query_bwd(DType act, void* dq, void* dkv, const void* dout,
 void gelu_fwd(DType act, void* out, const void* inp, size_t n);
 void gelu_bwd(DType act, void* dinp, const void* inp, const void* dout, size_t n);
 void residual_fwd(DType act, void* out, const void* a, const void* b, size_t n);
+// Ops::swiglu_fwd / swiglu_bwd (activation.cpp).
+void swiglu_fwd(DType act, void* out, const void* inp, int N, int I);
+void swiglu_bwd(DType act, void* dinp, const void* inp, const void* dout, int N, int I);
 void dropout(DType act, void* y, const void* x, size_t n, float p, const DropoutState* state, uint32_t site);
 void dropout_rows(DType act, void* y, const void* x, int rows, int cols, size_t index_pitch, float p,
                   const DropoutState* state, uint32_t site);

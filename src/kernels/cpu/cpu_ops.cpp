@@ -12,8 +12,11 @@ class CpuOps final : public Ops {
   }
   Device& device() override { return dev_; }
   OpsPrecision precision() const override { return p_; }
-  size_t attention_scratch_bytes(int B, int T, int C, int NH, bool /*dropout: the same*/) const override {
-    return cpu::attention_scratch_bytes(p_.compute, B, T, C, NH);
+  using Ops::attention_bwd;
+  using Ops::attention_fwd;
+  using Ops::attention_scratch_bytes;
+  size_t attention_scratch_bytes(const AttentionShape& s, bool /*dropout: the same*/) const override {
+    return cpu::attention_scratch_bytes(p_.compute, s);
   }
   void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                      int C) override {
@@ -22,6 +25,10 @@ class CpuOps final : public Ops {
   void embedding_bwd(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                      int C) override {
     cpu::embedding_bwd(p_.compute, p_.grad, dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void embedding_bwd_skip(void* dwte, const void* dout, const int32_t* tokens, int B, int T, int C,
+                          int32_t skip_token) override {
+    cpu::embedding_bwd_skip(p_.compute, p_.grad, dwte, dout, tokens, B, T, C, skip_token);
   }
   void bert_embedding_fwd(void* out, const int32_t* tokens, const int32_t* types, const void* wte,
                           const void* wpe, const void* wtt, int B, int T, int C) override {
@@ -76,13 +83,54 @@ class CpuOps final : public Ops {
                     dw_write == GradWrite::Overwrite);
     cpu::gelu_bwd(p_.compute, dinp, gelu_pre, dinp, size_t(N) * K);
   }
-  void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C, int NH,
+  void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, const AttentionShape& s,
                      const AttentionMask& mask) override {
-    cpu::attention_fwd(p_.compute, out, lse, qkv, scratch, B, T, C, NH, mask);
+    cpu::attention_fwd(p_.compute, out, lse, qkv, scratch, s, mask);
   }
   void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-                     void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) override {
-    cpu::attention_bwd(p_.compute, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, mask);
+                     void* scratch, const AttentionShape& s, const AttentionMask& mask) override {
+    cpu::attention_bwd(p_.compute, dqkv, dout, qkv, out, lse, scratch, s, mask);
+  }
+  void rmsnorm_fwd(void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps) override {
+    cpu::rmsnorm_fwd(p_.compute, out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_bwd(void* dinp, void* dw, const void* dout, const void* inp, const void* w, const float* rstd,
+                   int N, int C) override {
+    cpu::rmsnorm_bwd(p_.compute, p_.grad, dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  // The reference: the ops in sequence.
+  void residual_rmsnorm_fwd(void* out, void* ln, float* rstd, const void* a, const void* b, const void* w,
+                            int N, int C, float eps) override {
+    cpu::residual_fwd(p_.compute, out, a, b, size_t(N) * C);
+    cpu::rmsnorm_fwd(p_.compute, ln, rstd, out, w, N, C, eps);
+  }
+  void rope_fwd(void* qkv, const float* inv_freq, const AttentionShape& s, int pos_offset) override {
+    cpu::rope_fwd(p_.compute, qkv, inv_freq, s, pos_offset);
+  }
+  void rope_bwd(void* dqkv, const float* inv_freq, const AttentionShape& s, int pos_offset) override {
+    cpu::rope_bwd(p_.compute, dqkv, inv_freq, s, pos_offset);
+  }
+  void embedding_fwd_at(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                        const int32_t* pos, int B, int Tn, int C) override {
+    cpu::embedding_fwd_at(p_.compute, out, tokens, wte, wpe, pos, B, Tn, C);
+  }
+  void rope_fwd_at(void* qkv, const float* inv_freq, const AttentionShape& s, const int32_t* pos) override {
+    cpu::rope_fwd_at(p_.compute, qkv, inv_freq, s, pos);
+  }
+  void kv_cache_write(const KvCacheLayer& cache, const void* qkv, const int32_t* pos,
+                      const AttentionShape& s) override {
+    cpu::kv_cache_write(p_.compute, cache, qkv, pos, s);
+  }
+  void cached_attention_fwd(void* out, const void* qkv, const KvCacheLayer& cache, const int32_t* pos,
+                            int max_keys, int window, void* /*scratch: none*/, size_t /*scratch_bytes*/,
+                            const AttentionShape& s) override {
+    cpu::cached_attention_fwd(p_.compute, out, qkv, cache, pos, max_keys, window, s);
+  }
+  void swiglu_fwd(void* out, const void* inp, int N, int I) override {
+    cpu::swiglu_fwd(p_.compute, out, inp, N, I);
+  }
+  void swiglu_bwd(void* dinp, const void* inp, const void* dout, int N, int I) override {
+    cpu::swiglu_bwd(p_.compute, dinp, inp, dout, N, I);
   }
   void attention_first_query_fwd(void* out, float* lse, const void* q, const void* kv, int B, int T, int C,
                                  int NH, const AttentionMask& mask) override {
@@ -231,9 +279,9 @@ std::unique_ptr<Ops> make_cpu_ops(Device& dev, OpsPrecision precision) {
   return std::make_unique<CpuOps>(dev, precision);
 }
 
-size_t attention_scratch_bytes(DeviceKind backend, DType compute, int B, int T, int C, int NH, bool dropout) {
-  return backend == DeviceKind::CUDA ? cuda_attention_scratch_bytes(compute, B, T, C, NH, dropout)
-                                     : cpu::attention_scratch_bytes(compute, B, T, C, NH);
+size_t attention_scratch_bytes(DeviceKind backend, DType compute, const AttentionShape& s, bool dropout) {
+  return backend == DeviceKind::CUDA ? cuda_attention_scratch_bytes(compute, s, dropout)
+                                     : cpu::attention_scratch_bytes(compute, s);
 }
 
 }  // namespace anvil

@@ -15,8 +15,12 @@ void embedding_fwd_t(void* out_, const int32_t* tokens, const void* wte_, const 
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
     const auto* te = wte + int64_t(tokens[bt]) * C;
-    const auto* pe = wpe + (bt % T) * C;
     auto* o = out + bt * C;
+    if (!wpe) {  // no learned positions (RoPE models): the token row as stored
+      std::copy_n(te, C, o);
+      continue;
+    }
+    const auto* pe = wpe + (bt % T) * C;
     for (int c = 0; c < C; ++c) o[c] = S::store(S::load(te[c]) + S::load(pe[c]));
   }
 }
@@ -63,10 +67,12 @@ void embedding_bwd_t(void* dwte_, void* dwpe_, const void* dout_, const int32_t*
   for (int64_t i = 0; i < BT; ++i) rows[i] &= 0xffffffffu;  // keep the position
 #pragma omp parallel
   {
-    // dwpe: position t sums rows t, T + t, 2T + t, ...
+    // dwpe (null: no learned positions): position t sums rows t, T + t, 2T + t, ...
+    if (dwpe) {
 #pragma omp for schedule(static) nowait
-    for (int t = 0; t < T; ++t)
-      add_rows<A, G>(dwpe + int64_t(t) * C, dout + int64_t(t) * C, nullptr, B, T, C);
+      for (int t = 0; t < T; ++t)
+        add_rows<A, G>(dwpe + int64_t(t) * C, dout + int64_t(t) * C, nullptr, B, T, C);
+    }
 #pragma omp for schedule(dynamic, 8)
     for (int64_t g = 0; g < ngroups; ++g) {
       const int64_t begin = starts[g];
@@ -153,6 +159,15 @@ void bert_embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, void* dwt
   dispatch_act_grad(act, grad, [&](auto a, auto g) {
     bert_embedding_bwd_t<decltype(a)::value, decltype(g)::value>(dwte, dwpe, dwtt, dout, tokens, types, B, T,
                                                                  C, skip_token);
+  });
+}
+
+void embedding_bwd_skip(DType act, DType grad, void* dwte, const void* dout, const int32_t* tokens, int B, int T,
+                        int C, int32_t skip_token) {
+  dispatch_act_grad(act, grad, [&](auto a, auto g) {
+    constexpr DType A = decltype(a)::value, G = decltype(g)::value;
+    scatter_add_rows<A, G>(static_cast<storage_t<G>*>(dwte), static_cast<const storage_t<A>*>(dout), tokens,
+                           int64_t(B) * T, C, skip_token);
   });
 }
 

@@ -1,5 +1,5 @@
-// GELU (tanh approximation and exact erf), tanh, the residual add and the first-token rows: elementwise,
-// grid-stride over size_t counts.
+// GELU (tanh approximation and exact erf), tanh, the residual add, SwiGLU and the first-token rows:
+// elementwise, grid-stride over size_t counts.
 #include <algorithm>
 #include <type_traits>
 
@@ -341,6 +341,96 @@ void residual_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* 
     using T = decltype(t);
     residual_fwd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
         static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+// --- SwiGLU ----------------------------------------------------------------------------------------------
+
+namespace {
+
+// Grid-stride over the N * I outputs in runs of kN columns of one row (16-byte vectors with kVec: I % kN ==
+// 0 and aligned buffers, so a run never straddles gate and up). The divisions are IEEE (__fdiv_rn), not
+// fast-math's approximate ones; 1 + exp(-g) overflowing to inf gives silu = -0 and sigmoid = 0, no NaN.
+template <class T, bool kVec, class F>
+__device__ __forceinline__ void for_each_swiglu_run(int I, size_t runs, F&& f) {
+  constexpr int kN = kVec ? Vec16<T>::kN : 1;
+  const size_t per_row = static_cast<size_t>(I / kN);
+  for (size_t j = blockIdx.x * size_t{blockDim.x} + threadIdx.x; j < runs;
+       j += size_t{gridDim.x} * blockDim.x) {
+    const size_t r = j / per_row, c = (j - r * per_row) * kN;
+    f(r * 2 * I + c, r * I + c);  // gate's index in inp, the output's in [N, I]
+  }
+}
+
+template <class T, bool kVec>
+__global__ void swiglu_fwd_kernel(T* out, const T* inp, int I, size_t runs) {
+  constexpr int kN = kVec ? Vec16<T>::kN : 1;
+  for_each_swiglu_run<T, kVec>(I, runs, [&](size_t gi, size_t oi) {
+    float g[kN], u[kN];
+    load_run<T, kN>(inp, gi, g);
+    load_run<T, kN>(inp, gi + I, u);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) g[k] = __fdiv_rn(g[k], 1.f + __expf(-g[k])) * u[k];
+    store_run<T, kN>(out, oi, g);
+  });
+}
+
+template <class T, bool kVec>
+__global__ void swiglu_bwd_kernel(T* dinp, const T* inp, const T* dout, int I, size_t runs) {
+  constexpr int kN = kVec ? Vec16<T>::kN : 1;
+  for_each_swiglu_run<T, kVec>(I, runs, [&](size_t gi, size_t oi) {
+    float g[kN], u[kN], d[kN];
+    load_run<T, kN>(inp, gi, g);
+    load_run<T, kN>(inp, gi + I, u);
+    load_run<T, kN>(dout, oi, d);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      const float den = 1.f + __expf(-g[k]);
+      const float sig = __fdiv_rn(1.f, den), silu = __fdiv_rn(g[k], den);
+      const float dg = d[k] * u[k] * (sig * (1.f + g[k] * (1.f - sig)));
+      u[k] = d[k] * silu;
+      g[k] = dg;
+    }
+    store_run<T, kN>(dinp, gi, g);
+    store_run<T, kN>(dinp, gi + I, u);
+  });
+}
+
+}  // namespace
+
+void swiglu_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, int N, int I) {
+  if (N <= 0 || I <= 0) return;
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    T* o = static_cast<T*>(out);
+    const T* in = static_cast<const T*>(inp);
+    const size_t n = static_cast<size_t>(N) * I;
+    if (rows_vectorizable<T>(I, {out, inp})) {
+      const size_t runs = n / Vec16<T>::kN;
+      swiglu_fwd_kernel<T, true><<<grid_for(runs, kThreads), kThreads, 0, stream>>>(o, in, I, runs);
+    } else {
+      swiglu_fwd_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(o, in, I, n);
+    }
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
+void swiglu_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout, int N,
+                int I) {
+  if (N <= 0 || I <= 0) return;
+  dispatch_float(act, [&](auto t) {
+    using T = decltype(t);
+    T* di = static_cast<T*>(dinp);
+    const T* in = static_cast<const T*>(inp);
+    const T* dy = static_cast<const T*>(dout);
+    const size_t n = static_cast<size_t>(N) * I;
+    if (rows_vectorizable<T>(I, {dinp, inp, dout})) {
+      const size_t runs = n / Vec16<T>::kN;
+      swiglu_bwd_kernel<T, true><<<grid_for(runs, kThreads), kThreads, 0, stream>>>(di, in, dy, I, runs);
+    } else {
+      swiglu_bwd_kernel<T, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(di, in, dy, I, n);
+    }
   });
   ANVIL_CUDA_CHECK_LAST();
 }

@@ -13,13 +13,19 @@ namespace anvil::cuda {
 // log2(e): the fused fp32 kernels form probabilities as exp2 of log2-domain scores.
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The keys row `row` (query t of sequence b, head any) sees: 0..last (last = -1: a padding query).
+// The keys row `row` (query t of sequence b, head any) sees: 0..last (last = -1: a padding query), from
+// first_key on with a sliding window.
 __device__ inline int last_key(size_t row, int seq, int NH, bool causal, const int32_t* lengths) {
   const int t = static_cast<int>(row % seq);
   int len = seq;
   if (lengths) len = min(max(lengths[row / seq / NH], 0), seq);
   if (t >= len) return -1;
   return causal ? min(t, len - 1) : len - 1;
+}
+
+// The first key row `row` sees: 0, or with a sliding window (window > 0) the oldest key inside it.
+__device__ inline int first_key(size_t row, int seq, int window) {
+  return window > 0 ? max(0, static_cast<int>(row % seq) - window + 1) : 0;
 }
 
 // The device side of AttentionDropout: the threshold and the factor 1 / (1 - p), computed on the host.

@@ -123,6 +123,9 @@ void embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, voi
 void bert_embedding_fwd(cudaStream_t stream, anvil::DType act, void* out, const int32_t* tokens,
                         const int32_t* types, const void* wte, const void* wpe, const void* wtt, int B, int T,
                         int C);
+// Ops::embedding_bwd_skip.
+void embedding_bwd_skip(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, const void* dout,
+                        const int32_t* tokens, int B, int T, int C, int32_t skip_token);
 void bert_embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, void* dwpe,
                         void* dwtt, const void* dout, const int32_t* tokens, const int32_t* types, int B,
                         int T, int C, int32_t skip_token);
@@ -143,22 +146,49 @@ void layernorm_bwd_sum(cudaStream_t stream, anvil::DType act, anvil::DType grad,
                        void* db, const void* dout, const void* dout2, const void* inp, const void* w,
                        const float* mean, const float* rstd, int N, int C, const anvil::BranchGrad& branch);
 
+// --- rmsnorm.cu -------------------------------------------------------------------------------------
+// Ops::rmsnorm_fwd / residual_rmsnorm_fwd (one kernel; out may alias a or b) / rmsnorm_bwd. One block per row
+// with the row in registers (rows up to 16k elements); rstd may be null in the forwards. The backward with
+// fp32 gradients is one pass for dinp and dw; with 16-bit gradients dw takes a column-tiled kernel that
+// rounds once per chunk of >= 256 rows (as layernorm_bwd), then the input gradient.
+void rmsnorm_fwd(cudaStream_t stream, anvil::DType act, void* out, float* rstd, const void* inp,
+                 const void* w, int N, int C, float eps);
+void residual_rmsnorm_fwd(cudaStream_t stream, anvil::DType act, void* out, void* ln, float* rstd,
+                          const void* a, const void* b, const void* w, int N, int C, float eps);
+void rmsnorm_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dinp, void* dw,
+                 const void* dout, const void* inp, const void* w, const float* rstd, int N, int C);
+
+// --- rope.cu -----------------------------------------------------------------------------------------
+// Ops::rope_fwd (inverse = false) / rope_bwd (inverse = true) on qkv [B, T, (NH + 2 NKV) HS], HS even.
+void rope(cudaStream_t stream, anvil::DType act, void* qkv, const float* inv_freq, int B, int T, int NH,
+          int NKV, int HS, int pos_offset, bool inverse);
+
 // --- attention.cu: materialised attention (fp32, and the 16-bit fallback) -------------------------------
-// The Ops attention contract (kernels/ops.hpp) with AttentionMask unpacked into causal / lengths / dropout.
-// Attention-probability dropout (AttentionMask::dropout, dropout_state, dropout_site): p == 0 runs exactly
-// the kernels without dropout; otherwise the key is read from `state` (device memory) when the kernels run.
+// The Ops attention contract (kernels/ops.hpp) with AttentionMask unpacked into causal / window / lengths /
+// dropout. Attention-probability dropout (AttentionMask::dropout, dropout_state, dropout_site): p == 0 runs
+// exactly the kernels without dropout; otherwise the key is read from `state` (device memory) when the
+// kernels run.
 struct AttentionDropout {
   float p = 0;
   const anvil::DropoutState* state = nullptr;
   uint32_t site = 0;
 };
-size_t materialized_attention_scratch_bytes(anvil::DType act, int B, int T, int C, int NH);
+// anvil::AttentionShape (ops.hpp is beyond nvcc's reach): NH query heads, NKV key/value heads (NH a multiple
+// of NKV), HS elements each; qkv rows [NH q | NKV k | NKV v] heads, out rows NH heads.
+struct AttentionDims {
+  int B = 0, T = 0, NH = 0, NKV = 0, HS = 0;
+  int q_width() const { return NH * HS; }
+  int qkv_width() const { return (NH + 2 * NKV) * HS; }
+  bool grouped() const { return NKV < NH; }
+};
+// `window`: AttentionMask::window (> 0: query t sees keys t2 with t - t2 < window; causal only).
+size_t materialized_attention_scratch_bytes(anvil::DType act, const AttentionDims& s);
 void materialized_attention_fwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* out, float* lse,
-                                const void* qkv, void* scratch, int B, int T, int C, int NH, bool causal,
-                                const int32_t* lengths, const AttentionDropout& dropout);
+                                const void* qkv, void* scratch, const AttentionDims& s, bool causal,
+                                int window, const int32_t* lengths, const AttentionDropout& dropout);
 void materialized_attention_bwd(cudaStream_t stream, Gemm& gemm, anvil::DType act, void* dqkv,
                                 const void* dout, const void* qkv, const void* out, const float* lse,
-                                void* scratch, int B, int T, int C, int NH, bool causal,
+                                void* scratch, const AttentionDims& s, bool causal, int window,
                                 const int32_t* lengths, const AttentionDropout& dropout);
 // attention_first_query.cu: Ops::attention_first_query_fwd / _bwd (any storage type, any head size up to
 // about 4000).
@@ -173,10 +203,31 @@ void attention_first_query_bwd(cudaStream_t stream, anvil::DType act, void* dq, 
 void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int width, float* lse, int B,
                             int T, int NH, const int32_t* lengths);
 
+// --- kv_cache.cu: generation (the "generation (KV cache)" ops of kernels/ops.hpp) ----------------------
+// d.T is Tn, the new tokens per sequence; pos [B] (device) their first position; k and v [B, S, NKV, HS].
+void embedding_fwd_at(cudaStream_t stream, anvil::DType act, void* out, const int32_t* tokens,
+                      const void* wte, const void* wpe, const int32_t* pos, int B, int Tn, int C);
+void rope_fwd_at(cudaStream_t stream, anvil::DType act, void* qkv, const float* inv_freq, const int32_t* pos,
+                 const AttentionDims& d);
+void kv_cache_write(cudaStream_t stream, anvil::DType act, void* k, void* v, int S, const void* qkv,
+                    const int32_t* pos, const AttentionDims& d);
+// The largest head size cached_attention_fwd takes.
+constexpr int kCachedAttentionMaxHeadSize = 512;
+// Split-key ("flash-decoding") attention over the cache: a one-token step of a few sequences spreads each
+// sequence's keys over enough thread blocks to fill the GPU, as far as `scratch_bytes` holds their partial
+// results (fp32 [B, Tn, NH, splits, HS + 2]); a second kernel combines them.
+void cached_attention_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* qkv, const void* k,
+                          const void* v, int S, const int32_t* pos, int max_keys, int window, void* scratch,
+                          size_t scratch_bytes, const AttentionDims& d);
+
 // --- activation.cu -----------------------------------------------------------------------------------
 void gelu_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
 void gelu_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout, size_t n);
 void residual_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* a, const void* b, size_t n);
+// Ops::swiglu_fwd / swiglu_bwd: inp [N, 2I] = [gate | up].
+void swiglu_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, int N, int I);
+void swiglu_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout, int N,
+                int I);
 // Exact (erf) GELU, tanh, and the first-token rows of [B,T,C] (Ops::gelu_erf_*, tanh_*, first_token_*).
 void gelu_erf_fwd(cudaStream_t stream, anvil::DType act, void* out, const void* inp, size_t n);
 void gelu_erf_bwd(cudaStream_t stream, anvil::DType act, void* dinp, const void* inp, const void* dout,

@@ -24,24 +24,44 @@ bool materialized_attention_forced() {
   return true;
 }
 
-bool cudnn_attention_capable(DType compute, int C, int NH) {
-  return cuda::CudnnAttention::supports(compute, C, NH) && !materialized_attention_forced();
+bool cudnn_attention_capable(DType compute, int HS) {
+  return cuda::CudnnAttention::supports(compute, HS) && !materialized_attention_forced();
 }
 
 // cuDNN's SDPA rejects single-token sequences (s_q = s_kv = 1): those take the materialised path, whose
 // scratch at T = 1 the planned size covers too.
-bool use_cudnn_attention(DType compute, int T, int C, int NH) {
-  return T > 1 && cudnn_attention_capable(compute, C, NH);
+bool use_cudnn_attention(DType compute, int T, int HS) {
+  return T > 1 && cudnn_attention_capable(compute, HS);
+}
+
+cuda::AttentionDims attention_dims(const AttentionShape& s) {
+  return {s.B, s.T, s.NH, s.NKV, s.HS};
 }
 
 // With attention dropout the materialised path runs whatever the shapes (cuDNN draws its own dropout masks,
 // not the ones every backend draws): its full scratch, and still cuDNN's workspace where cuDNN is capable, as
 // the same buffer also serves the calls without dropout (evaluation).
-size_t attention_scratch(DType compute, int B, int T, int C, int NH, bool dropout) {
-  if (!cudnn_attention_capable(compute, C, NH))
-    return cuda::materialized_attention_scratch_bytes(compute, B, T, C, NH);
-  return std::max(cuda::CudnnAttention::workspace_bytes(B, T, C, NH),
-                  cuda::materialized_attention_scratch_bytes(compute, B, dropout ? T : 1, C, NH));
+size_t attention_scratch(DType compute, const AttentionShape& s, bool dropout) {
+  const cuda::AttentionDims d = attention_dims(s);
+  if (!cudnn_attention_capable(compute, s.HS)) return cuda::materialized_attention_scratch_bytes(compute, d);
+  cuda::AttentionDims one = d;
+  one.T = dropout ? s.T : 1;
+  return std::max(cuda::CudnnAttention::workspace_bytes(d),
+                  cuda::materialized_attention_scratch_bytes(compute, one));
+}
+
+// The contract's requirements on an attention call's shape and mask (ops.hpp).
+void check_attention(const AttentionShape& s, const AttentionMask& mask) {
+  ANVIL_REQUIRE(s.B >= 0 && s.T >= 0 && s.NH > 0 && s.NKV > 0 && s.HS > 0 && s.NH % s.NKV == 0,
+                "attention: B={} T={} NH={} NKV={} HS={}: NH must be a positive multiple of NKV, HS positive",
+                s.B, s.T, s.NH, s.NKV, s.HS);
+  ANVIL_REQUIRE(mask.window >= 0 && (mask.window == 0 || mask.causal),
+                "attention: sliding window {} needs a causal mask and a window >= 0", mask.window);
+}
+
+// A window that reaches every key is no window: the calls without one keep their kernels (and cuDNN graphs).
+int effective_window(const AttentionShape& s, const AttentionMask& mask) {
+  return mask.window > 0 && mask.window < s.T ? mask.window : 0;
 }
 
 cuda::AttentionDropout attention_dropout(const AttentionMask& mask) {
@@ -49,6 +69,13 @@ cuda::AttentionDropout attention_dropout(const AttentionMask& mask) {
   ANVIL_ASSERT(mask.dropout < 1 && mask.dropout_state,
                "attention dropout {} needs 0 <= p < 1 and a DropoutState", mask.dropout);
   return {mask.dropout, mask.dropout_state, mask.dropout_site};
+}
+
+// RoPE rotates pairs (x[i], x[i + HS/2]) of every q and k head: HS must be even (the CPU checks the same).
+void check_rope_shape(const AttentionShape& s) {
+  ANVIL_REQUIRE(s.B >= 0 && s.T >= 0 && s.NH > 0 && s.NKV > 0 && s.HS > 0 && s.HS % 2 == 0,
+                "RoPE: bad shape B={} T={} NH={} NKV={} HS={} (HS must be even)", s.B, s.T, s.NH, s.NKV,
+                s.HS);
 }
 
 class CudaOps final : public Ops {
@@ -72,8 +99,11 @@ class CudaOps final : public Ops {
   Device& device() override { return dev_; }
   OpsPrecision precision() const override { return p_; }
 
-  size_t attention_scratch_bytes(int B, int T, int C, int NH, bool dropout) const override {
-    return attention_scratch(act_, B, T, C, NH, dropout);
+  using Ops::attention_bwd;
+  using Ops::attention_fwd;
+  using Ops::attention_scratch_bytes;
+  size_t attention_scratch_bytes(const AttentionShape& s, bool dropout) const override {
+    return attention_scratch(act_, s, dropout);
   }
 
   void embedding_fwd(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
@@ -83,6 +113,10 @@ class CudaOps final : public Ops {
   void embedding_bwd(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
                      int C) override {
     cuda::embedding_bwd(stream_, act_, grad_, dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void embedding_bwd_skip(void* dwte, const void* dout, const int32_t* tokens, int B, int T, int C,
+                          int32_t skip_token) override {
+    cuda::embedding_bwd_skip(stream_, act_, grad_, dwte, dout, tokens, B, T, C, skip_token);
   }
   void bert_embedding_fwd(void* out, const int32_t* tokens, const int32_t* types, const void* wte,
                           const void* wpe, const void* wtt, int B, int T, int C) override {
@@ -148,33 +182,91 @@ class CudaOps final : public Ops {
     matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, gelu_pre, N, K, OC, dw_write);
   }
 
-  // `scratch` holds attention_scratch_bytes(B, T, C, NH, mask.dropout > 0), whichever path runs. With
-  // dropout the materialised path runs (its masks are those of kernels/dropout.hpp).
-  void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, int B, int T, int C, int NH,
+  // `scratch` holds attention_scratch_bytes(s, mask.dropout > 0), whichever path runs. With dropout the
+  // materialised path runs (its masks are those of kernels/dropout.hpp).
+  void attention_fwd(void* out, float* lse, const void* qkv, void* scratch, const AttentionShape& s,
                      const AttentionMask& mask) override {
-    check_heads(C, NH);
+    check_attention(s, mask);
+    const cuda::AttentionDims d = attention_dims(s);
+    const int window = effective_window(s, mask);
     const cuda::AttentionDropout dropout = attention_dropout(mask);
-    if (dropout.p == 0 && use_cudnn_attention(act_, T, C, NH)) {
-      flash_.fwd(stream_, act_, out, lse, qkv, scratch, cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B,
-                 T, C, NH, mask.causal, mask.lengths);
-      cuda::zero_attention_padding(stream_, act_, out, C, lse, B, T, NH, mask.lengths);
+    if (dropout.p == 0 && use_cudnn_attention(act_, s.T, s.HS)) {
+      flash_.fwd(stream_, act_, out, lse, qkv, scratch, cuda::CudnnAttention::workspace_bytes(d), d,
+                 mask.causal, window, mask.lengths);
+      cuda::zero_attention_padding(stream_, act_, out, s.q_width(), lse, s.B, s.T, s.NH, mask.lengths);
     } else {
-      cuda::materialized_attention_fwd(stream_, gemm_, act_, out, lse, qkv, scratch, B, T, C, NH, mask.causal,
+      cuda::materialized_attention_fwd(stream_, gemm_, act_, out, lse, qkv, scratch, d, mask.causal, window,
                                        mask.lengths, dropout);
     }
   }
   void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-                     void* scratch, int B, int T, int C, int NH, const AttentionMask& mask) override {
-    check_heads(C, NH);
+                     void* scratch, const AttentionShape& s, const AttentionMask& mask) override {
+    check_attention(s, mask);
+    const cuda::AttentionDims d = attention_dims(s);
+    const int window = effective_window(s, mask);
     const cuda::AttentionDropout dropout = attention_dropout(mask);
-    if (dropout.p == 0 && use_cudnn_attention(act_, T, C, NH)) {
-      flash_.bwd(stream_, act_, dqkv, dout, qkv, out, lse, scratch,
-                 cuda::CudnnAttention::workspace_bytes(B, T, C, NH), B, T, C, NH, mask.causal, mask.lengths);
-      cuda::zero_attention_padding(stream_, act_, dqkv, 3 * C, nullptr, B, T, NH, mask.lengths);
+    if (dropout.p == 0 && use_cudnn_attention(act_, s.T, s.HS)) {
+      flash_.bwd(stream_, act_, dqkv, dout, qkv, out, lse, scratch, cuda::CudnnAttention::workspace_bytes(d),
+                 d, mask.causal, window, mask.lengths);
+      cuda::zero_attention_padding(stream_, act_, dqkv, s.qkv_width(), nullptr, s.B, s.T, s.NH, mask.lengths);
     } else {
-      cuda::materialized_attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH,
-                                       mask.causal, mask.lengths, dropout);
+      cuda::materialized_attention_bwd(stream_, gemm_, act_, dqkv, dout, qkv, out, lse, scratch, d,
+                                       mask.causal, window, mask.lengths, dropout);
     }
+  }
+
+  void rmsnorm_fwd(void* out, float* rstd, const void* inp, const void* w, int N, int C, float eps) override {
+    cuda::rmsnorm_fwd(stream_, act_, out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_bwd(void* dinp, void* dw, const void* dout, const void* inp, const void* w, const float* rstd,
+                   int N, int C) override {
+    cuda::rmsnorm_bwd(stream_, act_, grad_, dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void residual_rmsnorm_fwd(void* out, void* ln, float* rstd, const void* a, const void* b, const void* w,
+                            int N, int C, float eps) override {
+    cuda::residual_rmsnorm_fwd(stream_, act_, out, ln, rstd, a, b, w, N, C, eps);
+  }
+  void rope_fwd(void* qkv, const float* inv_freq, const AttentionShape& s, int pos_offset) override {
+    check_rope_shape(s);
+    cuda::rope(stream_, act_, qkv, inv_freq, s.B, s.T, s.NH, s.NKV, s.HS, pos_offset, false);
+  }
+  void rope_bwd(void* dqkv, const float* inv_freq, const AttentionShape& s, int pos_offset) override {
+    check_rope_shape(s);
+    cuda::rope(stream_, act_, dqkv, inv_freq, s.B, s.T, s.NH, s.NKV, s.HS, pos_offset, true);
+  }
+  // Generation (KV cache). The positions are device values: the kernels skip what lies outside the buffers.
+  void embedding_fwd_at(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                        const int32_t* pos, int B, int Tn, int C) override {
+    cuda::embedding_fwd_at(stream_, act_, out, tokens, wte, wpe, pos, B, Tn, C);
+  }
+  void rope_fwd_at(void* qkv, const float* inv_freq, const AttentionShape& s, const int32_t* pos) override {
+    check_rope_shape(s);
+    cuda::rope_fwd_at(stream_, act_, qkv, inv_freq, pos, attention_dims(s));
+  }
+  void kv_cache_write(const KvCacheLayer& cache, const void* qkv, const int32_t* pos,
+                      const AttentionShape& s) override {
+    check_attention(s, AttentionMask{});
+    cuda::kv_cache_write(stream_, act_, cache.k, cache.v, cache.S, qkv, pos, attention_dims(s));
+  }
+  void cached_attention_fwd(void* out, const void* qkv, const KvCacheLayer& cache, const int32_t* pos,
+                            int max_keys, int window, void* scratch, size_t scratch_bytes,
+                            const AttentionShape& s) override {
+    check_attention(s, AttentionMask{});
+    ANVIL_REQUIRE(s.HS <= cuda::kCachedAttentionMaxHeadSize,
+                  "cached attention: head size {} is larger than the {} the CUDA kernel takes", s.HS,
+                  cuda::kCachedAttentionMaxHeadSize);
+    ANVIL_REQUIRE(
+        max_keys >= 1 && max_keys <= cache.S && window >= 0,
+        "cached_attention_fwd: max_keys {} must be in [1, the cache capacity {}] and window {} >= 0",
+        max_keys, cache.S, window);
+    cuda::cached_attention_fwd(stream_, act_, out, qkv, cache.k, cache.v, cache.S, pos, max_keys, window,
+                               scratch, scratch_bytes, attention_dims(s));
+  }
+  void swiglu_fwd(void* out, const void* inp, int N, int I) override {
+    cuda::swiglu_fwd(stream_, act_, out, inp, N, I);
+  }
+  void swiglu_bwd(void* dinp, const void* inp, const void* dout, int N, int I) override {
+    cuda::swiglu_bwd(stream_, act_, dinp, inp, dout, N, I);
   }
 
   void attention_first_query_fwd(void* out, float* lse, const void* q, const void* kv, int B, int T, int C,
@@ -407,12 +499,12 @@ class CudaOps final : public Ops {
 
 }  // namespace
 
-size_t cuda_attention_scratch_bytes(DType compute, int B, int T, int C, int NH, bool dropout) {
-  return attention_scratch(compute, B, T, C, NH, dropout);
+size_t cuda_attention_scratch_bytes(DType compute, const AttentionShape& s, bool dropout) {
+  return attention_scratch(compute, s, dropout);
 }
 
-const char* cuda_attention_implementation(DType compute, int C, int NH, bool dropout) {
-  if (!cudnn_attention_capable(compute, C, NH)) return "materialized attention";
+const char* cuda_attention_path(DType compute, int HS, bool dropout) {
+  if (!cudnn_attention_capable(compute, HS)) return "materialized attention";
   return dropout ? "materialized attention (attention dropout)" : "cudnn flash attention";
 }
 

@@ -17,8 +17,9 @@ __global__ void embedding_fwd_kernel(T* out, const int32_t* tokens, const T* wte
     const size_t bt = i / C;
     const int c = static_cast<int>(i - bt * C);
     const int t = static_cast<int>(bt % seq);
-    out[i] = from_float<T>(to_float(wte[static_cast<size_t>(tokens[bt]) * C + c]) +
-                           to_float(wpe[static_cast<size_t>(t) * C + c]));
+    float v = to_float(wte[static_cast<size_t>(tokens[bt]) * C + c]);
+    if (wpe) v += to_float(wpe[static_cast<size_t>(t) * C + c]);  // null: no learned positions (RoPE models)
+    out[i] = from_float<T>(v);
   }
 }
 
@@ -113,6 +114,21 @@ void bert_embedding_fwd(cudaStream_t stream, anvil::DType act, void* out, const 
   ANVIL_CUDA_CHECK_LAST();
 }
 
+void embedding_bwd_skip(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, const void* dout,
+                        const int32_t* tokens, int B, int T, int C, int32_t skip_token) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  if (total == 0) return;
+  dispatch_float(act, [&](auto t) {
+    using A = decltype(t);
+    dispatch_float(grad, [&](auto g) {
+      using G = decltype(g);
+      bert_embedding_bwd_wte_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+          static_cast<G*>(dwte), static_cast<const A*>(dout), tokens, skip_token, C, total);
+      ANVIL_CUDA_CHECK_LAST();
+    });
+  });
+}
+
 void bert_embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, void* dwpe,
                         void* dwtt, const void* dout, const int32_t* tokens, const int32_t* types, int B,
                         int T, int C, int32_t skip_token) {
@@ -163,6 +179,7 @@ void embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, voi
       embedding_bwd_wte_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(
           static_cast<G*>(dwte), static_cast<const A*>(dout), tokens, C, total);
       ANVIL_CUDA_CHECK_LAST();
+      if (!dwpe) return;  // no learned positions
       embedding_bwd_wpe_kernel<<<grid_for(per_batch, kThreads), kThreads, 0, stream>>>(
           static_cast<G*>(dwpe), static_cast<const A*>(dout), B, T, C);
       ANVIL_CUDA_CHECK_LAST();

@@ -1,6 +1,7 @@
-// The CPU backend against Hugging Face transformers: a tiny random GPT2LMHeadModel saved by
-// transformers is loaded directly, and Anvil's logits, loss, every gradient, and the weights after one
-// AdamW step must match the fixture (tests/golden/make_gpt2_golden.py) to a relative error < 1e-4.
+// The CPU backend against Hugging Face transformers, for every decoder family: a tiny random
+// GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM saved by transformers is
+// loaded directly, and Anvil's logits, loss, every gradient, and the weights after one AdamW step must match
+// the fixture (tests/golden/make_gpt2_golden.py, make_decoder_golden.py) to a relative error < 1e-4.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +18,7 @@
 namespace anvil {
 namespace {
 
-const std::string kDir = std::string(ANVIL_SOURCE_DIR) + "/tests/golden/gpt2_tiny";
+std::string fixture_dir(const std::string& name) { return std::string(ANVIL_SOURCE_DIR) + "/tests/golden/" + name; }
 
 using test::read_f32;
 
@@ -32,10 +33,9 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 // A tensor of the flat buffer in Hugging Face's shape (Conv1D weights transposed, real vocabulary rows).
-std::vector<float> hf_view(const std::vector<float>& flat, const ParamTensor& t,
-                           const TransformerConfig& cfg) {
-  size_t n = t.numel();
-  if (t.name == "transformer.wte.weight") n = size_t(cfg.vocab_size) * cfg.n_embd;
+std::vector<float> hf_view(const std::vector<float>& flat, const ParamTensor& t) {
+  size_t n = 1;
+  for (int64_t d : t.hf_shape()) n *= size_t(d);
   std::vector<float> v(flat.begin() + t.offset, flat.begin() + t.offset + n);
   if (!t.hf_transposed) return v;
   const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -45,8 +45,11 @@ std::vector<float> hf_view(const std::vector<float>& flat, const ParamTensor& t,
   return tr;
 }
 
-TEST(GoldenGpt2, MatchesTransformers) {
-  if (!std::filesystem::exists(kDir + "/golden.safetensors")) GTEST_SKIP() << "fixture missing: " << kDir;
+class GoldenDecoder : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenDecoder, MatchesTransformers) {
+  const std::string kDir = fixture_dir(GetParam());
+  ASSERT_TRUE(std::filesystem::exists(kDir + "/golden.safetensors")) << "fixture missing: " << kDir;
   const io::SafeTensorsReader golden(kDir + "/golden.safetensors");
   const TransformerConfig cfg = io::read_model_config(kDir);
   const io::SafeTensorInfo& ids_info = golden.at("input_ids");
@@ -71,7 +74,7 @@ TEST(GoldenGpt2, MatchesTransformers) {
   e.device().copy_to_device(e.targets(0), targets.data(), targets.size() * sizeof(int32_t));
 
   // Logits (before the loss overwrites them with their gradient).
-  GptModel& m = e.gpt();
+  Decoder& m = e.decoder();
   m.forward(e.ops(), e.tokens(0), nullptr, B, T, 0, false);
   const int V = cfg.vocab_size, Vp = cfg.padded_vocab_size();
   std::vector<float> logits_p(size_t(B) * T * Vp), logits(size_t(B) * T * V);
@@ -92,7 +95,7 @@ TEST(GoldenGpt2, MatchesTransformers) {
   std::map<std::string, std::vector<bool>> ill_conditioned;
   for (const ParamTensor& t : m.layout().tensors()) {
     const std::vector<float> want = read_f32(golden, "grad." + t.name);
-    const std::vector<float> got = hf_view(grads, t, cfg);
+    const std::vector<float> got = hf_view(grads, t);
     EXPECT_LT(rel_error(got, want), 1e-4) << "gradient of " << t.name;
     // Adam's first update is lr * g / (|g| + eps): where |g| is within rounding of 0 its sign is not
     // determined by fp32 math, so those few entries are left out of the weight comparison.
@@ -108,10 +111,14 @@ TEST(GoldenGpt2, MatchesTransformers) {
   e.device().copy_to_host(params.data(), m.params(), n * sizeof(float));
   for (const ParamTensor& t : m.layout().tensors()) {
     const std::vector<float> want = read_f32(golden, "updated." + t.name);
-    EXPECT_LT(rel_error(hf_view(params, t, cfg), want, &ill_conditioned[t.name]), 1e-4)
+    EXPECT_LT(rel_error(hf_view(params, t), want, &ill_conditioned[t.name]), 1e-4)
         << "updated " << t.name;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, GoldenDecoder,
+                         ::testing::Values("gpt2_tiny", "llama_tiny", "qwen2_tiny", "mistral_tiny"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace anvil

@@ -1,0 +1,455 @@
+#include "model/decoder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/half.hpp"
+#include "model/rope.hpp"
+
+namespace anvil {
+namespace {
+constexpr const char* kSavedNames[] = {"ln_1 output",      "ln_1 mean/rstd", "qkv",
+                                       "attention output", "attention lse",  "residual after attn",
+                                       "ln_2 output",      "ln_2 mean/rstd", "mlp pre-activation",
+                                       "mlp activation"};
+constexpr size_t kNone = SIZE_MAX;
+
+size_t offset_of(const ParamLayout& l, TensorRole role, int layer) {
+  const ParamTensor* t = l.find_role(role, layer);
+  return t ? t->offset : kNone;
+}
+}  // namespace
+
+Decoder::Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool training,
+                 CheckpointPolicy checkpointing, OpsPrecision precision)
+    : cfg_((cfg.validate(), std::move(cfg))),
+      spec_(ArchSpec::of(cfg_)),
+      store_(ParamLayout::decoder(cfg_), precision, training),
+      B_(max_batch),
+      T_(max_seq),
+      training_(training),
+      // A training model computes the LM head and loss in row chunks (forward()); only inference keeps all
+      // rows.
+      logits_rows_(training ? std::min(size_t(max_batch) * max_seq, kLossChunkRows)
+                            : size_t(max_batch) * max_seq),
+      checkpointing_(checkpointing),
+      ae_(dtype_bits(precision.compute) / 8),
+      stats_rows_(spec_.norm == NormKind::LayerNorm ? 2 : 1),
+      proj_width_(size_t(std::max(spec_.C, spec_.q_width()))) {
+  ANVIL_REQUIRE(checkpointing.every >= 1, "gradient_checkpointing_every must be >= 1, got {}",
+                checkpointing.every);
+  using R = TensorRole;
+  const ParamLayout& l = store_.layout();
+  wte_off_ = offset_of(l, R::TokenEmbedding, -1);
+  wpe_off_ = offset_of(l, R::PositionEmbedding, -1);
+  head_off_ = spec_.tied_head ? wte_off_ : offset_of(l, R::HeadWeight, -1);
+  lnfw_off_ = offset_of(l, R::FinalNormWeight, -1);
+  lnfb_off_ = offset_of(l, R::FinalNormBias, -1);
+  unit_final_ = int(l.units().size()) - 1;
+  for (int i = 0; i < spec_.n_layer; ++i) {
+    auto at = [&](R role) { return offset_of(l, role, i); };
+    layer_offsets_.push_back({at(R::Norm1Weight), at(R::Norm1Bias), at(R::QkvWeight), at(R::QkvBias),
+                              at(R::OutWeight), at(R::OutBias), at(R::Norm2Weight), at(R::Norm2Bias),
+                              at(R::MlpInWeight), at(R::MlpInBias), at(R::MlpOutWeight), at(R::MlpOutBias)});
+  }
+  ANVIL_REQUIRE(max_batch >= 1, "batch size must be >= 1, got {}", max_batch);
+  ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
+                "sequence length {} must be between 1 and the model's block_size {}", max_seq,
+                cfg_.block_size);
+}
+
+void Decoder::plan_memory(MemoryPlan& plan, DeviceKind backend) {
+  using M = MemoryCategory;
+  const size_t f = sizeof(float), a = ae_;
+  const size_t L = spec_.n_layer, C = spec_.C, NH = spec_.NH, BT = size_t(B_) * T_;
+  const size_t F = spec_.ffn, FI = spec_.mlp_in_width();
+  store_.plan_memory(plan);
+  i_encoded_ = plan.add("embedding output", M::Activations, BT * C * a);
+  // Per-layer saved activations: stored per layer, or (checkpointed blocks) in one recompute buffer.
+  const size_t per_layer[kSavedKinds] = {BT * C * a,
+                                         stats_rows_ * BT * f,
+                                         BT * size_t(spec_.qkv_width()) * a,
+                                         BT * size_t(spec_.q_width()) * a,
+                                         size_t(B_) * NH * T_ * f,
+                                         BT * C * a,
+                                         BT * C * a,
+                                         stats_rows_ * BT * f,
+                                         BT * FI * a,
+                                         BT * F * a};
+  for (int k = 0; k < kSavedKinds; ++k) {
+    SavedKind& sk = saved_[k];
+    sk.bytes = per_layer[k];
+    sk.slot.assign(L, -1);
+    int stored = 0;
+    for (size_t l = 0; l < L; ++l)
+      if (!recomputed(k, int(l))) sk.slot[l] = stored++;
+    if (stored) sk.i_stored = plan.add(kSavedNames[k], M::Activations, size_t(stored) * sk.bytes);
+    if (stored < int(L))
+      sk.i_recompute = plan.add(std::string("recompute: ") + kSavedNames[k], M::Recompute, sk.bytes);
+  }
+  i_res3_ = plan.add("block output", M::Activations, L * BT * C * a);
+  i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * a);
+  i_lnf_stats_ = plan.add(stats_rows_ == 2 ? "ln_f mean/rstd" : "final norm rstd", M::Activations,
+                          stats_rows_ * BT * f);
+  i_logits_ = plan.add(training_ ? "logits (one chunk of rows)" : "logits", M::Activations,
+                       logits_rows_ * spec_.padded_vocab * a);
+  i_losses_ = plan.add("losses", M::Activations, BT * f);
+  i_tmp_c_ = plan.add("projection scratch", M::Workspace, BT * proj_width_ * a);
+  i_attn_scratch_ = plan.add(
+      "attention scratch", M::Workspace,
+      attention_scratch_bytes(backend, store_.precision().compute, attention_shape(B_, T_), false));
+  if (spec_.positions == PositionKind::Rope)
+    i_inv_freq_ = plan.add("rope frequencies", M::Weights, size_t(spec_.HS / 2) * f);
+  if (training_) {
+    i_dres_ = plan.add("residual gradient", M::Workspace, BT * C * a);
+    i_d4c_ = plan.add("mlp gradient", M::Workspace, BT * FI * a);
+    if (spec_.mlp == MlpKind::SwiGLU) i_dact_ = plan.add("mlp activation gradient", M::Workspace, BT * F * a);
+    i_dqkv_ = plan.add("qkv gradient", M::Workspace, BT * size_t(spec_.qkv_width()) * a);
+  }
+}
+
+void Decoder::bind(const Arena& ar) {
+  store_.bind(ar);
+  encoded_ = ar.get<void>(i_encoded_), res3_ = ar.get<void>(i_res3_);
+  for (SavedKind& sk : saved_) {
+    const bool any_stored = std::count(sk.slot.begin(), sk.slot.end(), -1) < int(sk.slot.size());
+    sk.stored = any_stored ? ar.get<char>(sk.i_stored) : nullptr;
+    sk.recompute = any_stored && std::count(sk.slot.begin(), sk.slot.end(), -1) == 0
+                       ? nullptr
+                       : ar.get<char>(sk.i_recompute);
+  }
+  lnf_ = ar.get<void>(i_lnf_), lnf_stats_ = ar.get<float>(i_lnf_stats_), logits_ = ar.get<void>(i_logits_),
+  losses_ = ar.get<float>(i_losses_);
+  tmp_c_ = ar.get<void>(i_tmp_c_), attn_scratch_ = ar.get<void>(i_attn_scratch_);
+  if (i_inv_freq_ != SIZE_MAX) inv_freq_ = ar.get<float>(i_inv_freq_);
+  if (training_) {
+    dres_ = ar.get<void>(i_dres_), d4c_ = ar.get<void>(i_d4c_), dqkv_ = ar.get<void>(i_dqkv_);
+    if (i_dact_ != SIZE_MAX) dact_ = ar.get<void>(i_dact_);
+  }
+}
+
+void Decoder::upload_constants(Device& dev) const {
+  if (!inv_freq_) return;
+  const std::vector<float> inv_freq = rope_inv_freq(cfg_);
+  ANVIL_ASSERT(inv_freq.size() == size_t(spec_.HS / 2), "rope_inv_freq: {} frequencies for head size {}",
+               inv_freq.size(), spec_.HS);
+  dev.copy_to_device(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float));
+}
+
+void Decoder::upload_weights(Device& dev, const float* host) const { store_.upload(dev, host); }
+
+void Decoder::copy_logits_to_host(Device& dev, float* dst, size_t first_row, size_t rows) const {
+  const size_t Vp = spec_.padded_vocab, n = rows * Vp;
+  const char* src = static_cast<const char*>(logits_) + first_row * Vp * ae_;
+  const DType compute = store_.precision().compute;
+  if (compute == DType::F32) {
+    dev.copy_to_host(dst, src, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> half(n);
+  dev.copy_to_host(half.data(), src, n * sizeof(uint16_t));
+  const bool bf16 = compute == DType::BF16;
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+}
+
+void Decoder::init_weights(uint64_t seed, Device& dev) const {
+  ParamInit how;
+  how.std = 0.02f;
+  how.residual_std = 0.02f / std::sqrt(2.0f * spec_.n_layer);
+  how.zero_row = spec_.padding_idx;
+  store_.init(seed, how, dev);
+}
+
+void* Decoder::weight_or_null(size_t offset) const {
+  return offset == kNone ? nullptr : store_.weight_at(offset);
+}
+void* Decoder::grad_or_null(size_t offset) const { return offset == kNone ? nullptr : store_.grad_at(offset); }
+
+Decoder::LayerParams Decoder::layer_weights(int l) const {
+  const LayerTensors<size_t>& o = layer_offsets_[l];
+  auto w = [&](size_t off) { return weight_or_null(off); };
+  return {w(o.ln1w),     w(o.ln1b),     w(o.qkvw), w(o.qkvb), w(o.attprojw), w(o.attprojb),
+          w(o.ln2w),     w(o.ln2b),     w(o.fcw),  w(o.fcb),  w(o.fcprojw),  w(o.fcprojb)};
+}
+
+Decoder::LayerParams Decoder::layer_grads(int l) const {
+  const LayerTensors<size_t>& o = layer_offsets_[l];
+  auto g = [&](size_t off) { return grad_or_null(off); };
+  return {g(o.ln1w),     g(o.ln1b),     g(o.qkvw), g(o.qkvb), g(o.attprojw), g(o.attprojb),
+          g(o.ln2w),     g(o.ln2b),     g(o.fcw),  g(o.fcb),  g(o.fcprojw),  g(o.fcprojb)};
+}
+
+void Decoder::norm_fwd(Ops& ops, void* out, float* st, const void* inp, const void* w, const void* b, int N) {
+  const size_t sBT = size_t(B_) * T_;
+  if (spec_.norm == NormKind::LayerNorm)
+    ops.layernorm_fwd(out, st, st + sBT, inp, w, b, N, spec_.C, spec_.norm_eps);
+  else
+    ops.rmsnorm_fwd(out, st, inp, w, N, spec_.C, spec_.norm_eps);
+}
+
+void Decoder::residual_norm_fwd(Ops& ops, void* out, void* ln, float* st, const void* a, const void* b,
+                                const void* w, const void* bias, int N) {
+  const size_t sBT = size_t(B_) * T_;
+  if (spec_.norm == NormKind::LayerNorm)
+    ops.residual_layernorm_fwd(out, ln, st, st + sBT, a, b, w, bias, N, spec_.C, spec_.norm_eps);
+  else
+    ops.residual_rmsnorm_fwd(out, ln, st, a, b, w, N, spec_.C, spec_.norm_eps);
+}
+
+void Decoder::norm_bwd(Ops& ops, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                       const void* w, const float* st, int N) {
+  const size_t sBT = size_t(B_) * T_;
+  if (spec_.norm == NormKind::LayerNorm)
+    ops.layernorm_bwd(dinp, dw, db, dout, inp, w, st, st + sBT, N, spec_.C);
+  else
+    ops.rmsnorm_bwd(dinp, dw, dout, inp, w, st, N, spec_.C);
+}
+
+AttentionMask Decoder::attention_mask() const {
+  AttentionMask m;
+  m.window = spec_.window > 0 && spec_.window < T_ ? spec_.window : 0;  // a window >= T changes nothing
+  return m;
+}
+
+bool Decoder::recomputed(int kind, int layer) const {
+  if (!checkpointing_.checkpointed(layer)) return false;
+  if (checkpointing_.mode == CheckpointMode::Full) return true;
+  return kind != kQkv && kind != kAtty && kind != kLse;  // selective keeps the attention tensors
+}
+
+void* Decoder::act(int kind, int layer) const {
+  const SavedKind& sk = saved_[kind];
+  const int slot = sk.slot[layer];
+  return slot < 0 ? sk.recompute : sk.stored + size_t(slot) * sk.bytes;
+}
+
+// The MLP's activation from its input `inp` (norm-2 output): with `pre_too`, the first GEMM into `pre` as
+// well (GELU: one GEMM with the GELU epilogue; SwiGLU: the fused gate/up GEMM, then SwiGLU), else only the
+// activation from the saved `pre`.
+void Decoder::mlp_forward(Ops& ops, const LayerParams& p, void* out, void* pre, const void* inp, int N,
+                          bool pre_too) {
+  const int C = spec_.C, F = spec_.ffn;
+  if (spec_.mlp == MlpKind::Gelu) {
+    if (pre_too)
+      ops.matmul_gelu_fwd(out, pre, inp, p.fcw, p.fcb, N, C, F);
+    else
+      ops.gelu_fwd(out, pre, size_t(N) * F);
+    return;
+  }
+  if (pre_too) ops.matmul_fwd(pre, inp, p.fcw, p.fcb, N, C, 2 * F);
+  ops.swiglu_fwd(out, pre, N, F);
+}
+
+void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed) {
+  const int C = spec_.C, N = B * T;
+  const size_t sBTC = size_t(B_) * T_ * C;
+  const AttentionShape shape = attention_shape(B, T);
+  store_.acquire(1 + l);
+  const LayerParams p = layer_weights(l);
+  const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
+  void *ln1 = act(kLn1, l), *qkv = act(kQkv, l), *atty = act(kAtty, l);
+  void *res2 = act(kRes2, l), *ln2 = act(kLn2, l), *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l);
+  float *ln1_stats = stats(kLn1Stats, l), *ln2_stats = stats(kLn2Stats, l);
+  auto run = [&](int kind) { return !only_recomputed || recomputed(kind, l); };
+  // In the full forward pass the previous block's output step already wrote this norm (fused with its
+  // residual add); a recompute pass rebuilds it here.
+  if (run(kLn1) && (only_recomputed || l == 0)) norm_fwd(ops, ln1, ln1_stats, x, p.ln1w, p.ln1b, N);
+  if (run(kQkv)) {
+    ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, spec_.qkv_width());
+    if (inv_freq_) ops.rope_fwd(qkv, inv_freq_, shape, 0);
+  }
+  if (run(kAtty)) ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, shape, attention_mask());
+  if (run(kRes2)) {
+    ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, spec_.q_width(), C);
+    if (run(kLn2))  // the residual add and the next norm in one pass
+      residual_norm_fwd(ops, res2, ln2, ln2_stats, x, tmp_c_, p.ln2w, p.ln2b, N);
+    else
+      ops.residual_fwd(res2, x, tmp_c_, size_t(N) * C);
+  } else if (run(kLn2)) {
+    norm_fwd(ops, ln2, ln2_stats, res2, p.ln2w, p.ln2b, N);
+  }
+  // Checkpointing recomputes the MLP's first GEMM and its activation together; should only the activation
+  // be missing, it is recomputed alone.
+  if (run(kFch))
+    mlp_forward(ops, p, fch_gelu, fch, ln2, N, true);
+  else if (run(kFchGelu))
+    mlp_forward(ops, p, fch_gelu, fch, ln2, N, false);
+  if (trace_) {
+    // Stored kinds stay live until this block's backward; in the forward pass the recompute buffers are
+    // scratch that the next block overwrites; rebuilt (recompute phase) they live until the backward.
+    const char* phase = only_recomputed ? "recompute" : "forward";
+    for (int k = 0; k < kSavedKinds; ++k) {
+      const bool rec = recomputed(k, l);
+      if (only_recomputed && !rec) continue;
+      int& id = trace_saved_[l][k];
+      trace_alloc(id, kSavedNames[k], rec ? MemoryCategory::Recompute : MemoryCategory::Activations,
+                  saved_[k].bytes, l, phase);
+      if (rec && !only_recomputed) trace_free(id, phase);
+    }
+  }
+  if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
+  ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, spec_.ffn, C);
+  // The block output and the norm that reads it next, in one pass: the next block's norm 1 (into its
+  // stored or recompute buffer, which nothing else writes before that block runs), or the final norm.
+  void* out = at(res3_, l * sBTC);
+  if (l + 1 < spec_.n_layer) {
+    store_.acquire(2 + l);
+    const LayerParams pn = layer_weights(l + 1);
+    residual_norm_fwd(ops, out, act(kLn1, l + 1), stats(kLn1Stats, l + 1), res2, tmp_c_, pn.ln1w, pn.ln1b, N);
+  } else {
+    store_.acquire(unit_final_);
+    residual_norm_fwd(ops, out, lnf_, lnf_stats_, res2, tmp_c_, weight_or_null(lnfw_off_),
+                      weight_or_null(lnfb_off_), N);
+  }
+  trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, size_t(B_) * T_ * C * ae_, l,
+              "forward");
+}
+
+void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T, float grad_scale,
+                      bool write_grad) {
+  ANVIL_ASSERT(B <= B_ && T <= T_, "forward shape {}x{} exceeds planned {}x{}", B, T, B_, T_);
+  ANVIL_ASSERT(!write_grad || (training_ && targets), "write_grad needs a training model and targets");
+  ANVIL_ASSERT(ops.precision().compute == precision().compute && ops.precision().grad == precision().grad,
+               "the ops' precision does not match the model's");
+  const int C = spec_.C, L = spec_.n_layer, V = spec_.vocab, Vp = spec_.padded_vocab;
+  const int N = B * T;
+  const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
+  trace_phase("forward", -1);
+  store_.acquire(0);
+  ops.embedding_fwd(encoded_, tokens, store_.weight_at(wte_off_), weight_or_null(wpe_off_), B, T, C);
+  trace_alloc(trace_encoded_, "embedding output", MemoryCategory::Activations, sBTC * ae_, -1, "forward");
+  for (int l = 0; l < L; ++l) {
+    trace_phase("forward", l);
+    block_forward(ops, l, B, T, false);
+  }
+  trace_phase("forward head", -1);  // the final norm was computed by the last block (fused with its add)
+  trace_alloc(trace_lnf_, "ln_f output + mean/rstd", MemoryCategory::Activations,
+              sBTC * ae_ + stats_rows_ * sBT * 4, -1, "forward");
+  const void* head = store_.weight_at(head_off_);
+  head_grad_ready_ = false;
+  if (!targets) {
+    ANVIL_REQUIRE(
+        size_t(N) <= logits_rows_,
+        "the logits of {} rows do not fit this model's {}-row logits buffer (a training model keeps "
+        "one loss chunk; ask for fewer rows)",
+        N, logits_rows_);
+    ops.matmul_fwd(logits_, lnf_, head, nullptr, N, C, Vp);
+    trace_alloc(trace_logits_, "logits", MemoryCategory::Activations, logits_rows_ * Vp * ae_, -1, "forward");
+    return;
+  }
+  // LM head + loss (+ the head's backward) one chunk of rows at a time: the logits of a chunk are
+  // overwritten by their gradient, which immediately gives the chunk's d(final norm output) rows (into
+  // tmp_c_, where backward() picks them up) and its share of the head's gradient (the token embedding's,
+  // when tied).
+  trace_alloc(trace_logits_, "logits (one chunk of rows)", MemoryCategory::Activations,
+              logits_rows_ * Vp * ae_, -1, "forward");
+  void* dhead = write_grad ? store_.grad_at(head_off_) : nullptr;
+  for (size_t r0 = 0; r0 < size_t(N); r0 += logits_rows_) {
+    const int n = int(std::min(logits_rows_, size_t(N) - r0));
+    const void* x = at(lnf_, r0 * C);
+    ops.matmul_fwd(logits_, x, head, nullptr, n, C, Vp);
+    ops.softmax_xent_fwd_bwd(losses_ + r0, logits_, targets + r0, n, V, Vp, grad_scale, write_grad);
+    if (write_grad) ops.matmul_bwd(at(tmp_c_, r0 * C), dhead, nullptr, logits_, x, head, n, C, Vp);
+  }
+  head_grad_ready_ = write_grad;
+  trace_free(trace_logits_, "forward");
+  trace_alloc(trace_losses_, "losses", MemoryCategory::Activations, sBT * 4, -1, "forward");
+}
+
+void Decoder::block_backward(Ops& ops, int l, int B, int T) {
+  const int C = spec_.C, F = spec_.ffn, N = B * T;
+  const size_t sBTC = size_t(B_) * T_ * C;
+  const AttentionShape shape = attention_shape(B, T);
+  const LayerParams p = layer_weights(l);
+  const LayerParams g = layer_grads(l);
+  const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
+  // MLP: out = res2 + act(norm2(res2) Win^T + bin) Wout^T + bout; dres_ holds dout.
+  if (spec_.mlp == MlpKind::Gelu) {
+    ops.matmul_bwd_dgelu(d4c_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, act(kFch, l), N, F,
+                         C);
+  } else {
+    ops.matmul_bwd(dact_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, N, F, C);
+    ops.swiglu_bwd(d4c_, act(kFch, l), dact_, N, F);
+  }
+  ops.matmul_bwd(tmp_c_, g.fcw, g.fcb, d4c_, act(kLn2, l), p.fcw, N, C, spec_.mlp_in_width());
+  norm_bwd(ops, dres_, g.ln2w, g.ln2b, tmp_c_, act(kRes2, l), p.ln2w, stats(kLn2Stats, l), N);
+  // Attention: res2 = x + attn(norm1(x)) Wo^T + bo; dres_ now holds d(res2).
+  ops.matmul_bwd(tmp_c_, g.attprojw, g.attprojb, dres_, act(kAtty, l), p.attprojw, N, spec_.q_width(), C);
+  ops.attention_bwd(dqkv_, tmp_c_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, shape,
+                    attention_mask());
+  if (inv_freq_) ops.rope_bwd(dqkv_, inv_freq_, shape, 0);
+  ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, act(kLn1, l), p.qkvw, N, C, spec_.qkv_width());
+  norm_bwd(ops, dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, stats(kLn1Stats, l), N);
+}
+
+void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
+  ANVIL_ASSERT(training_, "backward on a model planned without gradients");
+  const int C = spec_.C, L = spec_.n_layer;
+  const int N = B * T;
+  const size_t sBTC = size_t(B_) * T_ * C;
+  ANVIL_ASSERT(head_grad_ready_, "backward() needs the preceding forward() with targets and write_grad");
+  head_grad_ready_ = false;
+
+  // The head's backward ran chunk by chunk in forward(): tmp_c_ holds d(final norm output). Final norm next.
+  trace_phase("backward head", -1);
+  ops.device().fill_zero(dres_, size_t(N) * C * ae_);
+  norm_bwd(ops, dres_, grad_or_null(lnfw_off_), grad_or_null(lnfb_off_), tmp_c_, at(res3_, (L - 1) * sBTC),
+           weight_or_null(lnfw_off_), lnf_stats_, N);
+  store_.release(unit_final_);
+  store_.grads_ready(unit_final_);
+  trace_free(trace_lnf_, "backward");
+  trace_free(trace_block_out_[L - 1], "backward");
+
+  for (int l = L - 1; l >= 0; --l) {
+    if (checkpointing_.checkpointed(l)) {
+      trace_phase("recompute", l);
+      block_forward(ops, l, B, T, true);
+    }
+    trace_phase("backward", l);
+    store_.acquire(1 + l);
+    block_backward(ops, l, B, T);
+    store_.release(1 + l);
+    store_.grads_ready(1 + l);
+    if (trace_) {
+      for (int& id : trace_saved_[l]) trace_free(id, "backward");
+      trace_free(l == 0 ? trace_encoded_ : trace_block_out_[l - 1], "backward");
+    }
+  }
+  trace_phase("backward embedding", -1);
+  if (spec_.padding_idx >= 0)  // no learned positions in a family with a padding_idx
+    ops.embedding_bwd_skip(store_.grad_at(wte_off_), dres_, tokens, B, T, C, spec_.padding_idx);
+  else
+    ops.embedding_bwd(store_.grad_at(wte_off_), grad_or_null(wpe_off_), dres_, tokens, B, T, C);
+  store_.release(0);
+  store_.grads_ready(0);
+  trace_free(trace_losses_, "backward");
+}
+
+void Decoder::set_memory_trace(MemoryTrace* trace) {
+  trace_ = trace;
+  trace_saved_.assign(spec_.n_layer, {});
+  for (auto& ids : trace_saved_) ids.fill(-1);
+  trace_block_out_.assign(spec_.n_layer, -1);
+  trace_encoded_ = trace_lnf_ = trace_logits_ = trace_losses_ = -1;
+}
+
+void Decoder::trace_phase(const char* name, int layer) {
+  if (trace_) trace_->phase(name, layer);
+  if (profiler_) profiler_->phase(name, layer);
+}
+
+void Decoder::trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer,
+                           const char* phase) {
+  if (!trace_) return;
+  if (id >= 0) trace_->free(id, phase);  // overwritten (e.g. the next micro-batch)
+  id = trace_->alloc(name, c, bytes, layer, phase);
+}
+
+void Decoder::trace_free(int& id, const char* phase) {
+  if (!trace_ || id < 0) return;
+  trace_->free(id, phase);
+  id = -1;
+}
+
+}  // namespace anvil

@@ -1,0 +1,89 @@
+// The parameters of a model in one place (DESIGN: "ParamStore"): the compute-type weights, the fp32 master
+// weights (16-bit compute only) and the gradients of every unit of a ParamLayout, planned once from the
+// layout table. Models read views of it and never plan or own parameter memory; the optimizer's state
+// mirrors the same flat layout (Optimizer::state_buffers).
+//
+// Per-unit hooks (DESIGN: "How the pieces meet"): a model calls acquire(unit) before a unit's forward or
+// backward reads its weights, and grads_ready(unit) once the unit's gradients of a micro-batch are complete.
+// With one process and everything on the device both are no-ops; partitioned parameters (ZeRO-3) gather
+// in acquire, data parallelism reduces in the grads_ready hook, offload streams there.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "anvil/memory_plan.hpp"
+#include "kernels/ops.hpp"
+#include "model/param_layout.hpp"
+#include "runtime/arena.hpp"
+
+namespace anvil {
+
+// How a layout's tensors start: Normal ~ N(0, std), NormalResidual ~ N(0, residual_std), Ones, Zeros; rows
+// past a tensor's hf_rows stay 0; `zero_row` (>= 0) of the TokenEmbedding stays 0 too (HF's padding_idx).
+struct ParamInit {
+  float std = 0.02f;
+  float residual_std = 0.02f;
+  int64_t zero_row = -1;
+};
+
+class ParamStore {
+ public:
+  // Gradients are planned with `training` (in precision.grad). Each tensor's storage is the compute type.
+  ParamStore(ParamLayout layout, OpsPrecision precision, bool training);
+
+  // Adds the weights, master weights (16-bit compute) and, unless `grads_elsewhere`, the gradients.
+  // A model that places the gradients itself (BERT's gradients in dead activation memory) says so and
+  // hands their memory over with bind_grads.
+  void plan_memory(MemoryPlan& plan, bool grads_elsewhere = false);
+  void bind(const Arena& arena);
+  void bind_grads(void* grads) { grads_ = grads; }
+
+  const ParamLayout& layout() const { return layout_; }
+  OpsPrecision precision() const { return precision_; }
+  size_t numel() const { return layout_.total_numel(); }
+  bool training() const { return training_; }
+
+  // The flat buffers: fp32 master weights (the weights themselves for fp32 compute), the compute-type
+  // weights, and the gradients in the gradient type (grads_f32 for fp32 gradients only).
+  float* master() const { return master_; }
+  void* weights() const { return weights_; }
+  void* grads() const { return grads_; }
+  float* grads_f32() const;
+  size_t grad_bytes() const { return dtype_bytes(precision_.grad, numel()); }
+  // Views: element `offset` (in floats of the layout) of the weights / gradients.
+  void* weight_at(size_t offset) const { return static_cast<char*>(weights_) + offset * weight_elem_; }
+  void* grad_at(size_t offset) const { return static_cast<char*>(grads_) + offset * grad_elem_; }
+  void* weight(const ParamTensor& t) const { return weight_at(t.offset); }
+  void* grad(const ParamTensor& t) const { return grad_at(t.offset); }
+
+  // Sets the weights from fp32 host values in the flat layout: the master weights and their round-to-nearest
+  // compute-type copy.
+  void upload(Device& dev, const float* host) const;
+  // The layout's initialisation for a seed (deterministic; tensors in layout order), uploaded.
+  void init(uint64_t seed, const ParamInit& how, Device& dev) const;
+  // Rounds the master weights into the compute-type copy after an optimizer step (stochastically with a
+  // nonzero seed, bf16; with `step_values`, the seed is read there when the cast runs); no-op for fp32.
+  void sync(Ops& ops, uint64_t rounding_seed = 0, const StepValues* step_values = nullptr) const;
+
+  // Per-unit hooks (see the top of this file).
+  void acquire(int unit) const {}
+  void release(int unit) const {}
+  void grads_ready(int unit) const {
+    if (on_grads_ready_) on_grads_ready_(unit);
+  }
+  // Called with a unit's index when its gradients of a micro-batch are complete (null: none).
+  void set_grads_ready_hook(std::function<void(int unit)> hook) { on_grads_ready_ = std::move(hook); }
+
+ private:
+  ParamLayout layout_;
+  OpsPrecision precision_;
+  bool training_;
+  size_t weight_elem_, grad_elem_;
+  size_t i_master_ = SIZE_MAX, i_weights_ = SIZE_MAX, i_grads_ = SIZE_MAX;
+  float* master_ = nullptr;
+  void *weights_ = nullptr, *grads_ = nullptr;
+  std::function<void(int)> on_grads_ready_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,42 @@
+#include "train/checkpointer.hpp"
+
+#include <filesystem>
+
+#include "io/checkpoint.hpp"
+
+namespace anvil {
+
+Checkpointer::Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e,
+                           RunDirectory& dir, std::string tokenizer_file)
+    : cfg_(cfg),
+      enabled_(rc.save_checkpoints),
+      e_(e),
+      dir_(dir),
+      tokenizer_file_(std::move(tokenizer_file)) {}
+
+bool Checkpointer::due(int64_t step, int64_t total_steps) const {
+  return enabled_ && ((cfg_.save_steps > 0 && step % cfg_.save_steps == 0) || step == total_steps);
+}
+
+void Checkpointer::save(const TrainingState& s) {
+  nlohmann::json state = {{"global_step", s.step},
+                          {"total_steps", s.total_steps},
+                          {"loader", {{"epoch", s.loader.epoch}, {"batch", s.loader.batch}}},
+                          {"rng_state", s.rng_state},
+                          {"train_loss_sum", s.loss_sum},
+                          {"train_loss_steps", s.loss_steps},
+                          {"lr_scheduler_type", cfg_.lr_scheduler_type},
+                          {"learning_rate", cfg_.learning_rate},
+                          {"warmup_steps", cfg_.warmup_steps},
+                          {"config", cfg_.to_json()}};
+  if (s.scaler) state["loss_scaler"] = s.scaler->state();
+  const std::string dir =
+      (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(s.step))).string();
+  io::save_checkpoint(dir, e_.model(), e_.optimizer(), state, tokenizer_file_, e_.device());
+  fmt::print("saved checkpoint {}\n", dir);
+  for (const std::string& old : dir_.rotate_checkpoints(dir))
+    fmt::print("deleted checkpoint {} (save_total_limit {})\n", old, cfg_.save_total_limit);
+  last_ = dir;
+}
+
+}  // namespace anvil

@@ -1,0 +1,50 @@
+// The checkpoints of a training run (docs/formats.md): when they are saved (every save_steps and at the end,
+// unless save_strategy is "no"), what trainer_state.json records so that a resume reproduces the
+// uninterrupted run, and the rotation of old ones (save_total_limit).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "anvil/train_config.hpp"
+#include "data/prefetch_ring.hpp"
+#include "precision/loss_scaler.hpp"
+#include "train/engine.hpp"
+#include "train/resolved_config.hpp"
+#include "train/run_directory.hpp"
+
+namespace anvil {
+
+// The training state a checkpoint records besides the weights and the optimizer.
+struct TrainingState {
+  int64_t step = 0;  // the global step just finished (1-based)
+  int64_t total_steps = 0;
+  data::LoaderPosition loader;  // the first batch not yet consumed by a finished step
+  uint64_t rng_state = 0;
+  double loss_sum = 0;  // the running train-loss total over all steps so far (including before a resume)
+  int64_t loss_steps = 0;
+  const LossScaler* scaler = nullptr;  // fp16
+};
+
+class Checkpointer {
+ public:
+  // `tokenizer_file` is copied into every checkpoint ("" for the byte tokenizer).
+  Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e, RunDirectory& dir,
+               std::string tokenizer_file);
+
+  // Whether global step `step` (1-based) saves a checkpoint.
+  bool due(int64_t step, int64_t total_steps) const;
+  // Writes checkpoint-N (N = state.step), then deletes the ones beyond save_total_limit.
+  void save(const TrainingState& state);
+  // The last checkpoint this run wrote ("" if none).
+  const std::string& last() const { return last_; }
+
+ private:
+  const TrainConfig& cfg_;
+  const bool enabled_;
+  Engine& e_;
+  RunDirectory& dir_;
+  const std::string tokenizer_file_;
+  std::string last_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,24 @@
+#include "train/resolved_config.hpp"
+
+namespace anvil {
+
+std::string ResolvedTrainConfig::precision_label() const {
+  return precision == Precision::FP32 ? fp32_matmul_name(fp32_matmul) : precision_name(precision);
+}
+
+ResolvedTrainConfig resolve_train_config(const TrainConfig& cfg) {
+  ResolvedTrainConfig r;
+  r.precision = cfg.bf16 ? Precision::BF16 : cfg.fp16 ? Precision::FP16 : Precision::FP32;
+  r.half_precision_grads = cfg.grad_accum_dtype != "fp32";
+  r.fp32_matmul = parse_fp32_matmul(cfg.fp32_matmul_mode());
+  if (cfg.gradient_checkpointing)
+    r.checkpointing = {parse_checkpoint_mode(cfg.gradient_checkpointing_mode),
+                       cfg.gradient_checkpointing_every};
+  r.optimizer = parse_optimizer(cfg.optim);
+  r.lr_schedule = parse_lr_schedule(cfg.lr_scheduler_type);
+  r.save_checkpoints = cfg.save_strategy != "no";
+  std::tie(r.profile_first, r.profile_last) = cfg.profile_range();
+  return r;
+}
+
+}  // namespace anvil

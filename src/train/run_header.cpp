@@ -1,0 +1,74 @@
+#include "train/run_header.hpp"
+
+namespace anvil {
+namespace {
+
+std::string precision_description(const RunHeader& h, DeviceKind device) {
+  const ResolvedTrainConfig& rc = h.rc;
+  if (rc.precision == Precision::FP32) {
+    const bool cuda = device == DeviceKind::CUDA;
+    if (rc.fp32_matmul == Fp32Matmul::TF32)
+      return cuda ? "fp32 storage, TF32 matmuls" : "fp32 (TF32 applies on CUDA only)";
+    if (rc.fp32_matmul == Fp32Matmul::TF32x3)
+      return cuda ? "fp32 storage, 3xTF32 matmuls (fp32-accurate on the TF32 tensor cores)"
+                  : "fp32 (3xTF32 applies on CUDA only)";
+    return "fp32";
+  }
+  std::string d = fmt::format(
+      "{} weights and activations, fp32 master weights and optimizer states, {} gradients",
+      precision_name(rc.precision), rc.half_precision_grads ? precision_name(rc.precision) : "fp32");
+  if (h.cfg.stochastic_rounding) d += ", stochastic rounding of the weights";
+  if (const LossScaler* s = h.scaler)
+    d += s->dynamic() ? fmt::format("; dynamic loss scale from {} (window {}, hysteresis {}, min {})",
+                                    format_loss_scale(s->scale()), h.cfg.loss_scale_window, h.cfg.hysteresis,
+                                    format_loss_scale(h.cfg.min_loss_scale))
+                      : fmt::format("; static loss scale {}", format_loss_scale(s->scale()));
+  return d;
+}
+
+// Which attention path the shapes and build take, and how CUDA graphs replay the step (performance.md).
+void print_cuda_paths(const RunHeader& h, Engine& e) {
+  const TransformerConfig& m = h.model;
+  const bool attention_dropout = e.has_dropout() && m.attention_probs_dropout_prob > 0;
+  fmt::print("  attention: {}\n", cuda_attention_implementation(e.ops().precision().compute, m.n_embd,
+                                                                m.n_head, attention_dropout));
+  fmt::print("  cuda graphs: {}\n",
+             !h.cfg.cuda_graphs ? "off (--cuda_graphs false)"
+             : h.cfg.gradient_accumulation_steps == 1 && !h.scaler
+                 ? "on (each step replayed whole from one graph)"
+             : h.scaler ? "on (micro-batches, gradient norm and update replayed as graphs; the fp16 loss "
+                          "scaler decides between the last two)"
+                        : "on (each micro-batch replayed from a graph, then the step's tail from one)");
+}
+
+}  // namespace
+
+void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
+  const TrainConfig& cfg = h.cfg;
+  const TransformerConfig& m = h.model;
+  Device& dev = e.device();
+  const std::string model_name =
+      !cfg.model_preset.empty() && h.weights_from.empty()
+          ? task.preset_label(cfg.model_preset)
+          : m.family + (h.weights_from.empty() ? " (custom shape)" : " from " + h.weights_from);
+  fmt::print("anvil train: {} on {}\n", model_name, dev.name());
+  task.print_header(h.total_steps,
+                    h.start_step ? fmt::format("resuming at {}", h.start_step) : std::string("from scratch"));
+  if (h.rc.checkpointing.mode != CheckpointMode::None)
+    fmt::print("  activation checkpointing: {} every {} block(s)\n",
+               checkpoint_mode_name(h.rc.checkpointing.mode), h.rc.checkpointing.every);
+  fmt::print("  precision: {}\n", precision_description(h, dev.kind()));
+  if (e.has_dropout())
+    fmt::print("  dropout: hidden {}, attention probabilities {}, classifier {}\n", m.hidden_dropout_prob,
+               m.attention_probs_dropout_prob, m.classifier_dropout_prob());
+  if (dev.kind() == DeviceKind::CUDA) print_cuda_paths(h, e);
+  fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
+             format_bytes(e.optimizer().state_bytes()));
+  if (e.optimizer().kind() == OptimizerKind::Adafactor && cfg.adafactor_relative_step)
+    fmt::print(
+        "  adafactor_relative_step: Adafactor sets its own step size (HF semantics); the lr column shows the "
+        "schedule, which it ignores\n");
+  fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
+}
+
+}  // namespace anvil
