@@ -184,19 +184,19 @@ TransformerConfig llama_config() {
 }
 
 // Greedy ids of a batch of prompts of different lengths, and the logits after the prefill, on `device`.
-struct Run {
+struct GenerationRun {
   std::vector<std::vector<int32_t>> ids;
   std::vector<float> logits;  // prompt 0's after the prefill
 };
-Run generate_on(DeviceKind device, Precision precision, const TransformerConfig& cfg,
-                const std::vector<float>& weights, const std::vector<std::vector<int32_t>>& prompts,
-                int new_tokens) {
+GenerationRun generate_on(DeviceKind device, Precision precision, const TransformerConfig& cfg,
+                          const std::vector<float>& weights, const std::vector<std::vector<int32_t>>& prompts,
+                          int new_tokens) {
   GeneratorOptions o;
   o.device = device, o.precision = precision, o.max_batch = int(prompts.size()), o.prefill_chunk = 16;
   Generator gen(cfg, o);
   gen.decoder().upload_weights(gen.device(), weights.data());
   gen.prefill(prompts);
-  Run r;
+  GenerationRun r;
   r.logits.assign(gen.logits(0), gen.logits(0) + cfg.vocab_size);
   SampleOptions so;
   so.max_new_tokens = new_tokens, so.temperature = 0;
@@ -224,8 +224,8 @@ TEST_P(KvCacheGeneration, GreedyIdsOnCudaEqualTheCpu) {
     prompts.emplace_back(size_t(len));
     for (int32_t& t : prompts.back()) t = tok(rng);
   }
-  const Run cpu = generate_on(DeviceKind::CPU, Precision::FP32, cfg, w, prompts, 40);
-  const Run gpu = generate_on(DeviceKind::CUDA, Precision::FP32, cfg, w, prompts, 40);
+  const GenerationRun cpu = generate_on(DeviceKind::CPU, Precision::FP32, cfg, w, prompts, 40);
+  const GenerationRun gpu = generate_on(DeviceKind::CUDA, Precision::FP32, cfg, w, prompts, 40);
   double err = 0, ref = 0;
   for (size_t i = 0; i < cpu.logits.size(); ++i) {
     err = std::max(err, std::fabs(double(cpu.logits[i]) - gpu.logits[i]));
@@ -234,8 +234,8 @@ TEST_P(KvCacheGeneration, GreedyIdsOnCudaEqualTheCpu) {
   EXPECT_LT(err / ref, 1e-4) << "logits after the prefill";
   EXPECT_EQ(gpu.ids, cpu.ids);
   // bf16 runs too, its logits within bf16 rounding of the CPU's emulation.
-  const Run cpu16 = generate_on(DeviceKind::CPU, Precision::BF16, cfg, w, prompts, 4);
-  const Run gpu16 = generate_on(DeviceKind::CUDA, Precision::BF16, cfg, w, prompts, 4);
+  const GenerationRun cpu16 = generate_on(DeviceKind::CPU, Precision::BF16, cfg, w, prompts, 4);
+  const GenerationRun gpu16 = generate_on(DeviceKind::CUDA, Precision::BF16, cfg, w, prompts, 4);
   err = 0, ref = 0;
   for (size_t i = 0; i < cpu16.logits.size(); ++i) {
     err = std::max(err, std::fabs(double(cpu16.logits[i]) - gpu16.logits[i]));
