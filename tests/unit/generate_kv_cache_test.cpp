@@ -285,6 +285,78 @@ TEST(Generator, PlansTheCacheBeforeTheFirstToken) {
   EXPECT_EQ(KvCache::bytes_per_position(gen.decoder().spec(), DType::BF16) * 3 * 20, kv);
 }
 
+// --- the ops on the CPU -----------------------------------------------------------------------------------
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// At position 0 the embedding is embedding_fwd's; with every sequence at p0, RoPE is rope_fwd(p0)'s: bit
+// for bit, so a decode step computes what the full forward computes.
+TEST(KvCacheOps, PositionsAgreeWithTheFullForwardOps) {
+  auto dev = make_cpu_device();
+  auto ops = make_cpu_ops(*dev);
+  const int B = 2, T = 5, C = 8, V = 11;
+  const std::vector<float> wte = randn(size_t(V) * C, 1), wpe = randn(size_t(T + 3) * C, 2);
+  const std::vector<int32_t> tokens = random_tokens(B * T, V, 3), zero(B, 0), three(B, 3);
+  std::vector<float> a(size_t(B) * T * C), b(a.size());
+  ops->embedding_fwd(a.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  ops->embedding_fwd_at(b.data(), tokens.data(), wte.data(), wpe.data(), zero.data(), B, T, C);
+  EXPECT_EQ(a, b);
+  // Sequence 1 at position 3: its rows take wpe rows 3..7.
+  const std::vector<int32_t> mixed = {0, 3};
+  ops->embedding_fwd_at(b.data(), tokens.data(), wte.data(), wpe.data(), mixed.data(), B, T, C);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c)
+      EXPECT_EQ(b[(size_t(T) + t) * C + c], wte[size_t(tokens[T + t]) * C + c] + wpe[size_t(3 + t) * C + c]);
+
+  const AttentionShape s{B, T, 4, 2, 6};
+  const std::vector<float> inv_freq = {1.f, 0.1f, 0.01f}, qkv = randn(size_t(B) * T * s.qkv_width(), 4);
+  std::vector<float> r1 = qkv, r2 = qkv;
+  ops->rope_fwd(r1.data(), inv_freq.data(), s, 3);
+  ops->rope_fwd_at(r2.data(), inv_freq.data(), s, three.data());
+  EXPECT_EQ(r1, r2);
+}
+
+TEST(KvCacheOps, WritesAndAttendsAtEachSequencesPositions) {
+  auto dev = make_cpu_device();
+  auto ops = make_cpu_ops(*dev);
+  const AttentionShape s{2, 3, 4, 2, 6};  // 2 sequences, 3 new tokens each, groups of 2 query heads
+  const int S = 10;
+  const size_t cache_n = size_t(s.B) * S * s.NKV * s.HS;
+  std::vector<float> k(cache_n, 0.f), v(cache_n, 0.f);
+  const KvCacheLayer cache{k.data(), v.data(), S};
+  const std::vector<float> qkv = randn(size_t(s.B) * s.T * s.qkv_width(), 5);
+  const std::vector<int32_t> pos = {0, 7};
+  ops->kv_cache_write(cache, qkv.data(), pos.data(), s);
+  const int W = s.qkv_width(), kv_row = s.NKV * s.HS;
+  for (int b = 0; b < s.B; ++b)
+    for (int t = 0; t < s.T; ++t)
+      for (int c = 0; c < kv_row; ++c) {
+        const size_t at = (size_t(b) * S + pos[b] + t) * kv_row + c, row = (size_t(b) * s.T + t) * W;
+        EXPECT_EQ(k[at], qkv[row + s.q_width() + c]);
+        EXPECT_EQ(v[at], qkv[row + s.q_width() + kv_row + c]);
+      }
+  // Sequence 0's first new token sees only itself: its output is its own value head.
+  std::vector<float> out(size_t(s.B) * s.T * s.q_width());
+  ops->cached_attention_fwd(out.data(), qkv.data(), cache, pos.data(), 10, 0, nullptr, 0, s);
+  for (int h = 0; h < s.NH; ++h)
+    for (int i = 0; i < s.HS; ++i)
+      EXPECT_FLOAT_EQ(out[size_t(h) * s.HS + i], qkv[size_t(s.q_width() + kv_row) + (h / 2) * s.HS + i]);
+  // Positions past the cache or past max_keys are errors naming the sequence.
+  const std::vector<int32_t> far = {0, 8};
+  test::expect_error(
+      [&] { ops->kv_cache_write(cache, qkv.data(), far.data(), s); },
+      {"kv_cache_write: sequence 1 at position 8 with 3 new tokens does not fit the cache capacity 10"});
+  test::expect_error(
+      [&] { ops->cached_attention_fwd(out.data(), qkv.data(), cache, pos.data(), 9, 0, nullptr, 0, s); },
+      {"sequence 1 at position 7 with 3 new tokens does not fit max_keys 9"});
+}
+
 // --- the sampler ------------------------------------------------------------------------------------------
 
 std::vector<int> histogram(const std::vector<float>& logits, const SampleOptions& o, int draws,
