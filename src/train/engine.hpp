@@ -96,7 +96,6 @@ class Engine {
   // The model as its family's class; an anvil::Error naming both families when it is of the other one
   // (e.g. `anvil generate` given a BERT classifier).
   Decoder& decoder();
-  Decoder& gpt() { return decoder(); }  // TEMPORARY: trainer.cpp is being restructured
   BertModel& bert();
   bool is_bert() const { return model_->config().is_bert(); }
   Optimizer& optimizer() { return *optimizer_; }
