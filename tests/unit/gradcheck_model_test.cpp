@@ -69,7 +69,7 @@ class GradCheckModel : public ::testing::Test {
     engine_->device().copy_to_device(engine_->targets(0), targets.data(), targets.size() * sizeof(int32_t));
   }
 
-  Decoder& model() { return engine_->gpt(); }
+  Decoder& model() { return engine_->decoder(); }
   size_t numel() { return model().layout().total_numel(); }
   // The CPU device's memory is host memory, so parameters and gradients are perturbed and read in place.
   std::span<float> params() { return {model().params(), numel()}; }
