@@ -12,8 +12,8 @@ Systems, each in a fresh process with its GPU memory watched by the same NVML me
   anvil        `anvil generate --precision bf16 --temperature 0 --prompt_ids ...` (KV cache); its own stderr
                line gives the time from the first prefill to the last token
   hf           model.generate(do_sample=False) with the default dynamic cache, SDPA attention, bf16
-  hf_compile   transformers' fast path: cache_implementation="static" and the forward compiled with
-               torch.compile(mode="reduce-overhead") (CUDA graphs); two untimed generate() calls compile it
+  hf_compile   transformers' fast path: cache_implementation="static", with which generate() compiles the
+               decoding forward itself (torch.compile, CUDA graphs); two untimed generate() calls compile it
 
 Time: prefill + decode of the batch, after warm-up, not counting the model load; the reference synchronises
 once before and once after. Printed and written (bench/results/generate_speed_<device>_<date>_<commit>.json):
@@ -87,8 +87,9 @@ def hf_child(args):
               max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0)
     warm = 1
     if args.system == "hf_compile":
-        model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        # generate() compiles the decoding forward itself when the cache is static (its compile_config:
+        # fullgraph, CUDA graphs); compiling model.forward by hand on top breaks its cache updates.
+        kw["cache_implementation"] = "static"
         warm = 2
     with torch.inference_mode():
         for _ in range(warm):
