@@ -13,7 +13,7 @@ The reference (bench/benchlib/torch_reference.py, shared by every benchmark): tr
 the same shape, SDPA attention, the loss inside the model, fused AdamW, on random windows of the same shard,
 in fp32, TF32, bf16 autocast and fp16 autocast with GradScaler, with gradient checkpointing off and on, under
 torch.compile and eager (--ref_systems), at the same batch as Anvil's GA 1 runs (the grid compares modes at
-one batch; bench/gpt2_speed.py searches each side's best batch): tokens/s over --ref_steps timed steps after
+one batch; bench/decoder_speed.py searches each side's best batch): tokens/s over --ref_steps timed steps after
 --warmup. Memory of both sides is the NVML peak of the process (bench/benchlib/child.py).
 
 The grid takes longer than one device call allows, so it runs in parts that write partial JSON files into

@@ -16,17 +16,17 @@ def read_shard(path):
 
 
 def write_random_shard(path, n_tokens, vocab, seed=1):
-    """An Anvil token shard of uniform random token ids in [0, vocab) (uint16: vocab <= 65536). Kept if it
-    exists already."""
+    """An Anvil token shard of uniform random token ids in [0, vocab) (uint16 up to 65536 ids, else uint32, as
+    Anvil writes them). Kept if it exists already."""
     path = Path(path)
     if path.exists():
         return path
-    assert vocab <= 65536, "uint16 shards only"
+    wide = vocab > 65536
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, vocab, size=n_tokens, dtype=np.uint16)
+    tokens = rng.integers(0, vocab, size=n_tokens, dtype=np.uint32 if wide else np.uint16)
     header = bytearray(64)
     header[0:8] = b"ANVILTOK"
-    header[8:16] = np.array([1, 1], dtype=np.uint32).tobytes()  # version 1, dtype uint16
+    header[8:16] = np.array([1, 2 if wide else 1], dtype=np.uint32).tobytes()  # version 1, dtype code
     header[16:32] = np.array([n_tokens, vocab], dtype=np.uint64).tobytes()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(bytes(header) + tokens.tobytes())

@@ -8,8 +8,7 @@ a clean process and the parent measures its GPU memory through NVML exactly as i
 (bench/benchlib/child.py). What the reference does, whatever the benchmark:
 
 - The model is a transformers model class built from its config class with random initialisation
-  (`FAMILIES`: adding a family such as Llama is one line, e.g. "llama": Family("LlamaConfig",
-  "LlamaForCausalLM", "causal_lm")), SDPA attention, and the vocabulary padded to a multiple of 64 (GPT-2:
+  (`FAMILIES`: GPT-2, BERT, Llama, Qwen2; adding one is a line), SDPA attention, and the vocabulary padded to a multiple of 64 (GPT-2:
   50257 -> 50304) as users pad it for the tensor cores.
 - The loss is computed inside the model (`model(input_ids=..., labels=...)`), so under `compile` it is
   inside the compiled graph: `torch.compile(model)` (default mode), called with the labels.
@@ -51,6 +50,8 @@ Family = namedtuple("Family", "config_class model_class task")
 FAMILIES = {
     "gpt2": Family("GPT2Config", "GPT2LMHeadModel", "causal_lm"),
     "bert": Family("BertConfig", "BertForSequenceClassification", "classification"),
+    "llama": Family("LlamaConfig", "LlamaForCausalLM", "causal_lm"),
+    "qwen2": Family("Qwen2Config", "Qwen2ForCausalLM", "causal_lm"),
 }
 
 # GPT-2 shapes by Anvil's preset names (n_layer, n_head, n_embd): 124M, 350M, 774M, 1.5B.

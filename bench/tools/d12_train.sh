@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# GPT-2 d12 (vocabulary 50257), bf16, on random tokens, as bench/gpt2_speed.py trains it: for profiling one
+# GPT-2 d12 (vocabulary 50257), bf16, on random tokens, as bench/decoder_speed.py trains it: for profiling one
 # configuration by hand (PREFIX="nsys profile -o /tmp/d12" or "ncu ...", extra `anvil train` flags at the end).
 # usage: bench/tools/d12_train.sh OUT_DIR BATCH STEPS [extra args]
-W=/tmp/anvil_gpt2_speed
+W=/tmp/anvil_decoder_speed
 python3 -c "
 import sys; sys.path.insert(0, 'bench'); from benchlib.shards import write_random_shard
 write_random_shard('$W/random_tokens.bin', 8_000_000, 50257)"
