@@ -37,16 +37,14 @@ void copy_widened_to_host(Device& dev, float* dst, const void* src, size_t n, DT
 BertModel::BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool training,
                      CheckpointPolicy checkpointing, OpsPrecision precision, bool share_grad_memory)
     : cfg_(std::move(cfg)),
-      layout_(ParamLayout::bert(cfg_)),
+      store_(ParamLayout::bert(cfg_), precision, training),
       B_(max_batch),
       T_(max_seq),
       training_(training),
       checkpointing_(checkpointing),
-      precision_(precision),
       share_grad_memory_(share_grad_memory && training),
       ae_(dtype_bits(precision.compute) / 8),
       ge_(dtype_bits(precision.grad) / 8) {
-  validate_ops_precision(precision);
   if (training) {
     p_hidden_ = float(cfg_.hidden_dropout_prob), p_attn_ = float(cfg_.attention_probs_dropout_prob);
     p_cls_ = float(cfg_.classifier_dropout_prob());
@@ -58,7 +56,7 @@ BertModel::BertModel(TransformerConfig cfg, int max_batch, int max_seq, bool tra
   ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
                 "sequence length {} must be between 1 and the model's max_position_embeddings {}", max_seq,
                 cfg_.block_size);
-  auto off = [&](const std::string& name) { return layout_.get(name).offset; };
+  auto off = [&](const std::string& name) { return store_.layout().get(name).offset; };
   wte_off_ = off("bert.embeddings.word_embeddings.weight");
   wpe_off_ = off("bert.embeddings.position_embeddings.weight");
   wtt_off_ = off("bert.embeddings.token_type_embeddings.weight");
@@ -90,15 +88,8 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   using M = MemoryCategory;
   const size_t f = sizeof(float), a = ae_;
   const size_t L = cfg_.n_layer, C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size(), NL = cfg_.num_labels;
-  const size_t B = B_, BT = size_t(B_) * T_, P = layout_.total_numel();
-  if (precision_.compute != DType::F32) {
-    i_master_ = plan.add("master weights (fp32)", M::MasterWeights, P * f);
-    i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) + ")",
-                          M::Weights, P * a);
-  } else {
-    i_weights_ = plan.add("parameters", M::Weights, P * f);
-  }
-  if (training_ && !share_grad_memory_) i_grads_ = plan.add("gradients", M::Gradients, P * ge_);
+  const size_t B = B_, BT = size_t(B_) * T_;
+  store_.plan_memory(plan, share_grad_memory_);
   // The losses first: the trainer sums them after backward, so they must lie below everything gradients in
   // activation memory may reuse (plan_shared_grads).
   i_losses_ = plan.add("losses", M::Activations, B * f);
@@ -137,9 +128,9 @@ void BertModel::plan_memory(MemoryPlan& plan, DeviceKind backend) {
     i_block_acts_[l] = plan.add("block " + std::to_string(l) + " activations", M::Activations, bytes);
   }
   if (training_ && share_grad_memory_) plan_shared_grads(plan);
-  i_attn_scratch_ =
-      plan.add("attention scratch", M::Workspace,
-               attention_scratch_bytes(backend, precision_.compute, B_, T_, int(C), int(NH), p_attn_ > 0));
+  i_attn_scratch_ = plan.add(
+      "attention scratch", M::Workspace,
+      attention_scratch_bytes(backend, store_.precision().compute, B_, T_, int(C), int(NH), p_attn_ > 0));
   if (has_dropout()) i_dropout_state_ = plan.add("dropout state", M::Workspace, sizeof(DropoutState));
   if (training_) {
     i_dlogits_ = plan.add("logits gradient", M::Workspace, B * NL * a);
@@ -164,7 +155,7 @@ void BertModel::plan_shared_grads(MemoryPlan& plan) {
     const PlannedBuffer& b = plan.buffers()[i];
     return b.offset + MemoryPlan::aligned(b.bytes);
   };
-  const std::vector<ParamUnit>& units = layout_.units();
+  const std::vector<ParamUnit>& units = store_.layout().units();
   const int L = cfg_.n_layer;
   ANVIL_ASSERT(units.size() == size_t(L) + 2 && units.back().name == "final",
                "the BERT layout is not embedding, {} blocks, final", L);
@@ -175,13 +166,13 @@ void BertModel::plan_shared_grads(MemoryPlan& plan) {
   base = std::max(base,
                   end_of(i_block_acts_[L - 1]) - std::min(end_of(i_block_acts_[L - 1]), grad_offset(L + 1)));
   base = MemoryPlan::aligned(base);
-  i_grads_ = plan.add_shared("gradients (in activation memory backward is done with)",
-                             MemoryCategory::Gradients, layout_.total_numel() * ge_, base);
+  i_shared_grads_ = plan.add_shared("gradients (in activation memory backward is done with)",
+                                    MemoryCategory::Gradients, store_.layout().total_numel() * ge_, base);
 }
 
 void BertModel::bind(const Arena& ar) {
-  weights_ = ar.get<void>(i_weights_);
-  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_) : ar.get<float>(i_master_);
+  store_.bind(ar);
+  if (share_grad_memory_) store_.bind_grads(ar.get<void>(i_shared_grads_));
   emb_sum_ = ar.get<void>(i_emb_sum_), emb_stats_ = ar.get<float>(i_emb_stats_),
   encoded_ = ar.get<void>(i_encoded_);
   block_acts_.assign(cfg_.n_layer, nullptr);
@@ -195,36 +186,15 @@ void BertModel::bind(const Arena& ar) {
   logits_ = ar.get<void>(i_logits_), losses_ = ar.get<float>(i_losses_);
   attn_scratch_ = ar.get<void>(i_attn_scratch_);
   if (training_) {
-    grads_ = ar.get<void>(i_grads_), dlogits_ = ar.get<void>(i_dlogits_), dhead_ = ar.get<void>(i_dhead_);
+    dlogits_ = ar.get<void>(i_dlogits_), dhead_ = ar.get<void>(i_dhead_);
     d0_ = ar.get<void>(i_d0_), d1_ = ar.get<void>(i_d1_), dfc_ = ar.get<void>(i_dfc_),
     dqkv_ = ar.get<void>(i_dqkv_);
   }
 }
 
-float* BertModel::grads() const {
-  ANVIL_ASSERT(precision_.grad == DType::F32, "grads(): the gradients are {}, not F32",
-               dtype_name(precision_.grad));
-  return static_cast<float*>(grads_);
-}
-
-void BertModel::upload_weights(Device& dev, const float* host) const {
-  const size_t n = layout_.total_numel();
-  dev.copy_to_device(master_, host, n * sizeof(float));
-  if (precision_.compute == DType::F32) return;
-  std::vector<uint16_t> half(n);
-  const bool bf16 = precision_.compute == DType::BF16;
-  for (size_t i = 0; i < n; ++i) half[i] = bf16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
-  dev.copy_to_device(weights_, half.data(), n * sizeof(uint16_t));
-}
-
-void BertModel::sync_weights(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
-  if (precision_.compute == DType::F32) return;
-  ops.cast_weights(weights_, master_, layout_.total_numel(), rounding_seed, step_values);
-}
-
 void BertModel::copy_logits_to_host(Device& dev, float* dst, int B) const {
   ANVIL_ASSERT(B >= 0 && B <= B_, "copy_logits_to_host: {} rows of a model planned for {}", B, B_);
-  copy_widened_to_host(dev, dst, logits_, size_t(B) * cfg_.num_labels, precision_.compute);
+  copy_widened_to_host(dev, dst, logits_, size_t(B) * cfg_.num_labels, store_.precision().compute);
 }
 
 const void* BertModel::last_hidden_state() const {
@@ -237,37 +207,19 @@ const void* BertModel::last_hidden_state() const {
 void BertModel::copy_last_hidden_state_to_host(Device& dev, float* dst, int B, int T) const {
   ANVIL_ASSERT(B >= 0 && T >= 0 && B <= B_ && T <= T_,
                "copy_last_hidden_state_to_host: {}x{} of a model planned for {}x{}", B, T, B_, T_);
-  copy_widened_to_host(dev, dst, last_hidden_state(), size_t(B) * T * cfg_.n_embd, precision_.compute);
+  copy_widened_to_host(dev, dst, last_hidden_state(), size_t(B) * T * cfg_.n_embd,
+                       store_.precision().compute);
 }
 
 void BertModel::copy_pooled_output_to_host(Device& dev, float* dst, int B) const {
   ANVIL_ASSERT(B >= 0 && B <= B_, "copy_pooled_output_to_host: {} rows of a model planned for {}", B, B_);
-  copy_widened_to_host(dev, dst, pooled_, size_t(B) * cfg_.n_embd, precision_.compute);
+  copy_widened_to_host(dev, dst, pooled_, size_t(B) * cfg_.n_embd, store_.precision().compute);
 }
 
 void BertModel::init_weights(uint64_t seed, Device& dev) const {
-  std::vector<float> host(layout_.total_numel(), 0.0f);
-  Rng rng(seed);
-  const float stddev = float(cfg_.initializer_range);
-  for (const ParamTensor& t : layout_.tensors()) {
-    float* p = host.data() + t.offset;
-    const size_t n = t.numel();
-    switch (t.init) {
-      case ParamTensor::Init::Normal:
-      case ParamTensor::Init::NormalResidual:
-        for (size_t i = 0; i < n; ++i) p[i] = stddev * rng.normal();
-        break;
-      case ParamTensor::Init::Ones:
-        std::fill_n(p, n, 1.0f);
-        break;
-      case ParamTensor::Init::Zeros:
-        break;
-    }
-  }
   // nn.Embedding(padding_idx=pad_token_id) starts its padding row at zero.
-  if (cfg_.pad_token_id >= 0)
-    std::fill_n(host.data() + wte_off_ + size_t(cfg_.pad_token_id) * cfg_.n_embd, cfg_.n_embd, 0.0f);
-  upload_weights(dev, host.data());
+  const float std = float(cfg_.initializer_range);
+  store_.init(seed, ParamInit{.std = std, .residual_std = std, .zero_row = cfg_.pad_token_id}, dev);
 }
 
 BertModel::LayerParams BertModel::layer_params(void* base, size_t e, int l) const {
@@ -275,6 +227,30 @@ BertModel::LayerParams BertModel::layer_params(void* base, size_t e, int l) cons
   char* b = static_cast<char*>(base);
   return {b + o.qkvw * e, b + o.qkvb * e, b + o.attow * e, b + o.attob * e, b + o.ln1w * e, b + o.ln1b * e,
           b + o.fcw * e,  b + o.fcb * e,  b + o.projw * e, b + o.projb * e, b + o.ln2w * e, b + o.ln2b * e};
+}
+
+BertModel::BlockLinears BertModel::block_linears(int l, bool with_grads) const {
+  const LayerParams p = layer_params(store_.weights(), ae_, l);
+  const int C = cfg_.n_embd, F = cfg_.ffn_size();
+  const OpsPrecision pr = store_.precision();
+  BlockLinears lin{Linear(p.qkvw, p.qkvb, C, 3 * C, pr), Linear(p.attow, p.attob, C, C, pr),
+                   Linear(p.fcw, p.fcb, C, F, pr), Linear(p.projw, p.projb, F, C, pr)};
+  if (!with_grads) return lin;
+  const LayerParams g = layer_params(store_.grads(), ge_, l);
+  return {lin.qkv.with_grads(g.qkvw, g.qkvb), lin.attn_out.with_grads(g.attow, nullptr),
+          lin.fc.with_grads(g.fcw, g.fcb), lin.proj.with_grads(g.projw, nullptr)};
+}
+
+Linear BertModel::pooler_linear(bool with_grads) const {
+  const Linear l(at(store_.weights(), poolw_off_), at(store_.weights(), poolb_off_), cfg_.n_embd, cfg_.n_embd,
+                 store_.precision());
+  return with_grads ? l.with_grads(store_.grad_at(poolw_off_), store_.grad_at(poolb_off_)) : l;
+}
+
+Linear BertModel::classifier_linear(bool with_grads) const {
+  const Linear l(at(store_.weights(), clsw_off_), at(store_.weights(), clsb_off_), cfg_.n_embd,
+                 cfg_.num_labels, store_.precision());
+  return with_grads ? l.with_grads(store_.grad_at(clsw_off_), store_.grad_at(clsb_off_)) : l;
 }
 
 bool BertModel::recomputed(int kind, int layer) const {
@@ -322,7 +298,8 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
   const int C = cfg_.n_embd, NH = cfg_.n_head, F = cfg_.ffn_size();
   const float eps = float(cfg_.layer_norm_eps);
   const size_t sBT = size_t(B_) * T_;
-  const LayerParams p = layer_params(weights_, ae_, l);
+  const LayerParams p = layer_params(store_.weights(), ae_, l);
+  const BlockLinears lin = block_linears(l, false);
   const void* x = l == 0 ? encoded_ : block_out(l - 1);
   void *qkv = act(kQkv, l), *atty = act(kAtty, l), *res1 = act(kRes1, l), *h1 = act(kH1, l);
   void *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l), *res2 = act(kRes2, l);
@@ -338,14 +315,14 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
     if (!only_recomputed) ops.first_token_fwd(x_first_, x, B, T, C);
     const FirstQueryQkv f = first_query_qkv(qkv, B, T);
     if (run(kQkv)) {
-      ops.matmul_fwd(f.kv, x, at(p.qkvw, size_t(C) * C), at(p.qkvb, C), B * T, C, 2 * C);
-      ops.matmul_fwd(f.q, x_first_, p.qkvw, p.qkvb, B, C, C);
+      lin.qkv.out_rows(C, 2 * C).forward(ops, f.kv, x, B * T);
+      lin.qkv.out_rows(0, C).forward(ops, f.q, x_first_, B);
     }
     if (run(kAtty))
       ops.attention_first_query_fwd(atty_first_, stats(kLse, l), f.q, f.kv, B, T, C, NH, layer_mask(mask, l));
     xr = x_first_, attyr = atty_first_;
   } else {
-    if (run(kQkv)) ops.matmul_fwd(qkv, x, p.qkvw, p.qkvb, B * T, C, 3 * C);
+    if (run(kQkv)) lin.qkv.forward(ops, qkv, x, B * T);
     if (run(kAtty))
       ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, B, T, C, NH, layer_mask(mask, l));
   }
@@ -354,7 +331,7 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
   const auto row_dropout = [&](uint32_t s) { return drop ? hidden_row_dropout(l, T, s) : RowDropout{}; };
   // res1 = x + the attention output projection (after dropout), the projection written in place; h1 its
   // LayerNorm, in one pass with the dropout and the residual (exactly the three ops in sequence).
-  if (run(kRes1)) ops.matmul_fwd(res1, attyr, p.attow, p.attob, N, C, C);
+  if (run(kRes1)) lin.attn_out.forward(ops, res1, attyr, N);
   if (run(kRes1) && run(kH1)) {
     ops.residual_layernorm_fwd(res1, h1, ln1_stats, ln1_stats + sBT, res1, xr, p.ln1w, p.ln1b, N, C, eps,
                                row_dropout(site(l, 1)));
@@ -365,17 +342,17 @@ void BertModel::block_forward(Ops& ops, int l, int B, int T, const AttentionMask
     ops.layernorm_fwd(h1, ln1_stats, ln1_stats + sBT, res1, p.ln1w, p.ln1b, N, C, eps);
   }
   if (cfg_.exact_gelu()) {
-    if (run(kFch)) ops.matmul_fwd(fch, h1, p.fcw, p.fcb, N, C, F);
+    if (run(kFch)) lin.fc.forward(ops, fch, h1, N);
     if (run(kFchGelu)) ops.gelu_erf_fwd(fch_gelu, fch, size_t(N) * F);
   } else if (run(kFch)) {
-    ops.matmul_gelu_fwd(fch_gelu, fch, h1, p.fcw, p.fcb, N, C, F);  // GELU in the GEMM's epilogue
+    lin.fc.forward_gelu(ops, fch_gelu, fch, h1, N);  // GELU in the GEMM's epilogue
   } else if (run(kFchGelu)) {
     ops.gelu_fwd(fch_gelu, fch, size_t(N) * F);
   }
   // res2 = h1 + the MLP output (after dropout); the block output is its LayerNorm, fused with them unless
   // this is a checkpoint recompute (which rebuilds res2 only: the output is stored).
   if (run(kRes2)) {
-    ops.matmul_fwd(res2, fch_gelu, p.projw, p.projb, N, F, C);
+    lin.proj.forward(ops, res2, fch_gelu, N);
     if (only_recomputed) {
       if (drop) hidden_dropout(ops, res2, res2, l, B, T, site(l, 2));
       ops.residual_fwd(res2, res2, h1, size_t(N) * C);
@@ -405,7 +382,8 @@ void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_ty
   ANVIL_ASSERT(B >= 1 && T >= 1 && B <= B_ && T <= T_, "forward shape {}x{} outside the planned {}x{}", B, T,
                B_, T_);
   ANVIL_ASSERT(!write_grad || (training_ && labels), "write_grad needs a training model and labels");
-  ANVIL_ASSERT(ops.precision().compute == precision_.compute && ops.precision().grad == precision_.grad,
+  ANVIL_ASSERT(ops.precision().compute == store_.precision().compute &&
+                   ops.precision().grad == store_.precision().grad,
                "the ops' precision does not match the model's");
   const int C = cfg_.n_embd, L = cfg_.n_layer, NL = cfg_.num_labels, N = B * T;
   const size_t sBT = size_t(B_) * T_;
@@ -416,29 +394,35 @@ void BertModel::forward(Ops& ops, const int32_t* tokens, const int32_t* token_ty
   fwd_dropout_ = write_grad && has_dropout();
   if (fwd_dropout_) ops.dropout_next_micro(dropout_state_);
   trace_phase("forward", -1);
-  ops.bert_embedding_fwd(emb_sum_, tokens, token_types, at(weights_, wte_off_), at(weights_, wpe_off_),
-                         at(weights_, wtt_off_), B, T, C);
-  ops.layernorm_fwd(encoded_, emb_stats_, emb_stats_ + sBT, emb_sum_, at(weights_, lnew_off_),
-                    at(weights_, lneb_off_), N, C, float(cfg_.layer_norm_eps));
+  store_.acquire(0);
+  ops.bert_embedding_fwd(emb_sum_, tokens, token_types, at(store_.weights(), wte_off_),
+                         at(store_.weights(), wpe_off_), at(store_.weights(), wtt_off_), B, T, C);
+  ops.layernorm_fwd(encoded_, emb_stats_, emb_stats_ + sBT, emb_sum_, at(store_.weights(), lnew_off_),
+                    at(store_.weights(), lneb_off_), N, C, float(cfg_.layer_norm_eps));
   if (fwd_dropout_ && p_hidden_ > 0)
     ops.dropout(encoded_, encoded_, size_t(N) * C, p_hidden_, dropout_state_, site(L, 0));
+  store_.release(0);
   trace_alloc(trace_embedding_, "embedding sum + LayerNorm output + mean/rstd", MemoryCategory::Activations,
               2 * sBT * C * ae_ + 2 * sBT * sizeof(float), -1, "forward");
   for (int l = 0; l < L; ++l) {
     trace_phase("forward", l);
+    store_.acquire(1 + l);
     block_forward(ops, l, B, T, mask, false);
+    store_.release(1 + l);
   }
   trace_phase("forward head", -1);
+  store_.acquire(L + 1);
   // Pooler: tanh(dense(first token)), the tanh in place; then the classifier.
   ops.first_token_fwd(cls_, block_out(L - 1), B, first_rows_last_ ? 1 : T, C);
-  ops.matmul_fwd(pooled_, cls_, at(weights_, poolw_off_), at(weights_, poolb_off_), B, C, C);
+  pooler_linear(false).forward(ops, pooled_, cls_, B);
   ops.tanh_fwd(pooled_, pooled_, size_t(B) * C);
   const void* cls_input = pooled_;
   if (fwd_dropout_ && p_cls_ > 0) {
     ops.dropout(cls_in_, pooled_, size_t(B) * C, p_cls_, dropout_state_, site(L, 1));
     cls_input = cls_in_;
   }
-  ops.matmul_fwd(logits_, cls_input, at(weights_, clsw_off_), at(weights_, clsb_off_), B, C, NL);
+  classifier_linear(false).forward(ops, logits_, cls_input, B);
+  store_.release(L + 1);
   trace_alloc(trace_head_, "pooler input/output + logits + losses", MemoryCategory::Activations,
               (2 * size_t(B_) * C + size_t(B_) * NL) * ae_ + size_t(B_) * sizeof(float), -1, "forward");
   if (!labels) return;
@@ -452,8 +436,9 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   const bool first_rows = first_rows_only(l);
   const int N = first_rows ? B : B * T;  // rows after the attention (block_forward)
   const size_t sBT = size_t(B_) * T_;
-  const LayerParams p = layer_params(weights_, ae_, l);
-  const LayerParams g = layer_params(grads_, ge_, l);
+  const LayerParams p = layer_params(store_.weights(), ae_, l);
+  const LayerParams g = layer_params(store_.grads(), ge_, l);
+  const BlockLinears lin = block_linears(l, true);
   const void* x = l == 0 ? encoded_ : block_out(l - 1);
   const float* ln1_stats = stats(kLn1Stats, l);
   const float* ln2_stats = stats(kLn2Stats, l);
@@ -482,29 +467,27 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   if (rebuild_gelu && !cfg_.exact_gelu()) ops.gelu_fwd(act(kFchGelu, l), act(kFch, l), size_t(N) * F);
   void* fcb_grad = g.fcb;  // null once a fused op has added it
   if (cfg_.exact_gelu() && rebuild_gelu) {
-    ops.matmul_bwd(dfc_, nullptr, nullptr, dproj, nullptr, p.projw, N, F, C);
+    lin.proj.with_grads(nullptr, nullptr).backward(ops, dfc_, dproj, nullptr, N);
     ops.gelu_erf_fwd_bwd_bias(act(kFchGelu, l), dfc_, g.fcb, act(kFch, l), dfc_, N, F);
     fcb_grad = nullptr;
-    ops.matmul_bwd(nullptr, g.projw, nullptr, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
+    lin.proj.backward(ops, nullptr, dproj, act(kFchGelu, l), N, dw_write());
   } else if (cfg_.exact_gelu()) {
-    ops.matmul_bwd(dfc_, g.projw, nullptr, dproj, act(kFchGelu, l), p.projw, N, F, C, dw_write());
+    lin.proj.backward(ops, dfc_, dproj, act(kFchGelu, l), N, dw_write());
     ops.gelu_erf_bwd(dfc_, act(kFch, l), dfc_, size_t(N) * F);
   } else {
-    ops.matmul_bwd_dgelu(dfc_, g.projw, nullptr, dproj, act(kFchGelu, l), p.projw, act(kFch, l), N, F, C,
-                         dw_write());
+    lin.proj.backward_dgelu(ops, dfc_, dproj, act(kFchGelu, l), act(kFch, l), N, dw_write());
   }
-  ops.matmul_bwd(d0_, g.fcw, fcb_grad, dfc_, act(kH1, l), p.fcw, N, C, F, dw_write());
+  lin.fc.with_grads(g.fcw, fcb_grad).backward(ops, d0_, dfc_, act(kH1, l), N, dw_write());
   // Attention LayerNorm of d(h1) = d0_ + d1_: d1_ = d(res1), res1 = x + a Wo^T + bo (in place of d(res2));
   // the attention projection's output gradient (masked: in the free MLP-gradient buffer) and bias gradient.
   ops.layernorm_bwd_sum(d1_, g.ln1w, g.ln1b, d0_, d1_, act(kRes1, l), p.ln1w, ln1_stats, ln1_stats + sBT, N,
                         C, branch(dfc_, g.attob, site(l, 1)));
   const void* dattn_proj = drop ? dfc_ : d1_;
-  ops.matmul_bwd(d0_, g.attow, nullptr, dattn_proj, first_rows ? atty_first_ : act(kAtty, l), p.attow, N, C,
-                 C, dw_write());
+  lin.attn_out.backward(ops, d0_, dattn_proj, first_rows ? atty_first_ : act(kAtty, l), N, dw_write());
   if (!first_rows) {
     ops.attention_bwd(dqkv_, d0_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, B, T, C, NH,
                       layer_mask(mask, l));
-    ops.matmul_bwd(d0_, g.qkvw, g.qkvb, dqkv_, x, p.qkvw, B * T, C, 3 * C, dw_write());
+    lin.qkv.backward(ops, d0_, dqkv_, x, B * T, dw_write());
     return;  // d(x) = d0_ (the attention path) + the carry d(res1) in d1_: the block below sums them
   }
   // The [CLS]-rows block: the attention's output gradient is d0_'s B rows; the gradients of the keys and
@@ -518,10 +501,8 @@ void BertModel::block_backward(Ops& ops, int l, int B, int T, const AttentionMas
   ops.attention_first_query_bwd(df.q, df.kv, d0_, f.q, f.kv, atty_first_, stats(kLse, l), B, T, C, NH,
                                 layer_mask(mask, l));
   void* dx_first = dfc_;
-  const auto grad_at = [&](void* base, size_t i) { return static_cast<char*>(base) + i * ge_; };
-  ops.matmul_bwd(d0_, grad_at(g.qkvw, size_t(C) * C), grad_at(g.qkvb, C), df.kv, x, at(p.qkvw, size_t(C) * C),
-                 B * T, C, 2 * C, dw_write());
-  ops.matmul_bwd(dx_first, g.qkvw, g.qkvb, df.q, x_first_, p.qkvw, B, C, C, dw_write());
+  lin.qkv.out_rows(C, 2 * C).backward(ops, d0_, df.kv, x, B * T, dw_write());
+  lin.qkv.out_rows(0, C).backward(ops, dx_first, df.q, x_first_, B, dw_write());
   ops.residual_fwd(d1_, d1_, dx_first, size_t(B) * C);
   // d(x) = d0_ + the carry: d(res1) plus the queries' part at positions (b, 0) and zero elsewhere, in dfc_
   // (read into d1_ above, so free again). The block below sums them.
@@ -535,10 +516,10 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   ANVIL_ASSERT(B == fwd_B_ && T == fwd_T_, "backward shape {}x{} differs from the forward's {}x{}", B, T,
                fwd_B_, fwd_T_);
   head_grad_ready_ = false;
-  const int C = cfg_.n_embd, L = cfg_.n_layer, NL = cfg_.num_labels, N = B * T;
+  const int C = cfg_.n_embd, L = cfg_.n_layer, N = B * T;
   const size_t sBT = size_t(B_) * T_;
   const AttentionMask mask{false, lengths};
-  char* g0 = static_cast<char*>(grads_);
+  char* g0 = static_cast<char*>(store_.grads());
   auto grad = [&](size_t off) { return g0 + off * ge_; };
   // Gradients in activation memory (plan_shared_grads) hold activations until their unit's backward: each
   // unit's are zeroed just before it. The matrices of the blocks and the head (their decay part) are written
@@ -547,28 +528,30 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   // whole.
   const auto zero_unit_grads = [&](int unit) {
     if (!share_grad_memory_) return;
-    const ParamUnit& u = layout_.units()[unit];
+    const ParamUnit& u = store_.layout().units()[unit];
     const size_t skip = unit == 0 ? 0 : u.decay_numel;
     ops.device().fill_zero(grad(u.offset + skip), (u.numel - skip) * ge_);
   };
 
   // Head: classifier, tanh (in place), pooler, then the first-token rows into d0_ (zero elsewhere).
   trace_phase("backward head", -1);
+  store_.acquire(L + 1);
   zero_unit_grads(L + 1);
   void* dpooled = dhead_;
   void* dcls = at(dhead_, size_t(B_) * C);
   const bool cls_drop = fwd_dropout_ && p_cls_ > 0;
-  ops.matmul_bwd(dpooled, grad(clsw_off_), grad(clsb_off_), dlogits_, cls_drop ? cls_in_ : pooled_,
-                 at(weights_, clsw_off_), B, C, NL, dw_write());
+  classifier_linear(true).backward(ops, dpooled, dlogits_, cls_drop ? cls_in_ : pooled_, B, dw_write());
   if (cls_drop) ops.dropout(dpooled, dpooled, size_t(B) * C, p_cls_, dropout_state_, site(L, 1));
   ops.tanh_bwd(dpooled, pooled_, dpooled, size_t(B) * C);
-  ops.matmul_bwd(dcls, grad(poolw_off_), grad(poolb_off_), dpooled, cls_, at(weights_, poolw_off_), B, C, C,
-                 dw_write());
+  pooler_linear(true).backward(ops, dcls, dpooled, cls_, B, dw_write());
   ops.first_token_bwd(d0_, dcls, B, first_rows_last_ ? 1 : T, C);
+  store_.release(L + 1);
+  store_.grads_ready(L + 1);
   trace_free(trace_head_, "backward");
   trace_free(trace_block_out_[L - 1], "backward");
 
   for (int l = L - 1; l >= 0; --l) {
+    store_.acquire(1 + l);
     if (checkpointing_.checkpointed(l)) {
       trace_phase("recompute", l);
       block_forward(ops, l, B, T, mask, true);
@@ -576,6 +559,8 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
     trace_phase("backward", l);
     zero_unit_grads(l + 1);
     block_backward(ops, l, B, T, mask);
+    store_.release(1 + l);
+    store_.grads_ready(1 + l);
     if (trace_) {
       for (int& id : trace_saved_[l]) trace_free(id, "backward");
       if (l > 0) trace_free(trace_block_out_[l - 1], "backward");  // this block's input
@@ -585,6 +570,7 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   // Embedding: its LayerNorm, then the three tables (the pad token's word row gets nothing, as in HF). Its
   // output gradient is d0_ + block 0's carry (block_backward); the dropout needs it materialised first.
   trace_phase("backward embedding", -1);
+  store_.acquire(0);
   zero_unit_grads(0);
   const void* carry = first_rows_only(0) ? dfc_ : d1_;
   if (fwd_dropout_ && p_hidden_ > 0) {
@@ -592,10 +578,12 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
     ops.dropout(d0_, d0_, size_t(N) * C, p_hidden_, dropout_state_, site(L, 0));
     carry = nullptr;
   }
-  ops.layernorm_bwd_sum(d1_, grad(lnew_off_), grad(lneb_off_), d0_, carry, emb_sum_, at(weights_, lnew_off_),
-                        emb_stats_, emb_stats_ + sBT, N, C);
+  ops.layernorm_bwd_sum(d1_, grad(lnew_off_), grad(lneb_off_), d0_, carry, emb_sum_,
+                        at(store_.weights(), lnew_off_), emb_stats_, emb_stats_ + sBT, N, C);
   ops.bert_embedding_bwd(grad(wte_off_), grad(wpe_off_), grad(wtt_off_), d1_, tokens, token_types, B, T, C,
                          cfg_.pad_token_id);
+  store_.release(0);
+  store_.grads_ready(0);
   trace_free(trace_embedding_, "backward");
 }
 

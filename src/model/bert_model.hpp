@@ -1,7 +1,9 @@
 // BERT (Hugging Face BertForSequenceClassification) with explicit forward and backward per layer (DESIGN
 // principle 3), implementing the Model interface (model.hpp) as Decoder does: the model owns no memory; it
 // adds its buffers to a MemoryPlan and binds to the Arena carved from it, and nothing is allocated in
-// forward() or backward().
+// forward() or backward(). Its weights, master weights and gradients are a ParamStore (model/param_store.hpp)
+// of ParamLayout::bert, with the store's per-unit acquire / release / grads_ready hooks around every unit, as
+// in Decoder; only the placement of the gradients in dead activation memory (plan_shared_grads) is BERT's.
 //
 // The network, exactly as transformers computes it in eval mode (docs/bert.md):
 //   embedding: e = LayerNorm(word[tokens] + token_type[types] + position[t])
@@ -30,7 +32,7 @@
 //
 // Precision (OpsPrecision) as in Decoder: weights, activations and activation gradients in the compute
 // type, parameter gradients in the gradient type, LayerNorm statistics and losses in fp32, fp32 master
-// weights for a 16-bit compute type (sync_weights() rounds them into the compute-type copy).
+// weights for a 16-bit compute type (the store's sync rounds them into the compute-type copy).
 //
 // Saved activations per layer (what backward reads): qkv, attention output, attention log-sum-exp, the
 // attention residual (LayerNorm 1's input) with LayerNorm 1's mean/rstd and output, the MLP pre-activation,
@@ -51,8 +53,10 @@
 #include "kernels/ops.hpp"
 #include "memory/memory_trace.hpp"
 #include "model/checkpointing.hpp"
+#include "model/linear.hpp"
 #include "model/model.hpp"
 #include "model/param_layout.hpp"
+#include "model/param_store.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/step_profiler.hpp"
 
@@ -72,18 +76,18 @@ class BertModel final : public Model {
   void bind(const Arena& arena) override;
 
   const TransformerConfig& config() const override { return cfg_; }
-  const ParamLayout& layout() const override { return layout_; }
+  const ParamLayout& layout() const override { return store_.layout(); }
   int max_batch() const override { return B_; }
   int max_seq() const override { return T_; }
-  OpsPrecision precision() const override { return precision_; }
+  OpsPrecision precision() const override { return store_.precision(); }
   // The fp32 (master) weights, in the flat layout: the weights themselves when the compute type is fp32.
-  float* params() const override { return master_; }
+  float* params() const override { return store_.master(); }
   // The weights the ops read, in the compute type (== params() for fp32).
-  void* weights() const override { return weights_; }
+  void* weights() const override { return store_.weights(); }
   // Parameter gradients in the gradient type; grads() is for fp32 gradients only.
-  void* grad_buffer() const override { return grads_; }
-  float* grads() const override;
-  size_t grad_bytes() const override { return dtype_bytes(precision_.grad, layout_.total_numel()); }
+  void* grad_buffer() const override { return store_.grads(); }
+  float* grads() const override { return store_.grads_f32(); }
+  size_t grad_bytes() const override { return store_.grad_bytes(); }
   // Gradients sharing activation memory: the next forward overwrites them, and backward() zeroes each
   // unit's gradients itself before writing them, so a backward() sets (not accumulates) the gradients.
   bool grads_share_activations() const override { return share_grad_memory_; }
@@ -122,11 +126,13 @@ class BertModel final : public Model {
   void init_weights(uint64_t seed, Device& dev) const override;
   // Sets the weights from fp32 host values (flat layout): the master weights and, for a 16-bit compute type,
   // their round-to-nearest copy.
-  void upload_weights(Device& dev, const float* host) const override;
+  void upload_weights(Device& dev, const float* host) const override { store_.upload(dev, host); }
   // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
   // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
   void sync_weights(Ops& ops, uint64_t rounding_seed = 0,
-                    const StepValues* step_values = nullptr) const override;
+                    const StepValues* step_values = nullptr) const override {
+    store_.sync(ops, rounding_seed, step_values);
+  }
 
   // tokens [B, T] and token_types [B, T] (null: all type 0), lengths [B] (null: no padding) and labels [B]
   // (label_dtype(); null: inference, logits only) in device memory. With labels, losses() receives the
@@ -159,6 +165,17 @@ class BertModel final : public Model {
   };
   using LayerParams = LayerTensors<void*>;
   LayerParams layer_params(void* base, size_t elem_bytes, int l) const;
+  // The block's linear layers (model/linear.hpp): query/key/value (fused, [3C, C]), attention output, MLP
+  // input and output. With `with_grads`, their weight gradients and the QKV and MLP-input bias gradients;
+  // the attention-output and MLP-output bias gradients are added by the LayerNorm backward that reads
+  // their outputs' gradients (layernorm_bwd_sum), so those two Linears have none.
+  struct BlockLinears {
+    Linear qkv, attn_out, fc, proj;
+  };
+  BlockLinears block_linears(int l, bool with_grads) const;
+  // The pooler dense [C, C] and the classifier [num_labels, C], with their gradients when `with_grads`.
+  Linear pooler_linear(bool with_grads) const;
+  Linear classifier_linear(bool with_grads) const;
   std::vector<LayerTensors<size_t>> layer_offsets_;
   // Offsets of the tensors outside the blocks.
   size_t wte_off_, wpe_off_, wtt_off_, lnew_off_, lneb_off_, poolw_off_, poolb_off_, clsw_off_, clsb_off_;
@@ -196,11 +213,10 @@ class BertModel final : public Model {
   int trace_embedding_ = -1, trace_head_ = -1;
 
   TransformerConfig cfg_;
-  ParamLayout layout_;
+  ParamStore store_;  // weights, master weights and gradients
   int B_, T_;
   bool training_;
   CheckpointPolicy checkpointing_;
-  OpsPrecision precision_;
   bool share_grad_memory_;
   // Dropout probabilities in training (0 without training): hidden, attention probabilities, classifier.
   float p_hidden_ = 0, p_attn_ = 0, p_cls_ = 0;
@@ -233,13 +249,11 @@ class BertModel final : public Model {
   void* block_out(int l) const { return block_acts_[l] + act_offset_[l][kSavedKinds]; }
 
   // Plan indices.
-  size_t i_master_ = 0, i_weights_ = 0, i_grads_ = 0, i_emb_sum_ = 0, i_emb_stats_ = 0, i_encoded_ = 0,
-         i_cls_ = 0, i_pooled_ = 0, i_logits_ = 0, i_losses_ = 0, i_attn_scratch_ = 0, i_dlogits_ = 0,
-         i_dhead_ = 0, i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0, i_dropout_state_ = 0, i_cls_in_ = 0,
+  size_t i_shared_grads_ = SIZE_MAX, i_emb_sum_ = 0, i_emb_stats_ = 0, i_encoded_ = 0, i_cls_ = 0,
+         i_pooled_ = 0, i_logits_ = 0, i_losses_ = 0, i_attn_scratch_ = 0, i_dlogits_ = 0, i_dhead_ = 0,
+         i_d0_ = 0, i_d1_ = 0, i_dfc_ = 0, i_dqkv_ = 0, i_dropout_state_ = 0, i_cls_in_ = 0,
          i_first_rows_ = 0;
 
-  float* master_ = nullptr;
-  void *weights_ = nullptr, *grads_ = nullptr;
   void *emb_sum_ = nullptr, *encoded_ = nullptr, *cls_ = nullptr, *pooled_ = nullptr, *logits_ = nullptr,
        *attn_scratch_ = nullptr, *dlogits_ = nullptr, *dhead_ = nullptr, *d0_ = nullptr, *d1_ = nullptr,
        *dfc_ = nullptr, *dqkv_ = nullptr;

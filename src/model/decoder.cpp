@@ -90,15 +90,15 @@ void Decoder::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   }
   i_res3_ = plan.add("block output", M::Activations, L * BT * C * a);
   i_lnf_ = plan.add("ln_f output", M::Activations, BT * C * a);
-  i_lnf_stats_ = plan.add(stats_rows_ == 2 ? "ln_f mean/rstd" : "final norm rstd", M::Activations,
-                          stats_rows_ * BT * f);
+  i_lnf_stats_ =
+      plan.add(stats_rows_ == 2 ? "ln_f mean/rstd" : "final norm rstd", M::Activations, stats_rows_ * BT * f);
   i_logits_ = plan.add(training_ ? "logits (one chunk of rows)" : "logits", M::Activations,
                        logits_rows_ * spec_.padded_vocab * a);
   i_losses_ = plan.add("losses", M::Activations, BT * f);
   i_tmp_c_ = plan.add("projection scratch", M::Workspace, BT * proj_width_ * a);
-  i_attn_scratch_ = plan.add(
-      "attention scratch", M::Workspace,
-      attention_scratch_bytes(backend, store_.precision().compute, attention_shape(B_, T_), false));
+  i_attn_scratch_ =
+      plan.add("attention scratch", M::Workspace,
+               attention_scratch_bytes(backend, store_.precision().compute, attention_shape(B_, T_), false));
   if (spec_.positions == PositionKind::Rope)
     i_inv_freq_ = plan.add("rope frequencies", M::Weights, size_t(spec_.HS / 2) * f);
   if (training_) {
@@ -137,7 +137,9 @@ void Decoder::upload_constants(Device& dev) const {
   dev.copy_to_device(inv_freq_, inv_freq.data(), inv_freq.size() * sizeof(float));
 }
 
-void Decoder::upload_weights(Device& dev, const float* host) const { store_.upload(dev, host); }
+void Decoder::upload_weights(Device& dev, const float* host) const {
+  store_.upload(dev, host);
+}
 
 void Decoder::copy_logits_to_host(Device& dev, float* dst, size_t first_row, size_t rows) const {
   const size_t Vp = spec_.padded_vocab, n = rows * Vp;
@@ -164,20 +166,39 @@ void Decoder::init_weights(uint64_t seed, Device& dev) const {
 void* Decoder::weight_or_null(size_t offset) const {
   return offset == kNone ? nullptr : store_.weight_at(offset);
 }
-void* Decoder::grad_or_null(size_t offset) const { return offset == kNone ? nullptr : store_.grad_at(offset); }
+void* Decoder::grad_or_null(size_t offset) const {
+  return offset == kNone ? nullptr : store_.grad_at(offset);
+}
 
 Decoder::LayerParams Decoder::layer_weights(int l) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
   auto w = [&](size_t off) { return weight_or_null(off); };
-  return {w(o.ln1w),     w(o.ln1b),     w(o.qkvw), w(o.qkvb), w(o.attprojw), w(o.attprojb),
-          w(o.ln2w),     w(o.ln2b),     w(o.fcw),  w(o.fcb),  w(o.fcprojw),  w(o.fcprojb)};
+  return {w(o.ln1w), w(o.ln1b), w(o.qkvw), w(o.qkvb), w(o.attprojw), w(o.attprojb),
+          w(o.ln2w), w(o.ln2b), w(o.fcw),  w(o.fcb),  w(o.fcprojw),  w(o.fcprojb)};
 }
 
 Decoder::LayerParams Decoder::layer_grads(int l) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
   auto g = [&](size_t off) { return grad_or_null(off); };
-  return {g(o.ln1w),     g(o.ln1b),     g(o.qkvw), g(o.qkvb), g(o.attprojw), g(o.attprojb),
-          g(o.ln2w),     g(o.ln2b),     g(o.fcw),  g(o.fcb),  g(o.fcprojw),  g(o.fcprojb)};
+  return {g(o.ln1w), g(o.ln1b), g(o.qkvw), g(o.qkvb), g(o.attprojw), g(o.attprojb),
+          g(o.ln2w), g(o.ln2b), g(o.fcw),  g(o.fcb),  g(o.fcprojw),  g(o.fcprojb)};
+}
+
+Decoder::BlockLinears Decoder::block_linears(int l, bool with_grads) const {
+  const LayerTensors<size_t>& o = layer_offsets_[l];
+  const OpsPrecision pr = store_.precision();
+  auto lin = [&](size_t w, size_t b, int in, int out) {
+    const Linear base(weight_or_null(w), weight_or_null(b), in, out, pr);
+    return with_grads ? base.with_grads(grad_or_null(w), grad_or_null(b)) : base;
+  };
+  const int C = spec_.C;
+  return {lin(o.qkvw, o.qkvb, C, spec_.qkv_width()), lin(o.attprojw, o.attprojb, spec_.q_width(), C),
+          lin(o.fcw, o.fcb, C, spec_.mlp_in_width()), lin(o.fcprojw, o.fcprojb, spec_.ffn, C)};
+}
+
+Linear Decoder::head_linear(bool with_grads) const {
+  const Linear head(store_.weight_at(head_off_), nullptr, spec_.C, spec_.padded_vocab, store_.precision());
+  return with_grads ? head.with_grads(store_.grad_at(head_off_), nullptr) : head;
 }
 
 void Decoder::norm_fwd(Ops& ops, void* out, float* st, const void* inp, const void* w, const void* b, int N) {
@@ -227,17 +248,17 @@ void* Decoder::act(int kind, int layer) const {
 // The MLP's activation from its input `inp` (norm-2 output): with `pre_too`, the first GEMM into `pre` as
 // well (GELU: one GEMM with the GELU epilogue; SwiGLU: the fused gate/up GEMM, then SwiGLU), else only the
 // activation from the saved `pre`.
-void Decoder::mlp_forward(Ops& ops, const LayerParams& p, void* out, void* pre, const void* inp, int N,
+void Decoder::mlp_forward(Ops& ops, const BlockLinears& lin, void* out, void* pre, const void* inp, int N,
                           bool pre_too) {
-  const int C = spec_.C, F = spec_.ffn;
+  const int F = spec_.ffn;
   if (spec_.mlp == MlpKind::Gelu) {
     if (pre_too)
-      ops.matmul_gelu_fwd(out, pre, inp, p.fcw, p.fcb, N, C, F);
+      lin.mlp_in.forward_gelu(ops, out, pre, inp, N);
     else
       ops.gelu_fwd(out, pre, size_t(N) * F);
     return;
   }
-  if (pre_too) ops.matmul_fwd(pre, inp, p.fcw, p.fcb, N, C, 2 * F);
+  if (pre_too) lin.mlp_in.forward(ops, pre, inp, N);
   ops.swiglu_fwd(out, pre, N, F);
 }
 
@@ -247,6 +268,7 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
   const AttentionShape shape = attention_shape(B, T);
   store_.acquire(1 + l);
   const LayerParams p = layer_weights(l);
+  const BlockLinears lin = block_linears(l, false);
   const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
   void *ln1 = act(kLn1, l), *qkv = act(kQkv, l), *atty = act(kAtty, l);
   void *res2 = act(kRes2, l), *ln2 = act(kLn2, l), *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l);
@@ -256,12 +278,12 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
   // residual add); a recompute pass rebuilds it here.
   if (run(kLn1) && (only_recomputed || l == 0)) norm_fwd(ops, ln1, ln1_stats, x, p.ln1w, p.ln1b, N);
   if (run(kQkv)) {
-    ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, spec_.qkv_width());
+    lin.qkv.forward(ops, qkv, ln1, N);
     if (inv_freq_) ops.rope_fwd(qkv, inv_freq_, shape, 0);
   }
   if (run(kAtty)) ops.attention_fwd(atty, stats(kLse, l), qkv, attn_scratch_, shape, attention_mask());
   if (run(kRes2)) {
-    ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, spec_.q_width(), C);
+    lin.out.forward(ops, tmp_c_, atty, N);
     if (run(kLn2))  // the residual add and the next norm in one pass
       residual_norm_fwd(ops, res2, ln2, ln2_stats, x, tmp_c_, p.ln2w, p.ln2b, N);
     else
@@ -272,9 +294,9 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
   // Checkpointing recomputes the MLP's first GEMM and its activation together; should only the activation
   // be missing, it is recomputed alone.
   if (run(kFch))
-    mlp_forward(ops, p, fch_gelu, fch, ln2, N, true);
+    mlp_forward(ops, lin, fch_gelu, fch, ln2, N, true);
   else if (run(kFchGelu))
-    mlp_forward(ops, p, fch_gelu, fch, ln2, N, false);
+    mlp_forward(ops, lin, fch_gelu, fch, ln2, N, false);
   if (trace_) {
     // Stored kinds stay live until this block's backward; in the forward pass the recompute buffers are
     // scratch that the next block overwrites; rebuilt (recompute phase) they live until the backward.
@@ -289,7 +311,7 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
     }
   }
   if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
-  ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, spec_.ffn, C);
+  lin.mlp_out.forward(ops, tmp_c_, fch_gelu, N);
   // The block output and the norm that reads it next, in one pass: the next block's norm 1 (into its
   // stored or recompute buffer, which nothing else writes before that block runs), or the final norm.
   void* out = at(res3_, l * sBTC);
@@ -326,7 +348,6 @@ void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, i
   trace_phase("forward head", -1);  // the final norm was computed by the last block (fused with its add)
   trace_alloc(trace_lnf_, "ln_f output + mean/rstd", MemoryCategory::Activations,
               sBTC * ae_ + stats_rows_ * sBT * 4, -1, "forward");
-  const void* head = store_.weight_at(head_off_);
   head_grad_ready_ = false;
   if (!targets) {
     ANVIL_REQUIRE(
@@ -334,7 +355,7 @@ void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, i
         "the logits of {} rows do not fit this model's {}-row logits buffer (a training model keeps "
         "one loss chunk; ask for fewer rows)",
         N, logits_rows_);
-    ops.matmul_fwd(logits_, lnf_, head, nullptr, N, C, Vp);
+    head_linear(false).forward(ops, logits_, lnf_, N);
     trace_alloc(trace_logits_, "logits", MemoryCategory::Activations, logits_rows_ * Vp * ae_, -1, "forward");
     return;
   }
@@ -344,13 +365,13 @@ void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, i
   // when tied).
   trace_alloc(trace_logits_, "logits (one chunk of rows)", MemoryCategory::Activations,
               logits_rows_ * Vp * ae_, -1, "forward");
-  void* dhead = write_grad ? store_.grad_at(head_off_) : nullptr;
+  const Linear head = head_linear(write_grad);
   for (size_t r0 = 0; r0 < size_t(N); r0 += logits_rows_) {
     const int n = int(std::min(logits_rows_, size_t(N) - r0));
     const void* x = at(lnf_, r0 * C);
-    ops.matmul_fwd(logits_, x, head, nullptr, n, C, Vp);
+    head.forward(ops, logits_, x, n);
     ops.softmax_xent_fwd_bwd(losses_ + r0, logits_, targets + r0, n, V, Vp, grad_scale, write_grad);
-    if (write_grad) ops.matmul_bwd(at(tmp_c_, r0 * C), dhead, nullptr, logits_, x, head, n, C, Vp);
+    if (write_grad) head.backward(ops, at(tmp_c_, r0 * C), logits_, x, n);
   }
   head_grad_ready_ = write_grad;
   trace_free(trace_logits_, "forward");
@@ -363,23 +384,23 @@ void Decoder::block_backward(Ops& ops, int l, int B, int T) {
   const AttentionShape shape = attention_shape(B, T);
   const LayerParams p = layer_weights(l);
   const LayerParams g = layer_grads(l);
+  const BlockLinears lin = block_linears(l, true);
   const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
   // MLP: out = res2 + act(norm2(res2) Win^T + bin) Wout^T + bout; dres_ holds dout.
   if (spec_.mlp == MlpKind::Gelu) {
-    ops.matmul_bwd_dgelu(d4c_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, act(kFch, l), N, F,
-                         C);
+    lin.mlp_out.backward_dgelu(ops, d4c_, dres_, act(kFchGelu, l), act(kFch, l), N);
   } else {
-    ops.matmul_bwd(dact_, g.fcprojw, g.fcprojb, dres_, act(kFchGelu, l), p.fcprojw, N, F, C);
+    lin.mlp_out.backward(ops, dact_, dres_, act(kFchGelu, l), N);
     ops.swiglu_bwd(d4c_, act(kFch, l), dact_, N, F);
   }
-  ops.matmul_bwd(tmp_c_, g.fcw, g.fcb, d4c_, act(kLn2, l), p.fcw, N, C, spec_.mlp_in_width());
+  lin.mlp_in.backward(ops, tmp_c_, d4c_, act(kLn2, l), N);
   norm_bwd(ops, dres_, g.ln2w, g.ln2b, tmp_c_, act(kRes2, l), p.ln2w, stats(kLn2Stats, l), N);
   // Attention: res2 = x + attn(norm1(x)) Wo^T + bo; dres_ now holds d(res2).
-  ops.matmul_bwd(tmp_c_, g.attprojw, g.attprojb, dres_, act(kAtty, l), p.attprojw, N, spec_.q_width(), C);
+  lin.out.backward(ops, tmp_c_, dres_, act(kAtty, l), N);
   ops.attention_bwd(dqkv_, tmp_c_, act(kQkv, l), act(kAtty, l), stats(kLse, l), attn_scratch_, shape,
                     attention_mask());
   if (inv_freq_) ops.rope_bwd(dqkv_, inv_freq_, shape, 0);
-  ops.matmul_bwd(tmp_c_, g.qkvw, g.qkvb, dqkv_, act(kLn1, l), p.qkvw, N, C, spec_.qkv_width());
+  lin.qkv.backward(ops, tmp_c_, dqkv_, act(kLn1, l), N);
   norm_bwd(ops, dres_, g.ln1w, g.ln1b, tmp_c_, x, p.ln1w, stats(kLn1Stats, l), N);
 }
 
@@ -440,7 +461,7 @@ void Decoder::trace_phase(const char* name, int layer) {
 }
 
 void Decoder::trace_alloc(int& id, const char* name, MemoryCategory c, size_t bytes, int layer,
-                           const char* phase) {
+                          const char* phase) {
   if (!trace_) return;
   if (id >= 0) trace_->free(id, phase);  // overwritten (e.g. the next micro-batch)
   id = trace_->alloc(name, c, bytes, layer, phase);

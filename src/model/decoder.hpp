@@ -25,6 +25,7 @@
 #include "memory/memory_trace.hpp"
 #include "model/arch_spec.hpp"
 #include "model/checkpointing.hpp"
+#include "model/linear.hpp"
 #include "model/model.hpp"
 #include "model/param_store.hpp"
 #include "runtime/arena.hpp"
@@ -38,8 +39,8 @@ class Decoder final : public Model {
  public:
   // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
   // backward workspace are planned too.
-  Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool training, CheckpointPolicy checkpointing = {},
-          OpsPrecision precision = {});
+  Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool training,
+          CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
 
   // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
   void plan_memory(MemoryPlan& plan, DeviceKind backend) override;
@@ -140,6 +141,14 @@ class Decoder final : public Model {
   std::vector<LayerTensors<size_t>> layer_offsets_;
   void* weight_or_null(size_t offset) const;
   void* grad_or_null(size_t offset) const;
+  // The block's linear layers (model/linear.hpp): q/k/v (one fused GEMM), the attention output, the MLP's
+  // input (GELU: c_fc; SwiGLU: gate and up fused) and output; with their gradients when `with_grads`.
+  struct BlockLinears {
+    Linear qkv, out, mlp_in, mlp_out;
+  };
+  BlockLinears block_linears(int l, bool with_grads) const;
+  // The LM head [padded vocab, C] (the token embedding when tied), with its gradient when `with_grads`.
+  Linear head_linear(bool with_grads) const;
 
   // The norms of the spec: statistics are mean then rstd (LayerNorm, 2 rows of N) or rstd (RMSNorm).
   void norm_fwd(Ops& ops, void* out, float* stats, const void* inp, const void* w, const void* b, int N);
@@ -158,7 +167,8 @@ class Decoder final : public Model {
   // The block's forward; with `only_recomputed`, just the steps whose outputs are recomputed for it.
   void block_forward(Ops& ops, int l, int B, int T, bool only_recomputed);
   void block_backward(Ops& ops, int l, int B, int T);
-  void mlp_forward(Ops& ops, const LayerParams& p, void* out, void* pre, const void* inp, int N, bool pre_too);
+  void mlp_forward(Ops& ops, const BlockLinears& lin, void* out, void* pre, const void* inp, int N,
+                   bool pre_too);
   struct SavedKind {
     size_t bytes = 0;       // per layer, at the planned batch and sequence length
     std::vector<int> slot;  // per layer: index in the stored buffer, or -1 (recompute buffer)
@@ -189,9 +199,9 @@ class Decoder final : public Model {
   bool training_;
   size_t logits_rows_;  // rows of the logits buffer (see logits_rows())
   CheckpointPolicy checkpointing_;
-  size_t ae_;            // bytes per element of the compute type
-  size_t stats_rows_;    // fp32 rows of N per norm's statistics: 2 (LayerNorm) or 1 (RMSNorm)
-  size_t proj_width_;    // columns of the projection scratch: max(C, NH * HS)
+  size_t ae_;          // bytes per element of the compute type
+  size_t stats_rows_;  // fp32 rows of N per norm's statistics: 2 (LayerNorm) or 1 (RMSNorm)
+  size_t proj_width_;  // columns of the projection scratch: max(C, NH * HS)
   // Element `i` of a compute-type buffer.
   void* at(void* base, size_t i) const { return static_cast<char*>(base) + i * ae_; }
 

@@ -16,20 +16,21 @@ void Decoder::block_forward_cached(Ops& ops, const KvCache& cache, int l, const 
   const KvCacheLayer kv = cache.layer(l);
   store_.acquire(1 + l);
   const LayerParams p = layer_weights(l);
+  const BlockLinears lin = block_linears(l, false);
   const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
   void *ln1 = act(kLn1, l), *qkv = act(kQkv, l), *atty = act(kAtty, l);
   void *res2 = act(kRes2, l), *ln2 = act(kLn2, l), *fch = act(kFch, l), *fch_gelu = act(kFchGelu, l);
   // As in block_forward: the previous block's fused residual + norm already wrote norm 1 (but for block 0).
   if (l == 0) norm_fwd(ops, ln1, stats(kLn1Stats, l), x, p.ln1w, p.ln1b, N);
-  ops.matmul_fwd(qkv, ln1, p.qkvw, p.qkvb, N, C, spec_.qkv_width());
+  lin.qkv.forward(ops, qkv, ln1, N);
   if (inv_freq_) ops.rope_fwd_at(qkv, inv_freq_, shape, pos);
   ops.kv_cache_write(kv, qkv, pos, shape);
   ops.cached_attention_fwd(atty, qkv, kv, pos, max_end, spec_.window, cache.attention_scratch(),
                            cache.attention_scratch_bytes(), shape);
-  ops.matmul_fwd(tmp_c_, atty, p.attprojw, p.attprojb, N, spec_.q_width(), C);
+  lin.out.forward(ops, tmp_c_, atty, N);
   residual_norm_fwd(ops, res2, ln2, stats(kLn2Stats, l), x, tmp_c_, p.ln2w, p.ln2b, N);
-  mlp_forward(ops, p, fch_gelu, fch, ln2, N, true);
-  ops.matmul_fwd(tmp_c_, fch_gelu, p.fcprojw, p.fcprojb, N, spec_.ffn, C);
+  mlp_forward(ops, lin, fch_gelu, fch, ln2, N, true);
+  lin.mlp_out.forward(ops, tmp_c_, fch_gelu, N);
   void* out = at(res3_, l * sBTC);
   if (l + 1 < spec_.n_layer) {
     store_.acquire(2 + l);
@@ -70,7 +71,7 @@ void Decoder::forward_cached(Ops& ops, const KvCache& cache, const int32_t* toke
     }
     rows = tmp_c_;
   }
-  ops.matmul_fwd(logits_, rows, store_.weight_at(head_off_), nullptr, B, C, spec_.padded_vocab);
+  head_linear(false).forward(ops, logits_, rows, B);
 }
 
 }  // namespace anvil
