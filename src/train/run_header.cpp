@@ -30,8 +30,8 @@ std::string precision_description(const RunHeader& h, DeviceKind device) {
 void print_cuda_paths(const RunHeader& h, Engine& e) {
   const TransformerConfig& m = h.model;
   const bool attention_dropout = e.has_dropout() && m.attention_probs_dropout_prob > 0;
-  fmt::print("  attention: {}\n", cuda_attention_implementation(e.ops().precision().compute, m.n_embd,
-                                                                m.n_head, attention_dropout));
+  fmt::print("  attention: {}\n",
+             cuda_attention_path(e.ops().precision().compute, m.head_size(), attention_dropout));
   fmt::print("  cuda graphs: {}\n",
              !h.cfg.cuda_graphs ? "off (--cuda_graphs false)"
              : h.cfg.gradient_accumulation_steps == 1 && !h.scaler
