@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/half.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/hf_weights.hpp"
 #include "io/safetensors.hpp"
@@ -27,26 +28,77 @@ TransformerConfig read_model_config(const std::string& dir) {
   return TransformerConfig::from_hf_json(j, path);
 }
 
-void save_model(const std::string& dir, const Decoder& model, Device& dev) {
+namespace {
+
+// The Hugging Face name of a weight dtype, as config.json's "dtype" spells it.
+const char* hf_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return "float32";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    default:
+      ANVIL_THROW("save_model: weights can be written as F32, BF16 or F16, not {}", dtype_name(dtype));
+  }
+}
+
+// Adds `src` (fp32, `shape`) to `w` as `dtype`, rounded to nearest, ties to even. A finite value that becomes
+// infinite (beyond fp16's 65504, or the last bf16 step below FLT_MAX) is an error naming the tensor, so that
+// a conversion never silently writes inf; NaN and infinities are kept as they are.
+void add_weight(SafeTensorsWriter& w, const std::string& path, const std::string& name,
+                std::vector<int64_t> shape, const float* src, DType dtype) {
+  if (dtype == DType::F32) return w.add(name, DType::F32, std::move(shape), src);
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  std::vector<uint16_t> half(n);
+  const bool bf16 = dtype == DType::BF16;
+  for (size_t i = 0; i < n; ++i) {
+    half[i] = bf16 ? float_to_bf16(src[i]) : float_to_fp16(src[i]);
+    const float back = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+    ANVIL_REQUIRE(
+        !std::isinf(back) || !std::isfinite(src[i]),
+        "{}: tensor '{}' element {} = {} overflows {} (largest finite value {}); write the model as {}", path,
+        name, i, src[i], bf16 ? "bf16" : "fp16", bf16 ? "3.39e38" : "65504",
+        bf16 ? "fp32 (--dtype fp32)" : "bf16 or fp32 (--dtype bf16 | fp32)");
+  }
+  w.add(name, dtype, std::move(shape), half.data());
+}
+
+// model.safetensors (every tensor of the layout, Hugging Face names and shapes, as `dtype`) and config.json
+// (its "dtype" field saying `dtype`, as transformers 5 writes it; transformers 4's "torch_dtype" is dropped).
+void write_hf_model(const std::string& dir, const Model& model, Device& dev, DType dtype) {
+  const char* dtype_field = hf_dtype_name(dtype);  // checks dtype before anything is written
   const ParamLayout& layout = model.layout();
   std::vector<float> host(layout.total_numel());
   dev.copy_to_host(host.data(), model.params(), host.size() * sizeof(float));
+  const std::string path = dir + "/model.safetensors";
   SafeTensorsWriter w;
   w.set_metadata("format", "pt");
-  std::vector<std::vector<float>> transposed;  // kept alive until write()
+  std::vector<float> transposed;
   for (const ParamTensor& t : layout.tensors()) {
     const float* src = host.data() + t.offset;  // the first hf_rows rows of a padded tensor
     if (t.hf_transposed) {
       const int64_t rows = t.shape[0], cols = t.shape[1];
-      std::vector<float>& tmp = transposed.emplace_back(size_t(rows * cols));
+      transposed.resize(size_t(rows * cols));
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) tmp[size_t(c * rows + r)] = src[r * cols + c];
-      src = tmp.data();
+        for (int64_t c = 0; c < cols; ++c) transposed[size_t(c * rows + r)] = src[r * cols + c];
+      src = transposed.data();
     }
-    w.add(t.name, DType::F32, t.hf_shape(), src);
+    add_weight(w, path, t.name, t.hf_shape(), src, dtype);  // add() copies: `transposed` may be reused
   }
-  w.write(dir + "/model.safetensors");
-  write_text_file_synced(dir + "/config.json", model.config().to_hf_json().dump(2) + "\n");
+  w.write(path);
+  json config = model.config().to_hf_json();
+  config.erase("torch_dtype");
+  config["dtype"] = dtype_field;
+  write_text_file_synced(dir + "/config.json", config.dump(2) + "\n");
+}
+
+}  // namespace
+
+void save_model(const std::string& dir, const Decoder& model, Device& dev, DType dtype) {
+  write_hf_model(dir, model, dev, dtype);
 }
 
 void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
@@ -91,9 +143,10 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
   model.upload_weights(dev, host.data());
 }
 
-void save_model(const std::string& dir, const Model& model, Device& dev) {
-  if (model.config().is_bert()) return save_bert_model(dir, static_cast<const BertModel&>(model), dev);
-  save_model(dir, static_cast<const Decoder&>(model), dev);
+void save_model(const std::string& dir, const Model& model, Device& dev, DType dtype) {
+  // BERT's layout holds Hugging Face names and shapes too (nothing transposed or padded): the same writer as
+  // save_bert_model, with the dtype.
+  write_hf_model(dir, model, dev, dtype);
 }
 
 BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev) {

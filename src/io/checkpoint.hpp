@@ -27,20 +27,23 @@ namespace anvil::io {
 // ("checkpoint-N.tmp-<pid>", "checkpoint-N.old-<pid>": require_not_interrupted_save in atomic_dir.hpp).
 TransformerConfig read_model_config(const std::string& dir);
 
-// Writes model.safetensors (fp32, Hugging Face names and shapes) and config.json into `dir` (an existing
+// Writes model.safetensors (Hugging Face names and shapes) and config.json into `dir` (an existing
 // directory): a directory transformers loads as GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM /
-// MistralForCausalLM with no missing or unexpected keys.
-void save_model(const std::string& dir, const Decoder& model, Device& dev);
+// MistralForCausalLM with no missing or unexpected keys. The weights are written as `dtype`: F32 (default),
+// BF16 or F16, rounded to nearest (ties to even); config.json's "dtype" names it ("float32", "bfloat16",
+// "float16", as transformers 5 writes it). A finite weight that overflows the 16-bit type (fp16: beyond
+// 65504) is an error naming the tensor; any other dtype is an error.
+void save_model(const std::string& dir, const Decoder& model, Device& dev, DType dtype = DType::F32);
 // Loads <dir>/model.safetensors (or its shards) into the model's parameters, by the layout table's names
 // and aliases (GPT-2 with or without the "transformer." prefix), F32/F16/BF16 tensors; tensors the table
 // marks as ignorable (a tied head, attention-mask and rotary buffers) are skipped. A missing, duplicated
 // or unexpected tensor, or a shape that disagrees with the config, is an error naming both.
 void load_model_weights(const std::string& dir, Decoder& model, Device& dev);
 
-// Either family: the Decoder's functions above, or save_bert_model / load_bert_weights. The BERT loader's report
-// (head tensors the directory lacks, which keep their values; tensors skipped) is returned; it is empty for
-// GPT-2.
-void save_model(const std::string& dir, const Model& model, Device& dev);
+// Either family: the Decoder's functions above, or (BERT) save_bert_model's output in `dtype` /
+// load_bert_weights. The BERT loader's report (head tensors the directory lacks, which keep their values;
+// tensors skipped) is returned; it is empty for decoders.
+void save_model(const std::string& dir, const Model& model, Device& dev, DType dtype = DType::F32);
 BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev);
 void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev);
 // Restores every state buffer; a checkpoint of another optimizer, or a buffer whose name, type or size
