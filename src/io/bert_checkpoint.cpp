@@ -49,7 +49,7 @@ bool ignorable(const std::string& name) {
 void save_bert_model(const std::string& dir, const BertModel& model, Device& dev) {
   const ParamLayout& layout = model.layout();
   std::vector<float> host(layout.total_numel());
-  dev.copy_to_host(host.data(), model.params(), host.size() * sizeof(float));
+  model.download_weights(dev, host.data());
   SafeTensorsWriter w;
   w.set_metadata("format", "pt");
   for (const ParamTensor& t : layout.tensors())
@@ -64,7 +64,7 @@ BertLoadReport load_bert_weights(const std::string& dir, BertModel& model, Devic
   const ParamLayout& layout = model.layout();
   // Start from the model's current values: head tensors the checkpoint lacks keep them.
   std::vector<float> host(layout.total_numel());
-  dev.copy_to_host(host.data(), model.params(), host.size() * sizeof(float));
+  model.download_weights(dev, host.data());
   BertLoadReport report;
   std::set<std::string> used;
   for (const ParamTensor& t : layout.tensors()) {

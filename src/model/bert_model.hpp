@@ -127,6 +127,7 @@ class BertModel final : public Model {
   // Sets the weights from fp32 host values (flat layout): the master weights and, for a 16-bit compute type,
   // their round-to-nearest copy.
   void upload_weights(Device& dev, const float* host) const override { store_.upload(dev, host); }
+  void download_weights(Device& dev, float* host) const override { store_.download(dev, host); }
   // Rounds the master weights into the compute-type copy on the device (after an optimizer step); with a
   // nonzero `rounding_seed`, stochastically (bf16). No-op for fp32.
   void sync_weights(Ops& ops, uint64_t rounding_seed = 0,

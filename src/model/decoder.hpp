@@ -77,6 +77,7 @@ class Decoder final : public Model {
   // Sets the weights from fp32 host values (flat layout): the master weights and, for a 16-bit compute
   // type, their round-to-nearest copy.
   void upload_weights(Device& dev, const float* host) const override;
+  void download_weights(Device& dev, float* host) const override { store_.download(dev, host); }
   void sync_weights(Ops& ops, uint64_t rounding_seed = 0,
                     const StepValues* step_values = nullptr) const override {
     store_.sync(ops, rounding_seed, step_values);

@@ -49,7 +49,9 @@ class Model {
   virtual OpsPrecision precision() const = 0;
   virtual int max_batch() const = 0;
   virtual int max_seq() const = 0;
-  // The fp32 (master) weights in the flat layout (the weights themselves for an fp32 compute type).
+  // The fp32 (master) weights in the flat layout (the weights themselves for an fp32 compute type); null
+  // for a model planned without training in a 16-bit type, which keeps its compute-type weights only
+  // (download_weights reads either).
   virtual float* params() const = 0;
   // The weights the ops read, in the compute type.
   virtual void* weights() const = 0;
@@ -79,6 +81,9 @@ class Model {
   // calls it once, right after bind.
   virtual void upload_constants(Device& dev) const {}
   virtual void upload_weights(Device& dev, const float* host) const = 0;
+  // The weights as fp32 host values in the flat layout: the master weights, or the compute-type weights
+  // widened where there are none.
+  virtual void download_weights(Device& dev, float* host) const = 0;
   virtual void sync_weights(Ops& ops, uint64_t rounding_seed = 0,
                             const StepValues* step_values = nullptr) const = 0;
 
@@ -94,9 +99,10 @@ class Model {
   virtual void set_profiler(StepProfiler* profiler) = 0;
 };
 
-// The model of cfg.family (the decoder families: Decoder; "bert": BertModel), planned for inputs up to max_batch x
-// max_seq; with `training`, gradients and the backward workspace too. `share_grad_memory` asks for gradients
-// in dead activation memory (grads_share_activations); only the BERT family does it, decoders ignore it.
+// The model of cfg.family (the decoder families: Decoder; "bert": BertModel), planned for inputs up to
+// max_batch x max_seq; with `training`, gradients and the backward workspace too. `share_grad_memory` asks
+// for gradients in dead activation memory (grads_share_activations); only the BERT family does it, decoders
+// ignore it.
 std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, int max_seq, bool training,
                                   CheckpointPolicy checkpointing = {}, OpsPrecision precision = {},
                                   bool share_grad_memory = false);

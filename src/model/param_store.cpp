@@ -22,7 +22,8 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   using M = MemoryCategory;
   const size_t P = numel();
   if (precision_.compute != DType::F32) {
-    i_master_ = plan.add("master weights (fp32)", M::MasterWeights, P * sizeof(float));
+    // Only an optimizer step needs fp32 weights beside the 16-bit ones.
+    if (training_) i_master_ = plan.add("master weights (fp32)", M::MasterWeights, P * sizeof(float));
     i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) + ")",
                           M::Weights, P * weight_elem_);
   } else {
@@ -33,7 +34,9 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
 
 void ParamStore::bind(const Arena& arena) {
   weights_ = arena.get<void>(i_weights_);
-  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_) : arena.get<float>(i_master_);
+  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_)
+            : i_master_ != SIZE_MAX          ? arena.get<float>(i_master_)
+                                             : nullptr;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
 }
 
@@ -45,12 +48,24 @@ float* ParamStore::grads_f32() const {
 
 void ParamStore::upload(Device& dev, const float* host) const {
   const size_t n = numel();
-  dev.copy_to_device(master_, host, n * sizeof(float));
+  if (master_) dev.copy_to_device(master_, host, n * sizeof(float));
   if (precision_.compute == DType::F32) return;
   std::vector<uint16_t> half(n);
   const bool bf16 = precision_.compute == DType::BF16;
   for (size_t i = 0; i < n; ++i) half[i] = bf16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
   dev.copy_to_device(weights_, half.data(), n * sizeof(uint16_t));
+}
+
+void ParamStore::download(Device& dev, float* host) const {
+  const size_t n = numel();
+  if (master_) {
+    dev.copy_to_host(host, master_, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> half(n);
+  dev.copy_to_host(half.data(), weights_, n * sizeof(uint16_t));
+  const bool bf16 = precision_.compute == DType::BF16;
+  for (size_t i = 0; i < n; ++i) host[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
 }
 
 void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
@@ -81,6 +96,7 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
 
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
   if (precision_.compute == DType::F32) return;
+  ANVIL_ASSERT(master_, "sync: a store planned without training has no master weights to cast");
   ops.cast_weights(weights_, master_, numel(), rounding_seed, step_values);
 }
 

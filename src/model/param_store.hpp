@@ -1,7 +1,7 @@
 // The parameters of a model in one place (DESIGN: "ParamStore"): the compute-type weights, the fp32 master
-// weights (16-bit compute only) and the gradients of every unit of a ParamLayout, planned once from the
-// layout table. Models read views of it and never plan or own parameter memory; the optimizer's state
-// mirrors the same flat layout (Optimizer::state_buffers).
+// weights (16-bit compute, training only: inference keeps the compute-type weights alone) and the gradients
+// of every unit of a ParamLayout, planned once from the layout table. Models read views of it and never plan
+// or own parameter memory; the optimizer's state mirrors the same flat layout (Optimizer::state_buffers).
 //
 // Per-unit hooks (DESIGN: "How the pieces meet"): a model calls acquire(unit) before a unit's forward or
 // backward reads its weights, and grads_ready(unit) once the unit's gradients of a micro-batch are complete.
@@ -32,7 +32,7 @@ class ParamStore {
   // Gradients are planned with `training` (in precision.grad). Each tensor's storage is the compute type.
   ParamStore(ParamLayout layout, OpsPrecision precision, bool training);
 
-  // Adds the weights, master weights (16-bit compute) and, unless `grads_elsewhere`, the gradients.
+  // Adds the weights, master weights (16-bit compute, training) and, unless `grads_elsewhere`, the gradients.
   // A model that places the gradients itself (BERT's gradients in dead activation memory) says so and
   // hands their memory over with bind_grads.
   void plan_memory(MemoryPlan& plan, bool grads_elsewhere = false);
@@ -44,8 +44,9 @@ class ParamStore {
   size_t numel() const { return layout_.total_numel(); }
   bool training() const { return training_; }
 
-  // The flat buffers: fp32 master weights (the weights themselves for fp32 compute), the compute-type
-  // weights, and the gradients in the gradient type (grads_f32 for fp32 gradients only).
+  // The flat buffers: fp32 master weights (the weights themselves for fp32 compute; null for a 16-bit store
+  // without training), the compute-type weights, and the gradients in the gradient type (grads_f32 for fp32
+  // gradients only).
   float* master() const { return master_; }
   void* weights() const { return weights_; }
   void* grads() const { return grads_; }
@@ -57,9 +58,12 @@ class ParamStore {
   void* weight(const ParamTensor& t) const { return weight_at(t.offset); }
   void* grad(const ParamTensor& t) const { return grad_at(t.offset); }
 
-  // Sets the weights from fp32 host values in the flat layout: the master weights and their round-to-nearest
-  // compute-type copy.
+  // Sets the weights from fp32 host values in the flat layout: the master weights (where kept) and their
+  // round-to-nearest compute-type copy.
   void upload(Device& dev, const float* host) const;
+  // The weights as fp32 host values in the flat layout: the master weights, or the compute-type weights
+  // widened when there are none.
+  void download(Device& dev, float* host) const;
   // The layout's initialisation for a seed (deterministic; tensors in layout order), uploaded.
   void init(uint64_t seed, const ParamInit& how, Device& dev) const;
   // Rounds the master weights into the compute-type copy after an optimizer step (stochastically with a
