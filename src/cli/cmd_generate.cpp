@@ -1,7 +1,9 @@
 // anvil generate: continue prompts with a causal LM (gpt2, llama, qwen2, mistral) from a checkpoint or a
 // Hugging Face model directory, with a KV cache; several prompts decode together (docs/generation.md).
 // stdout holds only the results (text, or with --prompt_ids one line of ids per prompt); the speed line and
-// notes go to stderr.
+// notes go to stderr. Text prompts take the special tokens the model's tokenizer puts before a text
+// (Tokenizer::encode_prompt: <s> for Llama 2), and the new tokens are decoded after the prompt's
+// (decode_continuation), so that SentencePiece's leading spaces come out right.
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -95,8 +97,10 @@ int run_generate(const GenerateArgs& a) {
         spec.empty() ? "bytes" : spec, tok->vocab_size(), a.checkpoint, cfg.vocab_size);
     texts = a.prompts.empty() ? std::vector<std::string>{"\n"} : a.prompts;
     for (const std::string& text : texts) {
+      // As transformers' tokenizer(text) gives them (<s> first for Llama 2), but never an EOS after the
+      // prompt: the model is to continue it.
       std::vector<int32_t> ids;
-      for (uint32_t id : tok->encode(text)) ids.push_back(int32_t(id));
+      for (uint32_t id : tok->encode_prompt(text)) ids.push_back(int32_t(id));
       ANVIL_REQUIRE(!ids.empty(), "--prompt '{}' is empty: it encodes to no tokens (give some text)", text);
       prompts.push_back(std::move(ids));
     }
@@ -132,7 +136,10 @@ int run_generate(const GenerateArgs& a) {
       fmt::print("{}\n", fmt::join(out[b], " "));
     } else {
       if (out.size() > 1) fmt::print("--- {} of {} ---\n", b + 1, out.size());
-      fmt::print("{}{}\n", texts[b], decode_ids(*tok, out[b]));
+      // Decoded after the prompt's ids: a SentencePiece decoder drops a leading space only at the start.
+      const std::vector<uint32_t> context(prompts[b].begin(), prompts[b].end()),
+          ids(out[b].begin(), out[b].end());
+      fmt::print("{}{}\n", texts[b], tok->decode_continuation(context, ids));
     }
     std::fflush(stdout);
     if (st.cache_full[b] && o.max_len == cfg.block_size)

@@ -1,4 +1,6 @@
 // anvil prepare-data: corpora (text, JSONL, CSV) -> train/validation shards. See docs/data.md.
+#include <fmt/ranges.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +29,9 @@ Command make_prepare_data(CLI::App& parent) {
   app->add_option("--input", o.inputs, "text files, directories, .jsonl or .csv files")->required();
   app->add_option("--output", o.output_dir, "output directory (train.bin/val.bin or train.cls/val.cls)")
       ->required();
-  app->add_option("--tokenizer", o.tokenizer, "\"bytes\" or a tokenizer.json / vocab.txt file")
+  app->add_option("--tokenizer", o.tokenizer,
+                  "\"bytes\", a tokenizer.json / vocab.txt file, or a model directory holding one (its "
+                  "tokenizer_config.json decides BOS/EOS around documents)")
       ->capture_default_str();
   app->add_option("--format", a->format, "auto (by extension), text, jsonl or csv")->capture_default_str();
   app->add_option("--text_field", o.text_field, "JSONL: the field holding the text")->capture_default_str();
@@ -55,6 +59,11 @@ Command make_prepare_data(CLI::App& parent) {
             fmt::print("  train: {} {}, {} tokens -> {}\n", r.train.documents, unit, r.train.tokens,
                        r.train.path);
             fmt::print("  val:   {} {}, {} tokens -> {}\n", r.val.documents, unit, r.val.tokens, r.val.path);
+            if (r.task == "lm" && (!r.document_prefix.empty() || !r.document_suffix.empty()))
+              fmt::print(
+                  "  each document: {}its tokens{} (ids)\n",
+                  r.document_prefix.empty() ? "" : fmt::format("{} + ", fmt::join(r.document_prefix, " ")),
+                  r.document_suffix.empty() ? "" : fmt::format(" + {}", fmt::join(r.document_suffix, " ")));
             if (!r.labels.empty()) {
               std::string labels;
               for (const std::string& l : r.labels) labels += (labels.empty() ? "" : ", ") + l;

@@ -47,11 +47,12 @@ double seconds_since(Clock::time_point t) {
 
 struct Record {
   uint32_t file = 0;
-  uint64_t line = 0;                    // 1-based line of a JSONL or CSV record (0 for text segments)
-  std::string text;                     // a text segment, a JSONL line, or a CSV row's text field
-  std::string label;                    // CSV
-  bool doc_end = true;                  // text: this segment ends a document
-  bool tail_val = false;                // text: this segment lies after the train/validation cut
+  uint64_t line = 0;      // 1-based line of a JSONL or CSV record (0 for text segments)
+  std::string text;       // a text segment, a JSONL line, or a CSV row's text field
+  std::string label;      // CSV
+  bool doc_end = true;    // text: this segment ends a document
+  bool tail_val = false;  // text: this segment lies after the train/validation cut
+  std::string context;    // text: the last character before this segment when it continues a document
   std::string problem, problem_detail;  // found by the reader (a CSV row of the wrong width)
 };
 
@@ -191,6 +192,9 @@ class LmReader {
         record.text = std::move(segment.text);
         record.tail_val = !segment.before_cut;
         record.doc_end = segment.last || segment.ends_at_cut;
+        if (continues_) record.context = last_char_;
+        if (got && !record.text.empty()) last_char_ = last_character(record.text);
+        continues_ = got && !record.doc_end;
       } else {
         do {
           got = lines_->next(record.text);
@@ -216,9 +220,18 @@ class LmReader {
   }
 
  private:
+  // The last UTF-8 character of a non-empty text (its last byte and the continuation bytes before it).
+  static std::string last_character(const std::string& text) {
+    size_t begin = text.size() - 1;
+    for (int k = 0; k < 3 && begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80; ++k)
+      --begin;
+    return text.substr(begin);
+  }
+
   void open(uint32_t index) {
     current_ = index;
     counted_ = 0;
+    continues_ = false;
     const SourceFile& f = files_[index];
     if (f.format == InputFormat::Text) {
       std::optional<uint64_t> cut;  // none: the whole file is before the cut
@@ -235,6 +248,8 @@ class LmReader {
   uint32_t current_ = 0;
   uint64_t text_offset_ = 0;  // bytes of the text files before the current one
   uint64_t counted_ = 0;      // bytes of the current file already added to a batch
+  bool continues_ = false;    // the next text segment continues the document of the previous one
+  std::string last_char_;     // the last character of the text segments read so far
   std::unique_ptr<TextSegmenter> text_;
   std::unique_ptr<LineReader> lines_;
 };
@@ -474,7 +489,37 @@ std::string json_error_text(const std::exception& e) {
   return pos == std::string::npos ? what : what.substr(pos + 2);
 }
 
-void tokenize_lm_batch(const Context& ctx, Batch& batch) {
+// Whether `tok` adds something at the start of every encode() call, so that a text encoded alone differs
+// from the same text encoded after other text: SentencePiece's prepended "▁" (Llama 2's Prepend
+// normalizer, Metaspace), a byte-level pre-tokenizer with add_prefix_space. Byte-level BPE as GPT-2 and
+// Llama 3 use it, WordPiece and bytes do not.
+bool encodes_text_start(const Tokenizer& tok) {
+  for (const std::string_view rest : {" b", "\nb"}) {
+    std::vector<uint32_t> apart = tok.encode("a");
+    const std::vector<uint32_t> tail = tok.encode(rest);
+    apart.insert(apart.end(), tail.begin(), tail.end());
+    if (apart != tok.encode("a" + std::string(rest))) return true;
+  }
+  return false;
+}
+
+// The ids `text` has inside a document, right after `context` (the character before it): encode(context +
+// text) without the ids of encode(context). Segment cuts follow an ASCII letter or digit, which no
+// pre-tokenizer or vocabulary in use joins with the whitespace after it; should the ids of context + text
+// not start with those of context, the text is encoded alone.
+std::vector<uint32_t> encode_after(const Tokenizer& tok, std::string_view context, std::string_view text) {
+  const std::vector<uint32_t> head = tok.encode(context);
+  std::string joined(context);
+  joined += text;
+  std::vector<uint32_t> ids = tok.encode(joined);
+  if (ids.size() < head.size() || !std::equal(head.begin(), head.end(), ids.begin())) return tok.encode(text);
+  ids.erase(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(head.size()));
+  return ids;
+}
+
+// `in_context`: encodes_text_start(ctx.tokenizer); a text segment that continues a document is then encoded
+// after the character before it, so that the document's ids are those of encoding it whole.
+void tokenize_lm_batch(const Context& ctx, Batch& batch, bool in_context) {
   const std::string& field = ctx.options.text_field;
   batch.outputs.resize(batch.records.size());
   for (size_t i = 0; i < batch.records.size(); ++i) {
@@ -482,7 +527,12 @@ void tokenize_lm_batch(const Context& ctx, Batch& batch) {
     Output& o = batch.outputs[i];
     o.replacements = repair_utf8(r.text);
     if (ctx.files[r.file].format == InputFormat::Text) {
-      o.ids = ctx.tokenizer.encode(r.text);
+      if (in_context && !r.context.empty()) {
+        repair_utf8(r.context);  // counted with the segment it ends
+        o.ids = encode_after(ctx.tokenizer, r.context, r.text);
+      } else {
+        o.ids = ctx.tokenizer.encode(r.text);
+      }
       continue;
     }
     json doc;
@@ -519,12 +569,29 @@ std::string split_rule_text() {
          "validation when splitmix64(splitmix64(seed) ^ i) / 2^64 < val_fraction";
 }
 
+// The ids before each language-model document: the special-token template's prefix (<s> for Llama 2).
+std::vector<uint32_t> document_prefix(const Tokenizer& tok) {
+  return tok.special_template().prefix;
+}
+
+// The ids after each language-model document: the template's suffix when it has one (</s> for a tokenizer
+// with add_eos_token), else EOS (if the tokenizer has one).
+std::vector<uint32_t> document_suffix(const Tokenizer& tok) {
+  if (!tok.special_template().suffix.empty()) return tok.special_template().suffix;
+  if (const std::optional<uint32_t> eos = tok.eos_id()) return {*eos};
+  return {};
+}
+
 ojson tokenizer_json(const Context& ctx) {
   ojson t = {{"spec", ctx.options.tokenizer},
              {"kind", ctx.tokenizer.kind()},
              {"vocab_size", ctx.tokenizer.vocab_size()},
              {"eos_id", nullptr}};
   if (const auto eos = ctx.tokenizer.eos_id()) t["eos_id"] = *eos;
+  if (ctx.report.task == "lm") {
+    t["document_prefix"] = document_prefix(ctx.tokenizer);
+    t["document_suffix"] = document_suffix(ctx.tokenizer);
+  }
   return t;
 }
 
@@ -594,11 +661,18 @@ void run_lm(Context& ctx) {
   report.val.path = (dir / "val.bin").string();
   Split train{TokenShardWriter(report.train.path, ctx.tokenizer.vocab_size()), report.train};
   Split val{TokenShardWriter(report.val.path, ctx.tokenizer.vocab_size()), report.val};
-  const std::optional<uint32_t> eos = ctx.tokenizer.eos_id();
+  // Around each document: what the model's tokenizer adds (encode_with_special: <s> first for Llama 2),
+  // and after it EOS when the template adds nothing there.
+  report.document_prefix = document_prefix(ctx.tokenizer);
+  report.document_suffix = document_suffix(ctx.tokenizer);
+  const std::vector<uint32_t>& prefix = report.document_prefix;
+  const std::vector<uint32_t>& suffix = report.document_suffix;
+  const bool in_context = encodes_text_start(ctx.tokenizer);
 
   LmReader reader(ctx.files, text_cut);
   OrderedPipeline pipeline(
-      ctx.threads, [&](Batch& b) { return reader.fill(b); }, [&](Batch& b) { tokenize_lm_batch(ctx, b); });
+      ctx.threads, [&](Batch& b) { return reader.fill(b); },
+      [&](Batch& b) { tokenize_lm_batch(ctx, b, in_context); });
   uint64_t doc_index = 0;  // JSONL documents kept so far: the index the split hashes
   for_each_kept_record(
       ctx, pipeline,
@@ -607,13 +681,17 @@ void run_lm(Context& ctx) {
                                 ? r.tail_val
                                 : assign_to_validation(o.seed, doc_index++, o.val_fraction);
         Split& s = to_val ? val : train;
+        if (s.doc_tokens == 0 && !out.ids.empty()) {  // the document's first tokens
+          s.writer.append(prefix);
+          s.report.tokens += prefix.size();
+        }
         s.writer.append(out.ids);
         s.doc_tokens += out.ids.size();
         s.report.tokens += out.ids.size();
         if (!r.doc_end) return;
-        if (s.doc_tokens > 0 && eos) {
-          s.writer.append(std::span<const uint32_t>(&*eos, 1));
-          ++s.report.tokens;
+        if (s.doc_tokens > 0) {
+          s.writer.append(suffix);
+          s.report.tokens += suffix.size();
         }
         if (s.doc_tokens == 0) ++report.empty_documents;
         ++s.report.documents;

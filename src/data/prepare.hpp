@@ -1,11 +1,13 @@
 // `anvil prepare-data`: corpora (text files and directories, JSON Lines, CSV) -> tokenised shards.
 // docs/data.md describes the behaviour (document and split rules, EOS, bad input, the summary).
 //
-// Language-model data (text, JSONL) -> <output>/train.bin and val.bin (token shards); CSV with a
-// text and a label column -> <output>/train.cls and val.cls (classification shards). Both also write
-// <output>/prepare_summary.json. The inputs are streamed: a reader thread cuts them into batches of
-// records (~1 MiB), N worker threads tokenise whole batches, and the calling thread writes the
-// batches in input order, so memory stays bounded and the output is identical for any thread count.
+// Language-model data (text, JSONL) -> <output>/train.bin and val.bin (token shards), each document as the
+// model's tokenizer encodes it with its special tokens (encode_with_special; EOS after it when the template
+// adds nothing there); CSV with a text and a label column -> <output>/train.cls and val.cls
+// (classification shards). Both also write <output>/prepare_summary.json. The inputs are streamed: a
+// reader thread cuts them into batches of records (~1 MiB), N worker threads tokenise whole batches, and
+// the calling thread writes the batches in input order, so memory stays bounded and the output is
+// identical for any thread count.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -21,7 +23,7 @@ namespace anvil::data {
 struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string output_dir;
-  std::string tokenizer = "bytes";  // "bytes" or a tokenizer file (see load_tokenizer)
+  std::string tokenizer = "bytes";  // "bytes", a tokenizer file or a model directory (see load_tokenizer)
   InputFormat format = InputFormat::Auto;
   std::string text_field = "text";   // JSONL
   std::string text_column = "text";  // CSV
@@ -49,6 +51,9 @@ struct PrepareReport {
   uint64_t files = 0, empty_files = 0;
   uint64_t bytes = 0;                           // input bytes read
   uint64_t documents = 0, empty_documents = 0;  // LM: documents (pieces cut at the split counted once)
+  // LM: the ids written before and after each document's tokens (the tokenizer's special-token template,
+  // e.g. <s> first for Llama 2; after the document its suffix, else EOS).
+  std::vector<uint32_t> document_prefix, document_suffix;
   uint64_t skipped = 0;
   std::map<std::string, uint64_t> skipped_by_reason;
   std::vector<std::string> skipped_examples;  // the first few, as "file:line: problem"

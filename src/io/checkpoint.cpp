@@ -195,8 +195,8 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
   save_model(out.path(), model, dev);
   save_optimizer(out.file("optimizer.safetensors"), opt, dev);
   write_text_file_synced(out.file("trainer_state.json"), state.dump(2) + "\n");
-  if (!tokenizer_file.empty())
-    write_text_file_synced(out.file(tokenizer_file_name(tokenizer_file)), read_text_file(tokenizer_file));
+  for (const auto& [source, name] : tokenizer_side_files(tokenizer_file))
+    write_text_file_synced(out.file(name), read_text_file(source));
   out.commit();
 }
 
@@ -208,6 +208,24 @@ std::string find_tokenizer_file(const std::string& dir) {
 
 std::string tokenizer_file_name(const std::string& path) {
   return fs::path(path).extension() == ".txt" ? "vocab.txt" : "tokenizer.json";
+}
+
+std::vector<std::pair<std::string, std::string>> tokenizer_side_files(const std::string& tokenizer_file) {
+  if (tokenizer_file.empty()) return {};
+  std::string file = tokenizer_file;
+  if (fs::is_directory(file)) {
+    file = find_tokenizer_file(tokenizer_file);
+    ANVIL_REQUIRE(!file.empty(),
+                  "tokenizer '{}': the directory has neither tokenizer.json nor vocab.txt (give the "
+                  "tokenizer file)",
+                  tokenizer_file);
+  }
+  std::vector<std::pair<std::string, std::string>> files = {{file, tokenizer_file_name(file)}};
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path beside = fs::path(file).parent_path() / name;
+    if (fs::is_regular_file(beside)) files.emplace_back(beside.string(), name);
+  }
+  return files;
 }
 
 }  // namespace anvil::io

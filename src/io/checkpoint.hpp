@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "io/bert_checkpoint.hpp"
 #include "io/trainer_state.hpp"
@@ -51,7 +53,8 @@ void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev);
 void load_optimizer(const std::string& path, Optimizer& opt, Device& dev);
 
 // Writes a whole checkpoint directory atomically. `tokenizer_file` (a tokenizer.json or vocab.txt, or
-// "" for none) is copied in under its Hugging Face name, so the checkpoint is self-contained.
+// "" for none) is copied in under its Hugging Face name with the files beside it that belong to it
+// (tokenizer_side_files), so the checkpoint is self-contained.
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& opt,
                      const nlohmann::json& state, const std::string& tokenizer_file, Device& dev);
 
@@ -59,5 +62,11 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
 std::string find_tokenizer_file(const std::string& dir);
 // The Hugging Face file name for a tokenizer file: vocab.txt for *.txt, else tokenizer.json.
 std::string tokenizer_file_name(const std::string& path);
+// What a checkpoint takes of a tokenizer: (source path, file name in the checkpoint) for the tokenizer
+// file itself (a directory stands for its find_tokenizer_file) and the tokenizer_config.json and
+// special_tokens_map.json beside it, if there. load_tokenizer reads the BOS/EOS template from these
+// (add_bos_token, add_eos_token, the tokens), so a checkpoint encodes text as the model it came from did;
+// transformers reads them too. Empty for "" (the byte tokenizer).
+std::vector<std::pair<std::string, std::string>> tokenizer_side_files(const std::string& tokenizer_file);
 
 }  // namespace anvil::io

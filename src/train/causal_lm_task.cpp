@@ -91,10 +91,18 @@ class CausalLmTask final : public Task {
     const TrainConfig& c = *cfg_;
     if (c.sample_prompt.empty() || c.sample_max_new_tokens <= 0) return "";
     SampleOptions so{c.sample_max_new_tokens, float(c.sample_temperature), c.sample_top_k};
-    std::vector<int32_t> prompt;
-    for (uint32_t id : tokenizer_->encode(c.sample_prompt)) prompt.push_back(int32_t(id));
+    // The prompt as `anvil generate` encodes it (the template's prefix, <s> for Llama 2, then the text), and
+    // the new ids decoded after it, so that a SentencePiece decoder keeps the first new word's space.
+    const std::vector<uint32_t> context = tokenizer_->encode_prompt(c.sample_prompt);
+    const std::vector<int32_t> prompt(context.begin(), context.end());
     const std::vector<int32_t> ids = generate(e, prompt, so, rng);
-    return c.sample_prompt + decode_ids(*tokenizer_, ids);
+    // A model vocabulary larger than the tokenizer's can give ids the tokenizer lacks: decode_ids marks them.
+    const bool known = std::all_of(ids.begin(), ids.end(), [&](int32_t id) {
+      return id >= 0 && uint64_t(id) < tokenizer_->vocab_size();
+    });
+    if (!known) return c.sample_prompt + decode_ids(*tokenizer_, ids);
+    return c.sample_prompt +
+           tokenizer_->decode_continuation(context, std::vector<uint32_t>(ids.begin(), ids.end()));
   }
 
  private:
