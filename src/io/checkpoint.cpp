@@ -72,7 +72,7 @@ void write_hf_model(const std::string& dir, const Model& model, Device& dev, DTy
   const char* dtype_field = hf_dtype_name(dtype);  // checks dtype before anything is written
   const ParamLayout& layout = model.layout();
   std::vector<float> host(layout.total_numel());
-  dev.copy_to_host(host.data(), model.params(), host.size() * sizeof(float));
+  model.download_weights(dev, host.data());
   const std::string path = dir + "/model.safetensors";
   SafeTensorsWriter w;
   w.set_metadata("format", "pt");

@@ -17,7 +17,6 @@ class CausalLmTask final : public Task {
                std::unique_ptr<data::Tokenizer> tokenizer)
       : data_(data), model_(model), tokenizer_(std::move(tokenizer)) {}
 
-  std::string preset_label(const std::string& preset) const override { return "gpt2 " + preset; }
   bool init_before_load() const override { return false; }
 
   void open_loaders(const TrainConfig& cfg, Device& dev) override {

@@ -24,7 +24,6 @@ class ClassificationTask final : public Task {
                   "(use `anvil predict` on the trained checkpoint)");
   }
 
-  std::string preset_label(const std::string& preset) const override { return preset; }
   bool init_before_load() const override { return true; }
 
   void open_loaders(const TrainConfig& cfg, Device& dev) override {

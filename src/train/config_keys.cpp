@@ -48,7 +48,7 @@ const std::vector<ConfigKeyDoc>
              .section = "Data",
              .type = "string",
              .meaning =
-                 R"md(`bytes`, or a Hugging Face `tokenizer.json` (byte-level BPE, WordPiece) or BERT `vocab.txt`. When given and the model is a preset or a shape without `vocab_size`, the model's vocabulary is the tokenizer's (and its eos token). Used to encode `sample_prompt` and decode the sample; copied into every checkpoint (as `tokenizer.json` / `vocab.txt`). `""`: the tokenizer the `init_from` / resumed checkpoint carries, else `bytes`.)md",
+                 R"md(`bytes`, or a Hugging Face `tokenizer.json` (byte-level BPE, WordPiece) or BERT `vocab.txt`. When given and the model is a preset or a shape without `vocab_size`, the model's vocabulary is the tokenizer's (and its eos token). Used to encode `sample_prompt` and decode the sample; copied into every checkpoint (as `tokenizer.json` / `vocab.txt`, with the `tokenizer_config.json` and `special_tokens_map.json` beside it, which say which special tokens the model's tokenizer adds). `""`: the tokenizer the `init_from` / resumed checkpoint carries, else `bytes`.)md",
              .default_text = "`\"\"` (the checkpoint's, else `bytes`)",
              .summary = "bytes, or a Hugging Face tokenizer.json or BERT vocab.txt."},
             {.key = "train_data",

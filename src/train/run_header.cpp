@@ -47,9 +47,12 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
   const TrainConfig& cfg = h.cfg;
   const TransformerConfig& m = h.model;
   Device& dev = e.device();
+  // A preset with fresh weights by its name, with the family first unless the name says it ("gpt2 d12",
+  // "llama-tiny", "bert-base").
+  const std::string& preset = cfg.model_preset;
   const std::string model_name =
-      !cfg.model_preset.empty() && h.weights_from.empty()
-          ? task.preset_label(cfg.model_preset)
+      !preset.empty() && h.weights_from.empty()
+          ? (preset.starts_with(m.family) ? preset : m.family + " " + preset)
           : m.family + (h.weights_from.empty() ? " (custom shape)" : " from " + h.weights_from);
   fmt::print("anvil train: {} on {}\n", model_name, dev.name());
   task.print_header(h.total_steps,

@@ -42,8 +42,6 @@ class Task {
   virtual ~Task() = default;
 
   // --- start-up ---------------------------------------------------------------------------------------
-  // The model's name in the header when it is a preset with fresh weights.
-  virtual std::string preset_label(const std::string& preset) const = 0;
   // Whether the model is initialised even when weights are loaded: a directory may lack a classifier (and
   // its pooler), which then keeps its initialisation, as transformers initialises a new head.
   virtual bool init_before_load() const = 0;
