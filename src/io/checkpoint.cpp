@@ -139,7 +139,8 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
     found[index] = t;
   }
   for (size_t i = 0; i < found.size(); ++i)
-    ANVIL_REQUIRE(found[i], "{}: tensor '{}' is missing from the model weights", dir, layout.tensors()[i].name);
+    ANVIL_REQUIRE(found[i], "{}: tensor '{}' is missing from the model weights", dir,
+                  layout.tensors()[i].name);
   model.upload_weights(dev, host.data());
 }
 

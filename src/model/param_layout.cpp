@@ -91,7 +91,8 @@ ParamLayout ParamLayout::decoder(const TransformerConfig& cfg) {
   }
   l.begin_unit("final");
   if (!s.tied_head)
-    tensor(n.head + ".weight", {s.padded_vocab, C}, true, I::Normal, R::HeadWeight, -1, false)->hf_rows = s.vocab;
+    tensor(n.head + ".weight", {s.padded_vocab, C}, true, I::Normal, R::HeadWeight, -1, false)->hf_rows =
+        s.vocab;
   tensor(n.final_norm + ".weight", {C}, false, I::Ones, R::FinalNormWeight, -1, false);
   if (s.norm_has_bias()) tensor(n.final_norm + ".bias", {C}, false, I::Zeros, R::FinalNormBias, -1, false);
   return l;

@@ -237,9 +237,10 @@ void Engine::upload_step_values() {
 }
 
 Decoder& Engine::decoder() {
-  ANVIL_REQUIRE(!is_bert(),
-                "this needs a causal language model (a decoder), but the model is of family 'bert' (a sequence "
-                "classifier: train it with classification data, run it with `anvil predict`)");
+  ANVIL_REQUIRE(
+      !is_bert(),
+      "this needs a causal language model (a decoder), but the model is of family 'bert' (a sequence "
+      "classifier: train it with classification data, run it with `anvil predict`)");
   return static_cast<Decoder&>(*model_);
 }
 

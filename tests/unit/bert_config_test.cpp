@@ -207,11 +207,13 @@ TEST(BertConfig, FamiliesStayApart) {
   g = TransformerConfig::preset("tiny");
   g.intermediate_size = 100;
   test::expect_error([&] { g.validate(); }, {"intermediate_size 100"});
-  test::expect_error([] { ParamLayout::decoder(TransformerConfig::preset("bert-tiny")); }, {"'bert'", "not a decoder"});
+  test::expect_error([] { ParamLayout::decoder(TransformerConfig::preset("bert-tiny")); },
+                     {"'bert'", "not a decoder"});
   test::expect_error([] { ParamLayout::bert(TransformerConfig::preset("tiny")); }, {"'gpt2'", "BERT"});
   g = TransformerConfig::preset("tiny");
   g.family = "t5";
-  test::expect_error([&] { g.validate(); }, {"family 't5' is not supported (supported: gpt2, llama, qwen2, mistral, bert)"});
+  test::expect_error([&] { g.validate(); },
+                     {"family 't5' is not supported (supported: gpt2, llama, qwen2, mistral, bert)"});
 }
 
 // Every tensor of BertForSequenceClassification.named_parameters(), with Hugging Face's shapes.

@@ -19,7 +19,9 @@
 namespace anvil {
 namespace {
 
-std::string fixture_dir(const std::string& name) { return std::string(ANVIL_SOURCE_DIR) + "/tests/golden/" + name; }
+std::string fixture_dir(const std::string& name) {
+  return std::string(ANVIL_SOURCE_DIR) + "/tests/golden/" + name;
+}
 
 using test::read_f32;
 
@@ -112,8 +114,7 @@ TEST_P(GoldenDecoder, MatchesTransformers) {
   e.device().copy_to_host(params.data(), m.params(), n * sizeof(float));
   for (const ParamTensor& t : m.layout().tensors()) {
     const std::vector<float> want = read_f32(golden, "updated." + t.name);
-    EXPECT_LT(rel_error(hf_view(params, t), want, &ill_conditioned[t.name]), 1e-4)
-        << "updated " << t.name;
+    EXPECT_LT(rel_error(hf_view(params, t), want, &ill_conditioned[t.name]), 1e-4) << "updated " << t.name;
   }
 }
 
@@ -148,7 +149,8 @@ TEST_P(GoldenGenerate, GreedyEqualsTransformersGenerate) {
   EXPECT_EQ(got[0], want);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GoldenGenerate, ::testing::Values("llama_tiny", "qwen2_tiny", "mistral_tiny"),
+INSTANTIATE_TEST_SUITE_P(Families, GoldenGenerate,
+                         ::testing::Values("llama_tiny", "qwen2_tiny", "mistral_tiny"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -162,8 +162,8 @@ void bert_embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, void* dwt
   });
 }
 
-void embedding_bwd_skip(DType act, DType grad, void* dwte, const void* dout, const int32_t* tokens, int B, int T,
-                        int C, int32_t skip_token) {
+void embedding_bwd_skip(DType act, DType grad, void* dwte, const void* dout, const int32_t* tokens, int B,
+                        int T, int C, int32_t skip_token) {
   dispatch_act_grad(act, grad, [&](auto a, auto g) {
     constexpr DType A = decltype(a)::value, G = decltype(g)::value;
     scatter_add_rows<A, G>(static_cast<storage_t<G>*>(dwte), static_cast<const storage_t<A>*>(dout), tokens,
