@@ -312,9 +312,15 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
   }
   if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
   lin.mlp_out.forward(ops, tmp_c_, fch_gelu, N);
+  block_output_fwd(ops, l, res2, N);
+  trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, size_t(B_) * T_ * C * ae_, l,
+              "forward");
+}
+
+void Decoder::block_output_fwd(Ops& ops, int l, const void* res2, int N) {
   // The block output and the norm that reads it next, in one pass: the next block's norm 1 (into its
   // stored or recompute buffer, which nothing else writes before that block runs), or the final norm.
-  void* out = at(res3_, l * sBTC);
+  void* out = at(res3_, l * size_t(B_) * T_ * spec_.C);
   if (l + 1 < spec_.n_layer) {
     store_.acquire(2 + l);
     const LayerParams pn = layer_weights(l + 1);
@@ -324,8 +330,6 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
     residual_norm_fwd(ops, out, lnf_, lnf_stats_, res2, tmp_c_, weight_or_null(lnfw_off_),
                       weight_or_null(lnfb_off_), N);
   }
-  trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, size_t(B_) * T_ * C * ae_, l,
-              "forward");
 }
 
 void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, int B, int T, float grad_scale,

@@ -168,6 +168,8 @@ class Decoder final : public Model {
   // The block's forward; with `only_recomputed`, just the steps whose outputs are recomputed for it.
   void block_forward(Ops& ops, int l, int B, int T, bool only_recomputed);
   void block_backward(Ops& ops, int l, int B, int T);
+  // Block l's output res2 + tmp_c_ (the MLP projection) into res3_, fused with the norm that reads it next.
+  void block_output_fwd(Ops& ops, int l, const void* res2, int N);
   void mlp_forward(Ops& ops, const BlockLinears& lin, void* out, void* pre, const void* inp, int N,
                    bool pre_too);
   struct SavedKind {

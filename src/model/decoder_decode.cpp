@@ -31,16 +31,7 @@ void Decoder::block_forward_cached(Ops& ops, const KvCache& cache, int l, const 
   residual_norm_fwd(ops, res2, ln2, stats(kLn2Stats, l), x, tmp_c_, p.ln2w, p.ln2b, N);
   mlp_forward(ops, lin, fch_gelu, fch, ln2, N, true);
   lin.mlp_out.forward(ops, tmp_c_, fch_gelu, N);
-  void* out = at(res3_, l * sBTC);
-  if (l + 1 < spec_.n_layer) {
-    store_.acquire(2 + l);
-    const LayerParams pn = layer_weights(l + 1);
-    residual_norm_fwd(ops, out, act(kLn1, l + 1), stats(kLn1Stats, l + 1), res2, tmp_c_, pn.ln1w, pn.ln1b, N);
-  } else {
-    store_.acquire(unit_final_);
-    residual_norm_fwd(ops, out, lnf_, lnf_stats_, res2, tmp_c_, weight_or_null(lnfw_off_),
-                      weight_or_null(lnfb_off_), N);
-  }
+  block_output_fwd(ops, l, res2, N);
 }
 
 void Decoder::forward_cached(Ops& ops, const KvCache& cache, const int32_t* tokens, const int32_t* pos, int B,
