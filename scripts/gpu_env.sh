@@ -16,7 +16,9 @@ if [ -d .devcarry/bin ]; then
   [ -e /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
 fi
 cudnn_lib=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null || true)
-for d in /usr/local/cuda/lib /usr/local/cuda/lib64 "$cudnn_lib" /tmp/anvil_libs; do  # the first listed ends last
+# NCCL: the toolkit's, else the pip package nvidia-nccl (PyTorch's); not carried (200+ MB).
+nccl_lib=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null || true)
+for d in "$nccl_lib" /usr/local/cuda/lib /usr/local/cuda/lib64 "$cudnn_lib" /tmp/anvil_libs; do  # the first listed ends last
   [ -n "$d" ] && [ -d "$d" ] && LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 export LD_LIBRARY_PATH

@@ -20,7 +20,7 @@ trap 'rm -rf "$libs"' EXIT
 mkdir -p "$libs/anvil_libs"
 # Everything the binaries resolve outside glibc, libstdc++ and the CUDA libraries (present there).
 ldd "${bins[@]}" | awk '/=> \//{print $3}' | sort -u |
-  grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libcudnn|libnvrtc|libdl|libpthread|librt' |
+  grep -vE 'libnccl|libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcublas|libcudart|libcudnn|libnvrtc|libdl|libpthread|librt' |
   while read -r lib; do cp -L "$lib" "$libs/anvil_libs/"; done
 tar czf .devcarry/libs.tgz -C "$libs" anvil_libs
 gzip -c data/shakespeare/shakespeare.txt > .devcarry/shakespeare.txt.gz

@@ -7,7 +7,7 @@ with_tests=0
 cd "$(dirname "$0")/.."
 
 apt_pkgs=(build-essential cmake ninja-build ccache pkg-config libopenblas-openmp-dev nlohmann-json3-dev
-          libcli11-dev libpcre2-dev libgtest-dev zlib1g-dev libbenchmark-dev libfmt-dev libomp-dev python3 python3-pip curl)
+          libcli11-dev libpcre2-dev libgtest-dev zlib1g-dev libbenchmark-dev libfmt-dev libomp-dev libgloo-dev python3 python3-pip curl)
 # The test suite also fuzzes the parsers with clang's libFuzzer, and renders the memory report in headless
 # Chromium (tests/unit/memory_report_browser_test.cpp).
 [ "$with_tests" = 1 ] && apt_pkgs+=(clang libclang-rt-dev chromium)

@@ -1,0 +1,86 @@
+// Collectives among the processes of a job (DESIGN: "Communicator"): NCCL for CUDA devices
+// (nccl_communicator.cpp), Gloo for the CPU backend (gloo_communicator.cpp), and one process
+// (single_process_communicator.cpp) so that every code path also runs with one rank.
+//
+// Ordering. A collective reads and writes memory of the communicator's device. It is queued after all
+// compute work queued on that device before the call, and runs on the communicator's own stream, so it
+// overlaps compute queued after it; join() makes compute queued afterwards wait for every collective
+// queued so far. Until then the caller must not touch a collective's buffers. (The CPU backends run each
+// collective on the calling thread before returning; join() is then a no-op.) Every rank must issue the
+// same collectives, with the same counts and types, in the same order.
+//
+// Reductions sum (or take the maximum) in the buffer's type: NCCL reduces 16-bit types in fp32 per step
+// and rounds; Gloo sums fp32 and fp16, and bf16 through fp32.
+//
+// Failures. A collective that cannot complete (a peer died, the network failed, or the communicator's
+// timeout passed) throws anvil::Error naming the collective, where the backend can tell at the call
+// (Gloo); NCCL reports asynchronously: check() throws the first error seen, naming the collective.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "anvil/dtype.hpp"
+
+namespace anvil {
+class Device;
+}
+
+namespace anvil::dist {
+
+class Store;
+struct DistEnv;
+
+enum class ReduceOp { Sum, Max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual const char* backend() const = 0;  // "nccl", "gloo", "single process"
+
+  // In place: every rank's `data` becomes the reduction of all ranks' `data` (`count` elements).
+  virtual void all_reduce(void* data, size_t count, DType dtype, ReduceOp op = ReduceOp::Sum) = 0;
+  // `send` holds world_size() chunks of `recv_count` elements; rank r's `recv` receives the reduction of
+  // every rank's chunk r. `recv` may be `send` + rank() * recv_count (in place).
+  virtual void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                              ReduceOp op = ReduceOp::Sum) = 0;
+  // Every rank's `recv` (world_size() x `send_count` elements) receives every rank's `send`, in rank order.
+  // `send` may be `recv` + rank() * send_count (in place).
+  virtual void all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
+  // Every rank's `data` becomes `root`'s.
+  virtual void broadcast(void* data, size_t count, DType dtype, int root) = 0;
+  // `send` and `recv` hold world_size() chunks of `count_per_rank` elements: chunk j of rank i's `send`
+  // arrives as chunk i of rank j's `recv`. Not in place.
+  virtual void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) = 0;
+  // Compute queued after this call waits for every collective queued before it.
+  virtual void join() = 0;
+
+  // Host-side, blocking: sums `n` doubles over the ranks (counts, losses; small). Ordered after the
+  // collectives queued before it on the same communicator only as far as the backend says (NCCL: its own
+  // stream and communicator, so it does not wait for queued device collectives).
+  virtual void all_reduce_host(double* values, size_t n) = 0;
+  // Host-side, blocking: returns once every rank has called it.
+  virtual void barrier() = 0;
+  // Throws the first asynchronous error seen (NCCL), naming the collective; no-op elsewhere.
+  virtual void check() {}
+};
+
+// The single-process communicator (world size 1): reductions are copies or nothing.
+std::unique_ptr<Communicator> make_single_process_communicator(Device& dev);
+
+// Gloo over TCP for CPU devices: rendezvous through `store` (keys under `prefix`), each collective failing
+// after `timeout`. Throws anvil::Error when Anvil was built without Gloo.
+std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, Store& store, const std::string& prefix,
+                                                     std::chrono::milliseconds timeout);
+bool gloo_compiled();
+
+// NCCL for a CUDA device: the unique id goes from rank 0 to the others through `store`. Throws anvil::Error
+// when Anvil was built without CUDA / NCCL.
+std::unique_ptr<Communicator> make_nccl_communicator(const DistEnv& env, Device& dev, Store& store,
+                                                     std::chrono::milliseconds timeout);
+
+}  // namespace anvil::dist
