@@ -136,18 +136,24 @@ GIB = 1 << 30
 
 # --- running -------------------------------------------------------------------------------------------
 
+def anvil_flags(m, batch, seq, steps, peak_flops, workdir):
+    """`anvil train`'s flags for Model `m` at micro-batch `batch` (per GPU) on a random-token shard (written
+    into `workdir` once): bf16, constant learning rate, no checkpoints, Anvil's defaults otherwise."""
+    shard = write_random_shard(Path(workdir) / f"random_tokens_{m.vocab}.bin", 8_000_000, m.vocab)
+    return ["--model", m.anvil_preset, "--device", "cuda", "--train_data", shard,
+            "--per_device_train_batch_size", batch, "--max_seq_length", seq, "--max_steps", steps,
+            "--learning_rate", "3e-4", "--warmup_steps", 0, "--lr_scheduler_type", "constant",
+            "--save_strategy", "no", "--bf16", "true", "--sample_prompt", "", "--peak_flops", peak_flops,
+            "--seed", 1]
+
+
 def run_one(args, meter, model, system, batch):
     """One attempt: a fresh process of `system` at `batch`. Returns its record (or error, oom)."""
     m, seq = MODELS[model], args.seq_of(model)
     work = Path(args.workdir) / f"{model}_{system}_{batch}"
     steps = args.warmup + args.steps
     if system == "anvil":
-        shard = write_random_shard(Path(args.workdir) / f"random_tokens_{m.vocab}.bin", 8_000_000, m.vocab)
-        flags = ["--model", m.anvil_preset, "--device", "cuda", "--train_data", shard,
-                 "--per_device_train_batch_size", batch, "--max_seq_length", seq, "--max_steps", steps,
-                 "--learning_rate", "3e-4", "--warmup_steps", 0, "--lr_scheduler_type", "constant",
-                 "--save_strategy", "no", "--bf16", "true", "--sample_prompt", "", "--peak_flops",
-                 args.peak_flops, "--seed", 1]
+        flags = anvil_flags(m, batch, seq, steps, args.peak_flops, args.workdir)
         r = anvil_train.run(args.anvil, flags, work, meter, warmup=args.warmup, timeout=args.timeout)
         r["own_peak_bytes"] = r.get("self_reported_peak_bytes")
         r.pop("losses", None)

@@ -13,16 +13,27 @@ import shutil
 from pathlib import Path
 
 
-def run(anvil, flags, work, meter, warmup, timeout=600, env=None, keep_output=False):
-    """Runs `anvil train FLAGS --output_dir WORK/out --logging_steps 1` under the meter. Returns
-    tokens_per_second and ms_per_step over the steps after `warmup`, the losses, Anvil's own summary (its
-    reported peak memory among it) and `process` (wall time, NVML memory: process.memory.peak_mib); or
-    `error`, with `oom` when Anvil could not fit the run on the device."""
+def command(anvil, flags, work, launch=None):
+    """The command line of a run: `anvil train FLAGS --output_dir WORK/out --logging_steps 1`, or with
+    `launch` (the launcher's options, e.g. ["--nproc_per_node", 2, "--master_port", 29511]) `anvil launch
+    LAUNCH train ...`, whose rank 0 writes the output directory."""
+    pre = ["launch", *map(str, launch)] if launch is not None else []
+    return [str(anvil), *pre, "train", *map(str, flags), "--output_dir", str(Path(work) / "out"),
+            "--logging_steps", "1"]
+
+
+def run(anvil, flags, work, meter, warmup, timeout=600, env=None, keep_output=False, launch=None):
+    """Runs `anvil train FLAGS --output_dir WORK/out --logging_steps 1` under the meter (through `anvil
+    launch LAUNCH` when `launch` is given: see command()). Returns tokens_per_second and ms_per_step over the
+    steps after `warmup` (a distributed run's: the whole world's tokens, as its metrics.jsonl gives them),
+    the losses, Anvil's own summary (its reported peak memory among it) and `process` (wall time, NVML
+    memory: process.memory.peak_mib); or `error`, with `oom` when Anvil could not fit the run on the
+    device."""
     work = Path(work)
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [str(anvil), "train", *map(str, flags), "--output_dir", str(out), "--logging_steps", "1"]
+    cmd = command(anvil, flags, work, launch)
     proc = meter.run(cmd, work / "log.txt", timeout, env=env)
     res = {"command": cmd, "process": proc}
     if proc["timed_out"]:

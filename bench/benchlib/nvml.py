@@ -150,6 +150,26 @@ class MemoryWatch:
             self._record()
 
 
+def gpu_count():
+    """The number of GPUs NVML sees on this machine (all of them, whatever CUDA_VISIBLE_DEVICES says), else
+    the lines of `nvidia-smi -L`; 0 when neither works."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if lib.nvmlInit_v2() == 0:
+            n = ctypes.c_uint()
+            if lib.nvmlDeviceGetCount_v2(ctypes.byref(n)) == 0:
+                return int(n.value)
+    except OSError:
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True)
+            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return 0
+
+
 def quiet_baseline(gpu, settle_s, reference):
     """Used memory with no child running: waits (up to settle_s) for the previous child's memory to be
     returned, then takes the lowest of a few samples."""
