@@ -60,6 +60,11 @@ struct TrainConfig {
   int64_t warmup_steps = 0;
   std::string lr_scheduler_type = "linear";
   double max_grad_norm = 1.0;  // 0 disables clipping
+  // Several processes (anvil launch, torchrun, srun, mpirun): HF's ddp_timeout, the seconds a rank waits for
+  // the others (start-up, a collective) before it stops with an error naming what it waited for; and
+  // ddp_bucket_cap_mb, the size of the gradient buckets reduced while backward runs.
+  int ddp_timeout = 1800;
+  double ddp_bucket_cap_mb = 25;
   // The optimizer (docs/optimizers.md): HF `optim` names adamw_torch_fused (default; also adamw_torch,
   // adamw_hf, adamw), adafactor, adamw_8bit (also adamw_bnb_8bit), sgd.
   std::string optim = "adamw_torch_fused";

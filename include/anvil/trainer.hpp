@@ -28,6 +28,10 @@ struct TrainSummary {
   int64_t cuda_graphs_recorded = 0, cuda_graph_launches = 0, cuda_graph_whole_steps = 0;
   std::string last_checkpoint;
   std::string sample;  // generated text (if sample_prompt was set)
+  // Data parallelism: this process's rank and the number of processes; only rank 0 reports (its summary
+  // holds the world's figures: samples and tokens per second of every rank together).
+  int rank = 0;
+  int world_size = 1;
 };
 
 // Runs training as configured: prints the plan, one progress line per logging step, evaluation and

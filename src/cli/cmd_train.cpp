@@ -16,7 +16,10 @@ void print_summary(const TrainSummary& s) {
   fmt::print("\n***** train metrics *****\n");
   fmt::print("  Time: {:.2f} s\n", s.train_runtime);
   fmt::print("  Samples/second: {:.2f}\n", s.train_samples_per_second);
-  fmt::print("  Tokens/second: {:.0f}\n", s.train_tokens_per_second);
+  fmt::print("  Tokens/second: {:.0f}{}\n", s.train_tokens_per_second,
+             s.world_size > 1 ? fmt::format(" ({} processes; {:.0f} per process)", s.world_size,
+                                            s.train_tokens_per_second / s.world_size)
+                              : "");
   fmt::print("  train_loss: {:.4f}\n", s.train_loss);
   fmt::print("  data wait: {:.3f} s ({:.2f}% of the time)\n", s.data_wait_seconds,
              s.train_runtime > 0 ? 100.0 * s.data_wait_seconds / s.train_runtime : 0.0);
@@ -35,7 +38,8 @@ Command make_train(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("train", "train a model (config file + flag overrides)");
   flags->add_to(app);
   return {app, [flags] {
-            print_summary(train(flags->resolve()));
+            const TrainSummary s = train(flags->resolve());
+            if (s.rank == 0) print_summary(s);
             return 0;
           }};
 }

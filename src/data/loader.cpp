@@ -46,13 +46,17 @@ LoaderConfig validated(const std::shared_ptr<const TokenShard>& shard, const Loa
   ANVIL_REQUIRE(cfg.num_workers >= 1 && cfg.num_workers <= 256,
                 "data loader for '{}': num_workers {} must be between 1 and 256", shard->path(),
                 cfg.num_workers);
+  ANVIL_REQUIRE(cfg.ranks >= 1 && cfg.rank >= 0 && cfg.rank < cfg.ranks,
+                "data loader for '{}': rank {} of {} ranks is out of range", shard->path(), cfg.rank,
+                cfg.ranks);
   const uint64_t windows = count_windows(*shard, cfg.seq_len);
+  const uint64_t global_rows = uint64_t(cfg.batch_size) * uint64_t(cfg.ranks);
   ANVIL_REQUIRE(
-      windows >= static_cast<uint64_t>(cfg.batch_size),
+      windows >= global_rows,
       "data loader: token shard '{}' has {} tokens, which make {} windows of seq_len + 1 = {} tokens; "
-      "one batch needs batch_size = {} windows ({} tokens at least)",
-      shard->path(), shard->size(), windows, cfg.seq_len + 1, cfg.batch_size,
-      static_cast<uint64_t>(cfg.batch_size) * static_cast<uint64_t>(cfg.seq_len) + 1);
+      "one batch needs batch_size{} = {} windows ({} tokens at least)",
+      shard->path(), shard->size(), windows, cfg.seq_len + 1, cfg.ranks > 1 ? " x ranks" : "", global_rows,
+      global_rows * static_cast<uint64_t>(cfg.seq_len) + 1);
   return cfg;
 }
 
@@ -70,7 +74,7 @@ DataLoader::DataLoader(std::shared_ptr<const TokenShard> shard, LoaderConfig cfg
     : shard_(std::move(shard)),
       cfg_(validated(shard_, cfg)),
       num_windows_(count_windows(*shard_, cfg_.seq_len)),
-      batches_per_epoch_(num_windows_ / static_cast<uint64_t>(cfg_.batch_size)),
+      batches_per_epoch_(num_windows_ / (static_cast<uint64_t>(cfg_.batch_size) * uint64_t(cfg_.ranks))),
       pinned_staging_(cfg_.pin_memory
                           ? PinnedBuffer(dev, ring_slots(cfg_) * 2 * tokens_per_batch(cfg_) * sizeof(int32_t))
                           : PinnedBuffer()),
@@ -110,7 +114,7 @@ void DataLoader::fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin, u
   const auto seq_len = static_cast<uint64_t>(cfg_.seq_len);
   const auto batch_size = static_cast<uint64_t>(cfg_.batch_size);
   for (uint64_t row = row_begin; row < row_end; ++row) {
-    const uint64_t index = pos.batch * batch_size + row;
+    const uint64_t index = (pos.batch * uint64_t(cfg_.ranks) + uint64_t(cfg_.rank)) * batch_size + row;
     const uint64_t window = cfg_.shuffle ? permutation_[index] : index;
     shard_->read(window * seq_len, seq_len, slot.inputs + row * seq_len);
     shard_->read(window * seq_len + 1, seq_len, slot.targets + row * seq_len);

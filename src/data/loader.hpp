@@ -4,10 +4,10 @@
 //
 // Windows: window w covers tokens [w*T, w*T + T + 1); its inputs are the first T of them and its
 // targets the last T (next-token prediction). num_windows = (size - 1) / T; an epoch has
-// num_windows / B batches (the last partial batch is dropped). Epoch e takes windows in a
-// Fisher-Yates permutation drawn from an Rng seeded by (seed, e), or in order without shuffling.
-// What a batch contains is a pure function of (shard, batch_size, seq_len, seed, shuffle, position),
-// so seeking to a saved position reproduces a run exactly.
+// num_windows / (B x ranks) batches (the last partial batch is dropped; see LoaderConfig::ranks). Epoch e
+// takes windows in a Fisher-Yates permutation drawn from an Rng seeded by (seed, e), or in order without
+// shuffling. What a batch contains is a pure function of (shard, batch_size, seq_len, seed, shuffle,
+// position), so seeking to a saved position reproduces a run exactly.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -27,6 +27,12 @@ struct LoaderConfig {
   int prefetch = 4;        // batches assembled ahead of the consumer
   int num_workers = 1;     // threads assembling a batch (its rows are split among them)
   bool pin_memory = true;  // stage batches in page-locked memory (fast, truly async device copies)
+  // Data parallelism: the global batch is `ranks` x batch_size windows and this loader's batches are rank
+  // `rank`'s rows of it, [rank x batch_size, (rank + 1) x batch_size). Positions and batches_per_epoch()
+  // count global batches, so every rank is at the same position and a checkpoint's position means the
+  // same windows to every world size with the same global batch.
+  int ranks = 1;
+  int rank = 0;
 };
 
 // The seed of epoch `epoch`'s shuffle for a run seeded with `seed` (shared by the classification loader, so

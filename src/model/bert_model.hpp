@@ -77,6 +77,7 @@ class BertModel final : public Model {
 
   const TransformerConfig& config() const override { return cfg_; }
   const ParamLayout& layout() const override { return store_.layout(); }
+  ParamStore& param_store() override { return store_; }
   int max_batch() const override { return B_; }
   int max_seq() const override { return T_; }
   OpsPrecision precision() const override { return store_.precision(); }

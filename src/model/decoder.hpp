@@ -51,7 +51,7 @@ class Decoder final : public Model {
   const TransformerConfig& config() const override { return cfg_; }
   const ArchSpec& spec() const { return spec_; }
   const ParamLayout& layout() const override { return store_.layout(); }
-  ParamStore& params_store() { return store_; }
+  ParamStore& param_store() override { return store_; }
   int max_batch() const override { return B_; }
   int max_seq() const override { return T_; }
   OpsPrecision precision() const override { return store_.precision(); }

@@ -18,6 +18,7 @@
 #include "memory/memory_trace.hpp"
 #include "model/checkpointing.hpp"
 #include "model/param_layout.hpp"
+#include "model/param_store.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/step_profiler.hpp"
 
@@ -46,6 +47,8 @@ class Model {
 
   virtual const TransformerConfig& config() const = 0;
   virtual const ParamLayout& layout() const = 0;
+  // The store of the model's parameters (its per-unit hooks are where data parallelism and ZeRO attach).
+  virtual ParamStore& param_store() = 0;
   virtual OpsPrecision precision() const = 0;
   virtual int max_batch() const = 0;
   virtual int max_seq() const = 0;

@@ -19,14 +19,15 @@ class CausalLmTask final : public Task {
 
   bool init_before_load() const override { return false; }
 
-  void open_loaders(const TrainConfig& cfg, Device& dev) override {
+  void open_loaders(const TrainConfig& cfg, Device& dev, int rank, int ranks) override {
     cfg_ = &cfg;
     const int workers = std::max(1, cfg.dataloader_num_workers);
     const bool pin = cfg.dataloader_pin_memory;
     const int T = cfg.seq_len();
     train_ = std::make_unique<data::DataLoader>(
         data_.train_tokens,
-        data::LoaderConfig{cfg.per_device_train_batch_size, T, cfg.seed, true, 4, workers, pin}, dev);
+        data::LoaderConfig{cfg.per_device_train_batch_size, T, cfg.seed, true, 4, workers, pin, ranks, rank},
+        dev);
     if (data_.val_tokens)
       val_ = std::make_unique<data::DataLoader>(
           data_.val_tokens, data::LoaderConfig{cfg.eval_batch_size(), T, cfg.seed, false, 2, workers, pin},
@@ -78,9 +79,9 @@ class CausalLmTask final : public Task {
     log.write({{"step", step}, {"eval_loss", r.loss}});
   }
 
-  // Every window is full: the run's tokens are the nominal ones, at the run's length.
-  double tokens_per_second(int64_t steps_run, int64_t, double runtime) const override {
-    return double(steps_run) * cfg_->tokens_per_step() / runtime;
+  // Every window is full: the run's tokens (every rank's) are the nominal ones, at the run's length.
+  double tokens_per_second(int64_t, int64_t tokens, double runtime) const override {
+    return double(tokens) / runtime;
   }
   double flops_per_token(int64_t, double) const override {
     return training_flops_per_token(model_, cfg_->seq_len());

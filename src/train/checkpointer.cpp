@@ -7,9 +7,9 @@
 namespace anvil {
 
 Checkpointer::Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e,
-                           RunDirectory& dir, std::string tokenizer_file)
+                           RunDirectory* dir, std::string tokenizer_file)
     : cfg_(cfg),
-      enabled_(rc.save_checkpoints),
+      enabled_(rc.save_checkpoints && dir != nullptr),
       e_(e),
       dir_(dir),
       tokenizer_file_(std::move(tokenizer_file)) {}
@@ -34,7 +34,7 @@ void Checkpointer::save(const TrainingState& s) {
       (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(s.step))).string();
   io::save_checkpoint(dir, e_.model(), e_.optimizer(), state, tokenizer_file_, e_.device());
   fmt::print("saved checkpoint {}\n", dir);
-  for (const std::string& old : dir_.rotate_checkpoints(dir))
+  for (const std::string& old : dir_->rotate_checkpoints(dir))
     fmt::print("deleted checkpoint {} (save_total_limit {})\n", old, cfg_.save_total_limit);
   last_ = dir;
 }

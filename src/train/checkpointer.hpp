@@ -27,8 +27,9 @@ struct TrainingState {
 
 class Checkpointer {
  public:
-  // `tokenizer_file` is copied into every checkpoint ("" for the byte tokenizer).
-  Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e, RunDirectory& dir,
+  // `tokenizer_file` is copied into every checkpoint ("" for the byte tokenizer). A null `dir`: this process
+  // saves nothing (a data-parallel rank other than 0, whose state is rank 0's).
+  Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e, RunDirectory* dir,
                std::string tokenizer_file);
 
   // Whether global step `step` (1-based) saves a checkpoint.
@@ -42,7 +43,7 @@ class Checkpointer {
   const TrainConfig& cfg_;
   const bool enabled_;
   Engine& e_;
-  RunDirectory& dir_;
+  RunDirectory* dir_;
   const std::string tokenizer_file_;
   std::string last_;
 };

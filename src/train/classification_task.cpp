@@ -26,7 +26,11 @@ class ClassificationTask final : public Task {
 
   bool init_before_load() const override { return true; }
 
-  void open_loaders(const TrainConfig& cfg, Device& dev) override {
+  void open_loaders(const TrainConfig& cfg, Device& dev, int, int ranks) override {
+    ANVIL_REQUIRE(ranks == 1,
+                  "{} processes: data parallelism trains the decoder families (causal LM) in this version; a "
+                  "classification run (BERT) runs in one process (start it without anvil launch / torchrun)",
+                  ranks);
     cfg_ = &cfg;
     const int workers = std::max(1, cfg.dataloader_num_workers);
     const bool pin = cfg.dataloader_pin_memory;

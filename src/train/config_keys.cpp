@@ -472,6 +472,16 @@ const std::vector<ConfigKeyDoc>
              .section = "Sample at the end",
              .type = "int",
              .meaning = R"md(Sample among the k most likely tokens (0: all).)md"},
+            {.key = "ddp_timeout",
+             .section = "Distributed",
+             .type = "int",
+             .meaning =
+                 R"md(Seconds a rank waits for the others (the start-up rendezvous, a collective) before it stops with an error naming what it waited for (Hugging Face's `ddp_timeout`; default 1800). See docs/distributed.md.)md"},
+            {.key = "ddp_bucket_cap_mb",
+             .section = "Distributed",
+             .type = "number",
+             .meaning =
+                 R"md(Data parallelism: megabytes of gradients per bucket; each bucket is all-reduced as soon as backward has completed it, overlapping the rest of the backward (Hugging Face's `ddp_bucket_cap_mb`; default 25).)md"},
 };
 
 const json& default_values() {

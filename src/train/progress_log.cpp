@@ -23,7 +23,8 @@ ProgressLog::ProgressLog(const TrainConfig& cfg, const ResolvedTrainConfig& rc, 
       start_step_(start_step),
       total_steps_(total_steps),
       t0_(Clock::now()),
-      peak_(anvil::peak_flops(e.device().name(), rc.precision_label(), cfg.peak_flops)) {}
+      peak_(anvil::peak_flops(e.device().name(), rc.precision_label(), cfg.peak_flops)),
+      world_size_(rc.world_size) {}
 
 size_t ProgressLog::peak_memory() const {
   return std::max(e_.plan().total_bytes(), totals_.peak_driver);
@@ -43,7 +44,8 @@ void ProgressLog::step_done(int64_t step, const StepResult& r, Clock::time_point
 void ProgressLog::log(int64_t step, const StepResult& r, double step_time, double elapsed) {
   const size_t peak_mem = peak_memory();
   const double tps = double(r.tokens) / step_time;
-  const double mfu = peak_.flops > 0 ? r.flops / step_time / peak_.flops : -1;
+  // Per device: the world's FLOPs over the world's peak.
+  const double mfu = peak_.flops > 0 ? r.flops / step_time / (peak_.flops * world_size_) : -1;
   const std::string mfu_text = mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * mfu) : "";
   const std::string scale_text =
       scaler_ ? fmt::format(" | scale {} | skipped {}", format_loss_scale(scaler_->scale()),

@@ -55,6 +55,7 @@ class ProgressLog {
   const int64_t start_step_, total_steps_;
   const Clock::time_point t0_;
   const PeakFlops peak_;
+  const int world_size_;  // MFU is per device
   RunTotals totals_;
 };
 

@@ -12,8 +12,8 @@ TrainSummary summarize_run(const RunRecord& r, const TrainConfig& cfg, const Tas
   s.global_step = r.total_steps;
   s.train_runtime = r.runtime;
   s.train_steps_per_second = steps_run / r.runtime;
-  s.train_samples_per_second =
-      double(steps_run) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps / r.runtime;
+  s.train_samples_per_second = double(steps_run) * cfg.per_device_train_batch_size *
+                               cfg.gradient_accumulation_steps * r.world_size / r.runtime;
   s.train_tokens_per_second = task.tokens_per_second(steps_run, r.totals.tokens, r.runtime);
   const int64_t skipped_total = r.scaler ? r.scaler->skipped_steps() : 0;
   s.train_loss = (r.totals.loss_sum + r.loss_sum_before) /
@@ -41,37 +41,39 @@ json summary_json(const TrainSummary& s, const RunRecord& r, const Task& task, E
   json by_category = json::object();
   for (int c = 0; c < kMemoryCategories; ++c)
     by_category[memory_category_name(MemoryCategory(c))] = e.plan().bytes(MemoryCategory(c));
-  json summary = {{"train_runtime", s.train_runtime},
-                  {"train_samples_per_second", s.train_samples_per_second},
-                  {"train_steps_per_second", s.train_steps_per_second},
-                  {"train_tokens_per_second", s.train_tokens_per_second},
-                  {"train_loss", s.train_loss},
-                  {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
-                  {"peak_memory_bytes", s.peak_memory_bytes},
-                  {"data_wait_seconds", s.data_wait_seconds},
-                  {"data_wait_fraction", s.data_wait_seconds / r.runtime},
-                  {"planned_memory_bytes", e.plan().total_bytes()},
-                  {"planned_memory_by_category", by_category},
-                  // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's
-                  // overhead measured when the device was made, the driver's peak in use (CUDA).
-                  {"allocator_peak_bytes", s.allocator_peak_bytes},
-                  {"context_overhead_bytes", e.device().context_overhead_bytes()},
-                  {"driver_peak_bytes", r.totals.peak_driver},
-                  {"precision", s.precision},
-                  {"flops_per_token", flops_per_token},
-                  {"peak_flops", peak.flops > 0 ? json(peak.flops) : json(nullptr)},
-                  {"peak_flops_source", peak.source},
-                  {"mfu", peak.flops > 0 ? json(s.train_tokens_per_second * flops_per_token / peak.flops)
-                                         : json(nullptr)},
-                  {"skipped_steps", s.skipped_steps},
-                  {"loss_scale", r.scaler ? json(s.loss_scale) : json(nullptr)},
-                  {"global_step", s.global_step},
-                  {"cuda_graphs",
-                   {{"recorded", s.cuda_graphs_recorded},
-                    {"launches", s.cuda_graph_launches},
-                    {"whole_step_replays", s.cuda_graph_whole_steps}}},
-                  {"device", s.device},
-                  {"last_checkpoint", s.last_checkpoint}};
+  json summary = {
+      {"train_runtime", s.train_runtime},
+      {"train_samples_per_second", s.train_samples_per_second},
+      {"train_steps_per_second", s.train_steps_per_second},
+      {"train_tokens_per_second", s.train_tokens_per_second},
+      {"train_loss", s.train_loss},
+      {"eval_loss", s.eval_loss >= 0 ? json(s.eval_loss) : json(nullptr)},
+      {"peak_memory_bytes", s.peak_memory_bytes},
+      {"data_wait_seconds", s.data_wait_seconds},
+      {"data_wait_fraction", s.data_wait_seconds / r.runtime},
+      {"planned_memory_bytes", e.plan().total_bytes()},
+      {"planned_memory_by_category", by_category},
+      // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's
+      // overhead measured when the device was made, the driver's peak in use (CUDA).
+      {"allocator_peak_bytes", s.allocator_peak_bytes},
+      {"context_overhead_bytes", e.device().context_overhead_bytes()},
+      {"driver_peak_bytes", r.totals.peak_driver},
+      {"precision", s.precision},
+      {"flops_per_token", flops_per_token},
+      {"peak_flops", peak.flops > 0 ? json(peak.flops) : json(nullptr)},
+      {"peak_flops_source", peak.source},
+      {"mfu", peak.flops > 0 ? json(s.train_tokens_per_second * flops_per_token / (peak.flops * r.world_size))
+                             : json(nullptr)},
+      {"world_size", r.world_size},
+      {"skipped_steps", s.skipped_steps},
+      {"loss_scale", r.scaler ? json(s.loss_scale) : json(nullptr)},
+      {"global_step", s.global_step},
+      {"cuda_graphs",
+       {{"recorded", s.cuda_graphs_recorded},
+        {"launches", s.cuda_graph_launches},
+        {"whole_step_replays", s.cuda_graph_whole_steps}}},
+      {"device", s.device},
+      {"last_checkpoint", s.last_checkpoint}};
   task.add_summary(summary, s);
   return summary;
 }

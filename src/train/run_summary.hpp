@@ -28,6 +28,7 @@ struct RunRecord {
   std::string precision;               // fp32 | tf32 | 3xtf32 | bf16 | fp16
   int64_t graphs_recorded = 0, graph_launches = 0, whole_step_replays = 0;
   PeakFlops peak;
+  int world_size = 1;  // processes training together: tokens and samples are the world's, MFU per device
 };
 
 // The summary (without the sample, which the task adds after it: the memory figures are taken before).

@@ -3,9 +3,10 @@
 // unscale factor from the engine's step values, which the graph itself uploads from pinned memory the host
 // rewrote for this step. The parts (train_step.cpp says which a step uses):
 //   Step    the whole step (gradient zeroing, forward, backward, loss sum, norm, clip, optimizer, weight
-//   cast) Micro   one micro-batch's forward, backward and loss sum Tail    the step's tail: gradient norm to
-//   weight cast Norm    the gradient norm and the optimizer's multiplier (fp16: the host decides before the
-//   update) Update  the optimizer and the weight cast
+//   cast) Micro   one micro-batch's forward, backward and loss sum; MicroReduce the same for a step's last
+//   micro-batch when several processes reduce its gradients during its backward; Tail    the step's tail:
+//   gradient norm to weight cast Norm    the gradient norm and the optimizer's multiplier (fp16: the host
+//   decides before the update) Update  the optimizer and the weight cast
 // Graphs are kept per part, input slot and batch shape. A graph is recorded at the second use of its key (the
 // first runs eagerly: it builds the attention plans and GEMM algorithm choices the recording then keeps).
 // Graphs bake in the loss-gradient scale, so an fp16 scale change records them again.
@@ -22,7 +23,7 @@ namespace anvil {
 
 class StepGraphs {
  public:
-  enum class Part { Step, Micro, Tail, Norm, Update };
+  enum class Part { Step, Micro, MicroReduce, Tail, Norm, Update };
 
   explicit StepGraphs(Device& dev) : dev_(dev) {}
 

@@ -46,8 +46,10 @@ class Task {
   // its pooler), which then keeps its initialisation, as transformers initialises a new head.
   virtual bool init_before_load() const = 0;
   // Opens the train loader and (with val data) the eval loader. `cfg` is the run's config as the memory fit
-  // settled it (micro-batch, accumulation); the task keeps a reference, so it must outlive the task.
-  virtual void open_loaders(const TrainConfig& cfg, Device& dev) = 0;
+  // settled it (micro-batch, accumulation); the task keeps a reference, so it must outlive the task. With
+  // several processes the train loader reads rank `rank`'s part of every global batch of `ranks` x the
+  // micro-batch (evaluation reads the same batches on every rank).
+  virtual void open_loaders(const TrainConfig& cfg, Device& dev, int rank, int ranks) = 0;
   // The header's model, data and batch lines (`run_text`: "from scratch" or "resuming at N").
   virtual void print_header(int64_t total_steps, const std::string& run_text) const = 0;
 

@@ -250,6 +250,8 @@ const std::map<std::string, Setter>& setters() {
     int_field("warmup_steps", &TrainConfig::warmup_steps);
     str_field("lr_scheduler_type", &TrainConfig::lr_scheduler_type);
     num_field("max_grad_norm", &TrainConfig::max_grad_norm);
+    int_field("ddp_timeout", &TrainConfig::ddp_timeout);
+    num_field("ddp_bucket_cap_mb", &TrainConfig::ddp_bucket_cap_mb);
     str_field("optim", &TrainConfig::optim);
     num_field("no_decay_lr_multiplier", &TrainConfig::no_decay_lr_multiplier);
     num_field("embedding_lr_multiplier", &TrainConfig::embedding_lr_multiplier);
@@ -545,6 +547,9 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(parses([&] { parse_lr_schedule(lr_scheduler_type); }),
                 "{} '{}' is not supported (constant, constant_with_warmup, linear, cosine)",
                 subject("lr_scheduler_type"), lr_scheduler_type);
+  ANVIL_REQUIRE(ddp_timeout >= 1, "{} must be >= 1 second, got {}", subject("ddp_timeout"), ddp_timeout);
+  ANVIL_REQUIRE(ddp_bucket_cap_mb > 0, "{} must be > 0 (MB), got {}", subject("ddp_bucket_cap_mb"),
+                ddp_bucket_cap_mb);
   ANVIL_REQUIRE(max_grad_norm >= 0, "{} must be >= 0 (0 disables clipping), got {}", subject("max_grad_norm"),
                 max_grad_norm);
   ANVIL_REQUIRE(logging_steps >= 1, "{} must be >= 1, got {}", subject("logging_steps"), logging_steps);
@@ -663,6 +668,8 @@ json TrainConfig::to_json() const {
           {"warmup_steps", warmup_steps},
           {"lr_scheduler_type", lr_scheduler_type},
           {"max_grad_norm", max_grad_norm},
+          {"ddp_timeout", ddp_timeout},
+          {"ddp_bucket_cap_mb", ddp_bucket_cap_mb},
           {"optim", optim},
           {"no_decay_lr_multiplier", no_decay_lr_multiplier},
           {"embedding_lr_multiplier", embedding_lr_multiplier},

@@ -25,7 +25,8 @@ uint64_t dropout_seed(uint64_t seed, int64_t step) {
 }  // namespace
 
 TrainStep::TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc,
-                     const TransformerConfig& model_cfg, Engine& e, Task& task, int64_t total_steps)
+                     const TransformerConfig& model_cfg, Engine& e, Task& task, int64_t total_steps,
+                     dist::ProcessGroup& group, dist::GradSync* sync)
     : cfg_(cfg),
       rc_(rc),
       model_cfg_(model_cfg),
@@ -40,6 +41,8 @@ TrainStep::TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc,
       nparams_(e.model().layout().total_numel()),
       grad_dtype_(e.model().precision().grad),
       scalars_(e.step_scalars()),
+      group_(group),
+      sync_(sync),
       graphs_(e.device()) {
   if (rc.loss_scaling()) scaler_.emplace(cfg.loss_scaler());
 }
@@ -95,6 +98,7 @@ void TrainStep::stage(int slot) {
 void TrainStep::micro_batches() {
   for (int micro = 0; micro < accum_; ++micro) {
     instruments_->phase("data (wait for the batch)");
+    if (sync_) sync_->set_last_micro_batch(micro + 1 == accum_);
     dev_.wait_for_copies();
     const bool last_batch = cur_.step + 1 == total_steps_ && micro + 1 == accum_;
     const int s = slot_;
@@ -112,7 +116,11 @@ void TrainStep::micro_batches() {
         update_part();
       });
     } else {
-      graphs_.run(cur_.eager, Part::Micro, s, in.B, in.T, cur_.grad_scale, [&] { micro_batch(s); });
+      // With several processes the step's last micro-batch also queues the gradient reduction: a graph of
+      // its own.
+      const bool reduces = sync_ && micro + 1 == accum_;
+      graphs_.run(cur_.eager, reduces ? Part::MicroReduce : Part::Micro, s, in.B, in.T, cur_.grad_scale,
+                  [&] { micro_batch(s); });
     }
     // The next batch's copy overlaps this micro-batch's compute; it waits only for the previous micro-batch,
     // the last reader of the buffers it fills.
@@ -173,11 +181,14 @@ StepResult TrainStep::end(bool skipped) {
     // saved, so the weights it produced are never written: the last checkpoint holds the last good state.
     ANVIL_REQUIRE(!not_finite(),
                   "step {}: the loss ({}) or gradient norm ({}) is not finite; lower the learning_rate{}",
-                  cur_.step + 1, host_.loss_sum / double(cur_.valid), host_.grad_norm,
+                  cur_.step + 1, host_.loss_sum / double(cur_.global_valid), host_.grad_norm,
                   rc_.precision == Precision::BF16 ? "" : " or try --bf16");
   }
   StepResult r = cur_.result;
-  r.loss = host_.loss_sum / double(cur_.valid);
+  // Tokens and FLOPs of the whole world: every rank's batches have this rank's shapes.
+  r.tokens *= rc_.world_size;
+  r.flops *= rc_.world_size;
+  r.loss = host_.loss_sum / double(cur_.global_valid);
   r.grad_norm = host_.grad_norm;
   r.lr = cur_.lr;
   r.skipped = skipped;
@@ -203,6 +214,7 @@ void TrainStep::micro_batch(int slot) {
 // (Ops::grad_clip_scale). The host-side arguments are ignored in favour of the step values, which this part
 // uploads first.
 void TrainStep::norm_part() {
+  if (sync_) sync_->finish();  // the norm and the update read the reduced gradients
   e_.upload_step_values();
   e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.grad_buffer(), grad_dtype_, nparams_);
   e_.ops().grad_clip_scale(&scalars_->grad_scale, &scalars_->grad_norm, &scalars_->grad_sum_squares, 1.0,
@@ -226,20 +238,32 @@ void TrainStep::write_values() {
   StepValues& values = e_.step_values_host();
   e_.optimizer().fill_step_values(float(cur_.lr), cur_.opt_step, values);
   values.cast_seed = cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, cur_.step + 1) : 0;
-  values.unscale = nominal_rows_ / (cur_.loss_scale * double(cur_.valid));
+  values.unscale = nominal_rows_ / (cur_.loss_scale * double(cur_.global_valid));
 }
 
-void TrainStep::require_targets() const {
-  ANVIL_REQUIRE(cur_.valid > 0, "step {}: its batches contain no {} (all are ignore-index {})", cur_.step + 1,
-                task_.target_rows_name(), kIgnoreIndex);
+// The step's count of rows with a target, over every rank (once per step: every micro-batch is staged by
+// the time it is asked for).
+void TrainStep::require_targets() {
+  if (cur_.global_valid < 0) {
+    double v = double(cur_.valid);
+    if (group_.distributed()) group_.comm().all_reduce_host(&v, 1);
+    cur_.global_valid = int64_t(v);
+  }
+  ANVIL_REQUIRE(cur_.global_valid > 0, "step {}: its batches contain no {} (all are ignore-index {})",
+                cur_.step + 1, task_.target_rows_name(), kIgnoreIndex);
 }
 
+// The step's scalars; the loss sum over every rank (the norm is every rank's already: the gradients are).
 void TrainStep::read_scalars() {
   dev_.copy_to_host(&host_, scalars_, sizeof(StepScalars));
+  if (group_.distributed()) {
+    group_.comm().check();
+    group_.comm().all_reduce_host(&host_.loss_sum, 1);
+  }
 }
 
 bool TrainStep::not_finite() const {
-  return !std::isfinite(host_.loss_sum / double(cur_.valid)) || !std::isfinite(host_.grad_norm);
+  return !std::isfinite(host_.loss_sum / double(cur_.global_valid)) || !std::isfinite(host_.grad_norm);
 }
 
 }  // namespace anvil

@@ -12,6 +12,8 @@
 #include <optional>
 
 #include "anvil/train_config.hpp"
+#include "dist/grad_sync.hpp"
+#include "dist/process_group.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/engine.hpp"
 #include "train/resolved_config.hpp"
@@ -27,16 +29,17 @@ struct StepResult {
   double grad_norm = 0;  // the global norm of the true gradient (before clipping)
   double lr = 0;         // the scheduled learning rate
   bool skipped = false;  // fp16: the step overflowed and was not applied
-  int64_t tokens = 0;    // B x T summed over the micro-batches (padded tokens for classification)
+  int64_t tokens = 0;    // B x T summed over the micro-batches and the ranks (padded for classification)
   double flops = 0;      // the model's training FLOPs of those tokens
 };
 
 class TrainStep {
  public:
   // Keeps references to everything; touches no device memory until stage_first(). Makes the loss scaler
-  // (fp16).
+  // (fp16). Several processes: `sync` reduces the gradients (null for one process) and the step's target
+  // count and loss are summed over `group`'s ranks.
   TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc, const TransformerConfig& model_cfg,
-            Engine& e, Task& task, int64_t total_steps);
+            Engine& e, Task& task, int64_t total_steps, dist::ProcessGroup& group, dist::GradSync* sync);
 
   // The fp16 loss scaler (null otherwise): resumed from a checkpoint, saved in one, shown in the logs.
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
@@ -65,9 +68,11 @@ class TrainStep {
     bool eager = true;      // no CUDA graphs (CPU, cuda_graphs off, profiled / traced / injected step)
     bool whole = false;     // the whole step is one graph
     bool inject = false;    // debug_inject_overflow_steps
-    int64_t valid = 0;      // rows with a target so far
-    double lr = 0;          // the scheduled learning rate
-    int64_t opt_step = 0;   // the optimizer's count of applied updates including this one
+    int64_t valid = 0;      // rows with a target so far (this rank's)
+    int64_t global_valid =
+        -1;                // every rank's rows with a target, once the step's are all staged (-1: not yet)
+    double lr = 0;         // the scheduled learning rate
+    int64_t opt_step = 0;  // the optimizer's count of applied updates including this one
     StepResult result;
   };
 
@@ -84,7 +89,7 @@ class TrainStep {
   void norm_part();
   void update_part();
   void write_values();
-  void require_targets() const;
+  void require_targets();
   void read_scalars();
   bool not_finite() const;
 
@@ -102,6 +107,8 @@ class TrainStep {
   const size_t nparams_;
   const DType grad_dtype_;
   StepScalars* const scalars_;  // device memory
+  dist::ProcessGroup& group_;
+  dist::GradSync* const sync_;
   std::optional<LossScaler> scaler_;
   StepGraphs graphs_;
   int64_t whole_step_replays_ = 0;

@@ -4,12 +4,21 @@
 // checkpointer, step instruments (profiler, memory trace) and summary are objects of their own.
 #include "anvil/trainer.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 
 #include "anvil/rng.hpp"
+#include "dist/dist_env.hpp"
+#include "dist/grad_sync.hpp"
+#include "dist/process_group.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
 #include "train/checkpointer.hpp"
@@ -36,9 +45,35 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
+// Ranks other than 0 print nothing on stdout while they train (rank 0 speaks for the run; errors go to
+// stderr, which every rank keeps).
+class SilencedStdout {
+ public:
+  SilencedStdout() {
+    std::fflush(stdout);
+    saved_ = ::dup(STDOUT_FILENO);
+    ANVIL_REQUIRE(saved_ >= 0, "dup(stdout) failed: {}", std::strerror(errno));
+    const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    ANVIL_REQUIRE(null >= 0, "open(/dev/null) failed: {}", std::strerror(errno));
+    const int r = ::dup2(null, STDOUT_FILENO);
+    ::close(null);
+    ANVIL_REQUIRE(r >= 0, "dup2(/dev/null, stdout) failed: {}", std::strerror(errno));
+  }
+  ~SilencedStdout() {
+    std::fflush(stdout);
+    ::dup2(saved_, STDOUT_FILENO);
+    ::close(saved_);
+  }
+  SilencedStdout(const SilencedStdout&) = delete;
+  SilencedStdout& operator=(const SilencedStdout&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
 class Run {
  public:
-  explicit Run(const TrainConfig& cfg) : cfg_(cfg) {}
+  explicit Run(const TrainConfig& cfg) : cfg_(cfg), env_(dist::read_dist_env()) {}
   TrainSummary go();
   // After a failure: the error goes into the run directory (once training has started).
   void record_error(std::string_view message) noexcept {
@@ -48,6 +83,8 @@ class Run {
  private:
   void open_model_and_data();
   void make_engine();
+  std::optional<size_t> agreed_available_memory(const Device& device);
+  void share_weights();
   void open_loaders();
   void load_weights();
   void resume();
@@ -56,16 +93,22 @@ class Run {
                 Checkpointer& checkpoints);
   TrainSummary finish(const ProgressLog& progress, const EvalSchedule& eval, const Checkpointer& checkpoints);
 
-  // First, so it goes last: the lock on output_dir is held until everything writing there is gone.
+  // First, so it goes last: the lock on output_dir is held until everything writing there is gone. Rank 0's
+  // only: the other ranks of a data-parallel run write nothing.
   std::unique_ptr<RunDirectory> run_dir_;
+  std::optional<SilencedStdout> silenced_;
   TrainConfig cfg_;         // as run: auto_find_batch_size may change the micro-batch and accumulation
   ResolvedTrainConfig rc_;  // cfg_'s typed values, resolved once the memory fit has settled cfg_
   TransformerConfig model_cfg_;
+  dist::DistEnv env_;           // where this process stands in its job (one process without a launcher)
   std::string weights_from_;    // checkpoint or HF directory, or "" for a fresh initialisation
   std::string tokenizer_file_;  // copied into checkpoints ("" for the byte tokenizer)
   std::optional<io::TrainerState> resume_state_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Task> task_;  // after the engine: its loaders use the device
+  // After the engine (they use its device and model), so they go first.
+  std::unique_ptr<dist::ProcessGroup> group_;
+  std::unique_ptr<dist::GradSync> grad_sync_;  // several processes only
   std::unique_ptr<TrainStep> step_;
   std::optional<MetricsLog> metrics_;
   Rng rng_{0};
@@ -76,13 +119,16 @@ class Run {
 };
 
 TrainSummary Run::go() {
+  if (env_.rank != 0) silenced_.emplace();
   open_model_and_data();
   make_engine();
   open_loaders();
   rng_.set_state(cfg_.seed);
-  step_ = std::make_unique<TrainStep>(cfg_, rc_, model_cfg_, *engine_, *task_, total_steps_);
+  step_ = std::make_unique<TrainStep>(cfg_, rc_, model_cfg_, *engine_, *task_, total_steps_, *group_,
+                                      grad_sync_.get());
   load_weights();
   if (resume_state_) resume();
+  share_weights();
   begin_outputs();
   print_run_header({cfg_, rc_, model_cfg_, weights_from_, start_step_, total_steps_, step_->scaler()}, *task_,
                    *engine_);
@@ -91,7 +137,7 @@ TrainSummary Run::go() {
   step_->stage_first();
   StepInstruments instruments(cfg_, rc_, *engine_, start_step_, total_steps_);
   EvalSchedule eval(cfg_, *task_, *engine_, *metrics_, total_steps_);
-  Checkpointer checkpoints(cfg_, rc_, *engine_, *run_dir_, tokenizer_file_);
+  Checkpointer checkpoints(cfg_, rc_, *engine_, run_dir_.get(), tokenizer_file_);
   for (int64_t step = start_step_; step < total_steps_; ++step)
     run_step(step, progress, instruments, eval, checkpoints);
   runtime_ = progress.elapsed();
@@ -108,7 +154,7 @@ void Run::open_model_and_data() {
   std::unique_ptr<data::Tokenizer> tokenizer = std::move(rm.tokenizer);
   resume_state_ = std::move(rm.resume_state);
   // The lock on output_dir, the cleanup of interrupted saves, and the refusal to mix with an earlier run.
-  run_dir_ = std::make_unique<RunDirectory>(cfg_);
+  if (env_.rank == 0) run_dir_ = std::make_unique<RunDirectory>(cfg_);
   const RunData data = open_run_data(cfg_, rm);
   model_cfg_ = rm.config;
   // Weights from a directory fix the shape, so the sequence length defaults to its block_size (not to the
@@ -122,18 +168,60 @@ void Run::open_model_and_data() {
 
 // auto_find_batch_size and the out-of-memory check, before anything is allocated; then the engine (plan,
 // arena, model, optimizer). The config is final from here on, and resolved.
+//
+// Several processes: each uses the GPU of its local rank; the ranks meet (ProcessGroup), fit their memory to
+// the smallest free memory among them (so that auto_find_batch_size settles the same batch everywhere), and
+// check that they all run the same resolved config before anything is allocated.
 void Run::make_engine() {
-  std::unique_ptr<Device> device = make_device(resolve_device(cfg_.device));
-  MemoryFit fit = fit_to_memory(cfg_, model_cfg_, device->kind(), device->available_memory_bytes(),
+  const DeviceKind kind = resolve_device(cfg_.device);
+  std::unique_ptr<Device> device =
+      kind == DeviceKind::CUDA && env_.distributed() ? make_cuda_device(env_.local_rank) : make_device(kind);
+  group_ = std::make_unique<dist::ProcessGroup>(env_, *device, std::chrono::seconds(cfg_.ddp_timeout));
+  MemoryFit fit = fit_to_memory(cfg_, model_cfg_, device->kind(), agreed_available_memory(*device),
                                 device->context_overhead_bytes(), device->name());
   fmt::print("{}", fit.message);
   cfg_ = std::move(fit.config);
   rc_ = resolve_train_config(cfg_);
+  rc_.world_size = env_.world_size;
+  group_->require_same("config", cfg_.to_json().dump(2));
+  if (env_.distributed())
+    fmt::print(
+        "  processes: {} on {} node(s) ({}, started by {}); global batch {} sequences per step\n",
+        env_.world_size, env_.num_nodes, group_->comm().backend(), env_.launcher,
+        int64_t(cfg_.per_device_train_batch_size) * cfg_.gradient_accumulation_steps * env_.world_size);
   engine_ = std::make_unique<Engine>(model_cfg_, training_engine_options(cfg_), std::move(device));
+  if (env_.distributed())
+    grad_sync_ = std::make_unique<dist::GradSync>(group_->comm(), engine_->model().param_store(),
+                                                  size_t(cfg_.ddp_bucket_cap_mb * 1024 * 1024));
+}
+
+// The device memory every rank can count on: the least any of them has free (nullopt where unknown).
+std::optional<size_t> Run::agreed_available_memory(const Device& device) {
+  const std::optional<size_t> mine = device.available_memory_bytes();
+  if (!env_.distributed()) return mine;
+  std::optional<size_t> least;
+  for (const std::string& v :
+       group_->exchange("available memory", mine ? std::to_string(*mine) : "unknown")) {
+    if (v == "unknown") return std::nullopt;
+    const size_t bytes = std::stoull(v);
+    least = least ? std::min(*least, bytes) : bytes;
+  }
+  return least;
+}
+
+// Data parallelism starts from identical replicas: rank 0's weights (initialised, loaded or resumed) go to
+// every rank. (Every rank read the same checkpoint's optimizer state.)
+void Run::share_weights() {
+  if (!env_.distributed()) return;
+  Model& m = engine_->model();
+  group_->comm().broadcast(m.params(), m.layout().total_numel(), DType::F32, 0);
+  group_->comm().join();
+  m.sync_weights(engine_->ops());
+  engine_->device().synchronize();
 }
 
 void Run::open_loaders() {
-  task_->open_loaders(cfg_, engine_->device());
+  task_->open_loaders(cfg_, engine_->device(), env_.rank, env_.world_size);
   total_steps_ = cfg_.max_steps > 0
                      ? cfg_.max_steps
                      : std::max<int64_t>(
@@ -170,6 +258,10 @@ void Run::resume() {
 }
 
 void Run::begin_outputs() {
+  if (!run_dir_) {  // not rank 0: its metrics go nowhere
+    metrics_ = MetricsLog::create("/dev/null");
+    return;
+  }
   run_dir_->begin();
   const std::string metrics_path = run_dir_->file("metrics.jsonl");
   metrics_ = resume_state_ ? MetricsLog::resume(metrics_path, start_step_) : MetricsLog::create(metrics_path);
@@ -205,11 +297,15 @@ TrainSummary Run::finish(const ProgressLog& progress, const EvalSchedule& eval,
                     step_->graphs().recorded(),
                     step_->graphs().launches(),
                     step_->whole_step_replays(),
-                    progress.peak_flops()};
+                    progress.peak_flops(),
+                    env_.world_size};
   TrainSummary s = summarize_run(r, cfg_, *task_, *engine_);
+  s.rank = env_.rank;
+  s.world_size = env_.world_size;
+  metrics_->close();
+  if (!run_dir_) return s;  // not rank 0
   s.sample = task_->sample(*engine_, rng_);
   const nlohmann::json summary = summary_json(s, r, *task_, *engine_);
-  metrics_->close();
   io::write_text_file_synced(run_dir_->file("summary.json"), summary.dump(2) + "\n");
   return s;
 }

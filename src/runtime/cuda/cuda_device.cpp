@@ -279,4 +279,11 @@ cudaStream_t cuda_compute_stream(Device& dev) {
   return cuda_dev->compute_stream();
 }
 
+int cuda_device_ordinal(Device& dev) {
+  auto* cuda_dev = dynamic_cast<CudaDevice*>(&dev);
+  if (!cuda_dev)
+    ANVIL_THROW("a CUDA device was expected, got the {} device '{}'", device_name(dev.kind()), dev.name());
+  return cuda_dev->ordinal();
+}
+
 }  // namespace anvil

@@ -8,5 +8,7 @@ namespace anvil {
 
 // The compute stream of a device made by make_cuda_device; throws anvil::Error for any other device.
 cudaStream_t cuda_compute_stream(Device& dev);
+// The GPU ordinal of a device made by make_cuda_device; throws anvil::Error for any other device.
+int cuda_device_ordinal(Device& dev);
 
 }  // namespace anvil

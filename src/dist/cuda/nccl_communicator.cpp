@@ -1,0 +1,238 @@
+// The NCCL communicator (communicator.hpp): collectives among the GPUs of a job, on a stream of their own.
+// Rank 0 makes the NCCL unique id and hands it to the others through the job's store; each collective waits
+// for the compute queued before it through an event, and join() makes compute wait for the communication
+// stream the same way. Both are plain stream work, so a CUDA graph captures them (NCCL supports capture).
+//
+// Host-side reductions (counts and losses: all_reduce_host, barrier) run on a second communicator split
+// from the first, with its own stream: a collective of the first queued behind a backward that has not
+// run yet would otherwise hold them up, and NCCL needs the operations of one communicator in one order.
+// Their waits poll, so that a peer that died or hangs becomes an error after the timeout, not a hang.
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "anvil/error.hpp"
+#include "dist/communicator.hpp"
+#include "dist/dist_env.hpp"
+#include "dist/store.hpp"
+#include "runtime/cuda/cuda_check.hpp"
+#include "runtime/cuda/cuda_device.hpp"
+
+namespace anvil::dist {
+
+#if ANVIL_WITH_NCCL
+namespace {
+
+#define ANVIL_NCCL_CHECK(call, what)                                                                  \
+  do {                                                                                                \
+    const ncclResult_t anvil_nccl_res_ = (call);                                                      \
+    if (anvil_nccl_res_ != ncclSuccess)                                                               \
+      ANVIL_THROW("NCCL {} failed: {}: {} ({}:{})", what, #call, ncclGetErrorString(anvil_nccl_res_), \
+                  __FILE__, __LINE__);                                                                \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I8:
+      return ncclInt8;
+    default:
+      ANVIL_THROW("NCCL collectives do not take {} elements", dtype_name(t));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::Max ? ncclMax : ncclSum;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const DistEnv& env, Device& dev, Store& store, std::chrono::milliseconds timeout)
+      : rank_(env.rank), world_(env.world_size), timeout_(timeout), compute_(cuda_compute_stream(dev)) {
+    ANVIL_CUDA_CHECK(cudaSetDevice(cuda_device_ordinal(dev)));
+    ncclUniqueId id;
+    const std::string key = "nccl/unique_id";
+    if (rank_ == 0) {
+      ANVIL_NCCL_CHECK(ncclGetUniqueId(&id), "start-up");
+      store.set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    } else {
+      const std::string got = store.get(key, timeout);
+      ANVIL_REQUIRE(got.size() == sizeof(id), "NCCL start-up: the unique id from rank 0 has {} bytes, not {}",
+                    got.size(), sizeof(id));
+      std::memcpy(&id, got.data(), sizeof(id));
+    }
+    ANVIL_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_), "start-up (ncclCommInitRank)");
+    ANVIL_NCCL_CHECK(ncclCommSplit(comm_, 0, rank_, &host_comm_, nullptr), "start-up (ncclCommSplit)");
+    // Communication first when both are ready: the backward's next kernels can wait, a bucket cannot.
+    int least = 0, greatest = 0;
+    ANVIL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    ANVIL_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    ANVIL_CUDA_CHECK(cudaStreamCreateWithFlags(&host_stream_, cudaStreamNonBlocking));
+    ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+    ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+    ANVIL_CUDA_CHECK(cudaMalloc(&host_scratch_, kHostValues * sizeof(double)));
+  }
+
+  ~NcclCommunicator() override {
+    ANVIL_CUDA_WARN(cudaStreamSynchronize(stream_));
+    ANVIL_CUDA_WARN(cudaStreamSynchronize(host_stream_));
+    if (aborted_) {
+      ncclCommAbort(host_comm_);
+      ncclCommAbort(comm_);
+    } else {
+      ncclCommDestroy(host_comm_);
+      ncclCommDestroy(comm_);
+    }
+    ANVIL_CUDA_WARN(cudaFree(host_scratch_));
+    ANVIL_CUDA_WARN(cudaEventDestroy(comm_done_));
+    ANVIL_CUDA_WARN(cudaEventDestroy(compute_done_));
+    ANVIL_CUDA_WARN(cudaStreamDestroy(host_stream_));
+    ANVIL_CUDA_WARN(cudaStreamDestroy(stream_));
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  const char* backend() const override { return "nccl"; }
+
+  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override {
+    after_compute();
+    ANVIL_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+                     "all_reduce");
+  }
+
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override {
+    after_compute();
+    ANVIL_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+                     "reduce_scatter");
+  }
+
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
+    after_compute();
+    ANVIL_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_), "all_gather");
+  }
+
+  void broadcast(void* data, size_t count, DType dtype, int root) override {
+    after_compute();
+    ANVIL_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, stream_), "broadcast");
+  }
+
+  void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) override {
+    after_compute();
+    const ncclDataType_t t = nccl_type(dtype);
+    const size_t chunk = dtype_bytes(dtype, count_per_rank);
+    ANVIL_NCCL_CHECK(ncclGroupStart(), "all_to_all");
+    for (int peer = 0; peer < world_; ++peer) {
+      ANVIL_NCCL_CHECK(
+          ncclSend(static_cast<const char*>(send) + peer * chunk, count_per_rank, t, peer, comm_, stream_),
+          "all_to_all");
+      ANVIL_NCCL_CHECK(
+          ncclRecv(static_cast<char*>(recv) + peer * chunk, count_per_rank, t, peer, comm_, stream_),
+          "all_to_all");
+    }
+    ANVIL_NCCL_CHECK(ncclGroupEnd(), "all_to_all");
+  }
+
+  void join() override {
+    ANVIL_CUDA_CHECK(cudaEventRecord(comm_done_, stream_));
+    ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_, comm_done_, 0));
+  }
+
+  void all_reduce_host(double* values, size_t n) override {
+    ANVIL_REQUIRE(n <= kHostValues, "all_reduce_host takes at most {} values, got {}", kHostValues, n);
+    ANVIL_CUDA_CHECK(
+        cudaMemcpyAsync(host_scratch_, values, n * sizeof(double), cudaMemcpyHostToDevice, host_stream_));
+    ANVIL_NCCL_CHECK(
+        ncclAllReduce(host_scratch_, host_scratch_, n, ncclFloat64, ncclSum, host_comm_, host_stream_),
+        "all_reduce_host");
+    ANVIL_CUDA_CHECK(
+        cudaMemcpyAsync(values, host_scratch_, n * sizeof(double), cudaMemcpyDeviceToHost, host_stream_));
+    wait(host_stream_, "all_reduce_host");
+  }
+
+  void barrier() override {
+    double one = 1;
+    all_reduce_host(&one, 1);
+  }
+
+  void check() override {
+    for (ncclComm_t c : {comm_, host_comm_}) {
+      ncclResult_t async = ncclSuccess;
+      ANVIL_NCCL_CHECK(ncclCommGetAsyncError(c, &async), "error check");
+      if (async != ncclSuccess && async != ncclInProgress) {
+        aborted_ = true;
+        ANVIL_THROW("NCCL reported an error on rank {} of {}: {} ({}); a peer rank may have exited", rank_,
+                    world_, ncclGetErrorString(async), ncclGetLastError(c));
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kHostValues = 512;
+
+  void after_compute() {
+    ANVIL_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
+    ANVIL_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_done_, 0));
+  }
+
+  // Waits for `stream`, polling NCCL's asynchronous errors; after the timeout, aborts the communicators (so
+  // the stuck kernels exit) and throws naming the collective.
+  void wait(cudaStream_t stream, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) ANVIL_CUDA_CHECK(q);
+      check();
+      if (std::chrono::steady_clock::now() - start > timeout_) {
+        aborted_ = true;
+        ncclCommAbort(host_comm_);
+        ncclCommAbort(comm_);
+        host_comm_ = comm_ = nullptr;
+        ANVIL_THROW(
+            "rank {} of {}: the NCCL {} did not complete within {} s: another rank has exited, hangs or "
+            "diverged (see its output); raise dist_timeout if a rank is just slow",
+            rank_, world_, what, timeout_.count() / 1000.0);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int rank_, world_;
+  std::chrono::milliseconds timeout_;
+  cudaStream_t compute_;
+  ncclComm_t comm_ = nullptr, host_comm_ = nullptr;
+  cudaStream_t stream_ = nullptr, host_stream_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
+  void* host_scratch_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const DistEnv& env, Device& dev, Store& store,
+                                                     std::chrono::milliseconds timeout) {
+  return std::make_unique<NcclCommunicator>(env, dev, store, timeout);
+}
+
+#else
+
+std::unique_ptr<Communicator> make_nccl_communicator(const DistEnv&, Device&, Store&,
+                                                     std::chrono::milliseconds) {
+  ANVIL_THROW(
+      "this Anvil was built without NCCL, so it cannot train on several GPUs (install NCCL with the CUDA "
+      "toolkit or the pip package nvidia-nccl and reconfigure)");
+}
+
+#endif
+
+}  // namespace anvil::dist
