@@ -30,6 +30,7 @@ class GradSync {
 
   // Before each micro-batch's backward: whether it is the step's last (the one that reduces).
   void set_last_micro_batch(bool last) { armed_ = last; }
+  bool armed() const { return armed_; }
   // After the step's last backward: queues what is left and makes compute wait for every bucket.
   void finish();
 

@@ -208,13 +208,15 @@ void TrainStep::micro_batch(int slot) {
   model_.forward(e_.ops(), in, cur_.grad_scale, true);
   model_.backward(e_.ops(), in);
   e_.ops().accumulate_sum(&scalars_->loss_sum, model_.losses(), model_.loss_rows(in.B, in.T));
+  // The step's last micro-batch: compute waits for its gradient buckets here, inside the same graph as the
+  // collectives (a graph may only wait for work it captured), before the norm and the update read them.
+  if (sync_ && sync_->armed()) sync_->finish();
 }
 
 // The global norm and the optimizer's multiplier (clip factor x unscale) on the device, in fp64
 // (Ops::grad_clip_scale). The host-side arguments are ignored in favour of the step values, which this part
 // uploads first.
 void TrainStep::norm_part() {
-  if (sync_) sync_->finish();  // the norm and the update read the reduced gradients
   e_.upload_step_values();
   e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.grad_buffer(), grad_dtype_, nparams_);
   e_.ops().grad_clip_scale(&scalars_->grad_scale, &scalars_->grad_norm, &scalars_->grad_sum_squares, 1.0,
