@@ -9,7 +9,9 @@ namespace anvil::dist {
 GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes)
     : comm_(comm),
       store_(store),
-      bucket_elems_(std::max<size_t>(1, bucket_bytes / dtype_bytes(store.precision().grad, 1))),
+      bucket_elems_(bucket_bytes == 0
+                        ? SIZE_MAX
+                        : std::max<size_t>(1, bucket_bytes / dtype_bytes(store.precision().grad, 1))),
       pending_begin_(store.numel()),
       pending_end_(store.numel()) {
   store_.set_grads_ready_hook([this](int unit) { unit_ready(unit); });

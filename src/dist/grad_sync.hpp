@@ -7,7 +7,7 @@
 // completes them in reverse, so the completed units always form one contiguous range at the buffer's end: a
 // bucket is the range of the units completed since the last one was queued, queued once it holds at least
 // `bucket_bytes` (DeepSpeed's reduce_bucket_size, in bytes of the gradient type) and at the step's last
-// unit. One collective per bucket.
+// unit. One collective per bucket. `bucket_bytes` 0: one bucket after the whole backward (no overlap).
 //
 // Gradient accumulation: only the step's last micro-batch reduces (the sums of the earlier ones are in the
 // buffer by then), so a step makes one reduction whatever its accumulation.

@@ -481,7 +481,7 @@ const std::vector<ConfigKeyDoc>
              .section = "Distributed",
              .type = "number",
              .meaning =
-                 R"md(Data parallelism: megabytes of gradients per bucket; each bucket is all-reduced as soon as backward has completed it, overlapping the rest of the backward (Hugging Face's `ddp_bucket_cap_mb`; default 25).)md"},
+                 R"md(Data parallelism: megabytes of gradients per bucket; each bucket is all-reduced as soon as backward has completed it, overlapping the rest of the backward (Hugging Face's `ddp_bucket_cap_mb`; default 25). 0: no overlap, one reduction after the whole backward (DeepSpeed's `overlap_comm: false`). DeepSpeed's `zero_optimization.reduce_bucket_size` (elements) sets it as fp32 megabytes.)md"},
 };
 
 const json& default_values() {

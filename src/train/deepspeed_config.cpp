@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "anvil/error.hpp"
+#include "dist/dist_env.hpp"
 #include "optim/optimizer_kind.hpp"
 
 namespace anvil {
@@ -197,12 +198,22 @@ void Applier::optimizer(const json& v) {
   }
 }
 
+// zero_optimization. Stage 0 (data parallelism without partitioning) is what this version runs; its keys are
+// honoured (reduce_bucket_size, overlap_comm) or have nothing to change in Anvil (contiguous_gradients: the
+// gradients are always one flat buffer); the keys of the partitioning stages are accepted where DeepSpeed
+// itself ignores them (a stage-3 key under stage 0), and offload is refused.
 void Applier::zero(const json& v) {
   int stage = 0;
   if (v.is_boolean()) {  // DeepSpeed's legacy form: true is stage 1
     stage = v.get<bool>() ? 1 : 0;
   } else {
     object("zero_optimization", v);
+    only("zero_optimization", v,
+         {"stage", "allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
+          "reduce_bucket_size", "contiguous_gradients", "round_robin_gradients", "offload_optimizer",
+          "offload_param", "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+          "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+          "stage3_gather_16bit_weights_on_model_save"});
     if (v.contains("stage")) {
       const json& s = v["stage"];
       const bool integral = s.is_number_integer();
@@ -215,18 +226,62 @@ void Applier::zero(const json& v) {
                 src_, stage);
   ANVIL_REQUIRE(
       stage == 0,
-      "{}: ZeRO stage {} (zero_optimization.stage) is not supported yet; only stage 0 (no partitioning) "
-      "is. Remove zero_optimization or set its stage to 0",
+      "{}: ZeRO stage {} (zero_optimization.stage) is not supported yet; stage 0 (data parallelism: every "
+      "rank keeps the whole model, gradients all-reduced) is. Set its stage to 0, or remove "
+      "zero_optimization",
       src_, stage);
+  if (!v.is_object()) return;
+  for (const char* block : {"offload_optimizer", "offload_param"}) {
+    if (!v.contains(block)) continue;
+    const json& o = v[block];
+    object(std::string("zero_optimization.") + block, o);
+    const std::string device =
+        o.contains("device") ? string(std::string("zero_optimization.") + block + ".device", o["device"])
+                             : "none";
+    ANVIL_REQUIRE(
+        device == "none",
+        "{}: DeepSpeed key 'zero_optimization.{}.device' is \"{}\": offload is not supported yet; set it "
+        "to \"none\" or remove '{}'",
+        src_, block, device, block);
+  }
+  // Bucket size: DeepSpeed counts elements; Anvil's ddp_bucket_cap_mb counts megabytes of fp32 gradients.
+  if (v.contains("reduce_bucket_size") && !is_auto(v["reduce_bucket_size"])) {
+    const json& b = v["reduce_bucket_size"];
+    const double elements = number("zero_optimization.reduce_bucket_size", b);
+    ANVIL_REQUIRE(elements >= 1,
+                  "{}: DeepSpeed key 'zero_optimization.reduce_bucket_size' must be >= 1, got {}", src_,
+                  b.dump());
+    fill("zero_optimization.reduce_bucket_size", b, "ddp_bucket_cap_mb", c_.ddp_bucket_cap_mb,
+         elements * 4.0 / (1024.0 * 1024.0));
+  }
+  // overlap_comm false: one reduction after the whole backward (ddp_bucket_cap_mb 0).
+  if (v.contains("overlap_comm") && !is_auto(v["overlap_comm"]) &&
+      !boolean("zero_optimization.overlap_comm", v["overlap_comm"]))
+    fill("zero_optimization.overlap_comm", v["overlap_comm"], "ddp_bucket_cap_mb", c_.ddp_bucket_cap_mb, 0.0);
+  for (const char* flag : {"allgather_partitions", "overlap_comm", "reduce_scatter", "contiguous_gradients",
+                           "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save"})
+    if (v.contains(flag) && !is_auto(v[flag])) boolean(std::string("zero_optimization.") + flag, v[flag]);
+  for (const char* size :
+       {"allgather_bucket_size", "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
+    if (v.contains(size) && !is_auto(v[size])) number(std::string("zero_optimization.") + size, v[size]);
 }
 
-// train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size (1). As
+// train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size (the
+// launcher's: dist_env.hpp). As
 // DeepSpeed does, when one of the two factors is unknown (absent from the DeepSpeed config and not
 // given in the Anvil config) it is derived from the other; when both are, micro = train_batch_size.
 void Applier::batch(const json& ds) {
   if (!ds.contains("train_batch_size") || is_auto(ds["train_batch_size"])) return;
-  const int total = integer("train_batch_size", ds["train_batch_size"]);
-  ANVIL_REQUIRE(total >= 1, "{}: DeepSpeed key 'train_batch_size' must be >= 1, got {}", src_, total);
+  const int world = dist::read_dist_env().world_size;
+  const int total_global = integer("train_batch_size", ds["train_batch_size"]);
+  ANVIL_REQUIRE(total_global >= 1, "{}: DeepSpeed key 'train_batch_size' must be >= 1, got {}", src_,
+                total_global);
+  ANVIL_REQUIRE(
+      total_global % world == 0,
+      "{}: train_batch_size {} is not a multiple of the world size {} (processes started by the launcher)",
+      src_, total_global, world);
+  const int total = total_global / world;  // per process: micro-batch x accumulation
   const bool micro_known =
       ds.contains("train_micro_batch_size_per_gpu") || given_.count("per_device_train_batch_size");
   const bool accum_known =
@@ -236,14 +291,14 @@ void Applier::batch(const json& ds) {
   if (micro_known && !accum_known) {
     ANVIL_REQUIRE(micro >= 1 && total % micro == 0,
                   "{}: train_batch_size {} is not a multiple of the micro-batch {} "
-                  "(train_micro_batch_size_per_gpu / per_device_train_batch_size) x world size 1",
-                  src_, total, micro);
+                  "(train_micro_batch_size_per_gpu / per_device_train_batch_size) x world size {}",
+                  src_, total_global, micro, world);
     accum = total / micro;
   } else if (accum_known && !micro_known) {
     ANVIL_REQUIRE(
         accum >= 1 && total % accum == 0,
-        "{}: train_batch_size {} is not a multiple of gradient_accumulation_steps {} x world size 1", src_,
-        total, accum);
+        "{}: train_batch_size {} is not a multiple of gradient_accumulation_steps {} x world size {}", src_,
+        total_global, accum, world);
     micro = total / accum;
   } else if (!micro_known && !accum_known) {
     micro = total;
@@ -252,9 +307,9 @@ void Applier::batch(const json& ds) {
   ANVIL_REQUIRE(
       int64_t(micro) * accum == total,
       "{}: train_batch_size {} must equal train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} "
-      "x world size 1 = {} (the micro-batch is per_device_train_batch_size, the accumulation "
+      "x world size {} = {} (the micro-batch is per_device_train_batch_size, the accumulation "
       "gradient_accumulation_steps of the Anvil config when the DeepSpeed values are \"auto\" or absent)",
-      src_, total, micro, accum, int64_t(micro) * accum);
+      src_, total_global, micro, accum, world, int64_t(micro) * accum * world);
 }
 
 void Applier::apply(const json& ds) {

@@ -548,8 +548,9 @@ void TrainConfig::validate(const std::string& s) const {
                 "{} '{}' is not supported (constant, constant_with_warmup, linear, cosine)",
                 subject("lr_scheduler_type"), lr_scheduler_type);
   ANVIL_REQUIRE(ddp_timeout >= 1, "{} must be >= 1 second, got {}", subject("ddp_timeout"), ddp_timeout);
-  ANVIL_REQUIRE(ddp_bucket_cap_mb > 0, "{} must be > 0 (MB), got {}", subject("ddp_bucket_cap_mb"),
-                ddp_bucket_cap_mb);
+  ANVIL_REQUIRE(ddp_bucket_cap_mb >= 0,
+                "{} must be >= 0 (MB; 0: one reduction after the whole backward), got {}",
+                subject("ddp_bucket_cap_mb"), ddp_bucket_cap_mb);
   ANVIL_REQUIRE(max_grad_norm >= 0, "{} must be >= 0 (0 disables clipping), got {}", subject("max_grad_norm"),
                 max_grad_norm);
   ANVIL_REQUIRE(logging_steps >= 1, "{} must be >= 1, got {}", subject("logging_steps"), logging_steps);

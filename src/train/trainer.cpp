@@ -89,6 +89,7 @@ class Run {
   void load_weights();
   void resume();
   void begin_outputs();
+  StepResult run_step_named(int64_t step, StepInstruments& instruments);
   void run_step(int64_t step, ProgressLog& progress, StepInstruments& instruments, EvalSchedule& eval,
                 Checkpointer& checkpoints);
   TrainSummary finish(const ProgressLog& progress, const EvalSchedule& eval, const Checkpointer& checkpoints);
@@ -272,7 +273,7 @@ void Run::run_step(int64_t step, ProgressLog& progress, StepInstruments& instrum
                    Checkpointer& checkpoints) {
   const Clock::time_point started = Clock::now();
   instruments.begin_step(step + 1);
-  const StepResult r = step_->run(step, instruments);
+  const StepResult r = run_step_named(step, instruments);
   instruments.end_step(step + 1);
   progress.step_done(step, r, started);
   eval.after_step(step + 1, step_->free_slot());
@@ -280,6 +281,16 @@ void Run::run_step(int64_t step, ProgressLog& progress, StepInstruments& instrum
     checkpoints.save({step + 1, total_steps_, step_->resume_position(), rng_.state(),
                       loss_sum_before_ + progress.totals().loss_sum, steps_before_ + step + 1 - start_step_,
                       step_->scaler()});
+}
+
+// With several processes a failed collective (a rank died, hangs or diverged) names the step it broke.
+StepResult Run::run_step_named(int64_t step, StepInstruments& instruments) {
+  if (!env_.distributed()) return step_->run(step, instruments);
+  try {
+    return step_->run(step, instruments);
+  } catch (const Error& e) {
+    ANVIL_THROW("step {}: {}", step + 1, e.what());
+  }
 }
 
 TrainSummary Run::finish(const ProgressLog& progress, const EvalSchedule& eval,

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "data/loader.hpp"
 #include "dist/communicator.hpp"
+#include "dist/launcher.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/device.hpp"
 #include "test_util.hpp"
@@ -176,6 +178,36 @@ TEST(DataParallelErrors, DifferentConfigsAreRefused) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rank 1 of 2 runs another config than rank 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("learning_rate"), std::string::npos) << r.output;
+}
+
+// A rank that dies mid-run (SIGKILL, no launcher to stop the others) makes the other rank stop with an error
+// naming the step and the collective, well within ddp_timeout, instead of hanging.
+TEST(DataParallelErrors, KilledRankStopsTheOthers) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const std::string cfg = write_config(c, "run",
+                                       {{"per_device_train_batch_size", 2},
+                                        {"max_steps", 1000000},
+                                        {"logging_steps", 1000},
+                                        {"save_strategy", "no"}});
+  const std::string script = fmt::format(
+      "export MASTER_ADDR=127.0.0.1 MASTER_PORT={} WORLD_SIZE=2 OMP_NUM_THREADS=1\n"
+      "RANK=0 LOCAL_RANK=0 {} train --config {} --ddp_timeout 60 > {}/r0.log 2>&1 &\n"
+      "p0=$!\n"
+      "RANK=1 LOCAL_RANK=1 timeout -s KILL 3 {} train --config {} --ddp_timeout 60 > {}/r1.log 2>&1\n"
+      "wait $p0\n"
+      "echo $? > {}/r0.exit\n",
+      dist::free_tcp_port(), ANVIL_BINARY, cfg, c.dir.str(), ANVIL_BINARY, cfg, c.dir.str(), c.dir.str());
+  test::write_file(c.dir / "kill.sh", script);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(std::system(("sh " + (c.dir / "kill.sh")).c_str()), 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 30) << "rank 0 took too long to notice";
+  EXPECT_NE(test::read_file(c.dir / "r0.exit"), "0\n");
+  const std::string log = test::read_file(c.dir / "r0.log");
+  EXPECT_NE(log.find("step "), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 0 of 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("all_reduce"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -206,6 +206,55 @@ TEST(DeepSpeedConfig, ZeroStages) {
   expect_error({{"zero_optimization", {{"stage", "auto"}}}}, {"zero_optimization.stage", "\"auto\""});
 }
 
+// train_batch_size counts every process's sequences: under a launcher of 2 processes, 16 with micro-batch 4
+// means 2 accumulation steps.
+TEST(DeepSpeedConfig, TrainBatchSizeCountsTheWorld) {
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  const TrainConfig c = apply({{"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 4}});
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  test::expect_error([] { apply({{"train_batch_size", 15}}); }, {"not a multiple of the world size 2"});
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("LOCAL_RANK");
+}
+
+// Stage 0's keys: reduce_bucket_size (elements) sets ddp_bucket_cap_mb as fp32 megabytes, overlap_comm false
+// one reduction after backward; the partitioning stages' keys are accepted as DeepSpeed accepts them under
+// stage 0; offload is refused; unknown keys are named.
+TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
+  EXPECT_DOUBLE_EQ(
+      apply({{"zero_optimization", {{"stage", 0}, {"reduce_bucket_size", 5e8}}}}).ddp_bucket_cap_mb,
+      5e8 * 4 / (1024.0 * 1024.0));
+  EXPECT_DOUBLE_EQ(
+      apply({{"zero_optimization", {{"stage", 0}, {"reduce_bucket_size", "auto"}}}}).ddp_bucket_cap_mb, 25.0);
+  EXPECT_EQ(apply({{"zero_optimization", {{"overlap_comm", false}}}}).ddp_bucket_cap_mb, 0.0);
+  EXPECT_EQ(apply({{"zero_optimization", {{"overlap_comm", true}}}}).ddp_bucket_cap_mb, 25.0);
+  EXPECT_NO_THROW(apply({{"zero_optimization",
+                          {{"stage", 0},
+                           {"contiguous_gradients", true},
+                           {"allgather_partitions", true},
+                           {"allgather_bucket_size", 2e8},
+                           {"reduce_scatter", true},
+                           {"round_robin_gradients", false},
+                           {"sub_group_size", 1e9},
+                           {"stage3_prefetch_bucket_size", "auto"},
+                           {"stage3_gather_16bit_weights_on_model_save", true},
+                           {"offload_optimizer", {{"device", "none"}}}}}}));
+  expect_error(
+      {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}}}}},
+      {"ds.json", "'zero_optimization.offload_optimizer.device' is \"cpu\"", "offload is not supported yet"});
+  expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}}}}}},
+               {"'zero_optimization.offload_param.device' is \"nvme\""});
+  expect_error(
+      {{"zero_optimization", {{"reduce_bucket_sise", 1}}}},
+      {"'zero_optimization.reduce_bucket_sise'", "did you mean 'zero_optimization.reduce_bucket_size'"});
+  expect_error({{"zero_optimization", {{"overlap_comm", "yes"}}}},
+               {"'zero_optimization.overlap_comm'", "true or false"});
+  expect_error({{"zero_optimization", {{"reduce_bucket_size", 0}}}}, {"reduce_bucket_size' must be >= 1"});
+}
+
 TEST(DeepSpeedConfig, UnknownKeysNameTheKeyAndFile) {
   expect_error({{"zero_optimisation", {{"stage", 0}}}},
                {"ds.json", "'zero_optimisation'", "did you mean 'zero_optimization'", "supported:"});
