@@ -31,6 +31,8 @@ class ProcessGroup {
   // Rank 0: the one that prints, writes metrics, the summary and checkpoints.
   bool is_main() const { return env_.rank == 0; }
   Communicator& comm() { return *comm_; }
+  // The job's store (null with one process).
+  Store* store() { return store_.get(); }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Every rank's `text` for `name`, in rank order (through the store; one process: {text}). Each name may

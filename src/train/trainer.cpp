@@ -19,6 +19,7 @@
 #include "dist/dist_env.hpp"
 #include "dist/grad_sync.hpp"
 #include "dist/process_group.hpp"
+#include "dist/watchdog.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
 #include "train/checkpointer.hpp"
@@ -78,6 +79,7 @@ class Run {
   // After a failure: the error goes into the run directory (once training has started).
   void record_error(std::string_view message) noexcept {
     if (run_dir_) run_dir_->record_error(message);
+    if (watchdog_) watchdog_->post_failure(std::string(message));
   }
 
  private:
@@ -90,6 +92,7 @@ class Run {
   void resume();
   void begin_outputs();
   StepResult run_step_named(int64_t step, StepInstruments& instruments);
+  void leave_job();
   void run_step(int64_t step, ProgressLog& progress, StepInstruments& instruments, EvalSchedule& eval,
                 Checkpointer& checkpoints);
   TrainSummary finish(const ProgressLog& progress, const EvalSchedule& eval, const Checkpointer& checkpoints);
@@ -110,6 +113,7 @@ class Run {
   // After the engine (they use its device and model), so they go first.
   std::unique_ptr<dist::ProcessGroup> group_;
   std::unique_ptr<dist::GradSync> grad_sync_;  // several processes only
+  std::unique_ptr<dist::Watchdog> watchdog_;
   std::unique_ptr<TrainStep> step_;
   std::optional<MetricsLog> metrics_;
   Rng rng_{0};
@@ -143,7 +147,17 @@ TrainSummary Run::go() {
     run_step(step, progress, instruments, eval, checkpoints);
   runtime_ = progress.elapsed();
   instruments.finish();
-  return finish(progress, eval, checkpoints);
+  TrainSummary s = finish(progress, eval, checkpoints);
+  leave_job();
+  return s;
+}
+
+// The ranks part together: every watchdog stops before any rank (rank 0: the job's store) goes away.
+void Run::leave_job() {
+  if (!env_.distributed()) return;
+  group_->comm().barrier();
+  watchdog_.reset();
+  group_->comm().barrier();
 }
 
 // The model's shape, starting point and tokenizer; the run directory; the data (its kind must be the
@@ -178,6 +192,7 @@ void Run::make_engine() {
   std::unique_ptr<Device> device =
       kind == DeviceKind::CUDA && env_.distributed() ? make_cuda_device(env_.local_rank) : make_device(kind);
   group_ = std::make_unique<dist::ProcessGroup>(env_, *device, std::chrono::seconds(cfg_.ddp_timeout));
+  watchdog_ = std::make_unique<dist::Watchdog>(*group_, std::chrono::seconds(cfg_.ddp_timeout));
   MemoryFit fit = fit_to_memory(cfg_, model_cfg_, device->kind(), agreed_available_memory(*device),
                                 device->context_overhead_bytes(), device->name());
   fmt::print("{}", fit.message);
@@ -287,7 +302,10 @@ void Run::run_step(int64_t step, ProgressLog& progress, StepInstruments& instrum
 StepResult Run::run_step_named(int64_t step, StepInstruments& instruments) {
   if (!env_.distributed()) return step_->run(step, instruments);
   try {
-    return step_->run(step, instruments);
+    watchdog_->step_begins(step + 1);
+    const StepResult r = step_->run(step, instruments);
+    watchdog_->step_ends();
+    return r;
   } catch (const Error& e) {
     ANVIL_THROW("step {}: {}", step + 1, e.what());
   }

@@ -210,5 +210,37 @@ TEST(DataParallelErrors, KilledRankStopsTheOthers) {
   EXPECT_NE(log.find("all_reduce"), std::string::npos) << log;
 }
 
+// A rank that hangs (stopped with SIGSTOP) makes the other rank stop once ddp_timeout has passed, with an
+// error that says so, instead of waiting forever.
+TEST(DataParallelErrors, HangingRankStopsTheOthersAfterTheTimeout) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const std::string cfg = write_config(c, "run",
+                                       {{"per_device_train_batch_size", 2},
+                                        {"max_steps", 1000000},
+                                        {"logging_steps", 1000},
+                                        {"save_strategy", "no"},
+                                        {"ddp_timeout", 3}});
+  const std::string script = fmt::format(
+      "export MASTER_ADDR=127.0.0.1 MASTER_PORT={} WORLD_SIZE=2 OMP_NUM_THREADS=1\n"
+      "RANK=0 LOCAL_RANK=0 {} train --config {} > {}/r0.log 2>&1 &\n"
+      "p0=$!\n"
+      "RANK=1 LOCAL_RANK=1 {} train --config {} > {}/r1.log 2>&1 &\n"
+      "p1=$!\n"
+      "sleep 2; kill -STOP $p1\n"
+      "wait $p0; echo $? > {}/r0.exit\n"
+      "kill -KILL $p1; wait $p1 2>/dev/null; true\n",
+      dist::free_tcp_port(), ANVIL_BINARY, cfg, c.dir.str(), ANVIL_BINARY, cfg, c.dir.str(), c.dir.str());
+  test::write_file(c.dir / "hang.sh", script);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(std::system(("sh " + (c.dir / "hang.sh")).c_str()), 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 20) << "rank 0 did not stop after the timeout";
+  EXPECT_NE(test::read_file(c.dir / "r0.exit"), "0\n");
+  const std::string log = test::read_file(c.dir / "r0.log");
+  EXPECT_NE(log.find("rank 0 of 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("3 s"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace anvil
