@@ -94,6 +94,10 @@ TrainerState parse_trainer_state(std::string_view text, const std::string& path)
     ANVIL_REQUIRE(v->is_object(), "{}: 'loss_scaler' must be an object, got {}", path, describe(*v));
     s.loss_scaler = *v;
   }
+  if (const json* v = member(j, "world_size")) {
+    s.world_size = int64_t(non_negative_integer(*v, path, "world_size", kInt64Max));
+    ANVIL_REQUIRE(s.world_size >= 1, "{}: 'world_size' must be >= 1, got {}", path, s.world_size);
+  }
   if (const json* v = member(j, "config")) {
     ANVIL_REQUIRE(v->is_object(), "{}: 'config' must be an object (the run's training config), got {}", path,
                   describe(*v));

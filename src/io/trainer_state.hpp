@@ -19,6 +19,7 @@ struct TrainerState {
   int64_t train_loss_steps = 0;  // >= 0: the steps summed into train_loss_sum
   nlohmann::json loss_scaler;  // fp16: the scaler's state object (LossScaler::load_state checks it); or null
   nlohmann::json config;       // the training config of the run that saved it (an object), or null
+  int64_t world_size = 1;      // >= 1: the processes of the run that saved it (data parallel)
 };
 
 // Parses and validates the text of a trainer_state.json; `path` names it in errors. Any input (arbitrary

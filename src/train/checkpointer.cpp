@@ -10,6 +10,7 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc
                            RunDirectory* dir, std::string tokenizer_file)
     : cfg_(cfg),
       enabled_(rc.save_checkpoints && dir != nullptr),
+      world_size_(rc.world_size),
       e_(e),
       dir_(dir),
       tokenizer_file_(std::move(tokenizer_file)) {}
@@ -28,6 +29,7 @@ void Checkpointer::save(const TrainingState& s) {
                           {"lr_scheduler_type", cfg_.lr_scheduler_type},
                           {"learning_rate", cfg_.learning_rate},
                           {"warmup_steps", cfg_.warmup_steps},
+                          {"world_size", world_size_},
                           {"config", cfg_.to_json()}};
   if (s.scaler) state["loss_scaler"] = s.scaler->state();
   const std::string dir =

@@ -42,6 +42,7 @@ class Checkpointer {
  private:
   const TrainConfig& cfg_;
   const bool enabled_;
+  const int world_size_;  // recorded: a resume on another world size keeps the global batch
   Engine& e_;
   RunDirectory* dir_;
   const std::string tokenizer_file_;

@@ -4,6 +4,7 @@
 #include <optional>
 #include <vector>
 
+#include "dist/dist_env.hpp"
 #include "io/atomic_dir.hpp"
 
 namespace anvil {
@@ -151,7 +152,20 @@ void check_resume_consistency(const TrainConfig& cfg, const std::string& checkpo
       check.given("per_device_train_batch_size") || check.given("gradient_accumulation_steps");
   const std::optional<int64_t> had_b = check.saved_int(saved, "per_device_train_batch_size");
   const std::optional<int64_t> had_a = check.saved_int(saved, "gradient_accumulation_steps");
-  if (batch_given && had_b && had_a) {
+  const int64_t world = dist::read_dist_env().world_size;
+  if (had_b && had_a && world != state.world_size) {
+    // Another world size: the global batch (micro-batch x accumulation x processes) is what a resume keeps,
+    // so that the data position means the same windows.
+    const int64_t had_global = *had_b * *had_a * state.world_size;
+    const int64_t global = int64_t(cfg.per_device_train_batch_size) * cfg.gradient_accumulation_steps * world;
+    ANVIL_REQUIRE(
+        global == had_global,
+        "resume_from_checkpoint '{}': the checkpoint's run had {} process(es) x {} x {} accumulation = a "
+        "global batch of {}, this one has {} x {} x {} = {} ({}); set per_device_train_batch_size and "
+        "gradient_accumulation_steps so that their product times {} process(es) is {}",
+        checkpoint, state.world_size, *had_b, *had_a, had_global, world, cfg.per_device_train_batch_size,
+        cfg.gradient_accumulation_steps, global, state_file, world, had_global);
+  } else if (batch_given && had_b && had_a) {
     const bool had_auto = saved.contains("auto_find_batch_size") && saved["auto_find_batch_size"] == true;
     if (cfg.auto_find_batch_size || had_auto) {
       // auto_find_batch_size trades micro-batch for accumulation at start-up: their product is what is fixed.

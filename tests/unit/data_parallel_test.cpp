@@ -165,6 +165,78 @@ TEST_P(DataParallel, AdamWAccumulationLossCurveEqualsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 3));
 
+// Two "nodes" of one process each, as two process groups of this machine (anvil launch --nnodes 2, once per
+// node): the same run as one node with two processes.
+TEST(DataParallelNodes, TwoNodesEqualOneNode) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const json sgd = {{"optim", "sgd"}, {"learning_rate", 0.3}, {"per_device_train_batch_size", 2}};
+  const test::CommandResult one_node = launch(2, write_config(c, "one_node", sgd));
+  ASSERT_EQ(one_node.exit_code, 0) << one_node.output;
+  const std::string cfg = write_config(c, "two_nodes", sgd);
+  const int port = dist::free_tcp_port();
+  const std::string node = fmt::format(
+      "{} launch --nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 "
+      "--master_port {} --node_rank",
+      ANVIL_BINARY, port);
+  const std::string script = fmt::format(
+      "export OMP_NUM_THREADS=1\n"
+      "{} 1 train --config {} > {}/node1.log 2>&1 &\n"
+      "p1=$!\n"
+      "{} 0 train --config {} > {}/node0.log 2>&1; e0=$?\n"
+      "wait $p1; e1=$?\n"
+      "exit $((e0 + e1))\n",
+      node, cfg, c.dir.str(), node, cfg, c.dir.str());
+  test::write_file(c.dir / "nodes.sh", script);
+  ASSERT_EQ(std::system(("sh " + (c.dir / "nodes.sh")).c_str()), 0)
+      << test::read_file(c.dir / "node0.log") << test::read_file(c.dir / "node1.log");
+  EXPECT_NE(test::read_file(c.dir / "node0.log").find("processes: 2 on 2 node(s)"), std::string::npos)
+      << test::read_file(c.dir / "node0.log");
+  // (Each node's launcher gives its process every core: CPU sums may round differently.)
+  EXPECT_LT(weights_rel_diff(c.dir / "one_node/checkpoint-20/model.safetensors",
+                             c.dir / "two_nodes/checkpoint-20/model.safetensors"),
+            1e-6);
+}
+
+// Resume: a data-parallel run resumed from its checkpoint on the same world size continues bit for bit; on
+// another world size with the same global batch (1 process x 4 after 2 x 2) it continues as one process
+// would (same windows, sums in another order).
+TEST(DataParallelResume, SameAndOtherWorldSize) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const std::string cfg = write_config(c, "full", {{"per_device_train_batch_size", 2}, {"save_steps", 10}});
+  const test::CommandResult full = launch(2, cfg);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const std::string ckpt = c.dir / "full/checkpoint-10";
+  const test::CommandResult resumed =
+      launch(2, cfg, "--output_dir " + (c.dir / "resumed") + " --resume_from_checkpoint " + ckpt);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<double> a = losses_of(c.dir / "full/metrics.jsonl"),
+                            b = losses_of(c.dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 10u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[10 + i], b[i]) << "step " << i + 11;
+  EXPECT_EQ(weights_rel_diff(c.dir / "full/checkpoint-20/model.safetensors",
+                             c.dir / "resumed/checkpoint-20/model.safetensors"),
+            0.0);
+
+  const test::CommandResult other =
+      test::run_anvil("train --config " + cfg + " --per_device_train_batch_size 4 --output_dir " +
+                      (c.dir / "other") + " --resume_from_checkpoint " + ckpt);
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  const std::vector<double> o = losses_of(c.dir / "other/metrics.jsonl");
+  ASSERT_EQ(o.size(), 10u);
+  for (size_t i = 0; i < o.size(); ++i)
+    EXPECT_NEAR(o[i], a[10 + i], 1e-5 * std::fabs(a[10 + i])) << "step " << i + 11;
+
+  // One process keeping the checkpoint's micro-batch would halve the global batch: refused, saying what to
+  // set.
+  const test::CommandResult halved = test::run_anvil(
+      "train --config " + cfg + " --output_dir " + (c.dir / "halved") + " --resume_from_checkpoint " + ckpt);
+  EXPECT_NE(halved.exit_code, 0);
+  EXPECT_NE(halved.output.find("global batch of 4"), std::string::npos) << halved.output;
+}
+
 // Every rank must run the same config: one rank given another learning rate stops every rank at start-up
 // with a message naming the rank and the differing line.
 TEST(DataParallelErrors, DifferentConfigsAreRefused) {
