@@ -6,11 +6,18 @@
 //   --gpu_memory SIZE  the memory to fit in (default: --gpu's, else what the GPU here has free, if any)
 //   --overhead_bytes   the CUDA context overhead to assume instead of measuring it (default without a GPU
 //                      here: the typical overhead below)
+//   --num_gpus N       a data-parallel job of N processes (GPUs) per node on --num_nodes M nodes: the global
+//   --num_nodes M      batch, each node's host memory, and DeepSpeed's ZeRO-2/3 model-states estimates
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 
 #include "cli/config_flags.hpp"
+#include "cli/help.hpp"
+#include "memory/deepspeed_estimate.hpp"
+#include "memory/host_staging.hpp"
 #include "runtime/device.hpp"
 #include "train/engine.hpp"
 #include "train/memory_fit.hpp"
@@ -27,6 +34,13 @@ struct EstimateFlags {
   std::string gpu;
   std::string gpu_memory;
   std::string overhead_bytes;
+  // A data-parallel job (--num_gpus processes per node, --num_nodes nodes); `job`: either flag was given, so
+  // the estimate prints the job's section.
+  int num_gpus = 1;
+  int num_nodes = 1;
+  bool job = false;
+
+  int64_t world() const { return int64_t(num_gpus) * num_nodes; }
 };
 
 // The CUDA context overhead (context, streams, library state, and the 32 MiB reserve for what loads
@@ -161,6 +175,166 @@ std::string model_line(const TransformerConfig& m) {
                      m.n_embd, m.vocab_size, m.num_parameters() / 1e6);
 }
 
+// --- a data-parallel job (--num_gpus, --num_nodes) -----------------------------------------------------
+
+// The DeepSpeed importer divides train_batch_size by the launcher's world (dist_env.hpp): while it resolves
+// the config, the environment is that of rank 0 of the planned job (torchrun's variables), so the estimate
+// settles the batch as the job's processes will. Restored afterwards.
+class PlannedJobEnvironment {
+ public:
+  PlannedJobEnvironment(int gpus_per_node, int nodes) {
+    set("RANK", "0");
+    set("WORLD_SIZE", std::to_string(int64_t(gpus_per_node) * nodes));
+    set("LOCAL_RANK", "0");
+    set("LOCAL_WORLD_SIZE", std::to_string(gpus_per_node));
+    set("GROUP_RANK", "0");
+    set("GROUP_WORLD_SIZE", std::to_string(nodes));
+    set("MASTER_ADDR", "127.0.0.1");
+  }
+  ~PlannedJobEnvironment() {
+    for (const auto& [name, old] : saved_) {
+      if (old)
+        setenv(name.c_str(), old->c_str(), 1);
+      else
+        unsetenv(name.c_str());
+    }
+  }
+  PlannedJobEnvironment(const PlannedJobEnvironment&) = delete;
+  PlannedJobEnvironment& operator=(const PlannedJobEnvironment&) = delete;
+
+ private:
+  void set(const char* name, const std::string& value) {
+    const char* old = std::getenv(name);
+    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+    setenv(name, value.c_str(), 1);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// 1234567 -> "1,234,567"
+std::string group_digits(size_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// What one process of the job is: a GPU, or a CPU process (Gloo).
+const char* process_word(const Target& t) {
+  return t.kind == DeviceKind::CUDA ? "GPU" : "process";
+}
+
+std::string count(int64_t n, const std::string& word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : (word == "process" ? "es" : "s"));
+}
+
+// "8 GPUs per node x 2 nodes"
+std::string job_shape(const Target& t, const EstimateFlags& f) {
+  return fmt::format("{} per node x {}", count(f.num_gpus, process_word(t)), count(f.num_nodes, "node"));
+}
+
+// DeepSpeed's ZeRO-2 and ZeRO-3 model-states estimates for the job, in DeepSpeed's own format.
+void print_deepspeed_estimates(const TransformerConfig& model, const EstimateFlags& f) {
+  const DeepSpeedParamCounts c = deepspeed_param_counts(model);
+  fmt::print(
+      "\nDeepSpeed's estimates for ZeRO-2 and ZeRO-3, beside Anvil's plan: its model-states estimators,\n");
+  fmt::print("computed as DeepSpeed computes them from {} parameters and the largest layer, {} ({}).\n",
+             group_digits(size_t(c.total_params)), c.largest_layer,
+             group_digits(size_t(c.largest_layer_params)));
+  fmt::print(
+      "Model states only: parameters, gradients and Adam states of 16-bit mixed-precision training,\n");
+  fmt::print("whatever this config's precision and optimizer; no activations, buffers or CUDA context.\n");
+  fmt::print("These are DeepSpeed's figures, not Anvil's plan: Anvil runs ZeRO stage 0;\n");
+  fmt::print("its own stage 1-3 plans come with those stages.\n");
+  fmt::print(
+      "\nZeRO-2 (deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs_all_cold):\n{}",
+      deepspeed_zero2_table(c.total_params, f.num_gpus, f.num_nodes));
+  fmt::print("\nZeRO-3 (deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs_all_cold):\n{}",
+             deepspeed_zero3_table(c.total_params, c.largest_layer_params, f.num_gpus, f.num_nodes));
+}
+
+// The job's section of the estimate: Anvil's stage-0 plan per GPU, the global batch, each node's host
+// memory, and DeepSpeed's figures beside them.
+void print_job(const MemoryEstimate& e, const HostStaging& host, const TransformerConfig& model,
+               const Target& t, const EstimateFlags& f) {
+  const MemoryScenario& s = e.scenario;
+  const char* unit = process_word(t);
+  fmt::print("\ndata parallel: {} = {} (ZeRO stage 0)\n", job_shape(t, f), count(f.world(), unit));
+  fmt::print("  per {0}, data parallel (ZeRO stage 0): every {0} holds this plan ({1} total on each)\n", unit,
+             format_bytes(e.total()));
+  fmt::print("  global batch {} sequences = micro-batch {} x {} accumulation x {} per node x {}\n",
+             s.effective_batch() * f.world(), s.micro_batch, s.accumulation, count(f.num_gpus, unit),
+             count(f.num_nodes, "node"));
+  fmt::print("  not in the plan: {} (docs/memory.md)\n",
+             t.kind == DeviceKind::CUDA ? "NCCL's own device memory, its communicators' buffers"
+                                        : "Gloo's own memory");
+
+  fmt::print("\nhost memory per node (Anvil's plan: what each process stages on the host, x {} per node):\n",
+             count(f.num_gpus, "process"));
+  size_t width = 24;
+  for (const HostBuffer& b : host.buffers) width = std::max(width, b.name.size());
+  auto row = [&](const std::string& name, const std::string& kind, size_t bytes) {
+    fmt::print("  {:<{}} {:<8} {:>14}  {:>10}\n", name, width, kind, group_digits(bytes),
+               format_bytes(bytes));
+  };
+  for (const HostBuffer& b : host.buffers) row(b.name, b.pinned ? "pinned" : "pageable", b.bytes);
+  row("per process", "", host.total_bytes());
+  row(fmt::format("per node (x {})", count(f.num_gpus, "process")), "",
+      host.total_bytes() * size_t(f.num_gpus));
+  if (host.pinned_bytes() != host.total_bytes())
+    fmt::print("  (pinned per node: {})\n", format_bytes(host.pinned_bytes() * size_t(f.num_gpus)));
+  fmt::print(
+      "  not planned, so not counted: the memory-mapped token shards (page cache), the shuffle order, "
+      "checkpoint "
+      "writing, the communicator's host memory\n");
+  print_deepspeed_estimates(model, f);
+}
+
+nlohmann::ordered_json deepspeed_json(const TransformerConfig& model, const EstimateFlags& f) {
+  const DeepSpeedParamCounts c = deepspeed_param_counts(model);
+  json zero2 = json::array(), zero3 = json::array();
+  auto device = [](bool offloaded) { return offloaded ? "cpu" : "none"; };
+  for (const DeepSpeedEstimateRow& r : deepspeed_zero2_estimates(c.total_params, f.num_gpus, f.num_nodes))
+    zero2.push_back({{"offload_optimizer", device(r.offload_optimizer)},
+                     {"cpu_bytes_per_node", r.cpu_bytes},
+                     {"gpu_bytes", r.gpu_bytes}});
+  for (const DeepSpeedEstimateRow& r :
+       deepspeed_zero3_estimates(c.total_params, c.largest_layer_params, f.num_gpus, f.num_nodes))
+    zero3.push_back({{"offload_param", device(r.offload_param)},
+                     {"offload_optimizer", device(r.offload_optimizer)},
+                     {"zero_init", r.zero_init},
+                     {"cpu_bytes_per_node", r.cpu_bytes},
+                     {"gpu_bytes", r.gpu_bytes}});
+  return {{"total_params", c.total_params},
+          {"largest_layer", c.largest_layer},
+          {"largest_layer_params", c.largest_layer_params},
+          {"zero2", zero2},
+          {"zero3", zero3}};
+}
+
+// The job in the estimate's JSON ("data_parallel"); `host` is null for a sweep (its rows differ in batch).
+nlohmann::ordered_json job_json(const MemoryScenario& s, const HostStaging* host,
+                                const TransformerConfig& model, const EstimateFlags& f) {
+  json j = {{"zero_stage", 0},
+            {"num_gpus", f.num_gpus},
+            {"num_nodes", f.num_nodes},
+            {"world_size", f.world()},
+            {"global_batch", s.effective_batch() * f.world()}};
+  if (host) {
+    json buffers = json::array();
+    for (const HostBuffer& b : host->buffers)
+      buffers.push_back({{"name", b.name}, {"bytes", b.bytes}, {"pinned", b.pinned}});
+    j["host_per_process"] = {
+        {"buffers", buffers}, {"bytes", host->total_bytes()}, {"pinned_bytes", host->pinned_bytes()}};
+    j["host_per_node"] = {{"bytes", host->total_bytes() * size_t(f.num_gpus)},
+                          {"pinned_bytes", host->pinned_bytes() * size_t(f.num_gpus)}};
+  }
+  j["deepspeed"] = deepspeed_json(model, f);
+  return j;
+}
+
 int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Target& t,
               std::optional<size_t> budget, const EstimateFlags& f) {
   const MemoryScenario configured = scenario_of(cfg);
@@ -181,6 +355,7 @@ int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Targ
                 {"overhead_source", t.overhead_source},
                 {"budget_bytes", budget ? json(*budget) : json(nullptr)},
                 {"rows", json::array()}};
+    if (f.job) out["data_parallel"] = job_json(configured, nullptr, model, f);
     for (const MemoryEstimate& e : rows) {
       json j = estimate_json(e);
       j["breakdown"].erase("buffers");
@@ -197,6 +372,11 @@ int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Targ
     fmt::print("fits: total <= {} ({} bytes{})\n", format_bytes(*budget), *budget, budget_note(t, f));
   else
     fmt::print("fits: give --gpu NAME or --gpu_memory SIZE to compare with a budget\n");
+  if (f.job)
+    fmt::print(
+        "data parallel: {} (ZeRO stage 0): every {} holds its row's plan; global batch = effective batch x "
+        "{}\n",
+        job_shape(t, f), process_word(t), f.world());
   fmt::print("{:>6} {:>6} {:<16} {:<9} {:<9} {:>12} {:>12} {:>11} {:>11} {:>12} {:>5} {:>11}\n", "micro",
              "accum", "checkpointing", "precision", "optimizer", "model states", "activations", "workspace",
              "overhead", "total", "fits", "time/token");
@@ -213,6 +393,7 @@ int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Targ
   fmt::print(
       "(model states = weights + master weights + gradients + optimizer states; time/token: a heuristic "
       "relative to the configured run, docs/memory.md)\n");
+  if (f.job) print_deepspeed_estimates(model, f);
   return 0;
 }
 
@@ -220,6 +401,7 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
                  std::optional<size_t> budget, const EstimateFlags& f) {
   const MemoryEstimate e = estimate_memory(model, cfg, t.kind, t.overhead);
   const MemoryScenario& s = e.scenario;
+  const HostStaging host = host_staging_per_process(cfg, model, e.plan);
   const bool fits = budget && e.total() <= *budget;
   std::vector<MemoryEstimate> alternatives;
   if (budget && !fits)
@@ -237,6 +419,7 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
       j["alternatives"].push_back({{"flags", a.scenario.flags_from(s)},
                                    {"total", a.total()},
                                    {"time_per_token_vs_configured", a.time_cost / e.time_cost}});
+    if (f.job) j["data_parallel"] = job_json(s, &host, model, f);
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
@@ -259,6 +442,7 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
   } else {
     print_no_budget_hint(t);
   }
+  if (f.job) print_job(e, host, model, t, f);
   fmt::print("\nbuffers:\n{}", e.plan.report(true));
   return 0;
 }
@@ -286,26 +470,45 @@ Command make_estimate(CLI::App& parent) {
          "CUDA context overhead to assume instead of measuring it, e.g. 560MiB (default without a GPU "
          "here: 560.8 MiB, typical)")
       ->type_name("SIZE");
-  return {app, [flags, ef] {
-            TrainConfig cfg = flags->resolve();
-            RunModel rm = resolve_run_model(cfg);
-            // A classifier's plan depends on its data (the labels, and the sequence length when
-            // max_seq_length is 0), exactly as the run will see it; without train_data the config's values
-            // are planned.
-            if (rm.config.is_bert() && !cfg.train_data.empty()) open_run_data(cfg, rm);
-            const TransformerConfig model = rm.config;
-            const Target t = target_device(cfg.device, *ef);
-            // The budget for the total (arena + overhead).
-            std::optional<size_t> budget;
-            if (!ef->gpu_memory.empty())
-              budget = parse_bytes(ef->gpu_memory, "--gpu_memory");
-            else if (t.gpu)
-              budget = t.gpu->memory_bytes;
-            else if (t.available)
-              budget = *t.available + t.overhead;
-            return ef->sweep ? run_sweep(cfg, model, t, budget, *ef)
-                             : run_estimate(cfg, model, t, budget, *ef);
-          }};
+  // Either flag makes the estimate a job's (even 1 x 1: DeepSpeed's tables for one GPU).
+  app->add_option(
+         "--num_gpus", ef->num_gpus,
+         "processes (GPUs) per node of a data-parallel job: prints its global batch, each node's host "
+         "memory and DeepSpeed's ZeRO-2/3 estimates")
+      ->check(positive_integer(INT_MAX))
+      ->each([ef](const std::string&) { ef->job = true; });
+  app->add_option("--num_nodes", ef->num_nodes, "nodes of that job")
+      ->check(positive_integer(INT_MAX))
+      ->each([ef](const std::string&) { ef->job = true; });
+  return {
+      app, [flags, ef] {
+        ANVIL_REQUIRE(ef->world() <= INT_MAX, "--num_gpus {} x --num_nodes {}: more processes than {}",
+                      ef->num_gpus, ef->num_nodes, INT_MAX);
+        std::optional<PlannedJobEnvironment> job_env;
+        if (ef->job) job_env.emplace(ef->num_gpus, ef->num_nodes);
+        TrainConfig cfg = flags->resolve();
+        job_env.reset();
+        RunModel rm = resolve_run_model(cfg);
+        ANVIL_REQUIRE(!rm.config.is_bert() || ef->world() == 1,
+                      "--num_gpus {} --num_nodes {}: data parallelism trains the decoder families (causal "
+                      "LM) in this version; a classification run (BERT) runs in one process",
+                      ef->num_gpus, ef->num_nodes);
+        // A classifier's plan depends on its data (the labels, and the sequence length when
+        // max_seq_length is 0), exactly as the run will see it; without train_data the config's values
+        // are planned.
+        if (rm.config.is_bert() && !cfg.train_data.empty()) open_run_data(cfg, rm);
+        const TransformerConfig model = rm.config;
+        const Target t = target_device(cfg.device, *ef);
+        // The budget for the total (arena + overhead).
+        std::optional<size_t> budget;
+        if (!ef->gpu_memory.empty())
+          budget = parse_bytes(ef->gpu_memory, "--gpu_memory");
+        else if (t.gpu)
+          budget = t.gpu->memory_bytes;
+        else if (t.available)
+          budget = *t.available + t.overhead;
+        return ef->sweep ? run_sweep(cfg, model, t, budget, *ef) : run_estimate(cfg, model, t, budget, *ef);
+      }};
 }
 
 }  // namespace

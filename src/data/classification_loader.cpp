@@ -27,9 +27,13 @@ ClassificationLoaderConfig validated(const std::shared_ptr<const ClassificationS
                 "classification loader for '{}': num_workers {} must be between 1 and 256", path,
                 cfg.num_workers);
   ANVIL_REQUIRE(shard->size() > 0, "classification shard '{}' has no examples", path);
-  ANVIL_REQUIRE(!cfg.drop_last || shard->size() >= uint64_t(cfg.batch_size),
-                "classification shard '{}' has {} examples; one batch needs batch_size = {}", path,
-                shard->size(), cfg.batch_size);
+  ANVIL_REQUIRE(cfg.ranks >= 1 && cfg.rank >= 0 && cfg.rank < cfg.ranks && (cfg.ranks == 1 || cfg.drop_last),
+                "classification loader for '{}': rank {} of {} ranks (drop_last {}) is not a valid split",
+                path, cfg.rank, cfg.ranks, cfg.drop_last);
+  ANVIL_REQUIRE(!cfg.drop_last || shard->size() >= uint64_t(cfg.batch_size) * uint64_t(cfg.ranks),
+                "classification shard '{}' has {} examples; one batch needs batch_size{} = {}", path,
+                shard->size(), cfg.ranks > 1 ? " x ranks" : "",
+                uint64_t(cfg.batch_size) * uint64_t(cfg.ranks));
   // Cutting an example would silently change what the model is trained or evaluated on (and, for [CLS] text
   // [SEP] examples, drop the [SEP]); the data must be prepared for the length instead.
   for (uint64_t i = 0; i < shard->size(); ++i)
@@ -63,7 +67,7 @@ ClassificationLoader::ClassificationLoader(std::shared_ptr<const ClassificationS
     : shard_(std::move(shard)),
       cfg_(validated(shard_, cfg)),
       batches_per_epoch_(cfg_.drop_last
-                             ? shard_->size() / uint64_t(cfg_.batch_size)
+                             ? shard_->size() / (uint64_t(cfg_.batch_size) * uint64_t(cfg_.ranks))
                              : (shard_->size() + uint64_t(cfg_.batch_size) - 1) / uint64_t(cfg_.batch_size)),
       pinned_staging_(cfg_.pin_memory
                           ? PinnedBuffer(dev, ring_slots(cfg_) * slot_ints(cfg_) * sizeof(int32_t))
@@ -104,7 +108,7 @@ void ClassificationLoader::ensure_permutation(uint64_t epoch) {
 
 void ClassificationLoader::fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin,
                                      uint64_t row_end) const {
-  const uint64_t first = pos.batch * uint64_t(cfg_.batch_size);  // permutation index of the batch's first row
+  const uint64_t first = first_row(pos);  // permutation index of the batch's first row
   const uint64_t L = uint64_t(slot.batch.length);
   for (uint64_t row = row_begin; row < row_end; ++row) {
     const uint64_t example = example_at(first + row);
@@ -120,7 +124,7 @@ void ClassificationLoader::fill_rows(Slot& slot, LoaderPosition pos, uint64_t ro
 uint64_t ClassificationLoader::prepare(Slot& slot, LoaderPosition pos) {
   if (cfg_.shuffle) ensure_permutation(pos.epoch);
   const uint64_t B = uint64_t(cfg_.batch_size);
-  const uint64_t first = pos.batch * B;
+  const uint64_t first = first_row(pos);
   const uint64_t rows = std::min(B, shard_->size() - first);
   // The batch's length: its longest example (at least 1 token), rounded up to the pad multiple, capped at
   // max_length (which no example exceeds). Decided before the rows are split among the workers.

@@ -39,6 +39,11 @@ struct ClassificationLoaderConfig {
   int prefetch = 4;           // batches assembled ahead of the consumer
   int num_workers = 1;        // threads assembling a batch (its rows are split among them)
   bool pin_memory = true;     // stage batches in page-locked memory (fast, truly async device copies)
+  // Data parallelism (as LoaderConfig::ranks): the global batch is `ranks` x batch_size examples, this
+  // loader's batches are rank `rank`'s rows of it, positions count global batches. Needs drop_last (every
+  // rank's batch is then full).
+  int ranks = 1;
+  int rank = 0;
 };
 
 struct ClassificationHostBatch {
@@ -88,6 +93,10 @@ class ClassificationLoader {
   void fill_rows(Slot& slot, LoaderPosition pos, uint64_t row_begin, uint64_t row_end) const;
   void ensure_permutation(uint64_t epoch);  // producer thread only
   uint64_t example_at(uint64_t index) const { return cfg_.shuffle ? permutation_[index] : index; }
+  // The permutation index of the first row of this rank's batch at `pos`.
+  uint64_t first_row(LoaderPosition pos) const {
+    return (pos.batch * uint64_t(cfg_.ranks) + uint64_t(cfg_.rank)) * uint64_t(cfg_.batch_size);
+  }
 
   std::shared_ptr<const ClassificationShard> shard_;
   ClassificationLoaderConfig cfg_;

@@ -26,11 +26,7 @@ class ClassificationTask final : public Task {
 
   bool init_before_load() const override { return true; }
 
-  void open_loaders(const TrainConfig& cfg, Device& dev, int, int ranks) override {
-    ANVIL_REQUIRE(ranks == 1,
-                  "{} processes: data parallelism trains the decoder families (causal LM) in this version; a "
-                  "classification run (BERT) runs in one process (start it without anvil launch / torchrun)",
-                  ranks);
+  void open_loaders(const TrainConfig& cfg, Device& dev, int rank, int ranks) override {
     cfg_ = &cfg;
     const int workers = std::max(1, cfg.dataloader_num_workers);
     const bool pin = cfg.dataloader_pin_memory;
@@ -40,7 +36,7 @@ class ClassificationTask final : public Task {
     train_ = std::make_unique<data::ClassificationLoader>(
         data_.train_examples,
         data::ClassificationLoaderConfig{cfg.per_device_train_batch_size, T, cfg.seed, true, true, pad, 8, 4,
-                                         workers, pin},
+                                         workers, pin, ranks, rank},
         dev);
     // Evaluation sees every example once, in order: the last batch may be partial.
     if (data_.val_examples)

@@ -185,7 +185,8 @@ StepResult TrainStep::end(bool skipped) {
                   rc_.precision == Precision::BF16 ? "" : " or try --bf16");
   }
   StepResult r = cur_.result;
-  // Tokens and FLOPs of the whole world: every rank's batches have this rank's shapes.
+  // Tokens and FLOPs of the whole world: every rank's batches have this rank's shapes (classification: its
+  // padded length, which may differ a little between ranks).
   r.tokens *= rc_.world_size;
   r.flops *= rc_.world_size;
   r.loss = host_.loss_sum / double(cur_.global_valid);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "data/loader.hpp"
@@ -235,6 +236,64 @@ TEST(DataParallelResume, SameAndOtherWorldSize) {
       "train --config " + cfg + " --output_dir " + (c.dir / "halved") + " --resume_from_checkpoint " + ckpt);
   EXPECT_NE(halved.exit_code, 0);
   EXPECT_NE(halved.output.find("global batch of 4"), std::string::npos) << halved.output;
+}
+
+// A BERT classifier (bert-tiny on a WordPiece vocabulary, texts labelled by whether they hold "zebra"): 2
+// processes at micro-batch 4 follow one process at micro-batch 8 (AdamW, loss curve within 1e-5).
+TEST(DataParallelClassification, TwoProcessesEqualOne) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::TempDir dir;
+  const char* words[] = {"apple", "river", "stone", "cloud", "green", "quick", "table", "light"};
+  std::string vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nzebra\n", csv = "text,label\n";
+  for (const char* w : words) vocab += std::string(w) + "\n";
+  std::mt19937 rng(3);
+  for (int i = 0; i < 400; ++i) {
+    const bool zebra = rng() % 2;
+    std::string text;
+    for (int k = 0; k < 3 + int(rng() % 10); ++k) text += std::string(k ? " " : "") + words[rng() % 8];
+    if (zebra) text += " zebra";
+    csv += text + "," + (zebra ? "yes" : "no") + "\n";
+  }
+  test::write_file(dir / "vocab.txt", vocab);
+  test::write_file(dir / "data.csv", csv);
+  const test::CommandResult prep =
+      test::run_anvil("prepare-data --input " + (dir / "data.csv") + " --tokenizer " + (dir / "vocab.txt") +
+                      " --output " + (dir / "data"));
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  auto config = [&](const std::string& name, int batch) {
+    // No dropout: its masks are drawn per process, so with dropout the two runs differ by their masks.
+    const json model = {{"family", "bert"},
+                        {"n_layer", 2},
+                        {"n_head", 2},
+                        {"n_embd", 32},
+                        {"block_size", 64},
+                        {"hidden_dropout_prob", 0},
+                        {"attention_probs_dropout_prob", 0},
+                        {"classifier_dropout", 0}};
+    const json j = {{"model", model},
+                    {"tokenizer", dir / "vocab.txt"},
+                    {"train_data", dir / "data/train.cls"},
+                    {"per_device_train_batch_size", batch},
+                    {"max_steps", 15},
+                    {"learning_rate", 1e-3},
+                    {"logging_steps", 1},
+                    {"save_strategy", "no"},
+                    {"device", "cpu"},
+                    {"seed", 7},
+                    {"dataloader_pin_memory", false},
+                    {"output_dir", dir / name}};
+    test::write_file(dir / (name + ".json"), j.dump());
+    return dir / (name + ".json");
+  };
+  const test::CommandResult one = test::run_anvil("train --config " + config("one", 8));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const test::CommandResult two = launch(2, config("two", 4));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const std::vector<double> a = losses_of(dir / "one/metrics.jsonl"),
+                            b = losses_of(dir / "two/metrics.jsonl");
+  ASSERT_EQ(a.size(), 15u);
+  ASSERT_EQ(b.size(), 15u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::fabs(a[i])) << "step " << i + 1;
 }
 
 // Every rank must run the same config: one rank given another learning rate stops every rank at start-up
