@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# On a machine with 2 or more GPUs: data parallelism on CUDA (NCCL) against one GPU, the GPU side of the
+# CPU tests in tests/unit/data_parallel_test.cpp. Prints one PASS/FAIL line per check and exits non-zero on
+# any failure:
+#   fp32, SGD, 20 steps: 2 GPUs x micro-batch 4 vs 1 GPU x 8: weights within 1e-6 relative
+#   bf16, AdamW, CUDA graphs (the whole step one graph): loss curves within 1e-4 relative
+#   bf16, AdamW, gradient accumulation 2 (a graph per micro-batch): loss curves within 1e-4 relative
+#   two "nodes" of one GPU each (anvil launch --nnodes 2, twice): the same weights as 2 GPUs of one node
+# Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
+# Keeps NCCL_NVLS_ENABLE as the environment sets it. Logs in $OUT (or runs/gpu_dist_check). DEVICE=cpu runs
+# the same checks on CPU processes (Gloo), to try the script without GPUs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-runs/gpu_dist_check}
+mkdir -p "$out"
+source scripts/gpu_env.sh
+build=${ANVIL_BUILD_DIR:-build}
+[ -d .devcarry/bin ] && build=build-cuda
+A=$PWD/$build/anvil
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+[ -s data/shakespeare/shakespeare.txt ] || bash scripts/prepare_default_data.sh "$A" > /dev/null
+"$A" prepare-data --input data/shakespeare/shakespeare.txt --output "$W/data" --tokenizer bytes > /dev/null
+cat > "$W/base.json" <<J
+{"model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "block_size": 128},
+ "train_data": "$W/data/train.bin", "max_steps": 20, "logging_steps": 1, "device": "${DEVICE:-cuda}", "seed": 5,
+ "warmup_steps": 2, "save_steps": 20, "sample_prompt": ""}
+J
+failures=0
+run() {  # name, then the command's arguments
+  local name=$1; shift
+  if ! "$@" > "$out/$name.log" 2>&1; then
+    echo "FAIL $name: exited non-zero (log: $out/$name.log)"; tail -5 "$out/$name.log"; failures=$((failures + 1))
+  fi
+}
+launch2() { "$A" launch --nproc_per_node 2 --master_port 0 "$@"; }
+run one_sgd "$A" train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size 8 --output_dir "$W/one_sgd"
+run two_sgd launch2 train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size 4 --output_dir "$W/two_sgd"
+run one_bf16 "$A" train --config "$W/base.json" --bf16 true --per_device_train_batch_size 8 --output_dir "$W/one_bf16"
+run two_bf16 launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --output_dir "$W/two_bf16"
+run one_acc "$A" train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --output_dir "$W/one_acc"
+run two_acc launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --output_dir "$W/two_acc"
+# Two nodes of one GPU each, as two process groups of this machine (the same output_dir: ranks must agree).
+port=$((29600 + RANDOM % 1000))
+node() {
+  CUDA_VISIBLE_DEVICES=$1 "$A" launch --nnodes 2 --node_rank "$1" --nproc_per_node 1 --master_port "$port" \
+    train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size 4 --output_dir "$W/nodes"
+}
+node 1 > "$out/node1.log" 2>&1 &
+n1=$!
+run node0 node 0
+wait "$n1" || { echo "FAIL node1: exited non-zero (log: $out/node1.log)"; failures=$((failures + 1)); }
+python3 - "$W" <<'P' || failures=$((failures + 1))
+import json, sys
+import numpy as np
+from safetensors.numpy import load_file
+W = sys.argv[1]
+bad = 0
+def weights_rel(a, b):
+    x, y = load_file(f"{W}/{a}/checkpoint-20/model.safetensors"), load_file(f"{W}/{b}/checkpoint-20/model.safetensors")
+    return max(float(np.abs(x[k] - y[k]).max() / max(np.abs(x[k]).max(), 1e-30)) for k in x)
+def losses(d):
+    return [json.loads(l)["loss"] for l in open(f"{W}/{d}/metrics.jsonl") if '"loss"' in l]
+def check(name, ok, detail):
+    global bad
+    print(("PASS" if ok else "FAIL"), name, detail)
+    bad += not ok
+r = weights_rel("one_sgd", "two_sgd")
+check("fp32 SGD weights, 2 GPUs vs 1", r < 1e-6, f"max relative difference {r:.2e}")
+for one, two, what in [("one_bf16", "two_bf16", "bf16 whole-step graphs"), ("one_acc", "two_acc", "bf16 accumulation")]:
+    a, b = losses(one), losses(two)
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == 20 else float("inf")
+    s = json.load(open(f"{W}/{two}/summary.json"))
+    check(f"{what} loss curve, 2 GPUs vs 1", worst < 1e-4 and s.get("world_size") == 2,
+          f"max relative difference {worst:.2e}, graphs {s['cuda_graphs']}")
+r = weights_rel("two_sgd", "nodes")
+check("two nodes vs one node (fp32 SGD weights)", r < 1e-6, f"max relative difference {r:.2e}")
+sys.exit(1 if bad else 0)
+P
+[ "$failures" -eq 0 ] && echo "gpu_dist_check: all checks passed" || echo "gpu_dist_check: $failures failure(s)"
+exit "$failures"
