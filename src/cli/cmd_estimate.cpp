@@ -211,6 +211,16 @@ class PlannedJobEnvironment {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
+// The config as the job's processes resolve it (PlannedJobEnvironment), or as one process does without
+// --num_gpus / --num_nodes.
+TrainConfig resolve_for_job(ConfigFlags& flags, const EstimateFlags& f) {
+  ANVIL_REQUIRE(f.world() <= INT_MAX, "--num_gpus {} x --num_nodes {}: more processes than {}", f.num_gpus,
+                f.num_nodes, INT_MAX);
+  if (!f.job) return flags.resolve();
+  const PlannedJobEnvironment env(f.num_gpus, f.num_nodes);
+  return flags.resolve();
+}
+
 // 1234567 -> "1,234,567"
 std::string group_digits(size_t n) {
   std::string digits = std::to_string(n), out;
@@ -480,35 +490,26 @@ Command make_estimate(CLI::App& parent) {
   app->add_option("--num_nodes", ef->num_nodes, "nodes of that job")
       ->check(positive_integer(INT_MAX))
       ->each([ef](const std::string&) { ef->job = true; });
-  return {
-      app, [flags, ef] {
-        ANVIL_REQUIRE(ef->world() <= INT_MAX, "--num_gpus {} x --num_nodes {}: more processes than {}",
-                      ef->num_gpus, ef->num_nodes, INT_MAX);
-        std::optional<PlannedJobEnvironment> job_env;
-        if (ef->job) job_env.emplace(ef->num_gpus, ef->num_nodes);
-        TrainConfig cfg = flags->resolve();
-        job_env.reset();
-        RunModel rm = resolve_run_model(cfg);
-        ANVIL_REQUIRE(!rm.config.is_bert() || ef->world() == 1,
-                      "--num_gpus {} --num_nodes {}: data parallelism trains the decoder families (causal "
-                      "LM) in this version; a classification run (BERT) runs in one process",
-                      ef->num_gpus, ef->num_nodes);
-        // A classifier's plan depends on its data (the labels, and the sequence length when
-        // max_seq_length is 0), exactly as the run will see it; without train_data the config's values
-        // are planned.
-        if (rm.config.is_bert() && !cfg.train_data.empty()) open_run_data(cfg, rm);
-        const TransformerConfig model = rm.config;
-        const Target t = target_device(cfg.device, *ef);
-        // The budget for the total (arena + overhead).
-        std::optional<size_t> budget;
-        if (!ef->gpu_memory.empty())
-          budget = parse_bytes(ef->gpu_memory, "--gpu_memory");
-        else if (t.gpu)
-          budget = t.gpu->memory_bytes;
-        else if (t.available)
-          budget = *t.available + t.overhead;
-        return ef->sweep ? run_sweep(cfg, model, t, budget, *ef) : run_estimate(cfg, model, t, budget, *ef);
-      }};
+  return {app, [flags, ef] {
+            TrainConfig cfg = resolve_for_job(*flags, *ef);
+            RunModel rm = resolve_run_model(cfg);
+            // A classifier's plan depends on its data (the labels, and the sequence length when
+            // max_seq_length is 0), exactly as the run will see it; without train_data the config's values
+            // are planned.
+            if (rm.config.is_bert() && !cfg.train_data.empty()) open_run_data(cfg, rm);
+            const TransformerConfig model = rm.config;
+            const Target t = target_device(cfg.device, *ef);
+            // The budget for the total (arena + overhead).
+            std::optional<size_t> budget;
+            if (!ef->gpu_memory.empty())
+              budget = parse_bytes(ef->gpu_memory, "--gpu_memory");
+            else if (t.gpu)
+              budget = t.gpu->memory_bytes;
+            else if (t.available)
+              budget = *t.available + t.overhead;
+            return ef->sweep ? run_sweep(cfg, model, t, budget, *ef)
+                             : run_estimate(cfg, model, t, budget, *ef);
+          }};
 }
 
 }  // namespace

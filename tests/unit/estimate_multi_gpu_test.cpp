@@ -218,7 +218,7 @@ TEST(EstimateMultiGpu, HostStagingOfAClassifier) {
                   {"output_dir", dir / "run"}};
   const TrainConfig cfg = TrainConfig::from_json(j, "test");
   const HostStaging h = planned_staging(cfg);
-  EXPECT_EQ(h.pinned_bytes(), measured_pinned_bytes(cfg, 1));
+  EXPECT_EQ(h.pinned_bytes(), measured_pinned_bytes(cfg, 2));  // rank 0 of 2
   // 6 slots of 2 x 8 ids (the longest example rounded up to 8) + 2 lengths + 2 labels; BERT trains with
   // dropout, whose state has a host copy too.
   EXPECT_EQ(h.buffers[0].bytes, 6u * (2 * 8 + 2 + 2) * 4);
@@ -333,16 +333,28 @@ TEST(EstimateMultiGpu, BadFlags) {
   r = test::run_anvil("estimate" + gpt2_124m() + " --num_gpus eight");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output, "error: --num_gpus must be a positive integer, got eight\n");
-  // A classifier trains in one process in this version.
+  r = test::run_anvil("estimate" + gpt2_124m() + " --num_gpus 100000 --num_nodes 100000");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.output, "error: --num_gpus 100000 x --num_nodes 100000: more processes than 2147483647\n");
+}
+
+// A BERT classifier's job. Its largest layer as DeepSpeed counts it is the MLP input: 256 x 16 weights + 256
+// biases.
+TEST(EstimateMultiGpu, ClassifierJob) {
   test::TempDir dir;
   test::write_file(dir / "bert.json", R"({"model": {"family": "bert", "n_layer": 1, "n_head": 2, "n_embd": 16,
-      "vocab_size": 30, "block_size": 32, "num_labels": 2}, "max_seq_length": 16, "device": "cpu"})");
-  r = test::run_anvil("estimate --config " + (dir / "bert.json") + " --num_gpus 2");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(contains(r.output, "--num_gpus 2 --num_nodes 1: data parallelism trains the decoder families"))
+      "vocab_size": 30, "block_size": 32, "num_labels": 2}, "max_seq_length": 16,
+      "per_device_train_batch_size": 4, "gradient_accumulation_steps": 3, "device": "cpu"})");
+  const test::CommandResult r =
+      test::run_anvil("estimate --config " + (dir / "bert.json") + " --num_gpus 2 --num_nodes 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(
+      contains(r.output, "data parallel: 2 processes per node x 3 nodes = 6 processes (ZeRO stage 0)"))
       << r.output;
-  r = test::run_anvil("estimate --config " + (dir / "bert.json") + " --num_gpus 1");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "global batch 72 sequences = micro-batch 4 x 3 accumulation")) << r.output;
+  EXPECT_TRUE(contains(r.output, "largest layer, bert.encoder.layer.0.intermediate.dense (4,352)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "dropout state (host copy)")) << r.output;
 }
 
 }  // namespace
