@@ -99,6 +99,7 @@ class Applier {
   void optimizer(const json& v);
   void zero(const json& v);
   void batch(const json& ds);
+  void communication_type(const json& v);
 };
 
 void Applier::fp16(const json& v) {
@@ -312,6 +313,20 @@ void Applier::batch(const json& ds) {
       src_, total_global, micro, accum, world, int64_t(micro) * accum * world);
 }
 
+// communication_data_type: data parallelism reduces gradients in their own type (fp32, or the 16-bit type
+// with data_types.grad_accum_dtype), so the key is accepted when it names that type and refused otherwise.
+void Applier::communication_type(const json& v) {
+  const std::string t = string("communication_data_type", v);
+  ANVIL_REQUIRE(t == "fp32" || t == "fp16" || t == "bf16",
+                "{}: DeepSpeed key 'communication_data_type' must be fp32, fp16 or bf16, got '{}'", src_, t);
+  ANVIL_REQUIRE(t == c_.grad_accum_dtype,
+                "{}: DeepSpeed key 'communication_data_type' is '{}' but the gradients are {} (data_types."
+                "grad_accum_dtype): Anvil reduces gradients in their own type in this version; set "
+                "data_types.grad_accum_dtype to '{}' to accumulate and reduce in it, or remove "
+                "communication_data_type",
+                src_, t, c_.grad_accum_dtype, t);
+}
+
 void Applier::apply(const json& ds) {
   ANVIL_REQUIRE(ds.is_object(), "{}: a DeepSpeed config must be a JSON object, got {}", src_,
                 ds.is_array() ? "an array" : ds.dump());
@@ -368,6 +383,8 @@ void Applier::apply(const json& ds) {
         src_, list);
   }
   batch(ds);
+  if (ds.contains("communication_data_type") && !is_auto(ds["communication_data_type"]))
+    communication_type(ds["communication_data_type"]);
   ANVIL_REQUIRE(
       !(c_.fp16 && c_.bf16),
       "{}: fp16 and bf16 are both enabled (fp16.enabled / bf16.enabled here, or fp16 / bf16 in the Anvil "
@@ -388,6 +405,7 @@ const std::vector<std::string>& deepspeed_supported_keys() {
                                                 "steps_per_print",
                                                 "optimizer",
                                                 "zero_optimization",
+                                                "communication_data_type",
                                                 "wall_clock_breakdown"};
   return keys;
 }

@@ -220,6 +220,19 @@ TEST(DeepSpeedConfig, TrainBatchSizeCountsTheWorld) {
   ::unsetenv("LOCAL_RANK");
 }
 
+// communication_data_type: the gradients' own type is accepted, another is refused saying what to set.
+TEST(DeepSpeedConfig, CommunicationDataType) {
+  EXPECT_NO_THROW(apply({{"communication_data_type", "fp32"}}));
+  EXPECT_NO_THROW(apply({{"communication_data_type", "auto"}}));
+  EXPECT_NO_THROW(apply({{"bf16", {{"enabled", true}}},
+                         {"data_types", {{"grad_accum_dtype", "bf16"}}},
+                         {"communication_data_type", "bf16"}}));
+  expect_error({{"bf16", {{"enabled", true}}}, {"communication_data_type", "bf16"}},
+               {"ds.json", "'communication_data_type' is 'bf16' but the gradients are fp32",
+                "data_types.grad_accum_dtype to 'bf16'"});
+  expect_error({{"communication_data_type", "int8"}}, {"must be fp32, fp16 or bf16", "int8"});
+}
+
 // Stage 0's keys: reduce_bucket_size (elements) sets ddp_bucket_cap_mb as fp32 megabytes, overlap_comm false
 // one reduction after backward; the partitioning stages' keys are accepted as DeepSpeed accepts them under
 // stage 0; offload is refused; unknown keys are named.
