@@ -25,6 +25,7 @@
 #endif
 
 #include "anvil/error.hpp"
+#include "dist/unique_fd.hpp"
 
 extern char** environ;
 
@@ -32,32 +33,6 @@ namespace anvil::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string errno_text(int err) {
-  return std::generic_category().message(err);
-}
-
-// Owns a file descriptor.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) reset(), fd_ = std::exchange(o.fd_, -1);
-    return *this;
-  }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);  // a pipe or socket we are done with: nothing to do about a failure
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;

@@ -22,38 +22,13 @@
 #include <utility>
 
 #include "anvil/error.hpp"
+#include "dist/unique_fd.hpp"
 
 namespace anvil::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-std::string errno_text(int err) {
-  return std::generic_category().message(err);
-}
-
-// Owns a file descriptor.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) reset(), fd_ = std::exchange(o.fd_, -1);
-    return *this;
-  }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);  // nothing to do about a failing close of a socket we are done with
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // The protocol. Every message is a frame: the magic bytes "ANVS", a u32 body length, then the body. A request
 // body is an op byte and its fields; a reply body is a status byte and its fields. Integers are

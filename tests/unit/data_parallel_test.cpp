@@ -70,13 +70,7 @@ std::string write_config(const test::ByteCorpus& c, const std::string& name, con
 }
 
 std::vector<double> losses_of(const std::string& metrics_path) {
-  std::vector<double> out;
-  std::istringstream in(test::read_file(metrics_path));
-  for (std::string line; std::getline(in, line);) {
-    const json j = json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
+  return test::metrics_losses(metrics_path);
 }
 
 // Largest |a - b| / max |a| over the tensors of two checkpoints' weights.

@@ -15,18 +15,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Runs a shell command line; stdout and stderr together.
-test::CommandResult run_shell(const std::string& command) {
-  test::CommandResult r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test::run_shell;
 
 // `anvil launch ARGS`, with `env` (NAME=value ...) set for the launcher and OMP_NUM_THREADS unset.
 test::CommandResult launch_cmd(const std::string& args, const std::string& env = "") {

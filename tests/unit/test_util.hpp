@@ -8,9 +8,11 @@
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "anvil/error.hpp"
 #include "data/byte_corpus.hpp"
@@ -44,9 +46,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs the `anvil` binary built alongside the tests with the given arguments.
-inline CommandResult run_anvil(const std::string& args) {
-  const std::string cmd = std::string(ANVIL_BINARY) + " " + args + " 2>&1";
+// Runs a shell command line; its stdout and stderr together.
+inline CommandResult run_shell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   CommandResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -56,6 +58,11 @@ inline CommandResult run_anvil(const std::string& args) {
   const int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Runs the `anvil` binary built alongside the tests with the given arguments.
+inline CommandResult run_anvil(const std::string& args) {
+  return run_shell(std::string(ANVIL_BINARY) + " " + args);
 }
 
 inline void write_file(const std::string& path, const std::string& text) {
@@ -68,6 +75,17 @@ inline std::string read_file(const std::string& path) {
   std::stringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+// The "loss" of every record of a run's metrics.jsonl, in order.
+inline std::vector<double> metrics_losses(const std::string& metrics_path) {
+  std::vector<double> out;
+  std::istringstream in(read_file(metrics_path));
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+  }
+  return out;
 }
 
 // Runs `fn`, which must throw anvil::Error with every one of `needles` in its message.

@@ -37,13 +37,7 @@ TrainConfig small_config(const Corpus& c, const std::string& out) {
 }
 
 std::vector<double> losses_of(const std::string& metrics_path) {
-  std::vector<double> out;
-  std::istringstream in(test::read_file(metrics_path));
-  for (std::string line; std::getline(in, line);) {
-    const json j = json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
+  return test::metrics_losses(metrics_path);
 }
 
 TEST(TrainE2E, LossFallsAndOutputsAreComplete) {
