@@ -1,6 +1,7 @@
 #include "anvil/train_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -50,9 +51,13 @@ struct Reader {
     ANVIL_REQUIRE(ok, "{} must be {}, got {}", subject(key), want, v.dump());
   }
   int64_t integer(const std::string& key, const json& v) const {
-    expect(
-        v.is_number_integer() || (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))),
-        key, v, "an integer");
+    // A float counts when it is whole and within int64 (casting a larger one is undefined behaviour);
+    // an unsigned integer above int64's range would wrap.
+    const bool whole_float = v.is_number_float() && std::fabs(v.get<double>()) < 1e18 &&
+                             v.get<double>() == std::floor(v.get<double>());
+    const bool fits = !v.is_number_unsigned() ||
+                      v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max());
+    expect((v.is_number_integer() && fits) || whole_float, key, v, "an integer");
     return v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
   }
   double number(const std::string& key, const json& v) const {

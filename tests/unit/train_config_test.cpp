@@ -61,6 +61,14 @@ TEST(TrainConfig, WrongTypesNameTheKeyAndValue) {
   EXPECT_NE(e.find("'tf32' must be true or false"), std::string::npos) << e;
   e = error_of({{"learning_rate", "fast"}});
   EXPECT_NE(e.find("'learning_rate' must be a number"), std::string::npos) << e;
+  // Whole numbers written as floats count, but not ones beyond int64 (the fuzzer's 3.3e116 was undefined
+  // behaviour when cast), nor unsigned values that would wrap.
+  e = error_of({{"per_device_train_batch_size", 3.28889e116}});
+  EXPECT_NE(e.find("'per_device_train_batch_size' must be an integer"), std::string::npos) << e;
+  e = error_of({{"max_steps", uint64_t(18446744073709551615ull)}});
+  EXPECT_NE(e.find("'max_steps' must be an integer"), std::string::npos) << e;
+  e = error_of({{"max_steps", 2.5}});
+  EXPECT_NE(e.find("'max_steps' must be an integer"), std::string::npos) << e;
 }
 
 TEST(TrainConfig, OutOfRangeValues) {
