@@ -6,6 +6,9 @@
 #   bf16, AdamW, CUDA graphs (the whole step one graph): loss curves within 1e-4 relative
 #   bf16, AdamW, gradient accumulation 2 (a graph per micro-batch): loss curves within 1e-4 relative
 #   two "nodes" of one GPU each (anvil launch --nnodes 2, twice): the same weights as 2 GPUs of one node
+#   ZeRO stages 1 and 2 on 2 GPUs, bf16 with stochastic rounding and bf16 AdamW moments, whole-step graphs
+#   and accumulation: the loss curve and checkpoint weights of stage 0 (stage 1 bit for bit); a ZeRO-2
+#   checkpoint resumed on 2 GPUs bit for bit and on 1 GPU (stage 0) within 1e-4
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 # Keeps NCCL_NVLS_ENABLE as the environment sets it. Logs in $OUT (or runs/gpu_dist_check). DEVICE=cpu runs
 # the same checks on CPU processes (Gloo), to try the script without GPUs.
@@ -24,7 +27,7 @@ trap 'rm -rf "$W"' EXIT
 cat > "$W/base.json" <<J
 {"model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "block_size": 128},
  "train_data": "$W/data/train.bin", "max_steps": 20, "logging_steps": 1, "device": "${DEVICE:-cuda}", "seed": 5,
- "warmup_steps": 2, "save_steps": 20, "sample_prompt": ""}
+ "warmup_steps": 2, "save_steps": 10, "sample_prompt": ""}
 J
 failures=0
 run() {  # name, then the command's arguments
@@ -40,6 +43,16 @@ run one_bf16 "$A" train --config "$W/base.json" --bf16 true --per_device_train_b
 run two_bf16 launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --output_dir "$W/two_bf16"
 run one_acc "$A" train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --output_dir "$W/one_acc"
 run two_acc launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --output_dir "$W/two_acc"
+zb=(--bf16 true --stochastic_rounding true --adamw_bf16_moments true --per_device_train_batch_size 4)
+for s in 0 1 2; do
+  run "zero$s" launch2 train --config "$W/base.json" "${zb[@]}" --zero_stage "$s" --output_dir "$W/zero$s"
+  run "zero_acc$s" launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 2 \
+    --gradient_accumulation_steps 2 --zero_stage "$s" --optim adamw_8bit --output_dir "$W/zero_acc$s"
+done
+run zero_res2 launch2 train --config "$W/base.json" "${zb[@]}" --zero_stage 2 --output_dir "$W/zero_res2" \
+  --resume_from_checkpoint "$W/zero2/checkpoint-10"
+run zero_res1 "$A" train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 8 --zero_stage 0 \
+  --output_dir "$W/zero_res1" --resume_from_checkpoint "$W/zero2/checkpoint-10"
 # Two nodes of one GPU each, as two process groups of this machine (the same output_dir: ranks must agree).
 port=$((29600 + RANDOM % 1000))
 node() {
@@ -75,6 +88,20 @@ for one, two, what in [("one_bf16", "two_bf16", "bf16 whole-step graphs"), ("one
           f"max relative difference {worst:.2e}, graphs {s['cuda_graphs']}")
 r = weights_rel("two_sgd", "nodes")
 check("two nodes vs one node (fp32 SGD weights)", r < 1e-6, f"max relative difference {r:.2e}")
+for prefix, what in [("zero", "bf16 graphs"), ("zero_acc", "8-bit AdamW, accumulation")]:
+    ref = losses(f"{prefix}0")
+    for s in (1, 2):
+        got = losses(f"{prefix}{s}")
+        worst = max(abs(x - y) / abs(x) for x, y in zip(ref, got)) if len(ref) == len(got) == 20 else float("inf")
+        r = weights_rel(f"{prefix}0", f"{prefix}{s}")
+        limit = 0.0 if s == 1 else 1e-4
+        check(f"ZeRO-{s} vs stage 0 ({what})", worst <= limit and r <= max(limit, 1e-3),
+              f"loss max relative difference {worst:.2e}, weights {r:.2e}")
+full = losses("zero2")
+same, one = losses("zero_res2"), losses("zero_res1")
+check("ZeRO-2 resume on 2 GPUs", same == full[10:], f"{len(same)} steps")
+worst = max(abs(x - y) / abs(x) for x, y in zip(full[10:], one)) if len(one) == 10 else float("inf")
+check("ZeRO-2 resume on 1 GPU (stage 0)", worst < 1e-4, f"loss max relative difference {worst:.2e}")
 sys.exit(1 if bad else 0)
 P
 [ "$failures" -eq 0 ] && echo "gpu_dist_check: all checks passed" || echo "gpu_dist_check: $failures failure(s)"

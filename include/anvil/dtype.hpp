@@ -7,7 +7,7 @@
 
 namespace anvil {
 
-enum class DType : uint8_t { F32, F16, BF16, I8, NF4, I32, U16 };
+enum class DType : uint8_t { F32, F16, BF16, I8, NF4, I32, U16, F64 };
 
 // Size in bits (NF4 packs two values per byte).
 constexpr size_t dtype_bits(DType t) {
@@ -26,6 +26,8 @@ constexpr size_t dtype_bits(DType t) {
       return 32;
     case DType::U16:
       return 16;
+    case DType::F64:
+      return 64;
   }
   return 0;
 }
@@ -50,6 +52,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "I32";
     case DType::U16:
       return "U16";
+    case DType::F64:
+      return "F64";
   }
   return "?";
 }

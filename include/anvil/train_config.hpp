@@ -65,6 +65,12 @@ struct TrainConfig {
   // ddp_bucket_cap_mb, the size of the gradient buckets reduced while backward runs.
   int ddp_timeout = 1800;
   double ddp_bucket_cap_mb = 25;
+  // ZeRO stage (docs/distributed.md): 0 every rank keeps everything; 1 each rank keeps its shard of the
+  // fp32 master weights and optimizer state; 2 also of the reduced gradients. DeepSpeed's
+  // zero_optimization.stage.
+  int zero_stage = 0;
+  // ZeRO stages 1-2: elements per all-gather of the updated weights (DeepSpeed's allgather_bucket_size).
+  int64_t zero_allgather_bucket_size = 500000000;
   // The optimizer (docs/optimizers.md): HF `optim` names adamw_torch_fused (default; also adamw_torch,
   // adamw_hf, adamw), adafactor, adamw_8bit (also adamw_bnb_8bit), sgd.
   std::string optim = "adamw_torch_fused";

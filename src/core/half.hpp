@@ -104,4 +104,11 @@ ANVIL_HD uint32_t rounding_bits(uint64_t seed, uint64_t index) {
   return uint32_t(z >> 16) & 0xffffu;
 }
 
+// The seed that makes element i of a range starting at `begin` draw the bits element begin + i draws with
+// `seed` (rounding_bits hashes seed + (index + 1) * golden): a ZeRO shard rounds as one process does. 0 (no
+// stochastic rounding) stays 0.
+ANVIL_HD uint64_t shard_rounding_seed(uint64_t seed, uint64_t begin) {
+  return seed == 0 ? 0 : seed + begin * 0x9e3779b97f4a7c15ull;
+}
+
 }  // namespace anvil

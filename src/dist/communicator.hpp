@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "anvil/dtype.hpp"
 
@@ -53,6 +54,15 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
   // Every rank's `data` becomes `root`'s.
   virtual void broadcast(void* data, size_t count, DType dtype, int root) = 0;
+  // The uneven, in-place forms ZeRO uses (a shard's pieces of a buffer). `data` holds world_size()
+  // consecutive pieces, piece r of `counts[r]` elements (zero allowed; the same counts on every rank).
+  // reduce_scatter_v: piece rank() of `data` becomes the reduction of every rank's piece rank(); the other
+  // pieces are left undefined. all_gather_v: every rank's piece r becomes rank r's piece r.
+  // The defaults use reduce_scatter / all_gather when the counts are equal, else an all_reduce of the whole
+  // buffer and one broadcast per rank; NCCL groups one reduce / broadcast per rank instead.
+  virtual void reduce_scatter_v(void* data, const std::vector<size_t>& counts, DType dtype,
+                                ReduceOp op = ReduceOp::Sum);
+  virtual void all_gather_v(void* data, const std::vector<size_t>& counts, DType dtype);
   // `send` and `recv` hold world_size() chunks of `count_per_rank` elements: chunk j of rank i's `send`
   // arrives as chunk i of rank j's `recv`. Not in place.
   virtual void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) = 0;
@@ -74,7 +84,8 @@ std::unique_ptr<Communicator> make_single_process_communicator(Device& dev);
 
 // Gloo over TCP for CPU devices: rendezvous through `store` (keys under `prefix`), each collective failing
 // after `timeout`. Throws anvil::Error when Anvil was built without Gloo.
-std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, Store& store, const std::string& prefix,
+std::unique_ptr<Communicator> make_gloo_communicator(const DistEnv& env, Store& store,
+                                                     const std::string& prefix,
                                                      std::chrono::milliseconds timeout);
 bool gloo_compiled();
 

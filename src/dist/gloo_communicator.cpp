@@ -169,8 +169,10 @@ void dispatch_reduce(const char* collective, DType dtype, ReduceOp op, F&& f) {
       return with_op(BF16T{});
     case DType::I32:
       return with_op(I32T{});
+    case DType::F64:
+      return with_op(F64T{});
     default:
-      ANVIL_THROW("gloo {}: cannot reduce {} values: reductions take F32, F16, BF16 or I32 buffers",
+      ANVIL_THROW("gloo {}: cannot reduce {} values: reductions take F32, F16, BF16, F64 or I32 buffers",
                   collective, dtype_name(dtype));
   }
 }

@@ -6,12 +6,13 @@
 
 namespace anvil::dist {
 
-GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes)
+GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, const ZeroPartition* scatter)
     : comm_(comm),
       store_(store),
       bucket_elems_(bucket_bytes == 0
                         ? SIZE_MAX
                         : std::max<size_t>(1, bucket_bytes / dtype_bytes(store.precision().grad, 1))),
+      scatter_(scatter),
       pending_begin_(store.numel()),
       pending_end_(store.numel()) {
   store_.set_grads_ready_hook([this](int unit) { unit_ready(unit); });
@@ -50,7 +51,10 @@ void GradSync::finish() {
 }
 
 void GradSync::queue(size_t begin, size_t end) {
-  comm_.all_reduce(store_.grad_at(begin), end - begin, store_.precision().grad);
+  if (scatter_)
+    comm_.reduce_scatter_v(store_.grad_at(begin), scatter_->counts_in(begin, end), store_.precision().grad);
+  else
+    comm_.all_reduce(store_.grad_at(begin), end - begin, store_.precision().grad);
   ++buckets_;
 }
 

@@ -9,6 +9,9 @@
 // `bucket_bytes` (DeepSpeed's reduce_bucket_size, in bytes of the gradient type) and at the step's last
 // unit. One collective per bucket. `bucket_bytes` 0: one bucket after the whole backward (no overlap).
 //
+// ZeRO stage 2: each bucket is reduce-scattered instead (Communicator::reduce_scatter_v), each rank
+// receiving the sum of the bucket's piece inside its shard only.
+//
 // Gradient accumulation: only the step's last micro-batch reduces (the sums of the earlier ones are in the
 // buffer by then), so a step makes one reduction whatever its accumulation.
 #pragma once
@@ -16,14 +19,17 @@
 #include <cstdint>
 
 #include "dist/communicator.hpp"
+#include "dist/zero_partition.hpp"
 #include "model/param_store.hpp"
 
 namespace anvil::dist {
 
 class GradSync {
  public:
-  // Installs itself as `store`'s grads_ready hook (removed by the destructor).
-  GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes);
+  // Installs itself as `store`'s grads_ready hook (removed by the destructor). With `scatter` (ZeRO stage 2,
+  // kept by reference) the buckets are reduce-scattered over its shards.
+  GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes,
+           const ZeroPartition* scatter = nullptr);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -43,6 +49,7 @@ class GradSync {
   Communicator& comm_;
   ParamStore& store_;
   const size_t bucket_elems_;
+  const ZeroPartition* const scatter_;
   bool armed_ = false;
   size_t pending_begin_, pending_end_;  // completed, not yet queued: [begin, end) in floats of the layout
   int64_t buckets_ = 0;

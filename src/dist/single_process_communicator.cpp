@@ -23,6 +23,8 @@ class SingleProcessCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
     copy(send, recv, send_count, dtype);
   }
+  void reduce_scatter_v(void*, const std::vector<size_t>&, DType, ReduceOp) override {}
+  void all_gather_v(void*, const std::vector<size_t>&, DType) override {}
   void broadcast(void*, size_t, DType, int root) override {
     ANVIL_REQUIRE(root == 0, "broadcast from root {} in a job of one rank: the root must be 0", root);
   }

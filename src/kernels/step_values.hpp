@@ -22,8 +22,11 @@ struct StepValues {
   double bias1 = 1, bias2 = 1;
   // Adafactor: 1 - step^decay_rate.
   float beta2t = 0;
-  // AdamW with bf16 moments: the stochastic-rounding seed of this step.
+  // AdamW with bf16 moments: the stochastic-rounding seed of this step, and the flat-buffer index of the
+  // optimizer's element 0 (a ZeRO shard's first element; 0 otherwise): element i rounds with the bits of
+  // index moment_index_base + i, as one process rounds it.
   uint64_t moment_seed = 0;
+  uint64_t moment_index_base = 0;
   // Ops::cast_weights with stochastic rounding: the seed of this step's weight cast.
   uint64_t cast_seed = 0;
   // Ops::grad_clip_scale: stored gradients x unscale = the gradient of the step's mean loss.

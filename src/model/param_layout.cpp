@@ -1,5 +1,6 @@
 #include "model/param_layout.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include "model/arch_spec.hpp"
@@ -165,6 +166,19 @@ const ParamTensor* ParamLayout::find_role(TensorRole role, int layer) const {
   for (const auto& t : tensors_)
     if (t.role == role && t.layer == layer) return &t;
   return nullptr;
+}
+
+std::vector<TensorPart> ParamLayout::parts(ParamRange r) const {
+  ANVIL_ASSERT(r.begin <= r.end && r.end <= total_, "range [{}, {}) outside the {} parameters", r.begin,
+               r.end, total_);
+  std::vector<TensorPart> out;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t ti : units_[u].tensors) {
+      const ParamTensor& t = tensors_[ti];
+      const size_t b = std::max(t.offset, r.begin), e = std::min(t.offset + t.numel(), r.end);
+      if (b < e) out.push_back({ti, u, b - t.offset, e - b, b - r.begin});
+    }
+  return out;
 }
 
 const ParamTensor& ParamLayout::get(const std::string& name) const {

@@ -1,9 +1,9 @@
 // Flat parameter storage (DESIGN principle 2): the layout table. Each family's tensors are declared once
 // here, with their Hugging Face names, aliases and transforms, their role in the model, initialisation and
-// weight decay; checkpoints, optimizer groups, HF import/export and the models derive everything from it. The model's parameters live in ONE contiguous fp32
-// buffer made of units: the embedding, each transformer block, and the final unit (GPT-2: the final norm,
-// the head being tied to the token embedding; BERT: the pooler and the classifier). Gradients and optimizer
-// states mirror this layout exactly.
+// weight decay; checkpoints, optimizer groups, HF import/export and the models derive everything from it. The
+// model's parameters live in ONE contiguous fp32 buffer made of units: the embedding, each transformer block,
+// and the final unit (GPT-2: the final norm, the head being tied to the token embedding; BERT: the pooler and
+// the classifier). Gradients and optimizer states mirror this layout exactly.
 //
 // Within a unit, tensors that take weight decay come first and those that do not (biases, norm
 // weights) come after, so the optimizer updates each unit with two contiguous range calls.
@@ -71,10 +71,10 @@ enum class TensorRole {
 };
 
 struct ParamTensor {
-  std::string name;    // Hugging Face name, e.g. "transformer.h.3.attn.c_attn.weight"
-  Shape shape;         // Anvil's shape ([out, in] for matrices, [Vp, C] for a padded vocabulary)
-  size_t offset = 0;   // in floats, from the start of the whole flat buffer
-  bool decay = false;  // takes weight decay
+  std::string name;            // Hugging Face name, e.g. "transformer.h.3.attn.c_attn.weight"
+  Shape shape;                 // Anvil's shape ([out, in] for matrices, [Vp, C] for a padded vocabulary)
+  size_t offset = 0;           // in floats, from the start of the whole flat buffer
+  bool decay = false;          // takes weight decay
   bool hf_transposed = false;  // Hugging Face stores it [in, out] (GPT-2's Conv1D)
   enum class Init { Normal, NormalResidual, Zeros, Ones } init = Init::Zeros;
   TensorRole role = TensorRole::Other;
@@ -99,6 +99,24 @@ struct ParamUnit {
   std::vector<size_t> tensors;  // indices into ParamLayout::tensors
 };
 
+// A range [begin, end) of the flat buffer, in floats: a rank's shard under ZeRO, or the whole buffer.
+struct ParamRange {
+  size_t begin = 0, end = 0;
+  size_t numel() const { return end - begin; }
+  bool operator==(const ParamRange&) const = default;
+};
+
+// The piece of one tensor inside a ParamRange: elements [first, first + count) of `tensor` (in `unit`), at
+// `offset` floats from the range's begin.
+struct TensorPart {
+  size_t tensor = 0;  // index into ParamLayout::tensors
+  size_t unit = 0;    // index into ParamLayout::units
+  size_t first = 0;
+  size_t count = 0;
+  size_t offset = 0;
+  bool whole(const ParamTensor& t) const { return first == 0 && count == t.numel(); }
+};
+
 class ParamLayout {
  public:
   // The causal-LM decoders (gpt2, llama, qwen2, mistral: model/arch_spec.hpp), and BERT.
@@ -117,10 +135,15 @@ class ParamLayout {
   bool hf_ignored(const std::string& name) const;
   // The first tensor of `role` in block `layer` (-1: outside the blocks), or nullptr.
   const ParamTensor* find_role(TensorRole role, int layer = -1) const;
+  // The whole buffer as a range.
+  ParamRange all() const { return {0, total_}; }
+  // The non-empty pieces of the tensors inside `r`, in layout order.
+  std::vector<TensorPart> parts(ParamRange r) const;
 
  private:
   void begin_unit(std::string name);
-  ParamTensor& add(std::string name, Shape shape, bool decay, ParamTensor::Init init, bool hf_transposed = false);
+  ParamTensor& add(std::string name, Shape shape, bool decay, ParamTensor::Init init,
+                   bool hf_transposed = false);
   std::vector<ParamTensor> tensors_;
   std::vector<std::string> hf_ignored_suffixes_;
   std::vector<ParamUnit> units_;

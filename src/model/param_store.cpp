@@ -11,6 +11,7 @@ namespace anvil {
 
 ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training)
     : layout_(std::move(layout)),
+      master_range_(layout_.all()),
       precision_(precision),
       training_(training),
       weight_elem_(dtype_bits(precision.compute) / 8),
@@ -18,12 +19,21 @@ ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training
   validate_ops_precision(precision);
 }
 
+void ParamStore::set_master_range(ParamRange r) {
+  ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "master range [{}, {}) outside the {} parameters",
+               r.begin, r.end, numel());
+  master_range_ = r;
+}
+
 void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   using M = MemoryCategory;
   const size_t P = numel();
   if (precision_.compute != DType::F32) {
     // Only an optimizer step needs fp32 weights beside the 16-bit ones.
-    if (training_) i_master_ = plan.add("master weights (fp32)", M::MasterWeights, P * sizeof(float));
+    if (training_)
+      i_master_ =
+          plan.add(master_sharded() ? "master weights (fp32, this rank's shard)" : "master weights (fp32)",
+                   M::MasterWeights, master_range_.numel() * sizeof(float));
     i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) + ")",
                           M::Weights, P * weight_elem_);
   } else {
@@ -34,7 +44,7 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
 
 void ParamStore::bind(const Arena& arena) {
   weights_ = arena.get<void>(i_weights_);
-  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_)
+  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_) + master_range_.begin
             : i_master_ != SIZE_MAX          ? arena.get<float>(i_master_)
                                              : nullptr;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
@@ -48,8 +58,11 @@ float* ParamStore::grads_f32() const {
 
 void ParamStore::upload(Device& dev, const float* host) const {
   const size_t n = numel();
-  if (master_) dev.copy_to_device(master_, host, n * sizeof(float));
-  if (precision_.compute == DType::F32) return;
+  if (precision_.compute == DType::F32) {
+    dev.copy_to_device(weights_, host, n * sizeof(float));
+    return;
+  }
+  if (master_) dev.copy_to_device(master_, host + master_range_.begin, master_range_.numel() * sizeof(float));
   std::vector<uint16_t> half(n);
   const bool bf16 = precision_.compute == DType::BF16;
   for (size_t i = 0; i < n; ++i) half[i] = bf16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
@@ -58,6 +71,15 @@ void ParamStore::upload(Device& dev, const float* host) const {
 
 void ParamStore::download(Device& dev, float* host) const {
   const size_t n = numel();
+  if (precision_.compute == DType::F32) {
+    dev.copy_to_host(host, weights_, n * sizeof(float));
+    return;
+  }
+  if (master_ && master_sharded()) {
+    ANVIL_ASSERT(gather_, "download: the master weights are sharded and no gather is set");
+    gather_(dev, host);
+    return;
+  }
   if (master_) {
     dev.copy_to_host(host, master_, n * sizeof(float));
     return;
@@ -97,7 +119,10 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
   if (precision_.compute == DType::F32) return;
   ANVIL_ASSERT(master_, "sync: a store planned without training has no master weights to cast");
-  ops.cast_weights(weights_, master_, numel(), rounding_seed, step_values);
+  // With step values the kernel reads the seed there (the trainer writes the shard's seed into them).
+  ops.cast_weights(weight_at(master_range_.begin), master_, master_range_.numel(),
+                   step_values ? rounding_seed : shard_rounding_seed(rounding_seed, master_range_.begin),
+                   step_values);
 }
 
 }  // namespace anvil

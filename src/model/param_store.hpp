@@ -32,6 +32,17 @@ class ParamStore {
   // Gradients are planned with `training` (in precision.grad). Each tensor's storage is the compute type.
   ParamStore(ParamLayout layout, OpsPrecision precision, bool training);
 
+  // ZeRO stages 1-2 (before plan_memory): this rank keeps the fp32 master weights of `r` only; the
+  // compute-type weights stay whole. For an fp32 compute type the weights are the master weights, so nothing
+  // changes in memory: master() points at `r`'s first element of them.
+  void set_master_range(ParamRange r);
+  // The range the master weights cover (the whole buffer unless set_master_range was called).
+  ParamRange master_range() const { return master_range_; }
+  bool master_sharded() const { return master_range_ != layout_.all(); }
+  // Sharded 16-bit master weights: how download() obtains the other ranks' master weights (a collective:
+  // every rank must download at the same time). Without it, download() of a sharded store throws.
+  void set_master_gather(std::function<void(Device&, float* host)> gather) { gather_ = std::move(gather); }
+
   // Adds the weights, master weights (16-bit compute, training) and, unless `grads_elsewhere`, the gradients.
   // A model that places the gradients itself (BERT's gradients in dead activation memory) says so and
   // hands their memory over with bind_grads.
@@ -45,8 +56,8 @@ class ParamStore {
   bool training() const { return training_; }
 
   // The flat buffers: fp32 master weights (the weights themselves for fp32 compute; null for a 16-bit store
-  // without training), the compute-type weights, and the gradients in the gradient type (grads_f32 for fp32
-  // gradients only).
+  // without training; element 0 is master_range().begin), the compute-type weights, and the gradients in the
+  // gradient type (grads_f32 for fp32 gradients only).
   float* master() const { return master_; }
   void* weights() const { return weights_; }
   void* grads() const { return grads_; }
@@ -58,16 +69,18 @@ class ParamStore {
   void* weight(const ParamTensor& t) const { return weight_at(t.offset); }
   void* grad(const ParamTensor& t) const { return grad_at(t.offset); }
 
-  // Sets the weights from fp32 host values in the flat layout: the master weights (where kept) and their
-  // round-to-nearest compute-type copy.
+  // Sets the weights from fp32 host values in the flat layout: the master weights (where kept: master_range)
+  // and their round-to-nearest compute-type copy.
   void upload(Device& dev, const float* host) const;
   // The weights as fp32 host values in the flat layout: the master weights, or the compute-type weights
-  // widened when there are none.
+  // widened when there are none; sharded master weights through the gather (see set_master_gather).
   void download(Device& dev, float* host) const;
   // The layout's initialisation for a seed (deterministic; tensors in layout order), uploaded.
   void init(uint64_t seed, const ParamInit& how, Device& dev) const;
   // Rounds the master weights into the compute-type copy after an optimizer step (stochastically with a
   // nonzero seed, bf16; with `step_values`, the seed is read there when the cast runs); no-op for fp32.
+  // Sharded: the master range only (the seed then offset so that each element draws what one process
+  // draws for it: shard_rounding_seed in core/half.hpp).
   void sync(Ops& ops, uint64_t rounding_seed = 0, const StepValues* step_values = nullptr) const;
 
   // Per-unit hooks (see the top of this file).
@@ -81,6 +94,8 @@ class ParamStore {
 
  private:
   ParamLayout layout_;
+  ParamRange master_range_;
+  std::function<void(Device&, float*)> gather_;
   OpsPrecision precision_;
   bool training_;
   size_t weight_elem_, grad_elem_;

@@ -13,8 +13,9 @@ ParamGroup group_of(const ParamUnit& u, const ParamTensor& t) {
 
 }  // namespace
 
-Adafactor::Adafactor(const ParamLayout& layout, const OptimizerHyper& h, int64_t vocab_size)
-    : Optimizer(layout, h) {
+Adafactor::Adafactor(const ParamLayout& layout, const OptimizerHyper& h, int64_t vocab_size,
+                     std::optional<ParamRange> shard)
+    : Optimizer(layout, h, shard.value_or(layout.all())) {
   ANVIL_REQUIRE(!h.warmup_init || h.relative_step,
                 "adafactor_warmup_init requires adafactor_relative_step (as in transformers)");
   ANVIL_REQUIRE(h.clip_threshold > 0, "adafactor_clip_threshold must be > 0, got {}", h.clip_threshold);
@@ -28,36 +29,41 @@ Adafactor::Adafactor(const ParamLayout& layout, const OptimizerHyper& h, int64_t
                 h.adafactor_beta1.value_or(0));
   ANVIL_REQUIRE(vocab_size >= 0, "adafactor: vocab_size {} < 0", vocab_size);
 
-  for (const ParamUnit& u : layout.units())
-    for (size_t ti : u.tensors) {
-      const ParamTensor& t = layout.tensors()[ti];
-      ANVIL_REQUIRE(t.shape.ndim >= 1 && t.shape.ndim <= 2,
-                    "adafactor: tensor {} of shape {}: only vectors and matrices are supported", t.name,
-                    t.shape.str());
-      AdafactorTensor d;
-      d.offset = t.offset;
-      d.group = uint32_t(group_of(u, t));
-      if (t.shape.ndim == 2) {
-        d.rows = uint64_t(t.shape[0]);
-        d.cols = uint64_t(t.shape[1]);
-        if (vocab_size > 0 && t.name == "transformer.wte.weight") {
-          ANVIL_REQUIRE(vocab_size <= t.shape[0], "adafactor: vocab_size {} > the {} rows of {}", vocab_size,
-                        t.shape[0], t.name);
-          d.rows = uint64_t(vocab_size);
-        }
-        d.factored = 1;
-        d.row_state = n_row_;
-        d.col_state = n_col_;  // rebased below, once the row count is known
-        n_row_ += d.rows;
-        n_col_ += d.cols;
-      } else {
-        d.rows = 1;
-        d.cols = uint64_t(t.shape[0]);
-        d.row_state = n_vec_;  // rebased below
-        n_vec_ += d.cols;
+  // The tensors of the shard, whole: the factored second moment and the RMS are per tensor, so a ZeRO
+  // shard of Adafactor cuts between tensors only (dist/zero_partition.hpp).
+  for (const TensorPart& part : layout.parts(shard_)) {
+    const ParamTensor& t = layout.tensors()[part.tensor];
+    const ParamUnit& u = layout.units()[part.unit];
+    ANVIL_REQUIRE(part.whole(t),
+                  "adafactor: the shard [{}, {}) holds part of {}; its shards must hold whole tensors",
+                  shard_.begin, shard_.end, t.name);
+    ANVIL_REQUIRE(t.shape.ndim >= 1 && t.shape.ndim <= 2,
+                  "adafactor: tensor {} of shape {}: only vectors and matrices are supported", t.name,
+                  t.shape.str());
+    AdafactorTensor d;
+    d.offset = part.offset;
+    d.group = uint32_t(group_of(u, t));
+    if (t.shape.ndim == 2) {
+      d.rows = uint64_t(t.shape[0]);
+      d.cols = uint64_t(t.shape[1]);
+      if (vocab_size > 0 && t.name == "transformer.wte.weight") {
+        ANVIL_REQUIRE(vocab_size <= t.shape[0], "adafactor: vocab_size {} > the {} rows of {}", vocab_size,
+                      t.shape[0], t.name);
+        d.rows = uint64_t(vocab_size);
       }
-      tensors_.push_back(d);
+      d.factored = 1;
+      d.row_state = n_row_;
+      d.col_state = n_col_;  // rebased below, once the row count is known
+      n_row_ += d.rows;
+      n_col_ += d.cols;
+    } else {
+      d.rows = 1;
+      d.cols = uint64_t(t.shape[0]);
+      d.row_state = n_vec_;  // rebased below
+      n_vec_ += d.cols;
     }
+    tensors_.push_back(d);
+  }
   for (AdafactorTensor& d : tensors_) {
     if (d.factored)
       d.col_state += n_row_;

@@ -32,7 +32,8 @@ namespace anvil {
 
 class Adafactor final : public Optimizer {
  public:
-  Adafactor(const ParamLayout& layout, const OptimizerHyper& h, int64_t vocab_size = 0);
+  Adafactor(const ParamLayout& layout, const OptimizerHyper& h, int64_t vocab_size = 0,
+            std::optional<ParamRange> shard = {});
   OptimizerKind kind() const override { return OptimizerKind::Adafactor; }
 
   // "adafactor.exp_avg_sq_row" (every matrix's rows, in layout order), "adafactor.exp_avg_sq_col" (every

@@ -29,7 +29,11 @@ FusedAdamWArgs AdamW::args(float lr, int64_t step) const {
   a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step;
   group_args(lr, a.lr, a.weight_decay);
   // bf16 moments: a fresh stochastic-rounding stream per step (nonzero).
-  if (h_.adamw_bf16_moments) a.rounding_seed = Rng(0xada3u ^ (uint64_t(step) << 20)).next_u64() | 1;
+  // A shard (ZeRO) draws for its elements what one process draws for them.
+  if (h_.adamw_bf16_moments) {
+    a.rounding_seed = Rng(0xada3u ^ (uint64_t(step) << 20)).next_u64() | 1;
+    a.index_base = shard_.begin;
+  }
   return a;
 }
 

@@ -15,7 +15,8 @@ OptimizerHyper adamw_hyper(const AdamWHyper& h);
 
 class AdamW final : public Optimizer {
  public:
-  AdamW(const ParamLayout& layout, const OptimizerHyper& h) : Optimizer(layout, h) {}
+  AdamW(const ParamLayout& layout, const OptimizerHyper& h, std::optional<ParamRange> shard = {})
+      : Optimizer(layout, h, shard.value_or(layout.all())) {}
   OptimizerKind kind() const override { return OptimizerKind::AdamW; }
   std::vector<OptimizerStateTensor> state_tensors() const override;
 

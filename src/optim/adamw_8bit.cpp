@@ -78,8 +78,10 @@ ParamGroupTable AdamW8bit::device_table(const HostTable& t, void* at) const {
   return g;
 }
 
-AdamW8bit::AdamW8bit(const ParamLayout& layout, const OptimizerHyper& h)
-    : Optimizer(layout, h), m_map_(dynamic_quant_map(true)), v_map_(dynamic_quant_map(false)) {
+AdamW8bit::AdamW8bit(const ParamLayout& layout, const OptimizerHyper& h, std::optional<ParamRange> shard)
+    : Optimizer(layout, h, shard.value_or(layout.all())),
+      m_map_(dynamic_quant_map(true)),
+      v_map_(dynamic_quant_map(false)) {
   ANVIL_REQUIRE(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
                 "adamw_8bit: betas must be in [0, 1), got ({}, {})", h.beta1, h.beta2);
   ANVIL_REQUIRE(h.eps >= 0, "adamw_8bit: eps must be >= 0, got {}", h.eps);
@@ -98,37 +100,42 @@ AdamW8bit::AdamW8bit(const ParamLayout& layout, const OptimizerHyper& h)
     t.state_begins.push_back(state_begin);
   };
 
+  // The tensors (or, under ZeRO, the pieces of them) in the shard. Whether a tensor's states are 8-bit
+  // depends on the whole tensor, and a shard cuts an 8-bit tensor only on a block boundary from its start
+  // (dist/zero_partition.hpp), so a shard's blocks are those of one process.
   const auto& tensors = layout.tensors();
   quantized_.resize(tensors.size());
   uint64_t s8 = 0, sf = 0;
   size_t expect = 0;
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const ParamTensor& t = tensors[k];
-    ANVIL_ASSERT(t.offset == expect, "parameter {} at {} is not contiguous with the previous one", t.name,
-                 t.offset);
-    expect = t.offset + t.numel();
-    if (t.numel() == 0) continue;
-    const uint8_t g = group_of(t.offset);
+  for (const TensorPart& part : layout.parts(shard_)) {
+    const ParamTensor& t = tensors[part.tensor];
+    ANVIL_ASSERT(part.offset == expect, "parameter {} at {} is not contiguous with the previous one", t.name,
+                 part.offset);
+    expect = part.offset + part.count;
+    const uint8_t g = group_of(part.offset);
     const bool q =
         t.numel() >= h.min_8bit_size && !(h.embedding_fp32_states && g == uint8_t(ParamGroup::Embedding));
-    quantized_[k] = q;
+    const size_t cut = part.first % B != 0 ? part.first : part.first + part.count;
+    ANVIL_REQUIRE(!q || cut % B == 0 || cut == t.numel(),
+                  "adamw_8bit: the shard [{}, {}) cuts {} at element {}, not on a {}-element block boundary",
+                  shard_.begin, shard_.end, t.name, cut, B);
+    quantized_[part.tensor] = q;
     if (q) {
       // Each 8-bit tensor is a range of its own starting on a block boundary of the state; skipped ranges
       // take the state start of the next 8-bit range (what adamw8bit_step's search needs).
-      push(t8_, t.offset, g, s8, false);
-      push(tf_, t.offset, kSkipGroup, sf, true);
-      s8 += (t.numel() + B - 1) / B * B;
-      n8_ += t.numel();
+      push(t8_, part.offset, g, s8, false);
+      push(tf_, part.offset, kSkipGroup, sf, true);
+      s8 += (part.count + B - 1) / B * B;
+      n8_ += part.count;
     } else {
-      push(t8_, t.offset, kSkipGroup, s8, true);
+      push(t8_, part.offset, kSkipGroup, s8, true);
       // fp32 states are contiguous in layout order, so neighbours of one group share a range.
-      push(tf_, t.offset, g, sf, true);
-      sf += t.numel();
-      nf_ += t.numel();
+      push(tf_, part.offset, g, sf, true);
+      sf += part.count;
+      nf_ += part.count;
     }
   }
-  ANVIL_ASSERT(expect == layout.total_numel(), "parameters cover {} of {} elements", expect,
-               layout.total_numel());
+  ANVIL_ASSERT(expect == numel(), "parameters cover {} of {} elements", expect, numel());
   num_blocks_ = size_t(s8 / B);
 }
 

@@ -39,7 +39,7 @@ void dequantize_blockwise(const uint8_t* codes, const float* absmax, size_t n, c
 
 class AdamW8bit final : public Optimizer {
  public:
-  AdamW8bit(const ParamLayout& layout, const OptimizerHyper& h);
+  AdamW8bit(const ParamLayout& layout, const OptimizerHyper& h, std::optional<ParamRange> shard = {});
   OptimizerKind kind() const override { return OptimizerKind::AdamW8bit; }
   std::vector<OptimizerStateTensor> state_tensors() const override;
 

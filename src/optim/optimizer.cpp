@@ -1,5 +1,6 @@
 #include "optim/optimizer.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "optim/adafactor.hpp"
@@ -35,13 +36,31 @@ ParamRangeTable ParamRangeTable::from_layout(const ParamLayout& layout) {
   return t;
 }
 
+ParamRangeTable ParamRangeTable::from_layout(const ParamLayout& layout, ParamRange shard) {
+  const ParamRangeTable whole = from_layout(layout);
+  ParamRangeTable t;
+  for (size_t i = 0; i < whole.begins.size(); ++i) {
+    const size_t b = std::max<size_t>(whole.begins[i], shard.begin);
+    const size_t e =
+        std::min<size_t>(i + 1 < whole.begins.size() ? whole.begins[i + 1] : layout.total_numel(), shard.end);
+    if (b >= e) continue;
+    t.begins.push_back(b - shard.begin);
+    t.groups.push_back(whole.groups[i]);
+  }
+  return t;
+}
+
 size_t ParamRangeTable::device_bytes() const {
   const size_t n = begins.size();
   return n * sizeof(uint64_t) + (n + 7) / 8 * 8;
 }
 
-Optimizer::Optimizer(const ParamLayout& layout, const OptimizerHyper& h)
-    : layout_(layout), h_(h), ranges_(ParamRangeTable::from_layout(layout)) {}
+Optimizer::Optimizer(const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard)
+    : layout_(layout), h_(h), shard_(shard), ranges_(ParamRangeTable::from_layout(layout, shard)) {
+  ANVIL_ASSERT(shard.begin <= shard.end && shard.end <= layout.total_numel(),
+               "optimizer shard [{}, {}) outside the {} parameters", shard.begin, shard.end,
+               layout.total_numel());
+}
 
 void Optimizer::plan_memory(MemoryPlan& plan) {
   i_state_.clear();
@@ -88,16 +107,17 @@ void Optimizer::group_args(float lr, float out_lr[kNumParamGroups], float out_wd
 }
 
 std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, const ParamLayout& layout,
-                                          const OptimizerHyper& h) {
+                                          const OptimizerHyper& h, std::optional<ParamRange> shard) {
+  const ParamRange s = shard.value_or(layout.all());
   switch (kind) {
     case OptimizerKind::AdamW:
-      return std::make_unique<AdamW>(layout, h);
+      return std::make_unique<AdamW>(layout, h, s);
     case OptimizerKind::Adafactor:
-      return std::make_unique<Adafactor>(layout, h, h.vocab_size);
+      return std::make_unique<Adafactor>(layout, h, h.vocab_size, s);
     case OptimizerKind::AdamW8bit:
-      return std::make_unique<AdamW8bit>(layout, h);
+      return std::make_unique<AdamW8bit>(layout, h, s);
     case OptimizerKind::SGD:
-      return std::make_unique<Sgd>(layout, h);
+      return std::make_unique<Sgd>(layout, h, s);
   }
   ANVIL_THROW("unknown optimizer kind");
 }

@@ -57,6 +57,10 @@ struct OptimizerStateTensor {
   size_t count = 0;
   void* data = nullptr;
 };
+// Under ZeRO (shards cut by dist/zero_partition.hpp's rules) every state tensor of a shard is the slice of
+// the whole buffer's that the earlier shards do not hold: concatenated in rank order, the shards' tensors
+// are the one-process tensors (elementwise states; 8-bit blocks; Adafactor's per-tensor rows, columns and
+// vectors, each laid out in tensor order). Checkpoints rely on it to resume on any partition.
 
 // The group of every element of the flat buffer, as ranges: range i is [begins[i], begins[i+1]) (the last
 // one runs to the end) in group groups[i]. Built from the layout; uploaded to the device by the optimizer.
@@ -64,13 +68,19 @@ struct ParamRangeTable {
   std::vector<uint64_t> begins;
   std::vector<uint8_t> groups;
   static ParamRangeTable from_layout(const ParamLayout& layout);
+  // The table of the elements of `shard` only, with offsets from the shard's begin (ZeRO).
+  static ParamRangeTable from_layout(const ParamLayout& layout, ParamRange shard);
   // The bytes the device copy takes (begins then groups, each 8-byte aligned).
   size_t device_bytes() const;
 };
 
+// An optimizer updates the parameters of one range of the flat buffer, its shard: the whole buffer with one
+// process and under ZeRO stage 0, the rank's share under stages 1-3 (dist/zero_partition.hpp). Its state,
+// range tables and step() cover the shard only: step() receives the shard's parameters and gradients
+// (element 0 = the shard's first element), and its state tensors are the slices of the whole-buffer ones.
 class Optimizer {
  public:
-  Optimizer(const ParamLayout& layout, const OptimizerHyper& h);
+  Optimizer(const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard);
   virtual ~Optimizer() = default;
   virtual OptimizerKind kind() const = 0;
 
@@ -103,7 +113,9 @@ class Optimizer {
 
   const ParamLayout& layout() const { return layout_; }
   const OptimizerHyper& hyper() const { return h_; }
-  size_t numel() const { return layout_.total_numel(); }
+  // The elements it updates (its shard's).
+  size_t numel() const { return shard_.numel(); }
+  ParamRange shard() const { return shard_; }
 
  protected:
   // Each optimizer's step() (the public step() is not virtual, so its default argument lives in one place).
@@ -134,7 +146,8 @@ class Optimizer {
 
   const ParamLayout& layout_;
   OptimizerHyper h_;
-  ParamRangeTable ranges_;
+  const ParamRange shard_;
+  ParamRangeTable ranges_;  // of the shard
 
  private:
   std::vector<size_t> i_state_;
@@ -146,7 +159,8 @@ class Optimizer {
   void* range_table_ = nullptr;
 };
 
+// An optimizer of the whole buffer, or (ZeRO) of `shard`.
 std::unique_ptr<Optimizer> make_optimizer(OptimizerKind kind, const ParamLayout& layout,
-                                          const OptimizerHyper& h);
+                                          const OptimizerHyper& h, std::optional<ParamRange> shard = {});
 
 }  // namespace anvil

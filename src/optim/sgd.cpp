@@ -2,7 +2,8 @@
 
 namespace anvil {
 
-Sgd::Sgd(const ParamLayout& layout, const OptimizerHyper& h) : Optimizer(layout, h) {
+Sgd::Sgd(const ParamLayout& layout, const OptimizerHyper& h, std::optional<ParamRange> shard)
+    : Optimizer(layout, h, shard.value_or(layout.all())) {
   ANVIL_REQUIRE(h.momentum >= 0, "sgd: momentum must be >= 0, got {}", h.momentum);
   ANVIL_REQUIRE(
       !h.nesterov || (h.momentum > 0 && h.dampening == 0),

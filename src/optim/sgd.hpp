@@ -8,7 +8,7 @@ namespace anvil {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const ParamLayout& layout, const OptimizerHyper& h);
+  Sgd(const ParamLayout& layout, const OptimizerHyper& h, std::optional<ParamRange> shard = {});
   OptimizerKind kind() const override { return OptimizerKind::SGD; }
   std::vector<OptimizerStateTensor> state_tensors() const override;
 

@@ -3,17 +3,24 @@
 #include <filesystem>
 
 #include "io/checkpoint.hpp"
+#include "train/zero_checkpoint.hpp"
 
 namespace anvil {
 
 Checkpointer::Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e,
-                           RunDirectory* dir, std::string tokenizer_file)
+                           RunDirectory* dir, std::string tokenizer_file, dist::ProcessGroup* group,
+                           const dist::ZeroSync* zero)
     : cfg_(cfg),
-      enabled_(rc.save_checkpoints && dir != nullptr),
+      enabled_(rc.save_checkpoints && (dir != nullptr || zero != nullptr)),
       world_size_(rc.world_size),
       e_(e),
       dir_(dir),
-      tokenizer_file_(std::move(tokenizer_file)) {}
+      group_(group),
+      zero_(zero),
+      tokenizer_file_(std::move(tokenizer_file)) {
+  ANVIL_ASSERT(!zero || group, "a ZeRO checkpointer needs the process group");
+  if (zero) slices_ = zero_state_slices(e.optimizer(), zero->partition(), group->comm().rank());
+}
 
 bool Checkpointer::due(int64_t step, int64_t total_steps) const {
   return enabled_ && ((cfg_.save_steps > 0 && step % cfg_.save_steps == 0) || step == total_steps);
@@ -30,11 +37,20 @@ void Checkpointer::save(const TrainingState& s) {
                           {"learning_rate", cfg_.learning_rate},
                           {"warmup_steps", cfg_.warmup_steps},
                           {"world_size", world_size_},
+                          {"zero_stage", zero_ ? zero_->stage() : 0},
                           {"config", cfg_.to_json()}};
   if (s.scaler) state["loss_scaler"] = s.scaler->state();
   const std::string dir =
       (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(s.step))).string();
-  io::save_checkpoint(dir, e_.model(), e_.optimizer(), state, tokenizer_file_, e_.device());
+  if (zero_) {
+    save_zero_checkpoint(dir, e_, *group_, slices_, state, tokenizer_file_);
+    if (!dir_) {  // rank 0 reports and rotates
+      last_ = dir;
+      return;
+    }
+  } else {
+    io::save_checkpoint(dir, e_.model(), e_.optimizer(), state, tokenizer_file_, e_.device());
+  }
   fmt::print("saved checkpoint {}\n", dir);
   for (const std::string& old : dir_->rotate_checkpoints(dir))
     fmt::print("deleted checkpoint {} (save_total_limit {})\n", old, cfg_.save_total_limit);

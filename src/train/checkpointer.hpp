@@ -7,6 +7,9 @@
 
 #include "anvil/train_config.hpp"
 #include "data/prefetch_ring.hpp"
+#include "dist/process_group.hpp"
+#include "dist/zero_sync.hpp"
+#include "io/optimizer_state.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/engine.hpp"
 #include "train/resolved_config.hpp"
@@ -27,10 +30,12 @@ struct TrainingState {
 
 class Checkpointer {
  public:
-  // `tokenizer_file` is copied into every checkpoint ("" for the byte tokenizer). A null `dir`: this process
-  // saves nothing (a data-parallel rank other than 0, whose state is rank 0's).
+  // `tokenizer_file` is copied into every checkpoint ("" for the byte tokenizer). A null `dir`: a
+  // data-parallel rank other than 0, which saves nothing under stage 0 (its state is rank 0's) and its shard
+  // of the optimizer state under ZeRO (`zero`; every rank then calls save() together).
   Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e, RunDirectory* dir,
-               std::string tokenizer_file);
+               std::string tokenizer_file, dist::ProcessGroup* group = nullptr,
+               const dist::ZeroSync* zero = nullptr);
 
   // Whether global step `step` (1-based) saves a checkpoint.
   bool due(int64_t step, int64_t total_steps) const;
@@ -45,6 +50,9 @@ class Checkpointer {
   const int world_size_;  // recorded: a resume on another world size keeps the global batch
   Engine& e_;
   RunDirectory* dir_;
+  dist::ProcessGroup* group_;
+  const dist::ZeroSync* zero_;
+  io::StateSlices slices_;  // ZeRO: this rank's slices of the optimizer state
   const std::string tokenizer_file_;
   std::string last_;
 };

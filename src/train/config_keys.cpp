@@ -479,6 +479,19 @@ const std::vector<ConfigKeyDoc> kKeys =
          .summary =
              "Data parallelism: megabytes of gradients per bucket, each all-reduced as soon as backward "
              "completes it (HF's ddp_bucket_cap_mb; 0: one reduction after backward)."},
+        {.key = "zero_stage",
+         .section = "Distributed",
+         .type = "int",
+         .meaning =
+             R"md(ZeRO stage with several processes (DeepSpeed's `zero_optimization.stage`; default 0). 0: every rank keeps the whole fp32 master weights, optimizer state and gradients. 1: each rank keeps only its shard of the fp32 master weights and of the optimizer state, updates that shard and all-gathers the updated weights. 2: also reduce-scatters the gradients, each rank receiving only its shard's sum. The shards are balanced ranges of the parameter buffer (whole tensors for Adafactor, 8-bit blocks for adamw_8bit). With one process every stage is stage 0. See docs/distributed.md.)md",
+         .summary = "ZeRO stage: 0 replicas; 1 shards master weights and optimizer state; 2 also gradients."},
+        {.key = "zero_allgather_bucket_size",
+         .section = "Distributed",
+         .type = "int",
+         .meaning =
+             R"md(ZeRO stages 1-2: elements of the compute-type weights per all-gather after each update (DeepSpeed's `zero_optimization.allgather_bucket_size`; default 500000000). Smaller buckets only split the gather into more collectives; the weights need no extra buffer either way.)md",
+         .summary =
+             "ZeRO 1-2: elements per all-gather of the updated weights (DeepSpeed allgather_bucket_size)."},
 };
 
 const json& default_values() {

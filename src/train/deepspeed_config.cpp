@@ -199,10 +199,12 @@ void Applier::optimizer(const json& v) {
   }
 }
 
-// zero_optimization. Stage 0 (data parallelism without partitioning) is what this version runs; its keys are
-// honoured (reduce_bucket_size, overlap_comm) or have nothing to change in Anvil (contiguous_gradients: the
-// gradients are always one flat buffer); the keys of the partitioning stages are accepted where DeepSpeed
-// itself ignores them (a stage-3 key under stage 0), and offload is refused.
+// zero_optimization. Stages 0-2 run (zero_stage); their keys are honoured (stage, reduce_bucket_size,
+// overlap_comm, allgather_bucket_size) or have nothing to change in Anvil: contiguous_gradients (the
+// gradients are always one flat buffer), reduce_scatter (stage 2 always reduce-scatters: the same sums),
+// allgather_partitions (the updated shards are always all-gathered), round_robin_gradients (a CPU-offload
+// ordering). The stage-3 keys are accepted where DeepSpeed itself ignores them (under stages 0-2); stage 3
+// and offload are refused.
 void Applier::zero(const json& v) {
   int stage = 0;
   if (v.is_boolean()) {  // DeepSpeed's legacy form: true is stage 1
@@ -226,11 +228,12 @@ void Applier::zero(const json& v) {
   ANVIL_REQUIRE(stage >= 0 && stage <= 3, "{}: DeepSpeed key 'zero_optimization.stage' must be 0..3, got {}",
                 src_, stage);
   ANVIL_REQUIRE(
-      stage == 0,
-      "{}: ZeRO stage {} (zero_optimization.stage) is not supported yet; stage 0 (data parallelism: every "
-      "rank keeps the whole model, gradients all-reduced) is. Set its stage to 0, or remove "
-      "zero_optimization",
-      src_, stage);
+      stage <= 2,
+      "{}: ZeRO stage 3 (zero_optimization.stage; partitioned weights) is not supported yet; stages "
+      "0-2 are (2: master weights, optimizer state and gradients partitioned). Set its stage to 2",
+      src_);
+  if (v.is_boolean() || v.contains("stage"))
+    fill("zero_optimization.stage", v.is_boolean() ? v : v["stage"], "zero_stage", c_.zero_stage, stage);
   if (!v.is_object()) return;
   for (const char* block : {"offload_optimizer", "offload_param"}) {
     if (!v.contains(block)) continue;
@@ -254,6 +257,15 @@ void Applier::zero(const json& v) {
                   b.dump());
     fill("zero_optimization.reduce_bucket_size", b, "ddp_bucket_cap_mb", c_.ddp_bucket_cap_mb,
          elements * 4.0 / (1024.0 * 1024.0));
+  }
+  if (v.contains("allgather_bucket_size") && !is_auto(v["allgather_bucket_size"])) {
+    const json& b = v["allgather_bucket_size"];
+    const double elements = number("zero_optimization.allgather_bucket_size", b);
+    ANVIL_REQUIRE(elements >= 1 && elements <= 9e18,
+                  "{}: DeepSpeed key 'zero_optimization.allgather_bucket_size' must be >= 1, got {}", src_,
+                  b.dump());
+    fill("zero_optimization.allgather_bucket_size", b, "zero_allgather_bucket_size",
+         c_.zero_allgather_bucket_size, int64_t(elements));
   }
   // overlap_comm false: one reduction after the whole backward (ddp_bucket_cap_mb 0).
   if (v.contains("overlap_comm") && !is_auto(v["overlap_comm"]) &&

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "dist/dist_env.hpp"
+#include "dist/zero_partition.hpp"
 #include "train/resolved_config.hpp"
 
 namespace anvil {
@@ -59,7 +61,23 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.optimizer = rc.optimizer;
   o.optim = optimizer_hyper(cfg);
   o.share_grad_memory = cfg.gradient_accumulation_steps == 1;
+  // ZeRO: the launcher's world (anvil estimate --num_gpus plans one). The plan is the largest shard's, so
+  // that every rank fits the same configuration; the trainer then binds its own rank's shard.
+  const dist::DistEnv env = dist::read_dist_env();
+  if (cfg.zero_stage > 0 && env.world_size > 1) {
+    o.zero_stage = cfg.zero_stage;
+    o.zero_world = env.world_size;
+    o.zero_rank = -1;
+  }
   return o;
+}
+
+std::optional<ParamRange> zero_shard(const EngineOptions& o, const ParamLayout& layout) {
+  if (o.zero_stage == 0 || !o.training) return std::nullopt;
+  const dist::ZeroPartition p(layout, o.zero_world, dist::shard_cuts(o.optimizer));
+  if (o.zero_rank >= 0) return p.shard(o.zero_rank);
+  const std::vector<size_t> counts = p.counts();
+  return p.shard(int(std::max_element(counts.begin(), counts.end()) - counts.begin()));
 }
 
 OptimizerHyper optimizer_hyper(const TrainConfig& c) {
@@ -158,7 +176,9 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
                                                   ops_precision(o), o.share_grad_memory);
   std::unique_ptr<Optimizer> opt;
-  if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg));
+  const std::optional<ParamRange> shard = zero_shard(o, model->layout());
+  if (shard) model->param_store().set_master_range(*shard);
+  if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   InputIndices inputs;
   size_t ws = 0, split = 0, scalars = 0, values = 0;
@@ -174,7 +194,9 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
                       o.share_grad_memory);
-  if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg));
+  const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
+  if (shard) model_->param_store().set_master_range(*shard);
+  if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   size_t i_ws = 0, i_split = 0;
   InputIndices in;

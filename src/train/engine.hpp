@@ -44,7 +44,16 @@ struct EngineOptions {
   // Gradients in the memory of activations backward is done with (Model::grads_share_activations): for
   // runs of one micro-batch per step, where no gradient outlives its step; BERT only.
   bool share_grad_memory = false;
+  // ZeRO (dist/zero_partition.hpp): with stage >= 1 this process is rank `zero_rank` of `zero_world` and
+  // keeps that rank's shard of the fp32 master weights and of the optimizer state (-1: plan the largest
+  // shard's memory, the same on every rank).
+  int zero_stage = 0;
+  int zero_world = 1, zero_rank = 0;
 };
+
+// The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the
+// whole buffer).
+std::optional<ParamRange> zero_shard(const EngineOptions& o, const ParamLayout& layout);
 
 // The engine a training run of `cfg` uses (also what `anvil estimate` plans, so the two agree exactly):
 // the device, the larger of the train and (with val_data) eval batch, the sequence length (cfg.seq_len():

@@ -55,8 +55,8 @@ struct Reader {
     // an unsigned integer above int64's range would wrap.
     const bool whole_float = v.is_number_float() && std::fabs(v.get<double>()) < 1e18 &&
                              v.get<double>() == std::floor(v.get<double>());
-    const bool fits = !v.is_number_unsigned() ||
-                      v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max());
+    const bool fits =
+        !v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max());
     expect((v.is_number_integer() && fits) || whole_float, key, v, "an integer");
     return v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
   }
@@ -257,6 +257,8 @@ const std::map<std::string, Setter>& setters() {
     num_field("max_grad_norm", &TrainConfig::max_grad_norm);
     int_field("ddp_timeout", &TrainConfig::ddp_timeout);
     num_field("ddp_bucket_cap_mb", &TrainConfig::ddp_bucket_cap_mb);
+    int_field("zero_stage", &TrainConfig::zero_stage);
+    int_field("zero_allgather_bucket_size", &TrainConfig::zero_allgather_bucket_size);
     str_field("optim", &TrainConfig::optim);
     num_field("no_decay_lr_multiplier", &TrainConfig::no_decay_lr_multiplier);
     num_field("embedding_lr_multiplier", &TrainConfig::embedding_lr_multiplier);
@@ -556,6 +558,11 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(ddp_bucket_cap_mb >= 0,
                 "{} must be >= 0 (MB; 0: one reduction after the whole backward), got {}",
                 subject("ddp_bucket_cap_mb"), ddp_bucket_cap_mb);
+  ANVIL_REQUIRE(zero_stage >= 0 && zero_stage <= 2, "{} must be 0, 1 or 2, got {}{}", subject("zero_stage"),
+                zero_stage,
+                zero_stage == 3 ? " (stage 3, partitioned weights, is not supported yet: use 2)" : "");
+  ANVIL_REQUIRE(zero_allgather_bucket_size >= 1, "{} must be >= 1 (elements), got {}",
+                subject("zero_allgather_bucket_size"), zero_allgather_bucket_size);
   ANVIL_REQUIRE(max_grad_norm >= 0, "{} must be >= 0 (0 disables clipping), got {}", subject("max_grad_norm"),
                 max_grad_norm);
   ANVIL_REQUIRE(logging_steps >= 1, "{} must be >= 1, got {}", subject("logging_steps"), logging_steps);
@@ -676,6 +683,8 @@ json TrainConfig::to_json() const {
           {"max_grad_norm", max_grad_norm},
           {"ddp_timeout", ddp_timeout},
           {"ddp_bucket_cap_mb", ddp_bucket_cap_mb},
+          {"zero_stage", zero_stage},
+          {"zero_allgather_bucket_size", zero_allgather_bucket_size},
           {"optim", optim},
           {"no_decay_lr_multiplier", no_decay_lr_multiplier},
           {"embedding_lr_multiplier", embedding_lr_multiplier},

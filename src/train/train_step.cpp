@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/half.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/mfu.hpp"
 
@@ -26,7 +27,7 @@ uint64_t dropout_seed(uint64_t seed, int64_t step) {
 
 TrainStep::TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc,
                      const TransformerConfig& model_cfg, Engine& e, Task& task, int64_t total_steps,
-                     dist::ProcessGroup& group, dist::GradSync* sync)
+                     dist::ProcessGroup& group, dist::GradSync* sync, dist::ZeroSync* zero)
     : cfg_(cfg),
       rc_(rc),
       model_cfg_(model_cfg),
@@ -43,6 +44,7 @@ TrainStep::TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc,
       scalars_(e.step_scalars()),
       group_(group),
       sync_(sync),
+      zero_(zero),
       graphs_(e.device()) {
   if (rc.loss_scaling()) scaler_.emplace(cfg.loss_scaler());
 }
@@ -219,7 +221,11 @@ void TrainStep::micro_batch(int slot) {
 // uploads first.
 void TrainStep::norm_part() {
   e_.upload_step_values();
-  e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.grad_buffer(), grad_dtype_, nparams_);
+  // ZeRO stage 2: this rank's shard of the reduced gradients, its sum of squares then summed over the ranks.
+  const ParamRange g = zero_ ? zero_->reduced_grads() : ParamRange{0, nparams_};
+  e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.param_store().grad_at(g.begin), grad_dtype_,
+                          g.numel());
+  if (zero_) zero_->reduce_norm(&scalars_->grad_sum_squares);
   e_.ops().grad_clip_scale(&scalars_->grad_scale, &scalars_->grad_norm, &scalars_->grad_sum_squares, 1.0,
                            cfg_.max_grad_norm, e_.step_values());
 }
@@ -228,10 +234,13 @@ void TrainStep::norm_part() {
 // used to pass.
 void TrainStep::update_part() {
   const StepValues* values = e_.step_values();
-  e_.optimizer().step(e_.ops(), model_.params(), model_.grad_buffer(), float(cur_.lr), cur_.opt_step, 1.0f,
-                      &scalars_->grad_scale, values);
+  // ZeRO: params() is the shard's master weights; the gradients from the shard's first element.
+  const size_t first = zero_ ? zero_->shard().begin : 0;
+  e_.optimizer().step(e_.ops(), model_.params(), model_.param_store().grad_at(first), float(cur_.lr),
+                      cur_.opt_step, 1.0f, &scalars_->grad_scale, values);
   instruments_->trace_phase("optimizer");
   model_.sync_weights(e_.ops(), cfg_.stochastic_rounding ? 1 : 0, values);
+  if (zero_) zero_->gather_weights();
 }
 
 // The step's values, written before anything of the step is queued that uploads them (the previous step's
@@ -241,6 +250,9 @@ void TrainStep::write_values() {
   StepValues& values = e_.step_values_host();
   e_.optimizer().fill_step_values(float(cur_.lr), cur_.opt_step, values);
   values.cast_seed = cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, cur_.step + 1) : 0;
+  // ZeRO: the shard's elements draw the rounding bits one process draws for them (the optimizer's own
+  // seeds are its shard's already).
+  if (zero_) values.cast_seed = shard_rounding_seed(values.cast_seed, zero_->shard().begin);
   values.unscale = nominal_rows_ / (cur_.loss_scale * double(cur_.global_valid));
 }
 

@@ -14,6 +14,7 @@
 #include "anvil/train_config.hpp"
 #include "dist/grad_sync.hpp"
 #include "dist/process_group.hpp"
+#include "dist/zero_sync.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/engine.hpp"
 #include "train/resolved_config.hpp"
@@ -37,9 +38,11 @@ class TrainStep {
  public:
   // Keeps references to everything; touches no device memory until stage_first(). Makes the loss scaler
   // (fp16). Several processes: `sync` reduces the gradients (null for one process) and the step's target
-  // count and loss are summed over `group`'s ranks.
+  // count and loss are summed over `group`'s ranks; with `zero` (ZeRO stages 1-2) the norm and the update
+  // cover this rank's shard and the updated weights are all-gathered.
   TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc, const TransformerConfig& model_cfg,
-            Engine& e, Task& task, int64_t total_steps, dist::ProcessGroup& group, dist::GradSync* sync);
+            Engine& e, Task& task, int64_t total_steps, dist::ProcessGroup& group, dist::GradSync* sync,
+            dist::ZeroSync* zero = nullptr);
 
   // The fp16 loss scaler (null otherwise): resumed from a checkpoint, saved in one, shown in the logs.
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
@@ -109,6 +112,7 @@ class TrainStep {
   StepScalars* const scalars_;  // device memory
   dist::ProcessGroup& group_;
   dist::GradSync* const sync_;
+  dist::ZeroSync* const zero_;
   std::optional<LossScaler> scaler_;
   StepGraphs graphs_;
   int64_t whole_step_replays_ = 0;

@@ -20,8 +20,10 @@
 #include "dist/grad_sync.hpp"
 #include "dist/process_group.hpp"
 #include "dist/watchdog.hpp"
+#include "dist/zero_sync.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
+#include "io/optimizer_state.hpp"
 #include "train/checkpointer.hpp"
 #include "train/engine.hpp"
 #include "train/eval_schedule.hpp"
@@ -36,6 +38,7 @@
 #include "train/step_instruments.hpp"
 #include "train/task.hpp"
 #include "train/train_step.hpp"
+#include "train/zero_checkpoint.hpp"
 
 namespace anvil {
 namespace {
@@ -112,6 +115,7 @@ class Run {
   std::unique_ptr<Task> task_;  // after the engine: its loaders use the device
   // After the engine (they use its device and model), so they go first.
   std::unique_ptr<dist::ProcessGroup> group_;
+  std::unique_ptr<dist::ZeroSync> zero_sync_;  // ZeRO stages 1-2 with several processes
   std::unique_ptr<dist::GradSync> grad_sync_;  // several processes only
   std::unique_ptr<dist::Watchdog> watchdog_;
   std::unique_ptr<TrainStep> step_;
@@ -130,7 +134,7 @@ TrainSummary Run::go() {
   open_loaders();
   rng_.set_state(cfg_.seed);
   step_ = std::make_unique<TrainStep>(cfg_, rc_, model_cfg_, *engine_, *task_, total_steps_, *group_,
-                                      grad_sync_.get());
+                                      grad_sync_.get(), zero_sync_.get());
   load_weights();
   if (resume_state_) resume();
   share_weights();
@@ -142,7 +146,8 @@ TrainSummary Run::go() {
   step_->stage_first();
   StepInstruments instruments(cfg_, rc_, *engine_, start_step_, total_steps_);
   EvalSchedule eval(cfg_, *task_, *engine_, *metrics_, total_steps_);
-  Checkpointer checkpoints(cfg_, rc_, *engine_, run_dir_.get(), tokenizer_file_);
+  Checkpointer checkpoints(cfg_, rc_, *engine_, run_dir_.get(), tokenizer_file_, group_.get(),
+                           zero_sync_.get());
   for (int64_t step = start_step_; step < total_steps_; ++step)
     run_step(step, progress, instruments, eval, checkpoints);
   runtime_ = progress.elapsed();
@@ -205,10 +210,23 @@ void Run::make_engine() {
         "  processes: {} on {} node(s) ({}, started by {}); global batch {} sequences per step\n",
         env_.world_size, env_.num_nodes, group_->comm().backend(), env_.launcher,
         int64_t(cfg_.per_device_train_batch_size) * cfg_.gradient_accumulation_steps * env_.world_size);
-  engine_ = std::make_unique<Engine>(model_cfg_, training_engine_options(cfg_), std::move(device));
-  if (env_.distributed())
-    grad_sync_ = std::make_unique<dist::GradSync>(group_->comm(), engine_->model().param_store(),
-                                                  size_t(cfg_.ddp_bucket_cap_mb * 1024 * 1024));
+  EngineOptions options = training_engine_options(cfg_);
+  options.zero_rank = env_.rank;  // the plan fitted the largest shard; this rank binds its own
+  engine_ = std::make_unique<Engine>(model_cfg_, options, std::move(device));
+  if (!env_.distributed()) return;
+  ParamStore& store = engine_->model().param_store();
+  if (options.zero_stage > 0) {
+    fmt::print(
+        "  ZeRO stage {}: this rank keeps {} of the {} parameters' master weights and optimizer state\n",
+        options.zero_stage, store.master_range().numel(), store.numel());
+    zero_sync_ = std::make_unique<dist::ZeroSync>(
+        group_->comm(), store,
+        dist::ZeroPartition(store.layout(), env_.world_size, dist::shard_cuts(rc_.optimizer)),
+        options.zero_stage, size_t(cfg_.zero_allgather_bucket_size));
+  }
+  grad_sync_ = std::make_unique<dist::GradSync>(
+      group_->comm(), store, size_t(cfg_.ddp_bucket_cap_mb * 1024 * 1024),
+      zero_sync_ && zero_sync_->stage() >= 2 ? &zero_sync_->partition() : nullptr);
 }
 
 // The device memory every rank can count on: the least any of them has free (nullopt where unknown).
@@ -226,10 +244,18 @@ std::optional<size_t> Run::agreed_available_memory(const Device& device) {
 }
 
 // Data parallelism starts from identical replicas: rank 0's weights (initialised, loaded or resumed) go to
-// every rank. (Every rank read the same checkpoint's optimizer state.)
+// every rank. (Every rank read the same checkpoint's optimizer state.) ZeRO: each rank's shard of the master
+// weights is the authority for its range, all-gathered into every rank's weights as after a step.
 void Run::share_weights() {
   if (!env_.distributed()) return;
   Model& m = engine_->model();
+  if (zero_sync_) {
+    m.sync_weights(engine_->ops());
+    zero_sync_->gather_weights();
+    engine_->device().synchronize();
+    group_->comm().check();
+    return;
+  }
   group_->comm().broadcast(m.params(), m.layout().total_numel(), DType::F32, 0);
   group_->comm().join();
   m.sync_weights(engine_->ops());
@@ -267,8 +293,11 @@ void Run::resume() {
   steps_before_ = rs.train_loss_steps;
   if (LossScaler* scaler = step_->scaler(); scaler && !rs.loss_scaler.is_null())
     scaler->load_state(rs.loss_scaler, cfg_.resume_from_checkpoint + "/trainer_state.json: loss_scaler");
-  io::load_optimizer(cfg_.resume_from_checkpoint + "/optimizer.safetensors", engine_->optimizer(),
-                     engine_->device());
+  // Any partition reads its slices of the state from either layout (io/optimizer_state.hpp).
+  const io::StateSlices slices =
+      zero_sync_ ? zero_state_slices(engine_->optimizer(), zero_sync_->partition(), env_.rank)
+                 : io::StateSlices{};
+  io::load_optimizer_state(cfg_.resume_from_checkpoint, engine_->optimizer(), engine_->device(), slices);
   ANVIL_REQUIRE(start_step_ < total_steps_, "{}: the checkpoint is at step {} but the run has only {} steps",
                 cfg_.resume_from_checkpoint, start_step_, total_steps_);
 }

@@ -227,6 +227,73 @@ TEST(CommunicatorGloo, AllReduceSumAndMaxForEachType) {
   }
 }
 
+// ZeRO's uneven in-place collectives: pieces of different lengths, empty ones, and the even case (which
+// takes reduce_scatter / all_gather).
+TEST(CommunicatorGloo, ReduceScatterVAndAllGatherV) {
+  if (!gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const std::vector<std::vector<size_t>> shapes =
+        world == 2 ? std::vector<std::vector<size_t>>{{5, 9}, {0, 7}, {6, 6}}
+                   : std::vector<std::vector<size_t>>{{5, 0, 9}, {3, 3, 3}, {0, 0, 4}, {1, 2, 3}};
+    run_ranks(world, [&](Communicator& comm, Device& dev) {
+      const int r = comm.rank();
+      for (const std::vector<size_t>& counts : shapes)
+        for (DType t : {DType::F32, DType::BF16}) {
+          size_t total = 0, mine = 0;
+          for (int q = 0; q < world; ++q) {
+            if (q == r) mine = total;
+            total += counts[size_t(q)];
+          }
+          Buf<uint8_t> buf(dev, dtype_bytes(t, total) + 1);
+          for (size_t i = 0; i < total; ++i) encode(t, buf.data(), i, double(r + 1) + double(i % 7));
+          comm.reduce_scatter_v(buf.data(), counts, t);
+          for (size_t i = mine; i < mine + counts[size_t(r)]; ++i) {
+            double want = 0;
+            for (int q = 0; q < world; ++q) want += double(q + 1) + double(i % 7);
+            EXPECT_EQ(decode(t, buf.data(), i), want) << dtype_name(t) << " reduce_scatter_v [" << i << "]";
+          }
+          // all_gather_v: each rank's own piece holds its values; afterwards every piece holds its owner's.
+          size_t at = 0;
+          for (int q = 0; q < world; ++q) {
+            for (size_t i = at; i < at + counts[size_t(q)]; ++i)
+              encode(t, buf.data(), i, q == r ? double(10 * q) + double(i % 5) : -1.0);
+            at += counts[size_t(q)];
+          }
+          comm.all_gather_v(buf.data(), counts, t);
+          at = 0;
+          for (int q = 0; q < world; ++q) {
+            for (size_t i = at; i < at + counts[size_t(q)]; ++i)
+              EXPECT_EQ(decode(t, buf.data(), i), double(10 * q) + double(i % 5))
+                  << dtype_name(t) << " all_gather_v piece " << q << " [" << i << "]";
+            at += counts[size_t(q)];
+          }
+        }
+      // A count list of the wrong length is an error naming the collective.
+      Buf<float> one(dev, 4);
+      try {
+        comm.all_gather_v(one.data(), {4}, DType::F32);
+        ADD_FAILURE() << "all_gather_v took 1 count in a world of " << world;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("all_gather_v"), std::string::npos) << e.what();
+      }
+    });
+  }
+}
+
+// The gradient norm of ZeRO stage 2 is a sum of fp64 partial sums.
+TEST(CommunicatorGloo, AllReduceF64) {
+  if (!gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  run_ranks(3, [&](Communicator& comm, Device& dev) {
+    Buf<double> buf(dev, 2);
+    buf[0] = 1e-17 * (comm.rank() + 1);
+    buf[1] = 1.0 + comm.rank();
+    comm.all_reduce(buf.data(), 2, DType::F64);
+    EXPECT_DOUBLE_EQ(buf[0], 6e-17);
+    EXPECT_EQ(buf[1], 6.0);
+  });
+}
+
 TEST(CommunicatorGloo, AllReduceMaxKeepsNaN) {
   if (!gloo_compiled()) GTEST_SKIP() << "built without Gloo";
   run_ranks(3, [&](Communicator& comm, Device& dev) {

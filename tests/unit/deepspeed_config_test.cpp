@@ -198,10 +198,14 @@ TEST(DeepSpeedConfig, ZeroStages) {
   EXPECT_NO_THROW(apply({{"zero_optimization", {{"stage", 0}}}}));
   EXPECT_NO_THROW(apply({{"zero_optimization", json::object()}}));
   EXPECT_NO_THROW(apply({{"zero_optimization", false}}));
-  for (int stage = 1; stage <= 3; ++stage)
-    expect_error({{"zero_optimization", {{"stage", stage}}}},
-                 {"ds.json", fmt::format("ZeRO stage {}", stage), "not supported yet", "stage 0"});
-  expect_error({{"zero_optimization", true}}, {"ZeRO stage 1", "not supported yet"});
+  EXPECT_EQ(apply({{"zero_optimization", {{"stage", 1}}}}).zero_stage, 1);
+  EXPECT_EQ(apply({{"zero_optimization", {{"stage", 2}}}}).zero_stage, 2);
+  EXPECT_EQ(apply({{"zero_optimization", true}}).zero_stage, 1);  // the legacy form
+  EXPECT_EQ(apply({{"zero_optimization", {{"stage", 2}, {"allgather_bucket_size", 2e8}}}})
+                .zero_allgather_bucket_size,
+            200000000);
+  expect_error({{"zero_optimization", {{"stage", 3}}}},
+               {"ds.json", "ZeRO stage 3", "not supported yet", "stage to 2"});
   expect_error({{"zero_optimization", {{"stage", 4}}}}, {"must be 0..3", "4"});
   expect_error({{"zero_optimization", {{"stage", "auto"}}}}, {"zero_optimization.stage", "\"auto\""});
 }
@@ -340,10 +344,10 @@ TEST(DeepSpeedConfig, ExampleFileLoads) {
 
 TEST(DeepSpeedConfig, CommandLine) {
   test::TempDir dir;
-  test::write_file(dir / "ds.json", R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
+  test::write_file(dir / "ds.json", R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 3}})");
   auto r = test::run_anvil("estimate --device cpu --deepspeed " + (dir / "ds.json"));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("ZeRO stage 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ZeRO stage 3"), std::string::npos) << r.output;
   test::write_file(dir / "ok.json", R"({"fp16": {"enabled": true}, "gradient_clipping": "auto"})");
   r = test::run_anvil("estimate --device cpu --deepspeed " + (dir / "ok.json") + " --bf16");
   EXPECT_NE(r.exit_code, 0);

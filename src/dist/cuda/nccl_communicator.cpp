@@ -9,6 +9,7 @@
 // Their waits poll, so that a peer that died or hangs becomes an error after the timeout, not a hang.
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -46,6 +47,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt32;
     case DType::I8:
       return ncclInt8;
+    case DType::F64:
+      return ncclFloat64;
     default:
       ANVIL_THROW("NCCL collectives do not take {} elements", dtype_name(t));
   }
@@ -126,6 +129,30 @@ class NcclCommunicator final : public Communicator {
     ANVIL_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, stream_), "broadcast");
   }
 
+  // Uneven pieces: one reduce (broadcast) per rank that owns some, rooted there, in one group: each moves
+  // its piece once around the ring, (world - 1) / world of the buffer per rank in all, as the even forms.
+  void reduce_scatter_v(void* data, const std::vector<size_t>& counts, DType dtype, ReduceOp op) override {
+    if (even(counts)) return Communicator::reduce_scatter_v(data, counts, dtype, op);
+    after_compute();
+    ANVIL_NCCL_CHECK(ncclGroupStart(), "reduce_scatter_v");
+    for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
+      ANVIL_NCCL_CHECK(ncclReduce(piece, piece, n, nccl_type(dtype), nccl_op(op), root, comm_, stream_),
+                       "reduce_scatter_v (ncclReduce)");
+    });
+    ANVIL_NCCL_CHECK(ncclGroupEnd(), "reduce_scatter_v");
+  }
+
+  void all_gather_v(void* data, const std::vector<size_t>& counts, DType dtype) override {
+    if (even(counts)) return Communicator::all_gather_v(data, counts, dtype);
+    after_compute();
+    ANVIL_NCCL_CHECK(ncclGroupStart(), "all_gather_v");
+    for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
+      ANVIL_NCCL_CHECK(ncclBroadcast(piece, piece, n, nccl_type(dtype), root, comm_, stream_),
+                       "all_gather_v (ncclBroadcast)");
+    });
+    ANVIL_NCCL_CHECK(ncclGroupEnd(), "all_gather_v");
+  }
+
   void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) override {
     after_compute();
     const ncclDataType_t t = nccl_type(dtype);
@@ -178,6 +205,20 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static constexpr size_t kHostValues = 512;
+
+  bool even(const std::vector<size_t>& counts) const {
+    ANVIL_REQUIRE(counts.size() == size_t(world_), "{} counts for a world of {} ranks", counts.size(),
+                  world_);
+    return std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
+  }
+  template <class F>
+  void for_pieces(void* data, const std::vector<size_t>& counts, DType dtype, F&& f) {
+    size_t at = 0;
+    for (int r = 0; r < world_; ++r) {
+      if (counts[size_t(r)]) f(static_cast<char*>(data) + dtype_bytes(dtype, at), counts[size_t(r)], r);
+      at += counts[size_t(r)];
+    }
+  }
 
   void after_compute() {
     ANVIL_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));

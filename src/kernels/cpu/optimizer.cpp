@@ -42,8 +42,9 @@ void adamw_fused_t(float* param, const void* grad_, void* m_, void* v_, size_t n
         auto* v = static_cast<uint16_t*>(v_);
         mi = a.beta1 * bf16_to_float(m[s]) + (1.0f - a.beta1) * gr;
         vi = a.beta2 * bf16_to_float(v[s]) + (1.0f - a.beta2) * gr * gr;
-        m[s] = float_to_bf16_stochastic(mi, rounding_bits(seed, s));
-        v[s] = float_to_bf16_stochastic(vi, rounding_bits(seed ^ kSecondMomentStream, s));
+        m[s] = float_to_bf16_stochastic(mi, rounding_bits(seed, sv.moment_index_base + s));
+        v[s] =
+            float_to_bf16_stochastic(vi, rounding_bits(seed ^ kSecondMomentStream, sv.moment_index_base + s));
       } else {
         auto* m = static_cast<float*>(m_);
         auto* v = static_cast<float*>(v_);

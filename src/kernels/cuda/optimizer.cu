@@ -78,15 +78,15 @@ __device__ RangeView stage_table(const GroupTable& t, uint64_t* s_begins, uint8_
 template <bool kBf16Moments>
 __device__ __forceinline__ float adamw_element(float p, float gr, void* m_, void* v_, size_t s, float lr,
                                                float wd, float beta1, float beta2, float eps, float inv_bias1,
-                                               float sqrt_bias2, uint64_t seed) {
+                                               float sqrt_bias2, uint64_t seed, uint64_t base) {
   float mi, vi;
   if constexpr (kBf16Moments) {
     auto* m = static_cast<uint16_t*>(m_);
     auto* v = static_cast<uint16_t*>(v_);
     mi = beta1 * anvil::bf16_to_float(m[s]) + (1.f - beta1) * gr;
     vi = beta2 * anvil::bf16_to_float(v[s]) + (1.f - beta2) * gr * gr;
-    m[s] = anvil::float_to_bf16_stochastic(mi, anvil::rounding_bits(seed, s));
-    v[s] = anvil::float_to_bf16_stochastic(vi, anvil::rounding_bits(seed ^ kSecondMomentStream, s));
+    m[s] = anvil::float_to_bf16_stochastic(mi, anvil::rounding_bits(seed, base + s));
+    v[s] = anvil::float_to_bf16_stochastic(vi, anvil::rounding_bits(seed ^ kSecondMomentStream, base + s));
   } else {
     auto* m = static_cast<float*>(m_);
     auto* v = static_cast<float*>(v_);
@@ -170,7 +170,8 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
       if (g == 255) continue;  // kSkipGroup
       const size_t s = rv.state_begins ? size_t(rv.state_begins[r]) + (i - rv.begins[r]) : i;
       param[i] = adamw_element<kBf16Moments>(param[i], to_float(grad[i]) * grad_scale, m_, v_, s, h.lr[g],
-                                             h.wd[g], beta1, beta2, eps, inv_bias1, sqrt_bias2, seed);
+                                             h.wd[g], beta1, beta2, eps, inv_bias1, sqrt_bias2, seed,
+                                             sv.moment_index_base);
     }
   }
 }

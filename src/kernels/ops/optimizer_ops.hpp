@@ -43,6 +43,7 @@ struct FusedAdamWArgs {
   float lr[kMaxParamGroups] = {};
   float weight_decay[kMaxParamGroups] = {};
   uint64_t rounding_seed = 0;  // BF16 moments: the stochastic-rounding seed of this step (nonzero)
+  uint64_t index_base = 0;     // BF16 moments: StepValues::moment_index_base
   // Null, or the step's values in device memory (lr, step, bias terms, seed: kernels/step_values.hpp), read
   // by the kernels when they run instead of the fields above (a CUDA graph replays the host's latest).
   const StepValues* step_values = nullptr;
@@ -132,6 +133,7 @@ inline void fill_step_values(const FusedAdamWArgs& a, StepValues& sv) {
   sv.bias1 = 1.0 - std::pow(double(a.beta1), double(a.step));
   sv.bias2 = 1.0 - std::pow(double(a.beta2), double(a.step));
   sv.moment_seed = a.rounding_seed;
+  sv.moment_index_base = a.index_base;
 }
 inline void fill_step_values(const SgdArgs& a, StepValues& sv) {
   for (int g = 0; g < kMaxParamGroups; ++g) sv.lr[g] = a.lr[g];

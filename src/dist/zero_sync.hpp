@@ -1,0 +1,54 @@
+// ZeRO stages 1 and 2 around an optimizer step (DESIGN: "ZeRO"; docs/distributed.md). Each rank owns one
+// shard of the flat parameter buffer (ZeroPartition): its fp32 master weights and optimizer state cover
+// that shard only (ParamStore::set_master_range, make_optimizer's shard), the compute-type weights stay
+// whole on every rank.
+//
+// A step: backward's gradients are all-reduced (stage 1) or reduce-scattered so that each rank receives its
+// shard's sum only (stage 2; GradSync with the partition); the global gradient norm is the shard's sum of
+// squares summed over the ranks (stage 2; stage 1 has the whole reduced gradient); the optimizer updates the
+// shard; the shard's master weights are cast into the compute-type weights and every rank's updated piece is
+// all-gathered into everyone's weights, in buckets of `gather_bucket_elems` (DeepSpeed's
+// allgather_bucket_size). All of it is queued on the device (no host wait), so a step stays one CUDA graph.
+#pragma once
+#include <cstddef>
+
+#include "dist/communicator.hpp"
+#include "dist/zero_partition.hpp"
+#include "model/param_store.hpp"
+
+namespace anvil::dist {
+
+class ZeroSync {
+ public:
+  // Sets `store`'s master range to this rank's shard is the engine's job (it plans memory); this binds the
+  // store's download to gather_master (removed by the destructor).
+  ZeroSync(Communicator& comm, ParamStore& store, ZeroPartition partition, int stage,
+           size_t gather_bucket_elems);
+  ~ZeroSync();
+  ZeroSync(const ZeroSync&) = delete;
+  ZeroSync& operator=(const ZeroSync&) = delete;
+
+  int stage() const { return stage_; }
+  const ZeroPartition& partition() const { return partition_; }
+  ParamRange shard() const { return partition_.shard(comm_.rank()); }
+  // The gradients this rank holds reduced after backward: its shard (stage 2) or all of them (stage 1).
+  ParamRange reduced_grads() const { return stage_ >= 2 ? shard() : store_.layout().all(); }
+
+  // After the norm's sum of squares over reduced_grads() (device memory, fp64): every rank's total. Queued.
+  void reduce_norm(double* sum_squares);
+  // After the optimizer updated the shard and the shard was cast (ParamStore::sync): every rank's updated
+  // piece into every rank's compute-type weights. Queued; compute waits for it.
+  void gather_weights();
+  // The whole fp32 master weights on the host, on every rank (a collective; between steps). Moves them
+  // through the gradient buffer (unused between steps) in chunks.
+  void gather_master(Device& dev, float* host);
+
+ private:
+  Communicator& comm_;
+  ParamStore& store_;
+  const ZeroPartition partition_;
+  const int stage_;
+  const size_t gather_bucket_elems_;
+};
+
+}  // namespace anvil::dist

@@ -1,0 +1,38 @@
+// The optimizer state of a checkpoint under ZeRO (docs/formats.md, "Sharded optimizer state"). Each rank
+// writes the state of its shard to zero/optimizer-rank-R-of-W.safetensors; each tensor's metadata says
+// where its slice sits in the one-process tensor ("offset.<name>") and how long that tensor is
+// ("total.<name>"). Because every state tensor of a shard is such a slice (optim/optimizer.hpp), a run
+// with any partition (another world size, another stage, one process) reads its own slices back from the
+// rank files, or from a one-process checkpoint's optimizer.safetensors.
+#pragma once
+#include <map>
+#include <string>
+
+#include "optim/optimizer.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil::io {
+
+// Where an optimizer's state tensor sits in the one-process tensor of that name.
+struct StateSlice {
+  size_t offset = 0;
+  size_t total = 0;
+};
+// By state tensor name; a name missing here means the whole tensor (offset 0, total = its count).
+using StateSlices = std::map<std::string, StateSlice>;
+
+// The file of rank `rank` of `world` inside a checkpoint directory.
+std::string optimizer_shard_path(const std::string& checkpoint_dir, int rank, int world);
+
+// Writes `opt`'s state (its shard's) with the slices' metadata to `path`.
+void save_optimizer_shard(const std::string& path, const Optimizer& opt, Device& dev,
+                          const StateSlices& slices, int rank, int world);
+
+// Restores `opt`'s state from a checkpoint directory: from optimizer.safetensors (one process) or from the
+// rank files of zero/ (any world size), taking for each state tensor the slice `slices` names. Another
+// optimizer, a missing rank file, a tensor of another type or total length, or a slice the files do not
+// cover is an error naming the file and what to do.
+void load_optimizer_state(const std::string& checkpoint_dir, Optimizer& opt, Device& dev,
+                          const StateSlices& slices);
+
+}  // namespace anvil::io
