@@ -211,14 +211,21 @@ class PlannedJobEnvironment {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-// The config as the job's processes resolve it (PlannedJobEnvironment), or as one process does without
-// --num_gpus / --num_nodes.
-TrainConfig resolve_for_job(ConfigFlags& flags, const EstimateFlags& f) {
+void require_job_size(const EstimateFlags& f) {
   ANVIL_REQUIRE(f.world() <= INT_MAX, "--num_gpus {} x --num_nodes {}: more processes than {}", f.num_gpus,
                 f.num_nodes, INT_MAX);
-  if (!f.job) return flags.resolve();
-  const PlannedJobEnvironment env(f.num_gpus, f.num_nodes);
-  return flags.resolve();
+}
+
+// The plan of every ZeRO stage this version runs, for the job's world (stage 0 with one process).
+std::vector<MemoryEstimate> stage_estimates(const TrainConfig& cfg, const TransformerConfig& model,
+                                            const Target& t) {
+  std::vector<MemoryEstimate> out;
+  for (int stage : {0, 1, 2}) {
+    TrainConfig c = cfg;
+    c.zero_stage = stage;
+    out.push_back(estimate_memory(model, c, t.kind, t.overhead));
+  }
+  return out;
 }
 
 // 1234567 -> "1,234,567"
@@ -256,8 +263,8 @@ void print_deepspeed_estimates(const TransformerConfig& model, const EstimateFla
   fmt::print(
       "Model states only: parameters, gradients and Adam states of 16-bit mixed-precision training,\n");
   fmt::print("whatever this config's precision and optimizer; no activations, buffers or CUDA context.\n");
-  fmt::print("These are DeepSpeed's figures, not Anvil's plan: Anvil runs ZeRO stage 0;\n");
-  fmt::print("its own stage 1-3 plans come with those stages.\n");
+  fmt::print("These are DeepSpeed's figures, not Anvil's plan (Anvil's per stage is above;\n");
+  fmt::print("its stage 3 is not in this version).\n");
   fmt::print(
       "\nZeRO-2 (deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs_all_cold):\n{}",
       deepspeed_zero2_table(c.total_params, f.num_gpus, f.num_nodes));
@@ -265,15 +272,24 @@ void print_deepspeed_estimates(const TransformerConfig& model, const EstimateFla
              deepspeed_zero3_table(c.total_params, c.largest_layer_params, f.num_gpus, f.num_nodes));
 }
 
-// The job's section of the estimate: Anvil's stage-0 plan per GPU, the global batch, each node's host
-// memory, and DeepSpeed's figures beside them.
-void print_job(const MemoryEstimate& e, const HostStaging& host, const TransformerConfig& model,
-               const Target& t, const EstimateFlags& f) {
+// The job's section of the estimate: Anvil's plan per GPU for each ZeRO stage, the global batch, each node's
+// host memory, and DeepSpeed's figures beside them.
+void print_job(const MemoryEstimate& e, const std::vector<MemoryEstimate>& stages, const HostStaging& host,
+               const TransformerConfig& model, const Target& t, const EstimateFlags& f) {
   const MemoryScenario& s = e.scenario;
   const char* unit = process_word(t);
-  fmt::print("\ndata parallel: {} = {} (ZeRO stage 0)\n", job_shape(t, f), count(f.world(), unit));
-  fmt::print("  per {0}, data parallel (ZeRO stage 0): every {0} holds this plan ({1} total on each)\n", unit,
-             format_bytes(e.total()));
+  const int stage = f.world() > 1 ? s.zero_stage : 0;
+  fmt::print("\ndata parallel: {} = {} (ZeRO stage {})\n", job_shape(t, f), count(f.world(), unit), stage);
+  fmt::print("  per {0}: every {0} holds this plan ({1} total on each{2})\n", unit, format_bytes(e.total()),
+             stage > 0 ? ", with the largest shard's master weights and optimizer state" : "");
+  fmt::print("  per {} by ZeRO stage (Anvil's plan for this job; * the configured one):\n", unit);
+  fmt::print("    {:<7} {:>12} {:>15} {:>12} {:>17} {:>12}\n", "stage", "weights", "master weights",
+             "gradients", "optimizer states", "total");
+  for (const MemoryEstimate& r : stages)
+    fmt::print("    {:<7} {:>12} {:>15} {:>12} {:>17} {:>12}\n",
+               fmt::format("{}{}", r.scenario.zero_stage, r.scenario.zero_stage == stage ? " *" : ""),
+               format_bytes(r.weights), format_bytes(r.master_weights), format_bytes(r.gradients),
+               format_bytes(r.optimizer_states), format_bytes(r.total()));
   fmt::print("  global batch {} sequences = micro-batch {} x {} accumulation x {} per node x {}\n",
              s.effective_batch() * f.world(), s.micro_batch, s.accumulation, count(f.num_gpus, unit),
              count(f.num_nodes, "node"));
@@ -326,8 +342,18 @@ nlohmann::ordered_json deepspeed_json(const TransformerConfig& model, const Esti
 
 // The job in the estimate's JSON ("data_parallel"); `host` is null for a sweep (its rows differ in batch).
 nlohmann::ordered_json job_json(const MemoryScenario& s, const HostStaging* host,
-                                const TransformerConfig& model, const EstimateFlags& f) {
-  json j = {{"zero_stage", 0},
+                                const std::vector<MemoryEstimate>& stages, const TransformerConfig& model,
+                                const EstimateFlags& f) {
+  json per_stage = json::array();
+  for (const MemoryEstimate& r : stages)
+    per_stage.push_back({{"zero_stage", r.scenario.zero_stage},
+                         {"weights", r.weights},
+                         {"master_weights", r.master_weights},
+                         {"gradients", r.gradients},
+                         {"optimizer_states", r.optimizer_states},
+                         {"total", r.total()}});
+  json j = {{"zero_stage", f.world() > 1 ? s.zero_stage : 0},
+            {"stages", per_stage},
             {"num_gpus", f.num_gpus},
             {"num_nodes", f.num_nodes},
             {"world_size", f.world()},
@@ -365,7 +391,7 @@ int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Targ
                 {"overhead_source", t.overhead_source},
                 {"budget_bytes", budget ? json(*budget) : json(nullptr)},
                 {"rows", json::array()}};
-    if (f.job) out["data_parallel"] = job_json(configured, nullptr, model, f);
+    if (f.job) out["data_parallel"] = job_json(configured, nullptr, stage_estimates(cfg, model, t), model, f);
     for (const MemoryEstimate& e : rows) {
       json j = estimate_json(e);
       j["breakdown"].erase("buffers");
@@ -384,9 +410,9 @@ int run_sweep(const TrainConfig& cfg, const TransformerConfig& model, const Targ
     fmt::print("fits: give --gpu NAME or --gpu_memory SIZE to compare with a budget\n");
   if (f.job)
     fmt::print(
-        "data parallel: {} (ZeRO stage 0): every {} holds its row's plan; global batch = effective batch x "
+        "data parallel: {} (ZeRO stage {}): every {} holds its row's plan; global batch = effective batch x "
         "{}\n",
-        job_shape(t, f), process_word(t), f.world());
+        job_shape(t, f), f.world() > 1 ? configured.zero_stage : 0, process_word(t), f.world());
   fmt::print("{:>6} {:>6} {:<16} {:<9} {:<9} {:>12} {:>12} {:>11} {:>11} {:>12} {:>5} {:>11}\n", "micro",
              "accum", "checkpointing", "precision", "optimizer", "model states", "activations", "workspace",
              "overhead", "total", "fits", "time/token");
@@ -429,7 +455,7 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
       j["alternatives"].push_back({{"flags", a.scenario.flags_from(s)},
                                    {"total", a.total()},
                                    {"time_per_token_vs_configured", a.time_cost / e.time_cost}});
-    if (f.job) j["data_parallel"] = job_json(s, &host, model, f);
+    if (f.job) j["data_parallel"] = job_json(s, &host, stage_estimates(cfg, model, t), model, f);
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
@@ -452,7 +478,7 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
   } else {
     print_no_budget_hint(t);
   }
-  if (f.job) print_job(e, host, model, t, f);
+  if (f.job) print_job(e, stage_estimates(cfg, model, t), host, model, t, f);
   fmt::print("\nbuffers:\n{}", e.plan.report(true));
   return 0;
 }
@@ -491,7 +517,12 @@ Command make_estimate(CLI::App& parent) {
       ->check(positive_integer(INT_MAX))
       ->each([ef](const std::string&) { ef->job = true; });
   return {app, [flags, ef] {
-            TrainConfig cfg = resolve_for_job(*flags, *ef);
+            // While the estimate is made, the environment of rank 0 of the planned job: the config is
+            // resolved (DeepSpeed's train_batch_size) and the ZeRO shards planned as the job's processes do.
+            require_job_size(*ef);
+            std::optional<PlannedJobEnvironment> job;
+            if (ef->job) job.emplace(ef->num_gpus, ef->num_nodes);
+            TrainConfig cfg = flags->resolve();
             RunModel rm = resolve_run_model(cfg);
             // A classifier's plan depends on its data (the labels, and the sequence length when
             // max_seq_length is 0), exactly as the run will see it; without train_data the config's values

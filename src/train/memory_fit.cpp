@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dist/dist_env.hpp"
 #include "train/resolved_config.hpp"
 
 namespace anvil {
@@ -77,6 +78,7 @@ std::string MemoryScenario::flags_from(const MemoryScenario& base) const {
       f.push_back(precision == Precision::BF16 ? "--bf16 true" : "--fp16 true");
   }
   if (optimizer != base.optimizer) f.push_back(fmt::format("--optim {}", optimizer_name(optimizer)));
+  if (zero_stage != base.zero_stage) f.push_back(fmt::format("--zero_stage {}", zero_stage));
   std::string out;
   for (const std::string& s : f) out += (out.empty() ? "" : " ") + s;
   return out;
@@ -84,7 +86,8 @@ std::string MemoryScenario::flags_from(const MemoryScenario& base) const {
 
 bool MemoryScenario::operator==(const MemoryScenario& o) const {
   return micro_batch == o.micro_batch && accumulation == o.accumulation &&
-         same_policy(checkpointing, o.checkpointing) && precision == o.precision && optimizer == o.optimizer;
+         same_policy(checkpointing, o.checkpointing) && precision == o.precision &&
+         optimizer == o.optimizer && zero_stage == o.zero_stage;
 }
 
 MemoryScenario scenario_of(const TrainConfig& cfg) {
@@ -95,6 +98,7 @@ MemoryScenario scenario_of(const TrainConfig& cfg) {
   s.checkpointing = rc.checkpointing;
   s.precision = rc.precision;
   s.optimizer = rc.optimizer;
+  s.zero_stage = cfg.zero_stage;
   return s;
 }
 
@@ -102,6 +106,7 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
   const OptimizerKind configured_optimizer = scenario_of(cfg).optimizer;
   cfg.per_device_train_batch_size = s.micro_batch;
   cfg.gradient_accumulation_steps = s.accumulation;
+  cfg.zero_stage = s.zero_stage;
   cfg.gradient_checkpointing = s.checkpointing.mode != CheckpointMode::None;
   if (cfg.gradient_checkpointing) {
     cfg.gradient_checkpointing_mode = checkpoint_mode_name(s.checkpointing.mode);
@@ -156,7 +161,8 @@ double relative_time_per_token(const TransformerConfig& m, int seq_len, const Me
     recompute = checkpointed * per_block;
   }
   const double tokens = double(s.micro_batch) * seq_len;
-  return (step + recompute) / step * (1 + kMicroBatchFixedTokens / tokens);
+  return (step + recompute) / step * (1 + kMicroBatchFixedTokens / tokens) *
+         kZeroStageTimeFactor[std::clamp(s.zero_stage, 0, 2)];
 }
 
 // --- estimates -----------------------------------------------------------------------------------
@@ -264,17 +270,22 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   // so it is never proposed unasked).
   std::vector<Precision> precisions = {configured.precision};
   if (configured.precision == Precision::FP32) precisions.push_back(Precision::BF16);
-  // The optimizer is never changed unasked (it changes the training itself); `anvil estimate --sweep`
-  // shows what each would take.
+  // ZeRO stages, with several processes (the launcher's world, as the plan reads it): each stage changes
+  // memory, not the training. The optimizer is never changed unasked (it changes the training itself);
+  // `anvil estimate --sweep` shows what each would take.
+  std::vector<int> stages = {configured.zero_stage};
+  if (dist::read_dist_env().world_size > 1)
+    for (int stage : {0, 1, 2})
+      if (stage != configured.zero_stage) stages.push_back(stage);
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)
-      for (OptimizerKind optimizer : {configured.optimizer})
+      for (int stage : stages)
         for (int micro : halving_chain(configured.micro_batch)) {
           MemoryScenario s = with_micro_batch(configured, micro, effective);
           if (micro == configured.micro_batch) s.accumulation = configured.accumulation;
           s.checkpointing = policy;
           s.precision = precision;
-          s.optimizer = optimizer;
+          s.zero_stage = stage;
           if (s == configured) continue;
           MemoryEstimate e = estimate_memory(model, with_scenario(cfg, s), device, overhead);
           if (e.arena <= arena_budget) {  // the largest micro-batch of this combination that fits

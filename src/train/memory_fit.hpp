@@ -22,6 +22,7 @@ struct MemoryScenario {
   CheckpointPolicy checkpointing;
   Precision precision = Precision::FP32;
   OptimizerKind optimizer = OptimizerKind::AdamW;
+  int zero_stage = 0;  // zero_stage (it changes memory with several processes only)
 
   int64_t effective_batch() const { return int64_t(micro_batch) * accumulation; }
   std::string checkpointing_name() const;  // none | full | selective, with " every N" when N > 1
@@ -42,9 +43,12 @@ std::vector<OptimizerKind> plannable_optimizers();
 
 // Heuristic training time per token, relative to no recomputation and micro-batches so large that their
 // fixed cost vanishes: (step FLOPs + recomputed forward FLOPs) / step FLOPs (backward = 2 x forward)
-// times (1 + kMicroBatchFixedTokens / tokens per micro-batch). It ranks configurations; it is no
-// measurement (docs/memory.md).
+// times (1 + kMicroBatchFixedTokens / tokens per micro-batch), times a ZeRO stage's communication factor
+// (kZeroStageTimeFactor: stage 2 moves what stage 0 moves, a reduce-scatter and an all-gather for an
+// all-reduce; stage 1 all-gathers the weights on top of stage 0's all-reduce). It ranks configurations; it
+// is no measurement (docs/memory.md).
 constexpr double kMicroBatchFixedTokens = 256;
+constexpr double kZeroStageTimeFactor[3] = {1.0, 1.02, 1.01};
 double relative_time_per_token(const TransformerConfig& model, int seq_len, const MemoryScenario& s);
 
 // Per-device bytes of a run by category. Every figure but `overhead` is the arena's: each buffer
@@ -80,8 +84,9 @@ std::string estimate_table(const MemoryEstimate& e, const std::string& overhead_
 
 // Up to `max_results` configurations whose arena fits in `arena_budget` bytes, cheapest
 // (relative_time_per_token) first: for each checkpointing policy (none, selective, full and the configured
-// one) x precision x optimizer, the largest micro-batch of the halving chain B, B/2, ..., 1 that fits,
-// with the accumulation that keeps the effective batch. The configured scenario itself is left out.
+// one) x precision (bf16 added to fp32) x ZeRO stage (0-2 with several processes), the largest micro-batch of
+// the halving chain B, B/2, ..., 1 that fits, with the accumulation that keeps the effective batch. The
+// configured scenario itself is left out.
 std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, const TrainConfig& cfg,
                                              DeviceKind device, size_t arena_budget, size_t overhead,
                                              int max_results = 3);
