@@ -274,7 +274,9 @@ const void* SafeTensorsReader::data(const SafeTensorInfo& t) const {
   return buffer_ + t.offset;
 }
 
-void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data) {
+SafeTensorsWriter::Entry SafeTensorsWriter::checked_entry(std::string name, DType dtype,
+                                                          std::vector<int64_t> shape,
+                                                          const void* data) const {
   ANVIL_REQUIRE(!name.empty(), "safetensors: tensor name must not be empty");
   ANVIL_REQUIRE(name != kMetadataKey, "safetensors: '{}' is reserved and cannot name a tensor", name);
   ANVIL_REQUIRE(has_safetensors_name(dtype),
@@ -287,10 +289,22 @@ void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
                 shape_str(shape));
   ANVIL_REQUIRE(data != nullptr || *nbytes == 0, "safetensors: tensor '{}' has no data", name);
   ANVIL_REQUIRE(!names_.contains(name), "safetensors: tensor '{}' added twice", name);
+  return Entry{std::move(name), dtype, std::move(shape), {}, nullptr, *nbytes};
+}
 
-  Entry entry{name, dtype, std::move(shape), std::vector<std::byte>(*nbytes)};
-  if (*nbytes > 0) std::memcpy(entry.bytes.data(), data, *nbytes);
-  names_.insert(std::move(name));
+void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data) {
+  Entry entry = checked_entry(std::move(name), dtype, std::move(shape), data);
+  entry.bytes.resize(entry.nbytes);
+  if (entry.nbytes > 0) std::memcpy(entry.bytes.data(), data, entry.nbytes);
+  names_.insert(entry.name);
+  entries_.push_back(std::move(entry));
+}
+
+void SafeTensorsWriter::add_view(std::string name, DType dtype, std::vector<int64_t> shape,
+                                 const void* data) {
+  Entry entry = checked_entry(std::move(name), dtype, std::move(shape), data);
+  entry.view = data;
+  names_.insert(entry.name);
   entries_.push_back(std::move(entry));
 }
 
@@ -309,8 +323,8 @@ void SafeTensorsWriter::write(const std::string& path) const {
   for (const Entry& e : entries_) {
     header[e.name] = {{"dtype", std::string(dtype_name(e.dtype))},
                       {"shape", e.shape},
-                      {"data_offsets", {offset, offset + e.bytes.size()}}};
-    offset += e.bytes.size();
+                      {"data_offsets", {offset, offset + e.nbytes}}};
+    offset += e.nbytes;
   }
   std::string header_text;
   try {
@@ -327,7 +341,7 @@ void SafeTensorsWriter::write(const std::string& path) const {
   SyncedFileWriter out(path);
   out.write(length_bytes.data(), length_bytes.size());
   out.write(header_text);
-  for (const Entry& e : entries_) out.write(e.bytes.data(), e.bytes.size());
+  for (const Entry& e : entries_) out.write(e.view ? e.view : e.bytes.data(), e.nbytes);
   out.finish();
 }
 

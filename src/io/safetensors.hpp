@@ -66,6 +66,9 @@ class SafeTensorsWriter {
   // `data` (numel * dtype size bytes) is copied at add() time, so callers may pass temporary buffers.
   // Throws on a duplicate or reserved name, a negative dim, or a dtype safetensors cannot name.
   void add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
+  // The same without the copy: `data` must stay valid until write() (a memory-mapped input, so that writing
+  // a large file holds no copy of it).
+  void add_view(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
   void set_metadata(std::string key, std::string value);
   // Writes the file (tensors in the order added) and fsyncs it; throws on I/O errors naming the path.
   void write(const std::string& path) const;
@@ -75,8 +78,11 @@ class SafeTensorsWriter {
     std::string name;
     DType dtype;
     std::vector<int64_t> shape;
-    std::vector<std::byte> bytes;
+    std::vector<std::byte> bytes;  // add(): the copy
+    const void* view = nullptr;    // add_view(): the caller's data
+    size_t nbytes = 0;
   };
+  Entry checked_entry(std::string name, DType dtype, std::vector<int64_t> shape, const void* data) const;
   std::vector<Entry> entries_;
   std::set<std::string, std::less<>> names_;
   std::map<std::string, std::string> metadata_;

@@ -365,6 +365,39 @@ TEST(ZeroResume, AnyWorldSizeAndStage) {
   }
 }
 
+// anvil zero-to-fp32: a ZeRO-2 checkpoint of 2 ranks becomes a Hugging Face directory holding the
+// checkpoint's fp32 weights exactly, which a new run starts from; an incomplete checkpoint (a rank's file
+// missing) and a directory that is no checkpoint are refused, saying what to do.
+TEST(ZeroToFp32, WritesTheCheckpointsWeights) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const std::string cfg =
+      write_config(c, "run", {{"per_device_train_batch_size", 2}, {"max_steps", 4}, {"zero_stage", 2}});
+  const test::CommandResult run = launch(2, cfg);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string ckpt = c.dir / "run/checkpoint-4";
+  test::CommandResult r = test::run_anvil("zero-to-fp32 " + ckpt + " " + (c.dir / "hf"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fp32 weights"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(c.dir / "hf/config.json"));
+  EXPECT_FALSE(fs::exists(c.dir / "hf/zero"));
+  EXPECT_EQ(weights_rel_diff(ckpt + "/model.safetensors", c.dir / "hf/model.safetensors"), 0.0);
+  const test::CommandResult from =
+      test::run_anvil("train --config " + cfg + " --init_from " + (c.dir / "hf") +
+                      " --zero_stage 0 --output_dir " + (c.dir / "from"));
+  EXPECT_EQ(from.exit_code, 0) << from.output;
+
+  fs::remove(ckpt + "/zero/optimizer-rank-00001-of-00002.safetensors");
+  r = test::run_anvil("zero-to-fp32 " + ckpt + " " + (c.dir / "hf2"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("optimizer-rank-00001-of-00002.safetensors is missing"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(c.dir / "hf2"));
+  r = test::run_anvil("zero-to-fp32 " + (c.dir / "hf") + " " + (c.dir / "hf3"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("not a checkpoint of `anvil train`"), std::string::npos) << r.output;
+}
+
 // A BERT classifier (bert-tiny on a WordPiece vocabulary, texts labelled by whether they hold "zebra"): 2
 // processes at micro-batch 4 follow one process at micro-batch 8 (AdamW, loss curve within 1e-5).
 TEST(DataParallelClassification, TwoProcessesEqualOne) {

@@ -135,6 +135,24 @@ TEST_F(SafeTensorsTest, RoundTripSeveralDtypesAndShapes) {
   EXPECT_EQ(raw.size(), 8 + header_len + 24 + 8 + 8 + 5 + 12 + 4 + 4);
 }
 
+// add_view keeps the caller's pointer (a memory-mapped input) and writes the same file as add.
+TEST_F(SafeTensorsTest, ViewsWriteWhatCopiesWrite) {
+  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
+  const std::vector<uint16_t> b = {1, 2, 3};
+  SafeTensorsWriter copies, views;
+  copies.add("a", DType::F32, {2, 3}, a.data());
+  copies.add("b", DType::BF16, {3}, b.data());
+  copies.add("empty", DType::F32, {0}, nullptr);
+  views.add_view("a", DType::F32, {2, 3}, a.data());
+  views.add_view("b", DType::BF16, {3}, b.data());
+  views.add_view("empty", DType::F32, {0}, nullptr);
+  EXPECT_THROW(views.add_view("a", DType::F32, {1}, a.data()), anvil::Error);  // a name twice
+  copies.write(file("copies.safetensors"));
+  views.write(file("views.safetensors"));
+  EXPECT_EQ(anvil::io::read_text_file(file("copies.safetensors")),
+            anvil::io::read_text_file(file("views.safetensors")));
+}
+
 TEST_F(SafeTensorsTest, MetadataRoundTrip) {
   SafeTensorsWriter writer;
   writer.set_metadata("format", "anvil");
