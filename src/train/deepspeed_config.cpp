@@ -406,6 +406,75 @@ void Applier::apply(const json& ds) {
 
 }  // namespace
 
+std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig& cfg) {
+  // DeepSpeed key -> the Anvil keys it sets (empty: accepted with nothing to change, and why).
+  struct Mapping {
+    const char* ds_key;
+    std::vector<const char*> anvil_keys;
+    const char* accepted = "";
+  };
+  static const std::vector<Mapping> table = {
+      {"fp16.enabled", {"fp16"}},
+      {"fp16.loss_scale", {"loss_scale"}},
+      {"fp16.initial_scale_power", {"initial_scale_power"}},
+      {"fp16.loss_scale_window", {"loss_scale_window"}},
+      {"fp16.hysteresis", {"hysteresis"}},
+      {"fp16.consecutive_hysteresis", {"consecutive_hysteresis"}},
+      {"fp16.min_loss_scale", {"min_loss_scale"}},
+      {"bf16.enabled", {"bf16"}},
+      {"bfloat16.enabled", {"bf16"}},
+      {"data_types.grad_accum_dtype", {"grad_accum_dtype"}},
+      {"train_micro_batch_size_per_gpu", {"per_device_train_batch_size"}},
+      {"gradient_accumulation_steps", {"gradient_accumulation_steps"}},
+      {"train_batch_size", {"per_device_train_batch_size", "gradient_accumulation_steps"}},
+      {"gradient_clipping", {"max_grad_norm"}},
+      {"steps_per_print", {"logging_steps"}},
+      {"optimizer.type", {"optim"}},
+      {"optimizer.params.lr", {"learning_rate"}},
+      {"optimizer.params.betas", {"adam_beta1", "adam_beta2"}},
+      {"optimizer.params.eps", {"adam_epsilon"}},
+      {"optimizer.params.weight_decay", {"weight_decay"}},
+      {"optimizer.params.adam_w_mode", {}, "AdamW's decoupled weight decay"},
+      {"zero_optimization.stage", {"zero_stage"}},
+      {"zero_optimization.reduce_bucket_size", {"ddp_bucket_cap_mb"}},
+      {"zero_optimization.overlap_comm", {"ddp_bucket_cap_mb"}},
+      {"zero_optimization.allgather_bucket_size", {"zero_allgather_bucket_size"}},
+      {"zero_optimization.contiguous_gradients", {}, "the gradients are always one flat buffer"},
+      {"zero_optimization.reduce_scatter", {}, "stage 2 always reduce-scatters"},
+      {"zero_optimization.allgather_partitions", {}, "the updated shards are always all-gathered"},
+      {"zero_optimization.round_robin_gradients", {}, "an ordering for CPU offload"},
+      {"zero_optimization.offload_optimizer", {}, "device none"},
+      {"zero_optimization.offload_param", {}, "device none"},
+      {"zero_optimization.sub_group_size", {}, "a stage-3 key"},
+      {"zero_optimization.stage3_max_live_parameters", {}, "a stage-3 key"},
+      {"zero_optimization.stage3_max_reuse_distance", {}, "a stage-3 key"},
+      {"zero_optimization.stage3_prefetch_bucket_size", {}, "a stage-3 key"},
+      {"zero_optimization.stage3_param_persistence_threshold", {}, "a stage-3 key"},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", {}, "a stage-3 key"},
+      {"communication_data_type", {"grad_accum_dtype"}},
+      {"wall_clock_breakdown", {}, "Anvil always logs its timings"},
+  };
+  const json values = cfg.to_json();
+  std::vector<std::string> lines;
+  for (const Mapping& m : table) {
+    std::string path = std::string("/") + m.ds_key;
+    std::replace(path.begin(), path.end(), '.', '/');
+    const json::json_pointer at(path);
+    if (!ds.contains(at)) continue;
+    const json& raw = ds[at];
+    std::string line = fmt::format("{}: {}", m.ds_key, raw.dump());
+    if (m.anvil_keys.empty()) {
+      line += fmt::format(" (accepted: {})", m.accepted);
+    } else {
+      std::vector<std::string> set;
+      for (const char* k : m.anvil_keys) set.push_back(fmt::format("{} {}", k, values.at(k).dump()));
+      line += " -> " + join(set);
+    }
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
 const std::vector<std::string>& deepspeed_supported_keys() {
   static const std::vector<std::string> keys = {"fp16",
                                                 "bf16",

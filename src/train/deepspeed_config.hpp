@@ -36,4 +36,10 @@ void apply_deepspeed_json(TrainConfig& cfg, const nlohmann::json& ds, const std:
 // The top-level DeepSpeed keys apply_deepspeed_json accepts.
 const std::vector<std::string>& deepspeed_supported_keys();
 
+// What each key of a DeepSpeed config became, for the run's plan: one line per key the file sets, "key:
+// value -> anvil_key value" with the value `cfg` (the run's final config) holds, "auto" resolved, or what a
+// key accepted with nothing to change does ("accepted: ..."). `ds` is the file's JSON (already validated by
+// apply_deepspeed_json).
+std::vector<std::string> deepspeed_resolution(const nlohmann::json& ds, const TrainConfig& cfg);
+
 }  // namespace anvil

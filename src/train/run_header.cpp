@@ -1,5 +1,10 @@
 #include "train/run_header.hpp"
 
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_dir.hpp"
+#include "train/deepspeed_config.hpp"
+
 namespace anvil {
 namespace {
 
@@ -71,6 +76,12 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
     fmt::print(
         "  adafactor_relative_step: Adafactor sets its own step size (HF semantics); the lr column shows the "
         "schedule, which it ignores\n");
+  if (!cfg.deepspeed.empty()) {
+    // Every key of the DeepSpeed config, with the value it resolved to ("auto" included).
+    fmt::print("  deepspeed {}:\n", cfg.deepspeed);
+    const nlohmann::json ds = nlohmann::json::parse(io::read_text_file(cfg.deepspeed));
+    for (const std::string& line : deepspeed_resolution(ds, cfg)) fmt::print("    {}\n", line);
+  }
   fmt::print("  memory plan ({}):\n{}", device_name(dev.kind()), e.plan().report());
 }
 

@@ -342,6 +342,36 @@ TEST(DeepSpeedConfig, ExampleFileLoads) {
   EXPECT_EQ(c.loss_scaler().hysteresis, 2);
 }
 
+// The run's plan lists what each DeepSpeed key became: "auto" resolved to the run's value, concrete values,
+// and keys accepted with nothing to change, saying why.
+TEST(DeepSpeedConfig, ResolutionNamesEveryKey) {
+  const json ds = {
+      {"train_micro_batch_size_per_gpu", "auto"},
+      {"gradient_clipping", 0.5},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", "auto"}, {"betas", {0.9, 0.95}}}}}},
+      {"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", "auto"}, {"contiguous_gradients", true}}},
+      {"wall_clock_breakdown", false}};
+  TrainConfig c;
+  c.per_device_train_batch_size = 6;
+  c.learning_rate = 3e-4;
+  c = apply(ds, {"per_device_train_batch_size", "learning_rate"}, c);
+  const std::vector<std::string> lines = deepspeed_resolution(ds, c);
+  const std::vector<std::string> want = {
+      R"(train_micro_batch_size_per_gpu: "auto" -> per_device_train_batch_size 6)",
+      "gradient_clipping: 0.5 -> max_grad_norm 0.5",
+      R"(optimizer.type: "AdamW" -> optim "adamw_torch_fused")",
+      R"(optimizer.params.lr: "auto" -> learning_rate 0.0003)",
+      "optimizer.params.betas: [0.9,0.95] -> adam_beta1 0.9, adam_beta2 0.95",
+      "zero_optimization.stage: 2 -> zero_stage 2",
+      R"(zero_optimization.reduce_bucket_size: "auto" -> ddp_bucket_cap_mb 25.0)",
+      "zero_optimization.contiguous_gradients: true (accepted: the gradients are always one flat buffer)",
+      "wall_clock_breakdown: false (accepted: Anvil always logs its timings)"};
+  EXPECT_EQ(lines, want);
+  // The legacy boolean zero_optimization has no keys to list.
+  EXPECT_TRUE(
+      deepspeed_resolution({{"zero_optimization", true}}, apply({{"zero_optimization", true}})).empty());
+}
+
 TEST(DeepSpeedConfig, CommandLine) {
   test::TempDir dir;
   test::write_file(dir / "ds.json", R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 3}})");
