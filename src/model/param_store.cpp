@@ -119,6 +119,7 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
   if (precision_.compute == DType::F32) return;
   ANVIL_ASSERT(master_, "sync: a store planned without training has no master weights to cast");
+  if (master_range_.numel() == 0) return;  // an empty ZeRO shard
   // With step values the kernel reads the seed there (the trainer writes the shard's seed into them).
   ops.cast_weights(weight_at(master_range_.begin), master_, master_range_.numel(),
                    step_values ? rounding_seed : shard_rounding_seed(rounding_seed, master_range_.begin),

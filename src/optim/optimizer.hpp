@@ -100,6 +100,7 @@ class Optimizer {
   // with the values the host last copied there (fill_step_values).
   void step(Ops& ops, float* params, const void* grads, float lr, int64_t step, float grad_scale,
             const float* grad_scale_device = nullptr, const StepValues* step_values = nullptr) {
+    if (numel() == 0) return;  // an empty ZeRO shard (a tiny model on many ranks): no launch of no work
     update(ops, params, grads, lr, step, grad_scale, grad_scale_device, step_values);
   }
   // Writes this optimizer's fields of the step values for (lr, step): a step() given a device copy of

@@ -223,8 +223,10 @@ void TrainStep::norm_part() {
   e_.upload_step_values();
   // ZeRO stage 2: this rank's shard of the reduced gradients, its sum of squares then summed over the ranks.
   const ParamRange g = zero_ ? zero_->reduced_grads() : ParamRange{0, nparams_};
-  e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.param_store().grad_at(g.begin), grad_dtype_,
-                          g.numel());
+  // (An empty shard adds nothing: the sum was zeroed with the step's scalars.)
+  if (g.numel())
+    e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.param_store().grad_at(g.begin), grad_dtype_,
+                            g.numel());
   if (zero_) zero_->reduce_norm(&scalars_->grad_sum_squares);
   e_.ops().grad_clip_scale(&scalars_->grad_scale, &scalars_->grad_norm, &scalars_->grad_sum_squares, 1.0,
                            cfg_.max_grad_norm, e_.step_values());
