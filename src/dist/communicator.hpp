@@ -63,6 +63,8 @@ class Communicator {
   virtual void reduce_scatter_v(void* data, const std::vector<size_t>& counts, DType dtype,
                                 ReduceOp op = ReduceOp::Sum);
   virtual void all_gather_v(void* data, const std::vector<size_t>& counts, DType dtype);
+  // For the v-collectives: throws unless there is one count per rank (naming `what`); whether all are equal.
+  bool even_pieces(const std::vector<size_t>& counts, const char* what) const;
   // `send` and `recv` hold world_size() chunks of `count_per_rank` elements: chunk j of rank i's `send`
   // arrives as chunk i of rank j's `recv`. Not in place.
   virtual void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) = 0;

@@ -9,6 +9,7 @@
 #include "core/half.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/hf_weights.hpp"
+#include "io/optimizer_state.hpp"
 #include "io/safetensors.hpp"
 
 namespace anvil::io {
@@ -170,14 +171,8 @@ void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev) 
 
 void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
   SafeTensorsReader reader(path);
-  const auto& meta = reader.metadata();
-  const auto it = meta.find("optimizer");
-  const std::string saved = it == meta.end() ? "" : it->second;
+  require_optimizer(reader, opt);
   const std::string wanted = optimizer_name(opt.kind());
-  ANVIL_REQUIRE(saved == wanted,
-                "{}: the checkpoint's optimizer state is for '{}' but this run uses optim '{}'; resume with "
-                "--optim {} (or start a new run from the weights with --init_from)",
-                path, saved.empty() ? "(unnamed)" : saved, wanted, saved.empty() ? wanted : saved);
   for (const OptimizerStateTensor& t : opt.state_tensors()) {
     const SafeTensorInfo* info = reader.find(t.name);
     ANVIL_REQUIRE(info, "{}: tensor '{}' of the {} state is missing", path, t.name, wanted);

@@ -33,16 +33,6 @@ size_t meta_size(const SafeTensorsReader& r, const std::string& key) {
   }
 }
 
-void require_optimizer(const SafeTensorsReader& r, const Optimizer& opt) {
-  const auto it = r.metadata().find("optimizer");
-  const std::string saved = it == r.metadata().end() ? "" : it->second;
-  const std::string wanted = optimizer_name(opt.kind());
-  ANVIL_REQUIRE(saved == wanted,
-                "{}: the checkpoint's optimizer state is for '{}' but this run uses optim '{}'; resume with "
-                "--optim {} (or start a new run from the weights with --init_from)",
-                r.path(), saved.empty() ? "(unnamed)" : saved, wanted, saved.empty() ? wanted : saved);
-}
-
 // Copies elements [from, from + n) of a file tensor that holds elements [at, at + its count) of the
 // one-process tensor into the device tensor `t`, which holds [slice.offset, slice.offset + t.count).
 void copy_piece(Device& dev, const OptimizerStateTensor& t, const StateSlice& slice,
@@ -67,6 +57,16 @@ void require_tensor_type(const SafeTensorsReader& r, const SafeTensorInfo& info,
 }
 
 }  // namespace
+
+void require_optimizer(const SafeTensorsReader& r, const Optimizer& opt) {
+  const auto it = r.metadata().find("optimizer");
+  const std::string saved = it == r.metadata().end() ? "" : it->second;
+  const std::string wanted = optimizer_name(opt.kind());
+  ANVIL_REQUIRE(saved == wanted,
+                "{}: the checkpoint's optimizer state is for '{}' but this run uses optim '{}'; resume with "
+                "--optim {} (or start a new run from the weights with --init_from)",
+                r.path(), saved.empty() ? "(unnamed)" : saved, wanted, saved.empty() ? wanted : saved);
+}
 
 std::string optimizer_shard_path(const std::string& checkpoint_dir, int rank, int world) {
   return (fs::path(checkpoint_dir) / "zero" /

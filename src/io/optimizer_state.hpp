@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "io/safetensors.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/device.hpp"
 
@@ -20,6 +21,9 @@ struct StateSlice {
 };
 // By state tensor name; a name missing here means the whole tensor (offset 0, total = its count).
 using StateSlices = std::map<std::string, StateSlice>;
+
+// Throws, naming the file and what to pass, unless `r` holds the state of `opt`'s optimizer.
+void require_optimizer(const SafeTensorsReader& r, const Optimizer& opt);
 
 // The file of rank `rank` of `world` inside a checkpoint directory.
 std::string optimizer_shard_path(const std::string& checkpoint_dir, int rank, int world);

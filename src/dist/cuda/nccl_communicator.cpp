@@ -132,7 +132,8 @@ class NcclCommunicator final : public Communicator {
   // Uneven pieces: one reduce (broadcast) per rank that owns some, rooted there, in one group: each moves
   // its piece once around the ring, (world - 1) / world of the buffer per rank in all, as the even forms.
   void reduce_scatter_v(void* data, const std::vector<size_t>& counts, DType dtype, ReduceOp op) override {
-    if (even(counts)) return Communicator::reduce_scatter_v(data, counts, dtype, op);
+    if (even_pieces(counts, "reduce_scatter_v"))
+      return Communicator::reduce_scatter_v(data, counts, dtype, op);
     after_compute();
     ANVIL_NCCL_CHECK(ncclGroupStart(), "reduce_scatter_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
@@ -143,7 +144,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_gather_v(void* data, const std::vector<size_t>& counts, DType dtype) override {
-    if (even(counts)) return Communicator::all_gather_v(data, counts, dtype);
+    if (even_pieces(counts, "all_gather_v")) return Communicator::all_gather_v(data, counts, dtype);
     after_compute();
     ANVIL_NCCL_CHECK(ncclGroupStart(), "all_gather_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
@@ -206,11 +207,6 @@ class NcclCommunicator final : public Communicator {
  private:
   static constexpr size_t kHostValues = 512;
 
-  bool even(const std::vector<size_t>& counts) const {
-    ANVIL_REQUIRE(counts.size() == size_t(world_), "{} counts for a world of {} ranks", counts.size(),
-                  world_);
-    return std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
-  }
   template <class F>
   void for_pieces(void* data, const std::vector<size_t>& counts, DType dtype, F&& f) {
     size_t at = 0;
