@@ -98,7 +98,10 @@ for prefix, what in [("zero", "bf16 graphs"), ("zero_acc", "8-bit AdamW, accumul
         worst = max(abs(x - y) / abs(x) for x, y in zip(ref, got)) if len(ref) == len(got) == 20 else float("inf")
         r = weights_rel(f"{prefix}0", f"{prefix}{s}")
         limit = 0.0 if s == 1 else 1e-4
-        check(f"ZeRO-{s} vs stage 0 ({what})", worst <= limit and r <= max(limit, 1e-3),
+        # Stage 2 reduces each unit per micro-batch: with accumulation the sums round in another order,
+        # which 8-bit states turn into requantized blocks (as tests/unit/data_parallel_test.cpp allows).
+        wlimit = 0.0 if s == 1 else 2e-2 if prefix == "zero_acc" else 1e-3
+        check(f"ZeRO-{s} vs stage 0 ({what})", worst <= limit and r <= wlimit,
               f"loss max relative difference {worst:.2e}, weights {r:.2e}")
 full = losses("zero2")
 same, one = losses("zero_res2"), losses("zero_res1")

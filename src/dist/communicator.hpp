@@ -70,6 +70,13 @@ class Communicator {
   virtual void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) = 0;
   // Compute queued after this call waits for every collective queued before it.
   virtual void join() = 0;
+  // A point in the queue of collectives: join_until(mark()) makes compute queued after it wait for the
+  // collectives queued before mark() was called, not for later ones (so compute may overlap them). A backend
+  // keeps a few marks: an old mark waits for more (at worst everything, as join()). Under CUDA graph capture,
+  // a mark must be joined within the capture that made it. The CPU backends complete every collective before
+  // returning, so their marks wait for nothing.
+  virtual uint64_t mark() { return 0; }
+  virtual void join_until(uint64_t /*mark*/) { join(); }
 
   // Host-side, blocking: sums `n` doubles over the ranks (counts, losses; small). Ordered after the
   // collectives queued before it on the same communicator only as far as the backend says (NCCL: its own

@@ -6,25 +6,49 @@
 
 namespace anvil::dist {
 
-GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, const ZeroPartition* scatter)
+GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, const ZeroPartition* scatter,
+                   Ops* ops)
     : comm_(comm),
       store_(store),
       bucket_elems_(bucket_bytes == 0
                         ? SIZE_MAX
                         : std::max<size_t>(1, bucket_bytes / dtype_bytes(store.precision().grad, 1))),
       scatter_(scatter),
+      ops_(ops),
+      by_unit_(store.grads_sharded()),
       pending_begin_(store.numel()),
       pending_end_(store.numel()) {
+  if (by_unit_) {
+    ANVIL_ASSERT(scatter_ && ops_, "gradient sync: gradients by unit need the ZeRO partition and the ops");
+    ANVIL_ASSERT(store.grad_range() == scatter_->shard(comm.rank()),
+                 "gradient sync: the store keeps gradients [{}, {}), rank {}'s shard is [{}, {})",
+                 store.grad_range().begin, store.grad_range().end, comm.rank(),
+                 scatter_->shard(comm.rank()).begin, scatter_->shard(comm.rank()).end);
+    marks_.assign(store.layout().units().size(), 0);
+    to_add_.assign(store.layout().units().size(), false);
+    store_.set_slot_reuse_hook([this](int unit) { drain(unit); });
+    armed_ = true;  // every micro-batch reduces
+  }
   store_.set_grads_ready_hook([this](int unit) { unit_ready(unit); });
 }
 
 GradSync::~GradSync() {
   store_.set_grads_ready_hook(nullptr);
+  if (by_unit_) store_.set_slot_reuse_hook(nullptr);
 }
 
 void GradSync::unit_ready(int unit) {
   if (!armed_) return;
   const ParamUnit& u = store_.layout().units()[size_t(unit)];
+  if (by_unit_) {
+    comm_.reduce_scatter_v(store_.grad_at(u.offset), scatter_->counts_in(u.offset, u.offset + u.numel),
+                           store_.precision().grad);
+    marks_[size_t(unit)] = comm_.mark();
+    to_add_[size_t(unit)] = true;
+    ++reduced_in_micro_batch_;
+    ++buckets_;
+    return;
+  }
   // Backward completes the units from the buffer's end towards its start, so each one ends where the
   // pending range begins.
   ANVIL_REQUIRE(
@@ -39,7 +63,38 @@ void GradSync::unit_ready(int unit) {
   }
 }
 
+void GradSync::drain(int unit) {
+  if (!to_add_[size_t(unit)]) return;
+  comm_.join_until(marks_[size_t(unit)]);
+  add_piece(unit);
+}
+
+void GradSync::add_piece(int unit) {
+  const ParamUnit& u = store_.layout().units()[size_t(unit)];
+  const ParamRange mine = store_.grad_range();
+  const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
+  if (lo < hi) {
+    const char* slot = static_cast<const char*>(store_.grad_at(u.offset));
+    ops_->add_grads(store_.reduced_grad_at(lo), slot + dtype_bytes(store_.precision().grad, lo - u.offset),
+                    hi - lo);
+  }
+  to_add_[size_t(unit)] = false;
+}
+
 void GradSync::finish() {
+  if (by_unit_) {
+    const size_t units = store_.layout().units().size();
+    ANVIL_REQUIRE(size_t(reduced_in_micro_batch_) == units,
+                  "gradient sync: the micro-batch ended with {} of {} units reduced (a unit's grads_ready "
+                  "never came)",
+                  reduced_in_micro_batch_, units);
+    comm_.join();
+    for (size_t u = 0; u < units; ++u)
+      if (to_add_[u]) add_piece(int(u));
+    reduced_in_micro_batch_ = 0;
+    armed_ = false;
+    return;
+  }
   ANVIL_REQUIRE(
       pending_begin_ == 0 && pending_end_ == 0,
       "gradient sync: the step ended with gradients [{}, {}) not reduced (a unit's grads_ready never "

@@ -8,36 +8,47 @@
 // bucket is the range of the units completed since the last one was queued, queued once it holds at least
 // `bucket_bytes` (DeepSpeed's reduce_bucket_size, in bytes of the gradient type) and at the step's last
 // unit. One collective per bucket. `bucket_bytes` 0: one bucket after the whole backward (no overlap).
-//
-// ZeRO stage 2: each bucket is reduce-scattered instead (Communicator::reduce_scatter_v), each rank
-// receiving the sum of the bucket's piece inside its shard only.
-//
 // Gradient accumulation: only the step's last micro-batch reduces (the sums of the earlier ones are in the
 // buffer by then), so a step makes one reduction whatever its accumulation.
+//
+// ZeRO stage 2: each bucket is reduce-scattered instead (Communicator::reduce_scatter_v), each rank
+// receiving the sum of the bucket's piece inside its shard only. When the store keeps gradients by unit
+// (ParamStore::set_grad_shard: a unit slot in backward, the reduced shard for the optimizer) a bucket is
+// one unit, reduce-scattered inside its slot as soon as it is ready, in every micro-batch; this rank's
+// piece is added into the shard's gradients once the collective is done, at the latest when the slot goes
+// to another unit (the store's slot-reuse hook; compute waits for that unit's collective only) and at the
+// end of each micro-batch (finish). The step's first micro-batch adds into zeros (the step zeroes grads()).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "dist/communicator.hpp"
 #include "dist/zero_partition.hpp"
+#include "kernels/ops.hpp"
 #include "model/param_store.hpp"
 
 namespace anvil::dist {
 
 class GradSync {
  public:
-  // Installs itself as `store`'s grads_ready hook (removed by the destructor). With `scatter` (ZeRO stage 2,
-  // kept by reference) the buckets are reduce-scattered over its shards.
-  GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes,
-           const ZeroPartition* scatter = nullptr);
+  // Installs itself as `store`'s grads_ready (and slot-reuse) hook, removed by the destructor. With
+  // `scatter` (ZeRO stage 2, kept by reference) the buckets are reduce-scattered over its shards; a store
+  // with sharded gradients also needs `ops` (kept by reference: the pieces are added with it).
+  GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, const ZeroPartition* scatter = nullptr,
+           Ops* ops = nullptr);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
-  // Before each micro-batch's backward: whether it is the step's last (the one that reduces).
-  void set_last_micro_batch(bool last) { armed_ = last; }
+  // Before each micro-batch's backward: whether it is the step's last (the one that reduces; gradients by
+  // unit reduce in every micro-batch).
+  void set_last_micro_batch(bool last) { armed_ = last || by_unit_; }
   bool armed() const { return armed_; }
-  // After the step's last backward: queues what is left and makes compute wait for every bucket.
+  // Whether every micro-batch reduces (gradients by unit), not only the step's last.
+  bool reduces_every_micro_batch() const { return by_unit_; }
+  // After an armed micro-batch's backward: queues what is left and makes compute wait for every bucket
+  // (gradients by unit: and adds the pieces not yet added).
   void finish();
 
   int64_t buckets_queued() const { return buckets_; }  // since construction (tests, logs)
@@ -45,14 +56,22 @@ class GradSync {
  private:
   void unit_ready(int unit);
   void queue(size_t begin, size_t end);  // floats [begin, end) of the flat buffer
+  void drain(int unit);                  // gradients by unit: adds its reduced piece (once)
+  void add_piece(int unit);
 
   Communicator& comm_;
   ParamStore& store_;
   const size_t bucket_elems_;
   const ZeroPartition* const scatter_;
+  Ops* const ops_;
+  const bool by_unit_;
   bool armed_ = false;
   size_t pending_begin_, pending_end_;  // completed, not yet queued: [begin, end) in floats of the layout
   int64_t buckets_ = 0;
+  // Gradients by unit: each unit's collective (Communicator::mark) and whether its piece is still to add.
+  std::vector<uint64_t> marks_;
+  std::vector<bool> to_add_;
+  int reduced_in_micro_batch_ = 0;
 };
 
 }  // namespace anvil::dist

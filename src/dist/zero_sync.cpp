@@ -51,9 +51,10 @@ void ZeroSync::gather_master(Device& dev, float* host) {
     dev.copy_to_host(host, store_.weights(), n * sizeof(float));
     return;
   }
-  ANVIL_REQUIRE(store_.grads(), "ZeRO: gathering the master weights needs the gradient buffer, not planned");
-  float* staging = static_cast<float*>(store_.grads());
-  const size_t chunk = store_.grad_bytes() / sizeof(float);
+  const auto [scratch, scratch_bytes] = store_.gradient_scratch();
+  ANVIL_REQUIRE(scratch, "ZeRO: gathering the master weights needs the gradient memory, not planned");
+  float* staging = static_cast<float*>(scratch);
+  const size_t chunk = scratch_bytes / sizeof(float);
   ANVIL_ASSERT(chunk > 0, "ZeRO: no staging room for the master weights");
   for (size_t b = 0; b < n; b += chunk) {
     const size_t e = std::min(n, b + chunk);

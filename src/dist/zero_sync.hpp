@@ -40,7 +40,7 @@ class ZeroSync {
   // piece into every rank's compute-type weights. Queued; compute waits for it.
   void gather_weights();
   // The whole fp32 master weights on the host, on every rank (a collective; between steps). Moves them
-  // through the gradient buffer (unused between steps) in chunks.
+  // through the gradient memory (unused between steps: ParamStore::gradient_scratch) in chunks.
   void gather_master(Device& dev, float* host);
 
  private:

@@ -47,6 +47,7 @@ Decoder::Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool trainin
   lnfw_off_ = offset_of(l, R::FinalNormWeight, -1);
   lnfb_off_ = offset_of(l, R::FinalNormBias, -1);
   unit_final_ = int(l.units().size()) - 1;
+  head_unit_ = l.unit_of(head_off_);
   for (int i = 0; i < spec_.n_layer; ++i) {
     auto at = [&](R role) { return offset_of(l, role, i); };
     layer_offsets_.push_back({at(R::Norm1Weight), at(R::Norm1Bias), at(R::QkvWeight), at(R::QkvBias),
@@ -369,6 +370,7 @@ void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, i
   // when tied).
   trace_alloc(trace_logits_, "logits (one chunk of rows)", MemoryCategory::Activations,
               logits_rows_ * Vp * ae_, -1, "forward");
+  if (write_grad) store_.begin_grads(ops.device(), head_unit_);
   const Linear head = head_linear(write_grad);
   for (size_t r0 = 0; r0 < size_t(N); r0 += logits_rows_) {
     const int n = int(std::min(logits_rows_, size_t(N) - r0));
@@ -419,6 +421,7 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   // The head's backward ran chunk by chunk in forward(): tmp_c_ holds d(final norm output). Final norm next.
   trace_phase("backward head", -1);
   ops.device().fill_zero(dres_, size_t(N) * C * ae_);
+  store_.begin_grads(ops.device(), unit_final_);
   norm_bwd(ops, dres_, grad_or_null(lnfw_off_), grad_or_null(lnfb_off_), tmp_c_, at(res3_, (L - 1) * sBTC),
            weight_or_null(lnfw_off_), lnf_stats_, N);
   store_.release(unit_final_);
@@ -433,6 +436,7 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
     }
     trace_phase("backward", l);
     store_.acquire(1 + l);
+    store_.begin_grads(ops.device(), 1 + l);
     block_backward(ops, l, B, T);
     store_.release(1 + l);
     store_.grads_ready(1 + l);
@@ -442,6 +446,7 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
     }
   }
   trace_phase("backward embedding", -1);
+  store_.begin_grads(ops.device(), 0);
   if (spec_.padding_idx >= 0)  // no learned positions in a family with a padding_idx
     ops.embedding_bwd_skip(store_.grad_at(wte_off_), dres_, tokens, B, T, C, spec_.padding_idx);
   else

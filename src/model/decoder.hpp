@@ -60,6 +60,7 @@ class Decoder final : public Model {
   void* grad_buffer() const override { return store_.grads(); }
   float* grads() const override { return store_.grads_f32(); }
   size_t grad_bytes() const override { return store_.grad_bytes(); }
+  bool grads_by_unit() const override { return true; }
   // Per-position losses [B*T] (0 at ignore-index targets).
   const float* losses() const override { return losses_; }
   size_t loss_rows(int B, int T) const override { return size_t(B) * size_t(T); }
@@ -198,6 +199,7 @@ class Decoder final : public Model {
   // embedding when tied.
   size_t wte_off_, wpe_off_, head_off_, lnfw_off_, lnfb_off_;
   int unit_final_;  // the final unit's index (units: embedding, blocks, final)
+  int head_unit_;   // the unit holding the LM head weight (the embedding when tied, else the final unit)
   int B_, T_;
   bool training_;
   size_t logits_rows_;  // rows of the logits buffer (see logits_rows())

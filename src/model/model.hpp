@@ -66,6 +66,10 @@ class Model {
   // valid from backward() to the next forward(), and backward() zeroes them itself, so the caller must not
   // zero them before the forward (that memory then holds activations).
   virtual bool grads_share_activations() const { return false; }
+  // True when every gradient write of a unit follows ParamStore::begin_grads(unit) and every gradient view
+  // is taken through ParamStore::grad_at after it: the store may then keep gradients by unit (ZeRO stage 2,
+  // ParamStore::set_grad_shard). grad_buffer() is then the reduced shard.
+  virtual bool grads_by_unit() const { return false; }
   // Training with dropout: the device state its masks are drawn from (kernels/dropout.hpp), whose seed the
   // trainer sets before each step; null for a model without dropout.
   virtual DropoutState* dropout_state() const { return nullptr; }

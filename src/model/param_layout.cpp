@@ -187,4 +187,12 @@ const ParamTensor& ParamLayout::get(const std::string& name) const {
   return *t;
 }
 
+int ParamLayout::unit_of(size_t offset) const {
+  ANVIL_ASSERT(offset < total_, "element {} outside the {} parameters", offset, total_);
+  const auto it = std::upper_bound(units_.begin(), units_.end(), offset,
+                                   [](size_t o, const ParamUnit& u) { return o < u.offset; });
+  ANVIL_ASSERT(it != units_.begin(), "element {} lies before the first unit", offset);
+  return int(it - units_.begin()) - 1;
+}
+
 }  // namespace anvil

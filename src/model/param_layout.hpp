@@ -137,6 +137,8 @@ class ParamLayout {
   const ParamTensor* find_role(TensorRole role, int layer = -1) const;
   // The whole buffer as a range.
   ParamRange all() const { return {0, total_}; }
+  // The index of the unit holding element `offset` (< total_numel()).
+  int unit_of(size_t offset) const;
   // The non-empty pieces of the tensors inside `r`, in layout order.
   std::vector<TensorPart> parts(ParamRange r) const;
 

@@ -1,5 +1,7 @@
 #include "model/param_store.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -15,7 +17,8 @@ ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training
       precision_(precision),
       training_(training),
       weight_elem_(dtype_bits(precision.compute) / 8),
-      grad_elem_(dtype_bits(precision.grad) / 8) {
+      grad_elem_(dtype_bits(precision.grad) / 8),
+      grad_range_(layout_.all()) {
   validate_ops_precision(precision);
 }
 
@@ -23,6 +26,38 @@ void ParamStore::set_master_range(ParamRange r) {
   ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "master range [{}, {}) outside the {} parameters",
                r.begin, r.end, numel());
   master_range_ = r;
+}
+
+void ParamStore::set_grad_shard(ParamRange r) {
+  ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "gradient shard [{}, {}) outside the {} parameters",
+               r.begin, r.end, numel());
+  ANVIL_ASSERT(training_, "set_grad_shard: a store planned without training has no gradients");
+  const std::vector<ParamUnit>& units = layout_.units();
+  const int n = int(units.size());
+  ANVIL_ASSERT(n > 0, "set_grad_shard: the layout has no units");
+  grads_sharded_ = true;
+  grad_range_ = r;
+  // Slot sizes in elements: the first unit's, the last unit's, then two shared by the units between.
+  std::vector<size_t> slot_numel = {units[0].numel};
+  slot_of_unit_.assign(size_t(n), 0);
+  if (n > 1) {
+    slot_numel.push_back(units[size_t(n - 1)].numel);
+    slot_of_unit_[size_t(n - 1)] = 1;
+  }
+  for (int u = 1; u + 1 < n; ++u) {
+    const size_t s = 2 + size_t(u - 1) % 2;
+    if (slot_numel.size() <= s) slot_numel.push_back(0);
+    slot_numel[s] = std::max(slot_numel[s], units[size_t(u)].numel);
+    slot_of_unit_[size_t(u)] = int(s);
+  }
+  slot_offset_.clear();
+  slot_bytes_ = 0;
+  for (size_t e : slot_numel) {
+    slot_offset_.push_back(slot_bytes_);
+    slot_bytes_ += (e * grad_elem_ + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
+  }
+  slot_unit_.assign(slot_numel.size(), -1);
+  grad_state_.assign(size_t(n), GradState::Idle);
 }
 
 void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
@@ -39,7 +74,14 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   } else {
     i_weights_ = plan.add("parameters", M::Weights, P * sizeof(float));
   }
-  if (training_ && !grads_elsewhere) i_grads_ = plan.add("gradients", M::Gradients, grad_bytes());
+  if (grads_sharded_) {
+    ANVIL_ASSERT(!grads_elsewhere, "sharded gradients cannot live in activation memory");
+    i_grads_ = plan.add("gradients (this rank's shard, reduced)", M::Gradients, grad_bytes());
+    i_slots_ = plan.add(fmt::format("gradient slots ({} units in backward)", slot_offset_.size()),
+                        M::Gradients, slot_bytes_);
+  } else if (training_ && !grads_elsewhere) {
+    i_grads_ = plan.add("gradients", M::Gradients, grad_bytes());
+  }
 }
 
 void ParamStore::bind(const Arena& arena) {
@@ -48,6 +90,60 @@ void ParamStore::bind(const Arena& arena) {
             : i_master_ != SIZE_MAX          ? arena.get<float>(i_master_)
                                              : nullptr;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
+  if (i_slots_ != SIZE_MAX) slots_ = arena.get<char>(i_slots_);
+}
+
+void* ParamStore::slot_grad_at(size_t offset) const {
+  const int u = layout_.unit_of(offset);
+  const size_t s = size_t(slot_of_unit_[size_t(u)]);
+  const ParamUnit& unit = layout_.units()[size_t(u)];
+  ANVIL_ASSERT(slot_unit_[s] == u,
+               "gradient view of unit '{}', whose slot it does not hold (begin_grads comes first; a slot holds "
+               "one unit at a time)",
+               unit.name);
+  return slots_ + slot_offset_[s] + (offset - unit.offset) * grad_elem_;
+}
+
+void* ParamStore::reduced_grad_at(size_t offset) const {
+  if (!grads_sharded_) return grad_at(offset);
+  ANVIL_ASSERT(offset >= grad_range_.begin && offset <= grad_range_.end,
+               "reduced gradient {} outside this rank's shard [{}, {})", offset, grad_range_.begin,
+               grad_range_.end);
+  return static_cast<char*>(grads_) + (offset - grad_range_.begin) * grad_elem_;
+}
+
+std::pair<void*, size_t> ParamStore::gradient_scratch() const {
+  if (grads_sharded_) return {slots_, slot_bytes_};
+  return {grads_, grad_bytes()};
+}
+
+void ParamStore::begin_grads(Device& dev, int unit) {
+  if (!grads_sharded_) return;
+  GradState& state = grad_state_[size_t(unit)];
+  if (state == GradState::Writing) return;
+  const size_t s = size_t(slot_of_unit_[size_t(unit)]);
+  const int prev = slot_unit_[s];
+  if (prev >= 0 && prev != unit) {
+    ANVIL_ASSERT(grad_state_[size_t(prev)] != GradState::Writing,
+                 "unit '{}' begins its gradients in the slot of unit '{}', whose gradients are not ready yet",
+                 layout_.units()[size_t(unit)].name, layout_.units()[size_t(prev)].name);
+    grad_state_[size_t(prev)] = GradState::Idle;
+  }
+  // Whatever the slot held (this unit's previous micro-batch included) goes out first.
+  if (prev >= 0 && on_slot_reuse_) on_slot_reuse_(prev);
+  slot_unit_[s] = unit;
+  state = GradState::Writing;
+  dev.fill_zero(slots_ + slot_offset_[s], layout_.units()[size_t(unit)].numel * grad_elem_);
+}
+
+void ParamStore::grads_ready(int unit) {
+  if (grads_sharded_) {
+    GradState& state = grad_state_[size_t(unit)];
+    ANVIL_ASSERT(state == GradState::Writing, "unit '{}': gradients ready without begin_grads",
+                 layout_.units()[size_t(unit)].name);
+    state = GradState::Ready;
+  }
+  if (on_grads_ready_) on_grads_ready_(unit);
 }
 
 float* ParamStore::grads_f32() const {

@@ -6,11 +6,16 @@
 // Per-unit hooks (DESIGN: "How the pieces meet"): a model calls acquire(unit) before a unit's forward or
 // backward reads its weights, and grads_ready(unit) once the unit's gradients of a micro-batch are complete.
 // With one process and everything on the device both are no-ops; partitioned parameters (ZeRO-3) gather
-// in acquire, data parallelism reduces in the grads_ready hook, offload streams there.
+// in acquire, data parallelism reduces in the grads_ready hook, offload streams there. A model that takes
+// every gradient view after begin_grads(unit) (Model::grads_by_unit) lets the store keep gradients by unit
+// (ZeRO stage 2, set_grad_shard): then begin_grads hands the unit a zeroed slot, and grad_at views point
+// into it until the slot goes to another unit.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "anvil/memory_plan.hpp"
 #include "kernels/ops.hpp"
@@ -43,6 +48,19 @@ class ParamStore {
   // every rank must download at the same time). Without it, download() of a sharded store throws.
   void set_master_gather(std::function<void(Device&, float* host)> gather) { gather_ = std::move(gather); }
 
+  // ZeRO stage 2 (before plan_memory; only for a model whose gradient writes all follow begin_grads): the
+  // gradients kept from backward to the optimizer cover `r` only (this rank's reduced shard: grads(),
+  // reduced_grad_at). Backward writes each unit's gradients into a unit-sized slot instead of the whole
+  // buffer: the layout's first and last units have a slot each (a tied head's gradient and the loss's head
+  // gradient are written in forward and live through backward), the units between them share two slots
+  // in turn (one written while the other's reduction runs). Before a slot goes to another unit, the
+  // slot-reuse hook moves the previous unit's reduced piece out (dist::GradSync); at each micro-batch's end
+  // every slot must have been emptied so (the hook is then a no-op for it).
+  void set_grad_shard(ParamRange r);
+  bool grads_sharded() const { return grads_sharded_; }
+  // The range grads() covers: set_grad_shard's, else the whole buffer.
+  ParamRange grad_range() const { return grad_range_; }
+
   // Adds the weights, master weights (16-bit compute, training) and, unless `grads_elsewhere`, the gradients.
   // A model that places the gradients itself (BERT's gradients in dead activation memory) says so and
   // hands their memory over with bind_grads.
@@ -56,18 +74,27 @@ class ParamStore {
   bool training() const { return training_; }
 
   // The flat buffers: fp32 master weights (the weights themselves for fp32 compute; null for a 16-bit store
-  // without training; element 0 is master_range().begin), the compute-type weights, and the gradients in the
-  // gradient type (grads_f32 for fp32 gradients only).
+  // without training; element 0 is master_range().begin), the compute-type weights, and the gradients kept
+  // for the optimizer in the gradient type (element 0 is grad_range().begin; grads_f32 for fp32 gradients
+  // only).
   float* master() const { return master_; }
   void* weights() const { return weights_; }
   void* grads() const { return grads_; }
   float* grads_f32() const;
-  size_t grad_bytes() const { return dtype_bytes(precision_.grad, numel()); }
-  // Views: element `offset` (in floats of the layout) of the weights / gradients.
+  size_t grad_bytes() const { return dtype_bytes(precision_.grad, grad_range_.numel()); }
+  // Views: element `offset` (in floats of the layout) of the weights / the gradients backward writes
+  // (sharded gradients: in the slot of offset's unit, which must hold that unit).
   void* weight_at(size_t offset) const { return static_cast<char*>(weights_) + offset * weight_elem_; }
-  void* grad_at(size_t offset) const { return static_cast<char*>(grads_) + offset * grad_elem_; }
+  void* grad_at(size_t offset) const {
+    return grads_sharded_ ? slot_grad_at(offset) : static_cast<char*>(grads_) + offset * grad_elem_;
+  }
   void* weight(const ParamTensor& t) const { return weight_at(t.offset); }
   void* grad(const ParamTensor& t) const { return grad_at(t.offset); }
+  // The gradients the optimizer reads (after the reduction): element `offset` of grads() (inside
+  // grad_range(); its end allowed).
+  void* reduced_grad_at(size_t offset) const;
+  // Gradient memory free between steps, for staging (the whole buffer, or the slots when sharded).
+  std::pair<void*, size_t> gradient_scratch() const;
 
   // Sets the weights from fp32 host values in the flat layout: the master weights (where kept: master_range)
   // and their round-to-nearest compute-type copy.
@@ -86,11 +113,15 @@ class ParamStore {
   // Per-unit hooks (see the top of this file).
   void acquire(int unit) const {}
   void release(int unit) const {}
-  void grads_ready(int unit) const {
-    if (on_grads_ready_) on_grads_ready_(unit);
-  }
+  // Before the first gradient write of `unit` in a micro-batch (again later in the same micro-batch: no-op).
+  // Whole gradients: nothing (the step zeroes them once). Sharded: gives the unit its slot, zeroed on `dev`
+  // after the slot-reuse hook emptied it of its previous unit.
+  void begin_grads(Device& dev, int unit);
+  void grads_ready(int unit);
   // Called with a unit's index when its gradients of a micro-batch are complete (null: none).
   void set_grads_ready_hook(std::function<void(int unit)> hook) { on_grads_ready_ = std::move(hook); }
+  // Sharded gradients: called with a unit whose gradients were ready before its slot goes to another unit.
+  void set_slot_reuse_hook(std::function<void(int unit)> hook) { on_slot_reuse_ = std::move(hook); }
 
  private:
   ParamLayout layout_;
@@ -103,6 +134,20 @@ class ParamStore {
   float* master_ = nullptr;
   void *weights_ = nullptr, *grads_ = nullptr;
   std::function<void(int)> on_grads_ready_;
+
+  // Sharded gradients (set_grad_shard).
+  enum class GradState : uint8_t { Idle, Writing, Ready };
+  void* slot_grad_at(size_t offset) const;
+  bool grads_sharded_ = false;
+  ParamRange grad_range_;
+  std::vector<int> slot_of_unit_;        // per unit
+  std::vector<size_t> slot_offset_;      // bytes into the slot memory, per slot
+  size_t slot_bytes_ = 0;                // all slots
+  std::vector<int> slot_unit_;           // the unit a slot holds (-1: none yet)
+  std::vector<GradState> grad_state_;    // per unit
+  size_t i_slots_ = SIZE_MAX;
+  char* slots_ = nullptr;
+  std::function<void(int)> on_slot_reuse_;
 };
 
 }  // namespace anvil

@@ -72,6 +72,14 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   return o;
 }
 
+static void apply_zero_shard(const EngineOptions& o, Model& model) {
+  const std::optional<ParamRange> shard = zero_shard(o, model.layout());
+  if (!shard) return;
+  model.param_store().set_master_range(*shard);
+  // Stage 2 keeps the gradients of the shard only, where the model writes its gradients unit by unit.
+  if (o.zero_stage >= 2 && model.grads_by_unit()) model.param_store().set_grad_shard(*shard);
+}
+
 std::optional<ParamRange> zero_shard(const EngineOptions& o, const ParamLayout& layout) {
   if (o.zero_stage == 0 || !o.training) return std::nullopt;
   const dist::ZeroPartition p(layout, o.zero_world, dist::shard_cuts(o.optimizer));
@@ -177,7 +185,7 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
                                                   ops_precision(o), o.share_grad_memory);
   std::unique_ptr<Optimizer> opt;
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
-  if (shard) model->param_store().set_master_range(*shard);
+  apply_zero_shard(o, *model);
   if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   InputIndices inputs;
@@ -195,7 +203,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
                       o.share_grad_memory);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
-  if (shard) model_->param_store().set_master_range(*shard);
+  apply_zero_shard(o, *model_);
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   size_t i_ws = 0, i_split = 0;

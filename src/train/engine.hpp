@@ -45,8 +45,9 @@ struct EngineOptions {
   // runs of one micro-batch per step, where no gradient outlives its step; BERT only.
   bool share_grad_memory = false;
   // ZeRO (dist/zero_partition.hpp): with stage >= 1 this process is rank `zero_rank` of `zero_world` and
-  // keeps that rank's shard of the fp32 master weights and of the optimizer state (-1: plan the largest
-  // shard's memory, the same on every rank).
+  // keeps that rank's shard of the fp32 master weights and of the optimizer state, with stage >= 2 also of
+  // the gradients kept for the optimizer where the model writes gradients by unit (Model::grads_by_unit;
+  // ParamStore::set_grad_shard) (-1: plan the largest shard's memory, the same on every rank).
   int zero_stage = 0;
   int zero_world = 1, zero_rank = 0;
 };

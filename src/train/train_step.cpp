@@ -119,8 +119,8 @@ void TrainStep::micro_batches() {
       });
     } else {
       // With several processes the step's last micro-batch also queues the gradient reduction: a graph of
-      // its own.
-      const bool reduces = sync_ && micro + 1 == accum_;
+      // its own (gradients by unit reduce in every micro-batch).
+      const bool reduces = sync_ && (micro + 1 == accum_ || sync_->reduces_every_micro_batch());
       graphs_.run(cur_.eager, reduces ? Part::MicroReduce : Part::Micro, s, in.B, in.T, cur_.grad_scale,
                   [&] { micro_batch(s); });
     }
@@ -225,8 +225,8 @@ void TrainStep::norm_part() {
   const ParamRange g = zero_ ? zero_->reduced_grads() : ParamRange{0, nparams_};
   // (An empty shard adds nothing: the sum was zeroed with the step's scalars.)
   if (g.numel())
-    e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.param_store().grad_at(g.begin), grad_dtype_,
-                            g.numel());
+    e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.param_store().reduced_grad_at(g.begin),
+                            grad_dtype_, g.numel());
   if (zero_) zero_->reduce_norm(&scalars_->grad_sum_squares);
   e_.ops().grad_clip_scale(&scalars_->grad_scale, &scalars_->grad_norm, &scalars_->grad_sum_squares, 1.0,
                            cfg_.max_grad_norm, e_.step_values());
@@ -238,7 +238,7 @@ void TrainStep::update_part() {
   const StepValues* values = e_.step_values();
   // ZeRO: params() is the shard's master weights; the gradients from the shard's first element.
   const size_t first = zero_ ? zero_->shard().begin : 0;
-  e_.optimizer().step(e_.ops(), model_.params(), model_.param_store().grad_at(first), float(cur_.lr),
+  e_.optimizer().step(e_.ops(), model_.params(), model_.param_store().reduced_grad_at(first), float(cur_.lr),
                       cur_.opt_step, 1.0f, &scalars_->grad_scale, values);
   instruments_->trace_phase("optimizer");
   model_.sync_weights(e_.ops(), cfg_.stochastic_rounding ? 1 : 0, values);

@@ -226,7 +226,7 @@ void Run::make_engine() {
   }
   grad_sync_ = std::make_unique<dist::GradSync>(
       group_->comm(), store, size_t(cfg_.ddp_bucket_cap_mb * 1024 * 1024),
-      zero_sync_ && zero_sync_->stage() >= 2 ? &zero_sync_->partition() : nullptr);
+      zero_sync_ && zero_sync_->stage() >= 2 ? &zero_sync_->partition() : nullptr, &engine_->ops());
 }
 
 // The device memory every rank can count on: the least any of them has free (nullopt where unknown).

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.hpp"
 #include "kernels/ops.hpp"
 #include "parity_fixture.hpp"
 #include "runtime/device.hpp"
@@ -295,6 +296,26 @@ TEST_P(MixedParity, ReductionCastAdamW) {
   EXPECT_TRUE(same("adamw param", p, 1e-5));
   EXPECT_TRUE(same("adamw m", m, 1e-5));
   EXPECT_TRUE(same("adamw v", v, 1e-5));
+}
+
+// add_grads: one fp32 add rounded once into the gradient type, so both backends agree bit for bit; an odd
+// length checks the tail.
+TEST_P(MixedParity, AddGrads) {
+  const size_t n = 100003;
+  Buf dst = grad(randn(n)), src = grad(randn(n));
+  const std::vector<float> before = read(dst, false), added = read(src, false);
+  cpu_->add_grads(dst.cpu(), src.cpu(), n);
+  gpu_->add_grads(dst.gpu(), src.gpu(), n);
+  EXPECT_TRUE(same("add_grads", dst, 0.0));
+  const std::vector<float> got = read(dst, false);
+  for (size_t i = 0; i < n; i += 9973) {
+    const float sum = before[i] + added[i];
+    const float want = grad_ == DType::F32    ? sum
+                       : grad_ == DType::BF16 ? bf16_to_float(float_to_bf16(sum))
+                                              : fp16_to_float(float_to_fp16(sum));
+    EXPECT_EQ(got[i], want) << "element " << i;
+  }
+  gpu_->add_grads(dst.gpu(), src.gpu(), 0);  // nothing to add: no launch
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, MixedParity,

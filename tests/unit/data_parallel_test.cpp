@@ -290,10 +290,15 @@ TEST_P(ZeroStages, EqualStageZero) {
     // The checkpoint's model holds the gathered master weights; each rank wrote its optimizer shard.
     const double rel = weights_rel_diff(c.dir / "stage0/checkpoint-8/model.safetensors",
                                         c.dir / (name + "/checkpoint-8/model.safetensors"));
+    // Stage 2 reduces each unit in a collective of its own (and, with accumulation, each micro-batch): with
+    // 3 ranks or accumulation the fp32 sums round in another order, which AdamW turns into lr-sized steps
+    // on near-zero gradients (why the issue compares AdamW by its loss curve) and 8-bit states into
+    // requantized blocks. The same order (2 ranks, one micro-batch) or SGD: within 1e-6.
+    const bool same_order = z.ranks == 2 && z.accumulation == 1;
     if (stage == 1)
       EXPECT_EQ(rel, 0.0);
     else
-      EXPECT_LT(rel, 1e-6);
+      EXPECT_LT(rel, same_order || z.optim == "sgd" ? 1e-6 : z.optim == "adamw_8bit" ? 2e-2 : 1e-3);
     for (int r = 0; r < z.ranks; ++r)
       EXPECT_TRUE(
           fs::exists(c.dir / fmt::format("{}/checkpoint-8/zero/optimizer-rank-{:05d}-of-{:05d}.safetensors",

@@ -133,5 +133,18 @@ TEST_F(DeviceReduction, GradClipScaleIsTheTrainersHostArithmetic) {
   EXPECT_EQ(scale, float(1.0 / (2.0 + 1e-6)));
 }
 
+// add_grads adds in the gradient type: fp32 exactly, bf16 with one rounding of the fp32 sum.
+TEST_F(DeviceReduction, AddGradsAddsInTheGradientType) {
+  std::vector<float> a = {1.0f, -2.5f, 3e-8f, 1e30f}, b = {0.5f, 2.5f, 1.0f, -1e30f};
+  ops_->add_grads(a.data(), b.data(), a.size());
+  EXPECT_EQ(a, (std::vector<float>{1.5f, 0.0f, 1.0f + 3e-8f, 0.0f}));
+  auto bf16_ops = make_cpu_ops(*dev_, {DType::BF16, DType::BF16});
+  std::vector<uint16_t> x = {float_to_bf16(1.0f), float_to_bf16(256.0f)}, y = {float_to_bf16(1.0f / 256),
+                                                                              float_to_bf16(1.0f)};
+  bf16_ops->add_grads(x.data(), y.data(), x.size());
+  EXPECT_EQ(bf16_to_float(x[0]), bf16_to_float(float_to_bf16(1.0f + 1.0f / 256)));
+  EXPECT_EQ(bf16_to_float(x[1]), 256.0f);  // 257 rounds to even in bf16's 8 bits
+}
+
 }  // namespace
 }  // namespace anvil

@@ -338,7 +338,12 @@ TEST(EstimateMultiGpu, ZeroStagesPlanTheShards) {
     SCOPED_TRACE("stage " + std::to_string(s));
     EXPECT_EQ(stages.at(size_t(s)).at("zero_stage"), s);
     EXPECT_EQ(bytes(s, "weights"), bytes(0, "weights"));      // the bf16 weights stay whole
-    EXPECT_EQ(bytes(s, "gradients"), bytes(0, "gradients"));  // (the whole gradient buffer, this version)
+    if (s == 1) {
+      EXPECT_EQ(bytes(s, "gradients"), bytes(0, "gradients"));
+    } else {  // the shard's reduced gradients plus the unit slots backward writes (the embedding's is large)
+      EXPECT_LT(bytes(s, "gradients"), bytes(0, "gradients"));
+      EXPECT_GT(bytes(s, "gradients"), bytes(0, "gradients") / 2);
+    }
     EXPECT_NEAR(bytes(s, "master_weights"), bytes(0, "master_weights") / 2, 1e5);
     EXPECT_NEAR(bytes(s, "optimizer_states"), bytes(0, "optimizer_states") / 2, 1e5);
     EXPECT_LT(bytes(s, "total"), bytes(0, "total"));

@@ -10,6 +10,7 @@
 #include "anvil/rng.hpp"
 #include "core/half.hpp"
 #include "runtime/device.hpp"
+#include "test_util.hpp"
 
 namespace anvil {
 namespace {
@@ -82,6 +83,64 @@ TEST(ParamStore, Fp32InferenceWeightsAreTheMasterWeights) {
   store.bind(arena);
   EXPECT_EQ(static_cast<void*>(store.master()), store.weights());
   EXPECT_EQ(bytes_of(plan, MemoryCategory::Weights), store.numel() * 4);
+}
+
+// ZeRO stage 2 (set_grad_shard): the gradients kept for the optimizer are the shard's; backward writes into
+// unit slots (the first and last units' own, two shared in turn by the units between), each handed out
+// zeroed by begin_grads, after the slot-reuse hook saw the unit that held it.
+TEST(ParamStore, ShardedGradientsLiveInUnitSlots) {
+  ParamStore store(ParamLayout::decoder(TransformerConfig::preset("llama-tiny")), {DType::BF16, DType::F32},
+                   true);
+  const std::vector<ParamUnit>& units = store.layout().units();
+  ASSERT_GE(units.size(), 5u);  // embedding, >= 3 blocks, final
+  const ParamRange shard{store.numel() / 4, store.numel() / 2};
+  store.set_grad_shard(shard);
+  EXPECT_TRUE(store.grads_sharded());
+  MemoryPlan plan;
+  store.plan_memory(plan);
+  const size_t block = units[1].numel;
+  auto al = [](size_t b) { return MemoryPlan::aligned(b); };
+  EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients),
+            shard.numel() * 4 + al(units.front().numel * 4) + al(units.back().numel * 4) + 2 * al(block * 4));
+  EXPECT_LT(bytes_of(plan, MemoryCategory::Gradients), store.numel() * 4);
+  auto dev = make_cpu_device();
+  Arena arena(*dev, plan);
+  store.bind(arena);
+  EXPECT_EQ(store.grad_bytes(), shard.numel() * 4);
+  EXPECT_EQ(store.reduced_grad_at(shard.begin), store.grads());
+  test::expect_error([&] { (void)store.reduced_grad_at(shard.end + 1); }, {"outside this rank's shard"});
+
+  std::vector<int> reused;
+  store.set_slot_reuse_hook([&](int u) { reused.push_back(u); });
+  // Backward order of a decoder with a tied head: the embedding begins in forward, then final, blocks from
+  // the last, embedding again (a no-op: it is still being written).
+  const int n = int(units.size());
+  store.begin_grads(*dev, 0);
+  static_cast<float*>(store.grad_at(units[0].offset))[0] = 7.f;
+  store.begin_grads(*dev, n - 1);
+  store.grads_ready(n - 1);
+  for (int u = n - 2; u >= 1; --u) {
+    store.begin_grads(*dev, u);
+    const float* g = static_cast<const float*>(store.grad_at(units[size_t(u)].offset));
+    for (size_t i = 0; i < units[size_t(u)].numel; i += 97) ASSERT_EQ(g[i], 0.f) << "unit " << u;  // zeroed
+    static_cast<float*>(store.grad_at(units[size_t(u)].offset))[0] = float(u);
+    store.grads_ready(u);
+  }
+  store.begin_grads(*dev, 0);
+  EXPECT_EQ(static_cast<float*>(store.grad_at(units[0].offset))[0], 7.f);  // not zeroed again
+  store.grads_ready(0);
+  // Block u's slot went to block u - 2: the hook saw blocks n-2 .. 3, in that order.
+  std::vector<int> want;
+  for (int u = n - 2; u >= 3; --u) want.push_back(u);
+  EXPECT_EQ(reused, want);
+  // The slots of blocks 1 and 2 still hold them; block 3's went to block 1.
+  EXPECT_EQ(static_cast<float*>(store.grad_at(units[1].offset))[0], 1.f);
+  test::expect_error([&] { (void)store.grad_at(units[3].offset); }, {"whose slot it does not hold"});
+  // The next micro-batch: a slot's own unit is seen by the hook too (its piece may still be unsent).
+  reused.clear();
+  store.begin_grads(*dev, 0);
+  EXPECT_EQ(reused, std::vector<int>{0});
+  EXPECT_EQ(static_cast<float*>(store.grad_at(units[0].offset))[0], 0.f);
 }
 
 }  // namespace

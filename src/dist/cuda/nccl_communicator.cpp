@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -83,6 +84,7 @@ class NcclCommunicator final : public Communicator {
     ANVIL_CUDA_CHECK(cudaStreamCreateWithFlags(&host_stream_, cudaStreamNonBlocking));
     ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
     ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : marks_) ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     ANVIL_CUDA_CHECK(cudaMalloc(&host_scratch_, kHostValues * sizeof(double)));
   }
 
@@ -97,6 +99,7 @@ class NcclCommunicator final : public Communicator {
       ncclCommDestroy(comm_);
     }
     ANVIL_CUDA_WARN(cudaFree(host_scratch_));
+    for (cudaEvent_t e : marks_) ANVIL_CUDA_WARN(cudaEventDestroy(e));
     ANVIL_CUDA_WARN(cudaEventDestroy(comm_done_));
     ANVIL_CUDA_WARN(cudaEventDestroy(compute_done_));
     ANVIL_CUDA_WARN(cudaStreamDestroy(host_stream_));
@@ -175,6 +178,16 @@ class NcclCommunicator final : public Communicator {
     ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_, comm_done_, 0));
   }
 
+  uint64_t mark() override {
+    ANVIL_CUDA_CHECK(cudaEventRecord(marks_[marks_made_ % kMarks], stream_));
+    return marks_made_++;
+  }
+
+  void join_until(uint64_t mark) override {
+    if (mark >= marks_made_ || marks_made_ - mark > kMarks) return join();  // unknown or re-recorded since
+    ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_, marks_[mark % kMarks], 0));
+  }
+
   void all_reduce_host(double* values, size_t n) override {
     ANVIL_REQUIRE(n <= kHostValues, "all_reduce_host takes at most {} values, got {}", kHostValues, n);
     ANVIL_CUDA_CHECK(
@@ -206,6 +219,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static constexpr size_t kHostValues = 512;
+  static constexpr uint64_t kMarks = 16;  // marks kept (events recorded in turn)
 
   template <class F>
   void for_pieces(void* data, const std::vector<size_t>& counts, DType dtype, F&& f) {
@@ -250,6 +264,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr, host_comm_ = nullptr;
   cudaStream_t stream_ = nullptr, host_stream_ = nullptr;
   cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
+  std::array<cudaEvent_t, kMarks> marks_{};
+  uint64_t marks_made_ = 0;
   void* host_scratch_ = nullptr;
   bool aborted_ = false;
 };

@@ -42,4 +42,13 @@ void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squar
   *scale_out = float(double(clip) * unscale);
 }
 
+void add(DType dtype, void* dst, const void* src, size_t n) {
+  dispatch_float(dtype, [&](auto d) {
+    using S = Storage<decltype(d)::value>;
+    auto* y = static_cast<typename S::type*>(dst);
+    const auto* x = static_cast<const typename S::type*>(src);
+    for (size_t i = 0; i < n; ++i) y[i] = S::store(S::load(y[i]) + S::load(x[i]));
+  });
+}
+
 }  // namespace anvil::cpu

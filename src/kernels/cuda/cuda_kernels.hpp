@@ -282,6 +282,8 @@ void reduce_sum_to(cudaStream_t stream, anvil::DType dtype, const void* x, size_
 // `unscale_device`: null, or the unscale factor in device memory (read when the kernel runs).
 void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, const double* sum_squares,
                      double unscale, const double* unscale_device, double max_norm);
+// Ops::add_grads: dst[i] += src[i] in `dtype` (fp32 add, rounded once).
+void add(cudaStream_t stream, anvil::DType dtype, void* dst, const void* src, size_t n);
 
 // --- precision.cu ------------------------------------------------------------------------------------
 // out[i] = master[i] in `out_type`; BF16 with a nonzero seed rounds stochastically (core/half.hpp).

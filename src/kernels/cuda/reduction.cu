@@ -111,4 +111,22 @@ void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, co
   ANVIL_CUDA_CHECK_LAST();
 }
 
+namespace {
+template <class T>
+__global__ void add_kernel(T* dst, const T* src, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i]));
+}
+}  // namespace
+
+void add(cudaStream_t stream, anvil::DType dtype, void* dst, const void* src, size_t n) {
+  if (n == 0) return;
+  dispatch_float(dtype, [&](auto t) {
+    using T = decltype(t);
+    add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src),
+                                                                n);
+  });
+  ANVIL_CUDA_CHECK_LAST();
+}
+
 }  // namespace anvil::cuda

@@ -1,5 +1,6 @@
 // Reduction ops: sums and sums of squares (the non-finite check rides on them), returned to the host or
-// left in device memory, and the gradient-clipping factor computed on the device.
+// left in device memory, the gradient-clipping factor computed on the device, and the addition of one
+// gradient buffer into another.
 //
 // Part of the Ops contract (kernels/ops.hpp: memory, storage types, the `[grad]` pointer marks, and the
 // gradient convention: parameter gradients accumulate, activation gradients are overwritten unless a
@@ -44,6 +45,12 @@ class ReductionOps {
   // With `step_values` set, unscale is step_values->unscale, read when the op runs (a graph-safe step).
   virtual void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
                                double max_norm, const StepValues* step_values) = 0;
+
+  // --- accumulation ----------------------------------------------------------------------------------
+  // dst[i] += src[i] for i < n, both [grad] (the gradient type), added in fp32 and rounded to nearest even
+  // once: a reduced gradient piece summed into the gradients kept for the optimizer (ZeRO stage 2). dst and
+  // src must not overlap unless equal. ACCUMULATES.
+  virtual void add_grads(void* dst, const void* src, size_t n) = 0;
 };
 
 }  // namespace anvil
