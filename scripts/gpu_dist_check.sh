@@ -46,8 +46,9 @@ run two_acc launch2 train --config "$W/base.json" --bf16 true --per_device_train
 zb=(--bf16 true --stochastic_rounding true --adamw_bf16_moments true)
 for s in 0 1 2; do
   run "zero$s" launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage "$s" --output_dir "$W/zero$s"
-  run "zero_acc$s" launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 2 \
-    --gradient_accumulation_steps 2 --zero_stage "$s" --optim adamw_8bit --output_dir "$W/zero_acc$s"
+  run "zero_acc$s" launch2 train --config "$W/base.json" --bf16 true --stochastic_rounding true \
+    --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --zero_stage "$s" --optim adamw_8bit \
+    --output_dir "$W/zero_acc$s"
 done
 run zero_res2 launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage 2 --output_dir "$W/zero_res2" \
   --resume_from_checkpoint "$W/zero2/checkpoint-10"
@@ -69,8 +70,11 @@ import numpy as np
 from safetensors.numpy import load_file
 W = sys.argv[1]
 bad = 0
-def weights_rel(a, b):
-    x, y = load_file(f"{W}/{a}/checkpoint-20/model.safetensors"), load_file(f"{W}/{b}/checkpoint-20/model.safetensors")
+def weights_rel(a, b):  # inf when a run failed (already reported above)
+    try:
+        x, y = load_file(f"{W}/{a}/checkpoint-20/model.safetensors"), load_file(f"{W}/{b}/checkpoint-20/model.safetensors")
+    except FileNotFoundError:
+        return float("inf")
     return max(float(np.abs(x[k] - y[k]).max() / max(np.abs(x[k]).max(), 1e-30)) for k in x)
 def losses(d):  # [] when the run failed (already reported above)
     try:
