@@ -220,7 +220,7 @@ void require_job_size(const EstimateFlags& f) {
 std::vector<MemoryEstimate> stage_estimates(const TrainConfig& cfg, const TransformerConfig& model,
                                             const Target& t) {
   std::vector<MemoryEstimate> out;
-  for (int stage : {0, 1, 2}) {
+  for (int stage = 0; stage <= max_zero_stage(model); ++stage) {
     TrainConfig c = cfg;
     c.zero_stage = stage;
     out.push_back(estimate_memory(model, c, t.kind, t.overhead));
@@ -263,8 +263,7 @@ void print_deepspeed_estimates(const TransformerConfig& model, const EstimateFla
   fmt::print(
       "Model states only: parameters, gradients and Adam states of 16-bit mixed-precision training,\n");
   fmt::print("whatever this config's precision and optimizer; no activations, buffers or CUDA context.\n");
-  fmt::print("These are DeepSpeed's figures, not Anvil's plan (Anvil's per stage is above;\n");
-  fmt::print("its stage 3 is not in this version).\n");
+  fmt::print("These are DeepSpeed's figures, not Anvil's plan (Anvil's per stage is above).\n");
   fmt::print(
       "\nZeRO-2 (deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs_all_cold):\n{}",
       deepspeed_zero2_table(c.total_params, f.num_gpus, f.num_nodes));
@@ -281,7 +280,10 @@ void print_job(const MemoryEstimate& e, const std::vector<MemoryEstimate>& stage
   const int stage = f.world() > 1 ? s.zero_stage : 0;
   fmt::print("\ndata parallel: {} = {} (ZeRO stage {})\n", job_shape(t, f), count(f.world(), unit), stage);
   fmt::print("  per {0}: every {0} holds this plan ({1} total on each{2})\n", unit, format_bytes(e.total()),
-             stage > 0 ? ", with the largest shard's master weights and optimizer state" : "");
+             stage == 3   ? ", with the largest shard's weights, master weights, gradients and optimizer state"
+             : stage == 2 ? ", with the largest shard's master weights, gradients and optimizer state"
+             : stage == 1 ? ", with the largest shard's master weights and optimizer state"
+                          : "");
   fmt::print("  per {} by ZeRO stage (Anvil's plan for this job; * the configured one):\n", unit);
   fmt::print("    {:<7} {:>12} {:>15} {:>12} {:>17} {:>12}\n", "stage", "weights", "master weights",
              "gradients", "optimizer states", "total");

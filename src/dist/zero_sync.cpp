@@ -7,14 +7,17 @@
 
 namespace anvil::dist {
 
-ZeroSync::ZeroSync(Communicator& comm, ParamStore& store, ZeroPartition partition, int stage,
+ZeroSync::ZeroSync(Communicator& comm, Device& dev, ParamStore& store, ZeroPartition partition, int stage,
                    size_t gather_bucket_elems)
     : comm_(comm),
+      dev_(dev),
       store_(store),
       partition_(std::move(partition)),
       stage_(stage),
       gather_bucket_elems_(std::max<size_t>(1, gather_bucket_elems)) {
-  ANVIL_REQUIRE(stage >= 1 && stage <= 2, "ZeRO stage {}: this synchroniser runs stages 1 and 2", stage);
+  ANVIL_REQUIRE(stage >= 1 && stage <= 3, "ZeRO stage {}: this synchroniser runs stages 1 to 3", stage);
+  ANVIL_REQUIRE(stage < 3 || store.weights_sharded(),
+                "ZeRO stage 3: the parameter store keeps whole weights (set_weight_shard first)");
   ANVIL_REQUIRE(partition_.world() == comm.world_size(), "ZeRO partition of {} ranks in a world of {}",
                 partition_.world(), comm.world_size());
   ANVIL_REQUIRE(store.master_range() == shard(),
@@ -22,10 +25,26 @@ ZeroSync::ZeroSync(Communicator& comm, ParamStore& store, ZeroPartition partitio
                 store.master_range().begin, store.master_range().end, comm.rank(), shard().begin,
                 shard().end);
   store_.set_master_gather([this](Device& dev, float* host) { gather_master(dev, host); });
+  if (stage_ >= 3) store_.set_weight_gatherer(this);
 }
 
 ZeroSync::~ZeroSync() {
   store_.set_master_gather(nullptr);
+  if (stage_ >= 3) store_.set_weight_gatherer(nullptr);
+}
+
+uint64_t ZeroSync::gather(int unit, void* slot) {
+  const ParamUnit& u = store_.layout().units()[size_t(unit)];
+  const ParamRange mine = shard();
+  const DType t = store_.precision().compute;
+  const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
+  // The copy is queued on compute, so the collective (queued after it) sends it.
+  if (lo < hi)
+    dev_.copy_on_device(static_cast<char*>(slot) + dtype_bytes(t, lo - u.offset),
+                        static_cast<const char*>(store_.weights()) + dtype_bytes(t, lo - mine.begin),
+                        dtype_bytes(t, hi - lo));
+  comm_.all_gather_v(slot, partition_.counts_in(u.offset, u.offset + u.numel), t);
+  return comm_.mark();
 }
 
 void ZeroSync::reduce_norm(double* sum_squares) {
@@ -35,6 +54,7 @@ void ZeroSync::reduce_norm(double* sum_squares) {
 }
 
 void ZeroSync::gather_weights() {
+  if (stage_ >= 3) return;
   const size_t n = store_.numel();
   const DType t = store_.precision().compute;
   for (size_t b = 0; b < n; b += gather_bucket_elems_) {
@@ -47,7 +67,8 @@ void ZeroSync::gather_weights() {
 void ZeroSync::gather_master(Device& dev, float* host) {
   const size_t n = store_.numel();
   const ParamRange mine = shard();
-  if (store_.precision().compute == DType::F32) {  // the weights are the master weights, whole on every rank
+  if (store_.precision().compute == DType::F32 && !store_.weights_sharded()) {
+    // the weights are the master weights, whole on every rank
     dev.copy_to_host(host, store_.weights(), n * sizeof(float));
     return;
   }

@@ -1,4 +1,4 @@
-// ZeRO stages 1 and 2 around an optimizer step (DESIGN: "ZeRO"; docs/distributed.md). Each rank owns one
+// ZeRO stages 1-3 around an optimizer step (DESIGN: "ZeRO"; docs/distributed.md). Each rank owns one
 // shard of the flat parameter buffer (ZeroPartition): its fp32 master weights and optimizer state cover
 // that shard only (ParamStore::set_master_range, make_optimizer's shard), the compute-type weights stay
 // whole on every rank.
@@ -9,6 +9,10 @@
 // shard; the shard's master weights are cast into the compute-type weights and every rank's updated piece is
 // all-gathered into everyone's weights, in buckets of `gather_bucket_elems` (DeepSpeed's
 // allgather_bucket_size). All of it is queued on the device (no host wait), so a step stays one CUDA graph.
+//
+// Stage 3 keeps the compute-type weights of the shard only (ParamStore::set_weight_shard): there is no
+// all-gather after the step; instead each unit is all-gathered into a slot when the model acquires it
+// (this class is the store's WeightGatherer), the next one prefetched, in forward and again in backward.
 #pragma once
 #include <cstddef>
 
@@ -18,13 +22,14 @@
 
 namespace anvil::dist {
 
-class ZeroSync {
+class ZeroSync final : public WeightGatherer {
  public:
   // Sets `store`'s master range to this rank's shard is the engine's job (it plans memory); this binds the
   // store's download to gather_master (removed by the destructor).
-  ZeroSync(Communicator& comm, ParamStore& store, ZeroPartition partition, int stage,
+  // `dev` is the communicator's device (stage 3 copies this rank's piece of a unit there).
+  ZeroSync(Communicator& comm, Device& dev, ParamStore& store, ZeroPartition partition, int stage,
            size_t gather_bucket_elems);
-  ~ZeroSync();
+  ~ZeroSync() override;
   ZeroSync(const ZeroSync&) = delete;
   ZeroSync& operator=(const ZeroSync&) = delete;
 
@@ -37,14 +42,19 @@ class ZeroSync {
   // After the norm's sum of squares over reduced_grads() (device memory, fp64): every rank's total. Queued.
   void reduce_norm(double* sum_squares);
   // After the optimizer updated the shard and the shard was cast (ParamStore::sync): every rank's updated
-  // piece into every rank's compute-type weights. Queued; compute waits for it.
+  // piece into every rank's compute-type weights. Queued; compute waits for it. (Stage 3: nothing; the
+  // units gather when acquired.)
   void gather_weights();
+  // WeightGatherer (stage 3): this rank's piece of `unit` into its place in `slot`, then every rank's.
+  uint64_t gather(int unit, void* slot) override;
+  void wait(uint64_t ticket) override { comm_.join_until(ticket); }
   // The whole fp32 master weights on the host, on every rank (a collective; between steps). Moves them
   // through the gradient memory (unused between steps: ParamStore::gradient_scratch) in chunks.
   void gather_master(Device& dev, float* host);
 
  private:
   Communicator& comm_;
+  Device& dev_;
   ParamStore& store_;
   const ZeroPartition partition_;
   const int stage_;

@@ -268,6 +268,8 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
   const size_t sBTC = size_t(B_) * T_ * C;
   const AttentionShape shape = attention_shape(B, T);
   store_.acquire(1 + l);
+  // The next unit's weights gather while this block computes (a no-op unless they are sharded: ZeRO-3).
+  if (!only_recomputed) store_.prefetch(l + 1 < spec_.n_layer ? 2 + l : unit_final_);
   const LayerParams p = layer_weights(l);
   const BlockLinears lin = block_linears(l, false);
   const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
@@ -314,6 +316,7 @@ void Decoder::block_forward(Ops& ops, int l, int B, int T, bool only_recomputed)
   if (only_recomputed) return;  // the block output is stored: it is the next block's checkpoint
   lin.mlp_out.forward(ops, tmp_c_, fch_gelu, N);
   block_output_fwd(ops, l, res2, N);
+  store_.release(1 + l);  // (backward acquires it again)
   trace_alloc(trace_block_out_[l], "block output", MemoryCategory::Activations, size_t(B_) * T_ * C * ae_, l,
               "forward");
 }
@@ -344,6 +347,7 @@ void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, i
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
   trace_phase("forward", -1);
   store_.acquire(0);
+  if (L > 0) store_.prefetch(1);
   ops.embedding_fwd(encoded_, tokens, store_.weight_at(wte_off_), weight_or_null(wpe_off_), B, T, C);
   trace_alloc(trace_encoded_, "embedding output", MemoryCategory::Activations, sBTC * ae_, -1, "forward");
   for (int l = 0; l < L; ++l) {
@@ -430,6 +434,7 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   trace_free(trace_block_out_[L - 1], "backward");
 
   for (int l = L - 1; l >= 0; --l) {
+    if (l > 0) store_.prefetch(l);  // the block before, during this one (ZeRO-3)
     if (checkpointing_.checkpointed(l)) {
       trace_phase("recompute", l);
       block_forward(ops, l, B, T, true);

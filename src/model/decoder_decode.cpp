@@ -15,6 +15,7 @@ void Decoder::block_forward_cached(Ops& ops, const KvCache& cache, int l, const 
   const AttentionShape shape = attention_shape(B, Tn);
   const KvCacheLayer kv = cache.layer(l);
   store_.acquire(1 + l);
+  store_.prefetch(l + 1 < spec_.n_layer ? 2 + l : unit_final_);
   const LayerParams p = layer_weights(l);
   const BlockLinears lin = block_linears(l, false);
   const void* x = l == 0 ? encoded_ : at(res3_, (l - 1) * sBTC);
@@ -32,6 +33,7 @@ void Decoder::block_forward_cached(Ops& ops, const KvCache& cache, int l, const 
   mlp_forward(ops, lin, fch_gelu, fch, ln2, N, true);
   lin.mlp_out.forward(ops, tmp_c_, fch_gelu, N);
   block_output_fwd(ops, l, res2, N);
+  store_.release(1 + l);
 }
 
 void Decoder::forward_cached(Ops& ops, const KvCache& cache, const int32_t* tokens, const int32_t* pos, int B,
@@ -48,6 +50,7 @@ void Decoder::forward_cached(Ops& ops, const KvCache& cache, const int32_t* toke
                "the ops' precision does not match the model's");
   const int C = spec_.C;
   store_.acquire(0);
+  if (spec_.n_layer > 0) store_.prefetch(1);
   ops.embedding_fwd_at(encoded_, tokens, store_.weight_at(wte_off_), weight_or_null(wpe_off_), pos, B, Tn, C);
   for (int l = 0; l < spec_.n_layer; ++l) block_forward_cached(ops, cache, l, pos, B, Tn, max_end);
   // The LM head on one row per sequence: the final norm rows are [B, Tn, C]; Tn = 1 (a decode step) takes

@@ -28,36 +28,66 @@ void ParamStore::set_master_range(ParamRange r) {
   master_range_ = r;
 }
 
+namespace {
+
+// Unit slots (gradients under ZeRO-2, weights under ZeRO-3): the first unit's, the last unit's, then two
+// shared in turn by the units between. Fills each unit's slot; returns each slot's size in elements.
+std::vector<size_t> plan_unit_slots(const std::vector<ParamUnit>& units, std::vector<int>& slot_of_unit) {
+  const size_t n = units.size();
+  ANVIL_ASSERT(n > 0, "unit slots: the layout has no units");
+  std::vector<size_t> slot_numel = {units[0].numel};
+  slot_of_unit.assign(n, 0);
+  if (n > 1) {
+    slot_numel.push_back(units[n - 1].numel);
+    slot_of_unit[n - 1] = 1;
+  }
+  for (size_t u = 1; u + 1 < n; ++u) {
+    const size_t s = 2 + (u - 1) % 2;
+    if (slot_numel.size() <= s) slot_numel.push_back(0);
+    slot_numel[s] = std::max(slot_numel[s], units[u].numel);
+    slot_of_unit[u] = int(s);
+  }
+  return slot_numel;
+}
+
+// Byte offsets of slots of `slot_numel` elements of `elem` bytes, each aligned; returns the total.
+size_t slot_offsets(const std::vector<size_t>& slot_numel, size_t elem, std::vector<size_t>& offsets) {
+  offsets.clear();
+  size_t total = 0;
+  for (size_t e : slot_numel) {
+    offsets.push_back(total);
+    total += MemoryPlan::aligned(e * elem);
+  }
+  return total;
+}
+
+}  // namespace
+
 void ParamStore::set_grad_shard(ParamRange r) {
   ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "gradient shard [{}, {}) outside the {} parameters",
                r.begin, r.end, numel());
   ANVIL_ASSERT(training_, "set_grad_shard: a store planned without training has no gradients");
-  const std::vector<ParamUnit>& units = layout_.units();
-  const int n = int(units.size());
-  ANVIL_ASSERT(n > 0, "set_grad_shard: the layout has no units");
   grads_sharded_ = true;
   grad_range_ = r;
-  // Slot sizes in elements: the first unit's, the last unit's, then two shared by the units between.
-  std::vector<size_t> slot_numel = {units[0].numel};
-  slot_of_unit_.assign(size_t(n), 0);
-  if (n > 1) {
-    slot_numel.push_back(units[size_t(n - 1)].numel);
-    slot_of_unit_[size_t(n - 1)] = 1;
-  }
-  for (int u = 1; u + 1 < n; ++u) {
-    const size_t s = 2 + size_t(u - 1) % 2;
-    if (slot_numel.size() <= s) slot_numel.push_back(0);
-    slot_numel[s] = std::max(slot_numel[s], units[size_t(u)].numel);
-    slot_of_unit_[size_t(u)] = int(s);
-  }
-  slot_offset_.clear();
-  slot_bytes_ = 0;
-  for (size_t e : slot_numel) {
-    slot_offset_.push_back(slot_bytes_);
-    slot_bytes_ += (e * grad_elem_ + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
-  }
+  const std::vector<size_t> slot_numel = plan_unit_slots(layout_.units(), slot_of_unit_);
+  slot_bytes_ = slot_offsets(slot_numel, grad_elem_, slot_offset_);
   slot_unit_.assign(slot_numel.size(), -1);
-  grad_state_.assign(size_t(n), GradState::Idle);
+  grad_state_.assign(layout_.units().size(), GradState::Idle);
+}
+
+void ParamStore::set_weight_shard(ParamRange r) {
+  ANVIL_ASSERT(r == master_range_, "weight shard [{}, {}) is not the master range [{}, {})", r.begin, r.end,
+               master_range_.begin, master_range_.end);
+  weights_sharded_ = true;
+  const std::vector<size_t> slot_numel = plan_unit_slots(layout_.units(), slot_of_unit_);
+  wslot_bytes_ = slot_offsets(slot_numel, weight_elem_, wslot_offset_);
+  wslots_.assign(slot_numel.size(), WeightSlot{});
+  in_use_.assign(layout_.units().size(), false);
+}
+
+void ParamStore::forget_gathered() const {
+  for (WeightSlot& s : wslots_) s.valid = s.waited = false;
+  std::fill(in_use_.begin(), in_use_.end(), false);
 }
 
 void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
@@ -69,11 +99,16 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
       i_master_ =
           plan.add(master_sharded() ? "master weights (fp32, this rank's shard)" : "master weights (fp32)",
                    M::MasterWeights, master_range_.numel() * sizeof(float));
-    i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) + ")",
-                          M::Weights, P * weight_elem_);
+    i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) +
+                              (weights_sharded_ ? ", this rank's shard)" : ")"),
+                          M::Weights, (weights_sharded_ ? master_range_.numel() : P) * weight_elem_);
   } else {
-    i_weights_ = plan.add("parameters", M::Weights, P * sizeof(float));
+    i_weights_ = plan.add(weights_sharded_ ? "parameters (this rank's shard)" : "parameters", M::Weights,
+                          (weights_sharded_ ? master_range_.numel() : P) * sizeof(float));
   }
+  if (weights_sharded_)
+    i_wslots_ = plan.add(fmt::format("weight slots ({} units gathered)", wslots_.size()), M::Weights,
+                         wslot_bytes_);
   if (grads_sharded_) {
     ANVIL_ASSERT(!grads_elsewhere, "sharded gradients cannot live in activation memory");
     i_grads_ = plan.add("gradients (this rank's shard, reduced)", M::Gradients, grad_bytes());
@@ -86,7 +121,9 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
 
 void ParamStore::bind(const Arena& arena) {
   weights_ = arena.get<void>(i_weights_);
-  master_ = precision_.compute == DType::F32 ? static_cast<float*>(weights_) + master_range_.begin
+  if (i_wslots_ != SIZE_MAX) wslot_mem_ = arena.get<char>(i_wslots_);
+  master_ = precision_.compute == DType::F32
+                ? static_cast<float*>(weights_) + (weights_sharded_ ? 0 : master_range_.begin)
             : i_master_ != SIZE_MAX          ? arena.get<float>(i_master_)
                                              : nullptr;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
@@ -136,6 +173,53 @@ void ParamStore::begin_grads(Device& dev, int unit) {
   dev.fill_zero(slots_ + slot_offset_[s], layout_.units()[size_t(unit)].numel * grad_elem_);
 }
 
+void* ParamStore::slot_weight_at(size_t offset) const {
+  const int u = layout_.unit_of(offset);
+  const ParamUnit& unit = layout_.units()[size_t(u)];
+  const WeightSlot& slot = wslots_[size_t(slot_of_unit_[size_t(u)])];
+  ANVIL_ASSERT(slot.unit == u && slot.valid && in_use_[size_t(u)],
+               "weight view of unit '{}' outside its acquire / release (its weights are gathered by acquire)",
+               unit.name);
+  return wslot_mem_ + wslot_offset_[size_t(slot_of_unit_[size_t(u)])] + (offset - unit.offset) * weight_elem_;
+}
+
+void ParamStore::gather_into(size_t s, int unit) const {
+  WeightSlot& slot = wslots_[s];
+  ANVIL_ASSERT(gatherer_, "unit '{}': sharded weights and no gatherer", layout_.units()[size_t(unit)].name);
+  ANVIL_ASSERT(slot.unit < 0 || slot.unit == unit || !in_use_[size_t(slot.unit)],
+               "unit '{}' needs the weight slot of unit '{}', which is still acquired (not released)",
+               layout_.units()[size_t(unit)].name, layout_.units()[size_t(slot.unit)].name);
+  slot.unit = unit;
+  slot.valid = true;
+  slot.waited = false;
+  slot.ticket = gatherer_->gather(unit, wslot_mem_ + wslot_offset_[s]);
+}
+
+void ParamStore::acquire(int unit) const {
+  if (!weights_sharded_) return;
+  const size_t s = size_t(slot_of_unit_[size_t(unit)]);
+  WeightSlot& slot = wslots_[s];
+  if (slot.unit != unit || !slot.valid) gather_into(s, unit);
+  if (!slot.waited) {
+    gatherer_->wait(slot.ticket);
+    slot.waited = true;
+  }
+  in_use_[size_t(unit)] = true;
+}
+
+void ParamStore::release(int unit) const {
+  if (weights_sharded_) in_use_[size_t(unit)] = false;
+}
+
+void ParamStore::prefetch(int unit) const {
+  if (!weights_sharded_) return;
+  const size_t s = size_t(slot_of_unit_[size_t(unit)]);
+  const WeightSlot& slot = wslots_[s];
+  if (slot.unit == unit && slot.valid) return;
+  if (slot.unit >= 0 && in_use_[size_t(slot.unit)]) return;  // busy: the unit's acquire gathers it
+  gather_into(s, unit);
+}
+
 void ParamStore::grads_ready(int unit) {
   if (grads_sharded_) {
     GradState& state = grad_state_[size_t(unit)];
@@ -153,24 +237,28 @@ float* ParamStore::grads_f32() const {
 }
 
 void ParamStore::upload(Device& dev, const float* host) const {
-  const size_t n = numel();
+  forget_gathered();
+  // Sharded weights: the shard's only.
+  const ParamRange w = weights_sharded_ ? master_range_ : layout_.all();
   if (precision_.compute == DType::F32) {
-    dev.copy_to_device(weights_, host, n * sizeof(float));
+    dev.copy_to_device(weights_, host + w.begin, w.numel() * sizeof(float));
     return;
   }
   if (master_) dev.copy_to_device(master_, host + master_range_.begin, master_range_.numel() * sizeof(float));
-  std::vector<uint16_t> half(n);
+  std::vector<uint16_t> half(w.numel());
   const bool bf16 = precision_.compute == DType::BF16;
-  for (size_t i = 0; i < n; ++i) half[i] = bf16 ? float_to_bf16(host[i]) : float_to_fp16(host[i]);
-  dev.copy_to_device(weights_, half.data(), n * sizeof(uint16_t));
+  for (size_t i = 0; i < w.numel(); ++i)
+    half[i] = bf16 ? float_to_bf16(host[w.begin + i]) : float_to_fp16(host[w.begin + i]);
+  dev.copy_to_device(weights_, half.data(), half.size() * sizeof(uint16_t));
 }
 
 void ParamStore::download(Device& dev, float* host) const {
   const size_t n = numel();
-  if (precision_.compute == DType::F32) {
+  if (precision_.compute == DType::F32 && !weights_sharded_) {
     dev.copy_to_host(host, weights_, n * sizeof(float));
     return;
   }
+  ANVIL_ASSERT(master_ || !weights_sharded_, "download: sharded weights without master weights");
   if (master_ && master_sharded()) {
     ANVIL_ASSERT(gather_, "download: the master weights are sharded and no gather is set");
     gather_(dev, host);
@@ -213,11 +301,13 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
 }
 
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
+  forget_gathered();  // the slots hold the weights before this update
   if (precision_.compute == DType::F32) return;
   ANVIL_ASSERT(master_, "sync: a store planned without training has no master weights to cast");
   if (master_range_.numel() == 0) return;  // an empty ZeRO shard
   // With step values the kernel reads the seed there (the trainer writes the shard's seed into them).
-  ops.cast_weights(weight_at(master_range_.begin), master_, master_range_.numel(),
+  void* out = weights_sharded_ ? weights_ : weight_at(master_range_.begin);
+  ops.cast_weights(out, master_, master_range_.numel(),
                    step_values ? rounding_seed : shard_rounding_seed(rounding_seed, master_range_.begin),
                    step_values);
 }

@@ -24,6 +24,17 @@
 
 namespace anvil {
 
+// How a store with sharded weights (ZeRO stage 3) fills a unit's slot: dist::ZeroSync, over the ranks.
+class WeightGatherer {
+ public:
+  virtual ~WeightGatherer() = default;
+  // Queues the gather of `unit`'s compute-type weights into `slot` (the unit's size), after the compute
+  // queued so far (the slot's previous reader); returns a ticket for wait().
+  virtual uint64_t gather(int unit, void* slot) = 0;
+  // Compute queued after this call waits for the gather of `ticket`.
+  virtual void wait(uint64_t ticket) = 0;
+};
+
 // How a layout's tensors start: Normal ~ N(0, std), NormalResidual ~ N(0, residual_std), Ones, Zeros; rows
 // past a tensor's hf_rows stay 0; `zero_row` (>= 0) of the TokenEmbedding stays 0 too (HF's padding_idx).
 struct ParamInit {
@@ -61,6 +72,19 @@ class ParamStore {
   // The range grads() covers: set_grad_shard's, else the whole buffer.
   ParamRange grad_range() const { return grad_range_; }
 
+  // ZeRO stage 3 (before plan_memory; with set_grad_shard(r); a model that acquires every unit before it
+  // reads the unit's weights and releases it after): the compute-type weights of `r` only are kept
+  // (shard_weights(); for fp32 compute they are the master weights). acquire(unit) gathers the unit into a
+  // slot laid out as the gradient slots (first and last units their own, the units between two in turn)
+  // through the gatherer, unless the slot holds it from earlier in the pass; prefetch(unit) queues that
+  // gather early, so that it overlaps the compute before the unit's acquire.
+  void set_weight_shard(ParamRange r);
+  bool weights_sharded() const { return weights_sharded_; }
+  void set_weight_gatherer(WeightGatherer* g) { gatherer_ = g; }
+  // The weights changed (an optimizer step) or a new micro-batch begins: every slot must gather again (a
+  // CUDA graph of a micro-batch replays its gathers, so each one starts from none). Releases every unit.
+  void forget_gathered() const;
+
   // Adds the weights, master weights (16-bit compute, training) and, unless `grads_elsewhere`, the gradients.
   // A model that places the gradients itself (BERT's gradients in dead activation memory) says so and
   // hands their memory over with bind_grads.
@@ -78,13 +102,17 @@ class ParamStore {
   // for the optimizer in the gradient type (element 0 is grad_range().begin; grads_f32 for fp32 gradients
   // only).
   float* master() const { return master_; }
+  // The compute-type weights: the whole buffer, or this rank's shard (stage 3; element 0 is
+  // master_range().begin).
   void* weights() const { return weights_; }
   void* grads() const { return grads_; }
   float* grads_f32() const;
   size_t grad_bytes() const { return dtype_bytes(precision_.grad, grad_range_.numel()); }
   // Views: element `offset` (in floats of the layout) of the weights / the gradients backward writes
   // (sharded gradients: in the slot of offset's unit, which must hold that unit).
-  void* weight_at(size_t offset) const { return static_cast<char*>(weights_) + offset * weight_elem_; }
+  void* weight_at(size_t offset) const {
+    return weights_sharded_ ? slot_weight_at(offset) : static_cast<char*>(weights_) + offset * weight_elem_;
+  }
   void* grad_at(size_t offset) const {
     return grads_sharded_ ? slot_grad_at(offset) : static_cast<char*>(grads_) + offset * grad_elem_;
   }
@@ -108,11 +136,14 @@ class ParamStore {
   // nonzero seed, bf16; with `step_values`, the seed is read there when the cast runs); no-op for fp32.
   // Sharded: the master range only (the seed then offset so that each element draws what one process
   // draws for it: shard_rounding_seed in core/half.hpp).
+  // Sharded weights: also forgets the gathered slots (forget_gathered).
   void sync(Ops& ops, uint64_t rounding_seed = 0, const StepValues* step_values = nullptr) const;
 
-  // Per-unit hooks (see the top of this file).
-  void acquire(int unit) const {}
-  void release(int unit) const {}
+  // Per-unit hooks (see the top of this file). acquire/release nest per unit: several acquires, one release.
+  void acquire(int unit) const;
+  void release(int unit) const;
+  // Sharded weights: queue `unit`'s gather now, when its slot is free (else nothing: acquire gathers).
+  void prefetch(int unit) const;
   // Before the first gradient write of `unit` in a micro-batch (again later in the same micro-batch: no-op).
   // Whole gradients: nothing (the step zeroes them once). Sharded: gives the unit its slot, zeroed on `dev`
   // after the slot-reuse hook emptied it of its previous unit.
@@ -148,6 +179,25 @@ class ParamStore {
   size_t i_slots_ = SIZE_MAX;
   char* slots_ = nullptr;
   std::function<void(int)> on_slot_reuse_;
+
+  // Sharded weights (set_weight_shard).
+  struct WeightSlot {
+    int unit = -1;       // the unit it holds or is gathering
+    bool valid = false;  // gathered (or queued) in this pass
+    bool waited = false;  // compute waits for the gather already
+    uint64_t ticket = 0;
+  };
+  void* slot_weight_at(size_t offset) const;
+  void gather_into(size_t slot, int unit) const;
+  bool weights_sharded_ = false;
+  // The gathered copies are a cache of the shards (acquire fills it, sync empties it): mutable.
+  mutable std::vector<WeightSlot> wslots_;
+  std::vector<size_t> wslot_offset_;  // bytes into the weight slot memory, per slot
+  size_t wslot_bytes_ = 0;
+  mutable std::vector<bool> in_use_;  // per unit: acquired, not released
+  size_t i_wslots_ = SIZE_MAX;
+  char* wslot_mem_ = nullptr;
+  WeightGatherer* gatherer_ = nullptr;
 };
 
 }  // namespace anvil

@@ -199,12 +199,14 @@ void Applier::optimizer(const json& v) {
   }
 }
 
-// zero_optimization. Stages 0-2 run (zero_stage); their keys are honoured (stage, reduce_bucket_size,
+// zero_optimization. Stages 0-3 run (zero_stage); their keys are honoured (stage, reduce_bucket_size,
 // overlap_comm, allgather_bucket_size) or have nothing to change in Anvil: contiguous_gradients (the
 // gradients are always one flat buffer), reduce_scatter (stage 2 always reduce-scatters: the same sums),
 // allgather_partitions (the updated shards are always all-gathered), round_robin_gradients (a CPU-offload
-// ordering). The stage-3 keys are accepted where DeepSpeed itself ignores them (under stages 0-2); stage 3
-// and offload are refused.
+// ordering). Stage 3's sizes are accepted with what Anvil does instead (deepspeed_resolution says it): one
+// unit (a block) is gathered ahead, at most the first and last units and two others are gathered at once
+// (planned memory), every unit is partitioned, and checkpoints always hold the whole model. Offload is
+// refused.
 void Applier::zero(const json& v) {
   int stage = 0;
   if (v.is_boolean()) {  // DeepSpeed's legacy form: true is stage 1
@@ -227,11 +229,6 @@ void Applier::zero(const json& v) {
   }
   ANVIL_REQUIRE(stage >= 0 && stage <= 3, "{}: DeepSpeed key 'zero_optimization.stage' must be 0..3, got {}",
                 src_, stage);
-  ANVIL_REQUIRE(
-      stage <= 2,
-      "{}: ZeRO stage 3 (zero_optimization.stage; partitioned weights) is not supported yet; stages "
-      "0-2 are (2: master weights, optimizer state and gradients partitioned). Set its stage to 2",
-      src_);
   if (v.is_boolean() || v.contains("stage"))
     fill("zero_optimization.stage", v.is_boolean() ? v : v["stage"], "zero_stage", c_.zero_stage, stage);
   if (!v.is_object()) return;
@@ -445,12 +442,16 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.round_robin_gradients", {}, "an ordering for CPU offload"},
       {"zero_optimization.offload_optimizer", {}, "device none"},
       {"zero_optimization.offload_param", {}, "device none"},
-      {"zero_optimization.sub_group_size", {}, "a stage-3 key"},
-      {"zero_optimization.stage3_max_live_parameters", {}, "a stage-3 key"},
-      {"zero_optimization.stage3_max_reuse_distance", {}, "a stage-3 key"},
-      {"zero_optimization.stage3_prefetch_bucket_size", {}, "a stage-3 key"},
-      {"zero_optimization.stage3_param_persistence_threshold", {}, "a stage-3 key"},
-      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", {}, "a stage-3 key"},
+      {"zero_optimization.sub_group_size", {}, "the optimizer steps over the whole shard at once"},
+      {"zero_optimization.stage3_max_live_parameters", {},
+       "stage 3 gathers at most the first and last units and two blocks at once, planned in memory"},
+      {"zero_optimization.stage3_max_reuse_distance", {},
+       "a gathered unit is kept until its slot is needed (the last blocks of forward serve backward)"},
+      {"zero_optimization.stage3_prefetch_bucket_size", {}, "stage 3 prefetches the next unit (a block) whole"},
+      {"zero_optimization.stage3_param_persistence_threshold", {},
+       "every unit is partitioned; the first and last keep their own slots"},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", {},
+       "checkpoints always hold the whole model (gathered tensor by tensor)"},
       {"communication_data_type", {"grad_accum_dtype"}},
       {"wall_clock_breakdown", {}, "Anvil always logs its timings"},
   };

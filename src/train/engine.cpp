@@ -76,8 +76,13 @@ static void apply_zero_shard(const EngineOptions& o, Model& model) {
   const std::optional<ParamRange> shard = zero_shard(o, model.layout());
   if (!shard) return;
   model.param_store().set_master_range(*shard);
-  // Stage 2 keeps the gradients of the shard only, where the model writes its gradients unit by unit.
+  // Stage 2 keeps the gradients of the shard only, where the model writes its gradients unit by unit;
+  // stage 3 the weights too, gathered unit by unit as the model acquires them.
+  ANVIL_REQUIRE(o.zero_stage < 3 || model.grads_by_unit(),
+                "ZeRO stage 3 partitions the weights of decoder models (GPT-2, Llama, Qwen2, Mistral); this "
+                "model family keeps whole weights: use zero_stage 2 or lower");
   if (o.zero_stage >= 2 && model.grads_by_unit()) model.param_store().set_grad_shard(*shard);
+  if (o.zero_stage >= 3) model.param_store().set_weight_shard(*shard);
 }
 
 std::optional<ParamRange> zero_shard(const EngineOptions& o, const ParamLayout& layout) {

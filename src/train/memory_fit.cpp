@@ -162,7 +162,11 @@ double relative_time_per_token(const TransformerConfig& m, int seq_len, const Me
   }
   const double tokens = double(s.micro_batch) * seq_len;
   return (step + recompute) / step * (1 + kMicroBatchFixedTokens / tokens) *
-         kZeroStageTimeFactor[std::clamp(s.zero_stage, 0, 2)];
+         kZeroStageTimeFactor[std::clamp(s.zero_stage, 0, 3)];
+}
+
+int max_zero_stage(const TransformerConfig& model) {
+  return model.is_bert() ? 2 : 3;
 }
 
 // --- estimates -----------------------------------------------------------------------------------
@@ -275,7 +279,7 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   // `anvil estimate --sweep` shows what each would take.
   std::vector<int> stages = {configured.zero_stage};
   if (dist::read_dist_env().world_size > 1)
-    for (int stage : {0, 1, 2})
+    for (int stage = 0; stage <= max_zero_stage(model); ++stage)
       if (stage != configured.zero_stage) stages.push_back(stage);
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)

@@ -45,10 +45,13 @@ std::vector<OptimizerKind> plannable_optimizers();
 // fixed cost vanishes: (step FLOPs + recomputed forward FLOPs) / step FLOPs (backward = 2 x forward)
 // times (1 + kMicroBatchFixedTokens / tokens per micro-batch), times a ZeRO stage's communication factor
 // (kZeroStageTimeFactor: stage 2 moves what stage 0 moves, a reduce-scatter and an all-gather for an
-// all-reduce; stage 1 all-gathers the weights on top of stage 0's all-reduce). It ranks configurations; it
-// is no measurement (docs/memory.md).
+// all-reduce; stage 1 all-gathers the weights on top of stage 0's all-reduce; stage 3 gathers every unit's
+// weights twice a micro-batch, which overlaps compute only in part). It ranks configurations; it is no
+// measurement (docs/memory.md).
 constexpr double kMicroBatchFixedTokens = 256;
-constexpr double kZeroStageTimeFactor[3] = {1.0, 1.02, 1.01};
+constexpr double kZeroStageTimeFactor[4] = {1.0, 1.02, 1.01, 1.10};
+// The ZeRO stages a model runs: 0-3 for decoders, 0-2 for BERT (whose weights stay whole).
+int max_zero_stage(const TransformerConfig& model);
 double relative_time_per_token(const TransformerConfig& model, int seq_len, const MemoryScenario& s);
 
 // Per-device bytes of a run by category. Every figure but `overhead` is the arena's: each buffer

@@ -558,9 +558,8 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(ddp_bucket_cap_mb >= 0,
                 "{} must be >= 0 (MB; 0: one reduction after the whole backward), got {}",
                 subject("ddp_bucket_cap_mb"), ddp_bucket_cap_mb);
-  ANVIL_REQUIRE(zero_stage >= 0 && zero_stage <= 2, "{} must be 0, 1 or 2, got {}{}", subject("zero_stage"),
-                zero_stage,
-                zero_stage == 3 ? " (stage 3, partitioned weights, is not supported yet: use 2)" : "");
+  ANVIL_REQUIRE(zero_stage >= 0 && zero_stage <= 3, "{} must be 0, 1, 2 or 3, got {}", subject("zero_stage"),
+                zero_stage);
   ANVIL_REQUIRE(zero_allgather_bucket_size >= 1, "{} must be >= 1 (elements), got {}",
                 subject("zero_allgather_bucket_size"), zero_allgather_bucket_size);
   ANVIL_REQUIRE(max_grad_norm >= 0, "{} must be >= 0 (0 disables clipping), got {}", subject("max_grad_norm"),

@@ -208,6 +208,8 @@ void TrainStep::head() {
 // One micro-batch's forward, backward and loss sum (fp64, as Ops::sum; no wait), with the inputs of `slot`.
 void TrainStep::micro_batch(int slot) {
   const ModelInputs in = e_.inputs(slot, staged_[slot].B, staged_[slot].T);
+  // ZeRO-3: each micro-batch gathers its units afresh (a graph of one replays the same gathers every time).
+  model_.param_store().forget_gathered();
   model_.forward(e_.ops(), in, cur_.grad_scale, true);
   model_.backward(e_.ops(), in);
   e_.ops().accumulate_sum(&scalars_->loss_sum, model_.losses(), model_.loss_rows(in.B, in.T));

@@ -216,11 +216,13 @@ void Run::make_engine() {
   if (!env_.distributed()) return;
   ParamStore& store = engine_->model().param_store();
   if (options.zero_stage > 0) {
-    fmt::print(
-        "  ZeRO stage {}: this rank keeps {} of the {} parameters' master weights and optimizer state\n",
-        options.zero_stage, store.master_range().numel(), store.numel());
+    static const char* const kept[] = {"", "master weights and optimizer state",
+                                       "master weights, optimizer state and reduced gradients",
+                                       "weights, master weights, optimizer state and reduced gradients"};
+    fmt::print("  ZeRO stage {}: this rank keeps {} of the {} parameters' {}\n", options.zero_stage,
+               store.master_range().numel(), store.numel(), kept[std::clamp(options.zero_stage, 1, 3)]);
     zero_sync_ = std::make_unique<dist::ZeroSync>(
-        group_->comm(), store,
+        group_->comm(), engine_->device(), store,
         dist::ZeroPartition(store.layout(), env_.world_size, dist::shard_cuts(rc_.optimizer)),
         options.zero_stage, size_t(cfg_.zero_allgather_bucket_size));
   }
@@ -361,7 +363,13 @@ TrainSummary Run::finish(const ProgressLog& progress, const EvalSchedule& eval,
   s.rank = env_.rank;
   s.world_size = env_.world_size;
   metrics_->close();
-  if (!run_dir_) return s;  // not rank 0
+  // ZeRO-3: the model's forward gathers its units from every rank, so every rank generates the sample (the
+  // same: the same weights and random state); rank 0 keeps it.
+  const bool every_rank_samples = zero_sync_ && zero_sync_->stage() >= 3;
+  if (!run_dir_) {  // not rank 0
+    if (every_rank_samples) (void)task_->sample(*engine_, rng_);
+    return s;
+  }
   s.sample = task_->sample(*engine_, rng_);
   const nlohmann::json summary = summary_json(s, r, *task_, *engine_);
   io::write_text_file_synced(run_dir_->file("summary.json"), summary.dump(2) + "\n");

@@ -232,10 +232,12 @@ TEST(DataParallelResume, SameAndOtherWorldSize) {
   EXPECT_NE(halved.output.find("global batch of 4"), std::string::npos) << halved.output;
 }
 
-// ZeRO stages 1 and 2 (each rank keeps its shard of the master weights and optimizer state; stage 2 also
-// reduce-scatters the gradients) give stage 0's run: every optimizer, with gradient accumulation, 2 and 3
-// ranks. Stage 1 reduces as stage 0 and updates each element as one process does, so it matches bit for bit;
-// stage 2's gradient norm is a sum of per-shard partial sums (fp64, in another order), so within 1e-6.
+// ZeRO stages 1-3 (each rank keeps its shard of the master weights and optimizer state; stage 2 also
+// reduce-scatters the gradients and keeps its shard of them; stage 3 also keeps only its shard of the
+// weights, gathering each unit when forward and backward reach it) give stage 0's run: every optimizer,
+// with gradient accumulation, 2 and 3 ranks. Stage 1 reduces as stage 0 and updates each element as one
+// process does, so it matches bit for bit; stages 2-3's gradient norm is a sum of per-shard partial sums
+// (fp64, in another order), so within 1e-6.
 struct ZeroCase {
   std::string optim;
   int ranks;
@@ -263,7 +265,7 @@ TEST_P(ZeroStages, EqualStageZero) {
   if (z.optim == "sgd") base["learning_rate"] = 0.3;
   if (z.bf16) base.update({{"bf16", true}, {"stochastic_rounding", true}, {"adamw_bf16_moments", true}});
   std::vector<std::string> runs;
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     json j = base;
     j["zero_stage"] = stage;
     const std::string name = "stage" + std::to_string(stage);
@@ -276,7 +278,7 @@ TEST_P(ZeroStages, EqualStageZero) {
   }
   const std::vector<double> ref = losses_of(c.dir / "stage0/metrics.jsonl");
   ASSERT_EQ(ref.size(), 8u);
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const std::string& name = runs[size_t(stage)];
     const std::vector<double> got = losses_of(c.dir / (name + "/metrics.jsonl"));

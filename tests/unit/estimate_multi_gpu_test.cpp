@@ -252,8 +252,7 @@ TEST(EstimateMultiGpu, CommandPrintsTheJob) {
       << out;
   // DeepSpeed's tables for GPT-2 124M on 2 nodes of 8 GPUs (its formulas evaluated in Python).
   for (const char* line :
-       {"These are DeepSpeed's figures, not Anvil's plan (Anvil's per stage is above;\nits stage 3 is not in "
-        "this version).\n",
+       {"These are DeepSpeed's figures, not Anvil's plan (Anvil's per stage is above).\n",
         "from 124,439,808 parameters and the largest layer, transformer.wte (38,597,376)",
         "HW: Setup with 2 nodes, 8 GPUs per node.\nSW: Model with 124M total params.\n  per CPU  |  per GPU "
         "|   "
@@ -313,12 +312,12 @@ TEST(EstimateMultiGpu, TrainBatchSizeCountsThePlannedJob) {
   r = test::run_anvil(cmd + " --num_gpus 3");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(contains(r.output, "train_batch_size 256 is not a multiple of the world size 3")) << r.output;
-  // The partitioning stages stay refused.
+  // Stage 3 from a DeepSpeed config: the plan of the partitioned weights.
   test::write_file(dir / "zero3.json", R"({"zero_optimization": {"stage": 3}})");
   r = test::run_anvil("estimate" + gpt2_124m() + " --deepspeed " + (dir / "zero3.json") + " --num_gpus 8");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(
-      contains(r.output, "ZeRO stage 3 (zero_optimization.stage; partitioned weights) is not supported yet"))
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "(ZeRO stage 3)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "with the largest shard's weights, master weights, gradients and optimizer state"))
       << r.output;
 }
 
@@ -332,12 +331,17 @@ TEST(EstimateMultiGpu, ZeroStagesPlanTheShards) {
   const json j = json::parse(r.output);
   const json& stages = j.at("data_parallel").at("stages");
   EXPECT_EQ(j.at("data_parallel").at("zero_stage"), 2);
-  ASSERT_EQ(stages.size(), 3u);
+  ASSERT_EQ(stages.size(), 4u);
   auto bytes = [&](int s, const char* what) { return double(stages.at(size_t(s)).at(what).get<size_t>()); };
-  for (int s : {1, 2}) {
+  for (int s : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(s));
     EXPECT_EQ(stages.at(size_t(s)).at("zero_stage"), s);
-    EXPECT_EQ(bytes(s, "weights"), bytes(0, "weights"));      // the bf16 weights stay whole
+    if (s < 3) {
+      EXPECT_EQ(bytes(s, "weights"), bytes(0, "weights"));  // the bf16 weights stay whole
+    } else {  // the shard's bf16 weights plus the unit slots they are gathered into
+      EXPECT_LT(bytes(s, "weights"), bytes(0, "weights"));
+      EXPECT_GT(bytes(s, "weights"), bytes(0, "weights") / 2);
+    }
     if (s == 1) {
       EXPECT_EQ(bytes(s, "gradients"), bytes(0, "gradients"));
     } else {  // the shard's reduced gradients plus the unit slots backward writes (the embedding's is large)
