@@ -6,9 +6,9 @@
 #   bf16, AdamW, CUDA graphs (the whole step one graph): loss curves within 1e-4 relative
 #   bf16, AdamW, gradient accumulation 2 (a graph per micro-batch): loss curves within 1e-4 relative
 #   two "nodes" of one GPU each (anvil launch --nnodes 2, twice): the same weights as 2 GPUs of one node
-#   ZeRO stages 1 and 2 on 2 GPUs, bf16 with stochastic rounding and bf16 AdamW moments, whole-step graphs
-#   and accumulation: the loss curve and checkpoint weights of stage 0 (stage 1 bit for bit); a ZeRO-2
-#   checkpoint resumed on 2 GPUs bit for bit and on 1 GPU (stage 0) within 1e-4
+#   ZeRO stages 1-3 on 2 GPUs, bf16 with stochastic rounding and bf16 AdamW moments, whole-step graphs
+#   and accumulation (8-bit AdamW): the loss curve and checkpoint weights of stage 0 (stage 1 bit for bit);
+#   ZeRO-2 and ZeRO-3 checkpoints resumed on 2 GPUs bit for bit, ZeRO-2's on 1 GPU (stage 0) within 1e-4
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 # Keeps NCCL_NVLS_ENABLE as the environment sets it. Logs in $OUT (or runs/gpu_dist_check). DEVICE=cpu runs
 # the same checks on CPU processes (Gloo), to try the script without GPUs.
@@ -44,7 +44,7 @@ run two_bf16 launch2 train --config "$W/base.json" --bf16 true --per_device_trai
 run one_acc "$A" train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --output_dir "$W/one_acc"
 run two_acc launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --output_dir "$W/two_acc"
 zb=(--bf16 true --stochastic_rounding true --adamw_bf16_moments true)
-for s in 0 1 2; do
+for s in 0 1 2 3; do
   run "zero$s" launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage "$s" --output_dir "$W/zero$s"
   run "zero_acc$s" launch2 train --config "$W/base.json" --bf16 true --stochastic_rounding true \
     --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --zero_stage "$s" --optim adamw_8bit \
@@ -52,6 +52,8 @@ for s in 0 1 2; do
 done
 run zero_res2 launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage 2 --output_dir "$W/zero_res2" \
   --resume_from_checkpoint "$W/zero2/checkpoint-10"
+run zero_res3 launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage 3 --output_dir "$W/zero_res3" \
+  --resume_from_checkpoint "$W/zero3/checkpoint-10"
 run zero_res1 "$A" train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 8 --zero_stage 0 \
   --output_dir "$W/zero_res1" --resume_from_checkpoint "$W/zero2/checkpoint-10"
 # Two nodes of one GPU each, as two process groups of this machine (the same output_dir: ranks must agree).
@@ -97,7 +99,7 @@ r = weights_rel("two_sgd", "nodes")
 check("two nodes vs one node (fp32 SGD weights)", r < 1e-6, f"max relative difference {r:.2e}")
 for prefix, what in [("zero", "bf16 graphs"), ("zero_acc", "8-bit AdamW, accumulation")]:
     ref = losses(f"{prefix}0")
-    for s in (1, 2):
+    for s in (1, 2, 3):
         got = losses(f"{prefix}{s}")
         worst = max(abs(x - y) / abs(x) for x, y in zip(ref, got)) if len(ref) == len(got) == 20 else float("inf")
         r = weights_rel(f"{prefix}0", f"{prefix}{s}")
@@ -110,6 +112,8 @@ for prefix, what in [("zero", "bf16 graphs"), ("zero_acc", "8-bit AdamW, accumul
 full = losses("zero2")
 same, one = losses("zero_res2"), losses("zero_res1")
 check("ZeRO-2 resume on 2 GPUs", same == full[10:], f"{len(same)} steps")
+full3, same3 = losses("zero3"), losses("zero_res3")
+check("ZeRO-3 resume on 2 GPUs", same3 == full3[10:] and len(same3) == 10, f"{len(same3)} steps")
 worst = max(abs(x - y) / abs(x) for x, y in zip(full[10:], one)) if len(one) == 10 else float("inf")
 check("ZeRO-2 resume on 1 GPU (stage 0)", worst < 1e-4, f"loss max relative difference {worst:.2e}")
 sys.exit(1 if bad else 0)
