@@ -13,9 +13,8 @@ namespace {
 
 using Part = StepGraphs::Part;
 
-// A nonzero per-step seed for stochastic rounding.
 uint64_t rounding_seed(uint64_t seed, int64_t step) {
-  return Rng(seed ^ (uint64_t(step) * 0x9e3779b97f4a7c15ull)).next_u64() | 1;
+  return TrainStep::weight_cast_seed(seed, step);
 }
 
 // The dropout seed of a step: another stream of the run's seed than the rounding seeds'.
@@ -47,6 +46,10 @@ TrainStep::TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc,
       zero_(zero),
       graphs_(e.device()) {
   if (rc.loss_scaling()) scaler_.emplace(cfg.loss_scaler());
+}
+
+uint64_t TrainStep::weight_cast_seed(uint64_t run_seed, int64_t step) {
+  return Rng(run_seed ^ (uint64_t(step) * 0x9e3779b97f4a7c15ull)).next_u64() | 1;
 }
 
 void TrainStep::stage_first() {

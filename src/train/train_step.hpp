@@ -38,11 +38,16 @@ class TrainStep {
  public:
   // Keeps references to everything; touches no device memory until stage_first(). Makes the loss scaler
   // (fp16). Several processes: `sync` reduces the gradients (null for one process) and the step's target
-  // count and loss are summed over `group`'s ranks; with `zero` (ZeRO stages 1-2) the norm and the update
-  // cover this rank's shard and the updated weights are all-gathered.
+  // count and loss are summed over `group`'s ranks; with `zero` (ZeRO stages 1-3) the norm and the update
+  // cover this rank's shard and the updated weights are all-gathered (stage 3: as the units are acquired).
   TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc, const TransformerConfig& model_cfg,
             Engine& e, Task& task, int64_t total_steps, dist::ProcessGroup& group, dist::GradSync* sync,
             dist::ZeroSync* zero = nullptr);
+
+  // The nonzero seed with which step `step` (1-based) casts the master weights under stochastic rounding
+  // (before a ZeRO shard's offset: shard_rounding_seed). A resumed run casts its loaded master weights with
+  // its last step's seed, so its compute weights are the uninterrupted run's.
+  static uint64_t weight_cast_seed(uint64_t run_seed, int64_t step);
 
   // The fp16 loss scaler (null otherwise): resumed from a checkpoint, saved in one, shown in the logs.
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }

@@ -248,11 +248,19 @@ std::optional<size_t> Run::agreed_available_memory(const Device& device) {
 // Data parallelism starts from identical replicas: rank 0's weights (initialised, loaded or resumed) go to
 // every rank. (Every rank read the same checkpoint's optimizer state.) ZeRO: each rank's shard of the master
 // weights is the authority for its range, all-gathered into every rank's weights as after a step.
+// A run resumed under stochastic rounding casts the master weights as its last step did (the same seed),
+// so that its compute weights, and so the rest of the run, are the uninterrupted run's.
 void Run::share_weights() {
-  if (!env_.distributed()) return;
   Model& m = engine_->model();
+  const uint64_t cast_seed = resume_state_ && cfg_.stochastic_rounding
+                                 ? TrainStep::weight_cast_seed(cfg_.seed, start_step_)
+                                 : 0;
+  if (!env_.distributed()) {
+    if (cast_seed) m.sync_weights(engine_->ops(), cast_seed);
+    return;
+  }
   if (zero_sync_) {
-    m.sync_weights(engine_->ops());
+    m.sync_weights(engine_->ops(), cast_seed);
     zero_sync_->gather_weights();
     engine_->device().synchronize();
     group_->comm().check();
@@ -260,7 +268,7 @@ void Run::share_weights() {
   }
   group_->comm().broadcast(m.params(), m.layout().total_numel(), DType::F32, 0);
   group_->comm().join();
-  m.sync_weights(engine_->ops());
+  m.sync_weights(engine_->ops(), cast_seed);
   engine_->device().synchronize();
 }
 

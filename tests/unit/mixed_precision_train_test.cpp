@@ -231,6 +231,29 @@ TEST(MixedPrecisionTrain, Bf16ResumeReproducesTheUninterruptedRun) {
         << f << " differs after resume";
 }
 
+// Under stochastic rounding the compute weights are not the round-to-nearest copy of the master weights: a
+// resumed run casts them with its last step's seed, so it continues exactly as the uninterrupted one.
+TEST(MixedPrecisionTrain, Bf16StochasticRoundingResumeReproducesTheUninterruptedRun) {
+  Corpus c;
+  TrainConfig full = config(c, c.dir / "full", 4, 1, 12);
+  full.bf16 = true;
+  full.stochastic_rounding = true;
+  full.save_steps = 6;
+  train(full);
+  TrainConfig resumed = full;
+  resumed.output_dir = c.dir / "resumed";
+  resumed.resume_from_checkpoint = c.dir / "full/checkpoint-6";
+  train(resumed);
+  const std::vector<double> a = losses(c.dir / "full"), b = losses(c.dir / "resumed");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(a[6 + i], b[i]) << "step " << 7 + i;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(test::read_file(c.dir / "full/checkpoint-12/" + std::string(f)) ==
+                test::read_file(c.dir / "resumed/checkpoint-12/" + std::string(f)))
+        << f << " differs after resume";
+}
+
 TEST(MixedPrecisionTrain, Fp16ResumeRestoresTheLossScaler) {
   Corpus c;
   TrainConfig full = config(c, c.dir / "full", 4, 1, 12);
