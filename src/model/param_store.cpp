@@ -237,18 +237,28 @@ float* ParamStore::grads_f32() const {
 }
 
 void ParamStore::upload(Device& dev, const float* host) const {
-  forget_gathered();
   // Sharded weights: the shard's only.
   const ParamRange w = weights_sharded_ ? master_range_ : layout_.all();
+  upload_values(dev, host + w.begin, w);
+}
+
+void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) const {
+  ANVIL_ASSERT(w == (weights_sharded_ ? master_range_ : layout_.all()),
+               "upload of [{}, {}): the store keeps weights [{}, {})", w.begin, w.end,
+               weights_sharded_ ? master_range_.begin : 0, weights_sharded_ ? master_range_.end : numel());
+  forget_gathered();
   if (precision_.compute == DType::F32) {
-    dev.copy_to_device(weights_, host + w.begin, w.numel() * sizeof(float));
+    dev.copy_to_device(weights_, values, w.numel() * sizeof(float));
     return;
   }
-  if (master_) dev.copy_to_device(master_, host + master_range_.begin, master_range_.numel() * sizeof(float));
+  if (master_)
+    dev.copy_to_device(master_, values + (master_range_.begin - w.begin),
+                       master_range_.numel() * sizeof(float));
   std::vector<uint16_t> half(w.numel());
   const bool bf16 = precision_.compute == DType::BF16;
-  for (size_t i = 0; i < w.numel(); ++i)
-    half[i] = bf16 ? float_to_bf16(host[w.begin + i]) : float_to_fp16(host[w.begin + i]);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < int64_t(w.numel()); ++i)
+    half[size_t(i)] = bf16 ? float_to_bf16(values[i]) : float_to_fp16(values[i]);
   dev.copy_to_device(weights_, half.data(), half.size() * sizeof(uint16_t));
 }
 
@@ -274,30 +284,43 @@ void ParamStore::download(Device& dev, float* host) const {
   for (size_t i = 0; i < n; ++i) host[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
 }
 
+// The tensors draw normals from one splitmix64 stream in layout order, one per element of their first
+// hf_rows rows (Rng::normal: two words each). Draw k of that stream is Rng(seed + 2k * golden).normal(), so
+// every element's value is known without drawing the ones before it: the elements are filled in parallel,
+// and a store with sharded weights (ZeRO-3) draws its shard only. The values are those of drawing the whole
+// stream in order.
 void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
-  std::vector<float> host(numel(), 0.0f);
-  Rng rng(seed);
+  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // splitmix64's increment (anvil/rng.hpp)
+  const ParamRange r = weights_sharded_ ? master_range_ : layout_.all();
+  std::vector<float> values(r.numel(), 0.0f);
+  uint64_t drawn = 0;  // normals drawn before the tensor
   for (const ParamTensor& t : layout_.tensors()) {
-    float* p = host.data() + t.offset;
     const size_t row = t.shape.ndim > 1 ? size_t(t.shape[1]) : 1;
     const size_t n = t.hf_rows >= 0 ? size_t(t.hf_rows) * row : t.numel();  // padded rows stay 0
-    switch (t.init) {
-      case ParamTensor::Init::Normal:
-        for (size_t i = 0; i < n; ++i) p[i] = how.std * rng.normal();
-        break;
-      case ParamTensor::Init::NormalResidual:
-        for (size_t i = 0; i < n; ++i) p[i] = how.residual_std * rng.normal();
-        break;
-      case ParamTensor::Init::Ones:
-        std::fill_n(p, n, 1.0f);
-        break;
-      case ParamTensor::Init::Zeros:
-        break;
+    const bool normal = t.init == ParamTensor::Init::Normal || t.init == ParamTensor::Init::NormalResidual;
+    const float scale = t.init == ParamTensor::Init::Normal ? how.std : how.residual_std;
+    const size_t lo = std::max(t.offset, r.begin), hi = std::min(t.offset + n, r.end);
+    if (lo < hi) {
+      float* p = values.data() + (lo - r.begin);
+      if (normal) {
+        const uint64_t first = drawn + (lo - t.offset);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < int64_t(hi - lo); ++i) {
+          Rng g(seed + 2 * (first + uint64_t(i)) * kGolden);
+          p[i] = scale * g.normal();
+        }
+      } else if (t.init == ParamTensor::Init::Ones) {
+        std::fill_n(p, hi - lo, 1.0f);
+      }
     }
-    if (t.role == TensorRole::TokenEmbedding && how.zero_row >= 0)
-      std::fill_n(p + size_t(how.zero_row) * row, row, 0.0f);
+    if (normal) drawn += n;
+    if (t.role == TensorRole::TokenEmbedding && how.zero_row >= 0) {
+      const size_t z0 = std::max(t.offset + size_t(how.zero_row) * row, r.begin);
+      const size_t z1 = std::min(t.offset + size_t(how.zero_row + 1) * row, r.end);
+      if (z0 < z1) std::fill_n(values.data() + (z0 - r.begin), z1 - z0, 0.0f);
+    }
   }
-  upload(dev, host.data());
+  upload_values(dev, values.data(), r);
 }
 
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {

@@ -130,7 +130,8 @@ class ParamStore {
   // The weights as fp32 host values in the flat layout: the master weights, or the compute-type weights
   // widened when there are none; sharded master weights through the gather (see set_master_gather).
   void download(Device& dev, float* host) const;
-  // The layout's initialisation for a seed (deterministic; tensors in layout order), uploaded.
+  // The layout's initialisation for a seed (deterministic; tensors in layout order; computed in parallel,
+  // only the shard with sharded weights), uploaded.
   void init(uint64_t seed, const ParamInit& how, Device& dev) const;
   // Rounds the master weights into the compute-type copy after an optimizer step (stochastically with a
   // nonzero seed, bf16; with `step_values`, the seed is read there when the cast runs); no-op for fp32.
@@ -188,6 +189,8 @@ class ParamStore {
     uint64_t ticket = 0;
   };
   void* slot_weight_at(size_t offset) const;
+  // upload() of the values of range `w` (values[0] is element w.begin): the weights this store keeps.
+  void upload_values(Device& dev, const float* values, ParamRange w) const;
   void gather_into(size_t slot, int unit) const;
   bool weights_sharded_ = false;
   // The gathered copies are a cache of the shards (acquire fills it, sync empties it): mutable.

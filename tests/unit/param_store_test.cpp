@@ -143,5 +143,41 @@ TEST(ParamStore, ShardedGradientsLiveInUnitSlots) {
   EXPECT_EQ(static_cast<float*>(store.grad_at(units[0].offset))[0], 0.f);
 }
 
+// init draws each element's value from its place in the seed's stream, so a ZeRO-3 store, which draws its
+// shard only, holds exactly the whole store's values there (and the whole store's are those of drawing the
+// stream in order, which the golden tests pin).
+TEST(ParamStore, ShardedInitIsTheWholeInitsSlice) {
+  const ParamLayout layout = ParamLayout::decoder(TransformerConfig::preset("llama-tiny"));
+  auto dev = make_cpu_device();
+  ParamStore whole(layout, {DType::BF16, DType::F32}, true);
+  MemoryPlan pw;
+  whole.plan_memory(pw);
+  Arena aw(*dev, pw);
+  whole.bind(aw);
+  ParamInit how;
+  how.residual_std = 0.005f;
+  how.zero_row = 3;
+  whole.init(42, how, *dev);
+  std::vector<float> all(whole.numel());
+  whole.download(*dev, all.data());
+  const ParamRange shard{whole.numel() / 3 + 5, 2 * whole.numel() / 3 + 1};
+  ParamStore part(layout, {DType::BF16, DType::F32}, true);
+  part.set_master_range(shard);
+  part.set_grad_shard(shard);
+  part.set_weight_shard(shard);
+  MemoryPlan pp;
+  part.plan_memory(pp);
+  Arena ap(*dev, pp);
+  part.bind(ap);
+  part.init(42, how, *dev);
+  std::vector<float> mine(shard.numel());
+  dev->copy_to_host(mine.data(), part.master(), mine.size() * sizeof(float));
+  EXPECT_EQ(mine, std::vector<float>(all.begin() + long(shard.begin), all.begin() + long(shard.end)));
+  // The shard's bf16 weights are its master weights rounded.
+  std::vector<uint16_t> w(shard.numel());
+  dev->copy_to_host(w.data(), part.weights(), w.size() * sizeof(uint16_t));
+  for (size_t i = 0; i < w.size(); i += 101) EXPECT_EQ(w[i], float_to_bf16(mine[i])) << i;
+}
+
 }  // namespace
 }  // namespace anvil
