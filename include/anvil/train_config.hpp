@@ -66,8 +66,8 @@ struct TrainConfig {
   int ddp_timeout = 1800;
   double ddp_bucket_cap_mb = 25;
   // ZeRO stage (docs/distributed.md): 0 every rank keeps everything; 1 each rank keeps its shard of the
-  // fp32 master weights and optimizer state; 2 also of the reduced gradients. DeepSpeed's
-  // zero_optimization.stage.
+  // fp32 master weights and optimizer state; 2 also of the reduced gradients; 3 also of the weights
+  // (gathered unit by unit). DeepSpeed's zero_optimization.stage.
   int zero_stage = 0;
   // ZeRO stages 1-2: elements per all-gather of the updated weights (DeepSpeed's allgather_bucket_size).
   int64_t zero_allgather_bucket_size = 500000000;
