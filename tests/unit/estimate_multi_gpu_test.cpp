@@ -312,6 +312,11 @@ TEST(EstimateMultiGpu, TrainBatchSizeCountsThePlannedJob) {
   r = test::run_anvil(cmd + " --num_gpus 3");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(contains(r.output, "train_batch_size 256 is not a multiple of the world size 3")) << r.output;
+  // BERT-family models keep whole weights: their stage 3 is refused, saying what to use.
+  r = test::run_anvil("estimate --model bert-tiny --device cpu --zero_stage 3 --num_gpus 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.output, "ZeRO stage 3 partitions the weights of decoder models")) << r.output;
+  EXPECT_TRUE(contains(r.output, "use zero_stage 2 or lower")) << r.output;
   // Stage 3 from a DeepSpeed config: the plan of the partitioned weights.
   test::write_file(dir / "zero3.json", R"({"zero_optimization": {"stage": 3}})");
   r = test::run_anvil("estimate" + gpt2_124m() + " --deepspeed " + (dir / "zero3.json") + " --num_gpus 8");
