@@ -17,6 +17,9 @@ struct TrainSummary {
   double eval_loss = -1;            // last evaluation (-1: none)
   double eval_accuracy = -1;        // classification: last evaluation's accuracy (-1: none)
   double data_wait_seconds = 0;     // time the step loop waited for the loader
+  // Several processes: rank 0's device collectives over the run, and the part compute waited for (-1: one
+  // process).
+  double comm_seconds = -1, comm_exposed_seconds = -1;
   size_t peak_memory_bytes = 0;     // the arena (planned) plus, on CUDA, what the driver reports in use
   size_t planned_memory_bytes = 0;  // the memory plan's total (the arena)
   size_t allocator_peak_bytes = 0;  // the most device memory the device's allocator held at once

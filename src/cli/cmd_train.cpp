@@ -23,6 +23,10 @@ void print_summary(const TrainSummary& s) {
   fmt::print("  train_loss: {:.4f}\n", s.train_loss);
   fmt::print("  data wait: {:.3f} s ({:.2f}% of the time)\n", s.data_wait_seconds,
              s.train_runtime > 0 ? 100.0 * s.data_wait_seconds / s.train_runtime : 0.0);
+  if (s.comm_seconds >= 0)
+    fmt::print("  communication (rank 0): {:.3f} s, {:.3f} s of it not overlapped ({:.2f}% of the time)\n",
+               s.comm_seconds, s.comm_exposed_seconds,
+               s.train_runtime > 0 ? 100.0 * s.comm_exposed_seconds / s.train_runtime : 0.0);
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
   if (s.eval_accuracy >= 0) fmt::print("  eval_accuracy: {:.4f}\n", s.eval_accuracy);
   fmt::print("  {} memory occupied: {:.0f} MiB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",

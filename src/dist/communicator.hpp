@@ -36,6 +36,13 @@ struct DistEnv;
 
 enum class ReduceOp { Sum, Max };
 
+// What a step's device collectives cost this rank (Communicator::end_timing).
+struct CommTimes {
+  double busy_seconds = 0;     // the collectives' own running time, summed
+  double exposed_seconds = 0;  // the part compute waited for (not overlapped with it)
+  int64_t collectives = 0;     // how many were timed
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -86,6 +93,14 @@ class Communicator {
   virtual void barrier() = 0;
   // Throws the first asynchronous error seen (NCCL), naming the collective; no-op elsewhere.
   virtual void check() {}
+
+  // Timing of a step's collectives (the host-side ones, all_reduce_host and barrier, are not counted):
+  // begin_timing() before the step queues anything, end_timing() after its final synchronisation. NCCL
+  // stamps the device clock around each collective on its stream and around each wait of compute for one
+  // (so a step replayed from a CUDA graph is timed too); the CPU backends run collectives on the calling
+  // thread, all of it exposed. The single-process communicator has none.
+  virtual void begin_timing() {}
+  virtual CommTimes end_timing() { return {}; }
 };
 
 // The single-process communicator (world size 1): reductions are copies or nothing.

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "anvil/error.hpp"
 #include "dist/communicator.hpp"
@@ -267,6 +268,9 @@ class GlooCommunicator final : public Communicator {
 
   void join() override {}
 
+  void begin_timing() override { times_ = {}; }
+  CommTimes end_timing() override { return times_; }
+
   void all_reduce_host(double* values, size_t n) override {
     run("all_reduce_host", n, "F64", [&](uint32_t tag) {
       gloo::AllreduceOptions opts(ctx_);
@@ -314,7 +318,15 @@ class GlooCommunicator final : public Communicator {
         double(timeout_.count()) / 1000.0);
     std::string what, cause = peer;
     try {
+      const auto t0 = std::chrono::steady_clock::now();
       body(tag);
+      // On the calling thread: all of it is exposed. (The host-side ones are not the step's collectives.)
+      if (std::string_view(collective) != "all_reduce_host" && std::string_view(collective) != "barrier") {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        times_.busy_seconds += s;
+        times_.exposed_seconds += s;
+        ++times_.collectives;
+      }
       return;
     } catch (const gloo::IoException& e) {  // timeouts, closed connections
       what = e.what();
@@ -335,6 +347,7 @@ class GlooCommunicator final : public Communicator {
   uint32_t next_tag_ = 0;
   std::string failed_;            // the first failure; non-empty = unusable
   std::vector<uint8_t> scratch_;  // reduce_scatter's exchange buffer
+  CommTimes times_;               // since begin_timing
 };
 
 // The address this rank's Gloo transport listens on: the interface named by GLOO_SOCKET_IFNAME (as

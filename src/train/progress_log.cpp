@@ -34,6 +34,10 @@ void ProgressLog::step_done(int64_t step, const StepResult& r, Clock::time_point
   totals_.loss_sum += r.skipped ? 0.0 : r.loss;
   totals_.tokens += r.tokens;
   totals_.flops += r.flops;
+  if (r.comm_seconds >= 0) {
+    totals_.comm_seconds += r.comm_seconds;
+    totals_.comm_exposed_seconds += r.comm_exposed_seconds;
+  }
   totals_.peak_driver = std::max(totals_.peak_driver, e_.device().driver_used_bytes());
   const double step_time = seconds_since(started);
   const double elapsed = seconds_since(t0_);
@@ -47,15 +51,20 @@ void ProgressLog::log(int64_t step, const StepResult& r, double step_time, doubl
   // Per device: the world's FLOPs over the world's peak.
   const double mfu = peak_.flops > 0 ? r.flops / step_time / (peak_.flops * world_size_) : -1;
   const std::string mfu_text = mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * mfu) : "";
+  // Several processes: this rank's communication, and the part compute waited for.
+  const std::string comm_text =
+      r.comm_seconds >= 0 ? fmt::format(" | comm {:.0f} ms ({:.0f} exposed)", 1e3 * r.comm_seconds,
+                                        1e3 * r.comm_exposed_seconds)
+                          : "";
   const std::string scale_text =
       scaler_ ? fmt::format(" | scale {} | skipped {}", format_loss_scale(scaler_->scale()),
                             scaler_->skipped_steps())
               : "";
   fmt::print(
-      "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f}{} |{} {:>9.0f} tok/s{} | {:7.1f}s | peak "
-      "{}\n",
+      "step {:>5}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f}{} |{} {:>9.0f} tok/s{}{} | {:7.1f}s | "
+      "peak {}\n",
       step + 1, total_steps_, r.loss, r.lr, r.grad_norm, scale_text, task_.progress_text(step_time), tps,
-      mfu_text, elapsed, format_bytes(peak_mem));
+      mfu_text, comm_text, elapsed, format_bytes(peak_mem));
   std::fflush(stdout);
   json line = {{"step", step + 1},
                {"loss", std::isfinite(r.loss) ? json(r.loss) : json(nullptr)},
@@ -68,6 +77,10 @@ void ProgressLog::log(int64_t step, const StepResult& r, double step_time, doubl
                {"peak_memory_bytes", peak_mem}};
   task_.add_progress_metrics(line, step_time);
   if (mfu >= 0) line["mfu"] = mfu;
+  if (r.comm_seconds >= 0) {
+    line["comm_seconds"] = r.comm_seconds;
+    line["comm_exposed_seconds"] = r.comm_exposed_seconds;
+  }
   if (scaler_) {
     line["loss_scale"] = scaler_->scale();
     line["skipped_steps"] = scaler_->skipped_steps();

@@ -27,6 +27,10 @@ TrainSummary summarize_run(const RunRecord& r, const TrainConfig& cfg, const Tas
   s.allocator_peak_bytes = e.device().memory_stats().peak_allocated_bytes;
   s.planned_memory_bytes = e.plan().total_bytes();
   s.data_wait_seconds = task.data_wait_seconds();
+  if (r.world_size > 1) {
+    s.comm_seconds = r.totals.comm_seconds;
+    s.comm_exposed_seconds = r.totals.comm_exposed_seconds;
+  }
   s.device = e.device().name();
   s.last_checkpoint = r.last_checkpoint;
   s.cuda_graphs_recorded = r.graphs_recorded;
@@ -51,6 +55,8 @@ json summary_json(const TrainSummary& s, const RunRecord& r, const Task& task, E
       {"peak_memory_bytes", s.peak_memory_bytes},
       {"data_wait_seconds", s.data_wait_seconds},
       {"data_wait_fraction", s.data_wait_seconds / r.runtime},
+      {"comm_seconds", s.comm_seconds >= 0 ? json(s.comm_seconds) : json(nullptr)},
+      {"comm_exposed_seconds", s.comm_exposed_seconds >= 0 ? json(s.comm_exposed_seconds) : json(nullptr)},
       {"planned_memory_bytes", e.plan().total_bytes()},
       {"planned_memory_by_category", by_category},
       // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's

@@ -70,6 +70,7 @@ StepResult TrainStep::run(int64_t step, StepInstruments& instruments) {
 void TrainStep::begin(int64_t step, StepInstruments& instruments) {
   instruments_ = &instruments;
   cur_ = Current{};
+  if (group_.distributed()) group_.comm().begin_timing();
   cur_.step = step;
   cur_.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   cur_.lr = lr_at(rc_.lr_schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
@@ -190,6 +191,11 @@ StepResult TrainStep::end(bool skipped) {
                   rc_.precision == Precision::BF16 ? "" : " or try --bf16");
   }
   StepResult r = cur_.result;
+  if (group_.distributed()) {
+    const dist::CommTimes t = group_.comm().end_timing();
+    r.comm_seconds = t.busy_seconds;
+    r.comm_exposed_seconds = t.exposed_seconds;
+  }
   // Tokens and FLOPs of the whole world: every rank's batches have this rank's shapes (classification: its
   // padded length, which may differ a little between ranks).
   r.tokens *= rc_.world_size;

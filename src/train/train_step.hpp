@@ -32,6 +32,9 @@ struct StepResult {
   bool skipped = false;  // fp16: the step overflowed and was not applied
   int64_t tokens = 0;    // B x T summed over the micro-batches and the ranks (padded for classification)
   double flops = 0;      // the model's training FLOPs of those tokens
+  // Several processes: this rank's device collectives of the step (dist::CommTimes); -1 with one process.
+  double comm_seconds = -1;
+  double comm_exposed_seconds = -1;
 };
 
 class TrainStep {

@@ -137,6 +137,26 @@ TEST_P(DataParallel, SgdWeightsEqualOneProcess) {
   // The world's throughput is reported, and the summary says how many processes made it.
   const json summary = json::parse(test::read_file(c.dir / "many/summary.json"));
   EXPECT_EQ(summary["world_size"], R);
+  // Communication is reported: per step in the progress line and metrics, in total in the summary (Gloo
+  // runs collectives on the calling thread: all of it is exposed). One process reports none.
+  EXPECT_NE(dp.output.find("| comm "), std::string::npos) << dp.output;
+  EXPECT_NE(dp.output.find("communication (rank 0): "), std::string::npos) << dp.output;
+  ASSERT_TRUE(summary["comm_seconds"].is_number());
+  EXPECT_GT(summary["comm_seconds"].get<double>(), 0.0);
+  EXPECT_EQ(summary["comm_exposed_seconds"], summary["comm_seconds"]);
+  std::istringstream lines(test::read_file(c.dir / "many/metrics.jsonl"));
+  int timed = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line);
+    if (!j.contains("loss")) continue;
+    ASSERT_TRUE(j.contains("comm_seconds")) << line;
+    EXPECT_GE(j["comm_seconds"].get<double>(), j["comm_exposed_seconds"].get<double>());
+    ++timed;
+  }
+  EXPECT_EQ(timed, 20);
+  const json one_summary = json::parse(test::read_file(c.dir / "one/summary.json"));
+  EXPECT_TRUE(one_summary["comm_seconds"].is_null());
+  EXPECT_EQ(single.output.find("| comm "), std::string::npos);
 }
 
 // AdamW, with gradient accumulation: the loss curve of R processes x micro-batch 2 x 2 micro-batches

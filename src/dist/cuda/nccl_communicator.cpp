@@ -18,6 +18,7 @@
 
 #include "anvil/error.hpp"
 #include "dist/communicator.hpp"
+#include "dist/cuda/comm_clock.hpp"
 #include "dist/dist_env.hpp"
 #include "dist/store.hpp"
 #include "runtime/cuda/cuda_check.hpp"
@@ -86,6 +87,8 @@ class NcclCommunicator final : public Communicator {
     ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
     for (cudaEvent_t& e : marks_) ANVIL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     ANVIL_CUDA_CHECK(cudaMalloc(&host_scratch_, kHostValues * sizeof(double)));
+    ANVIL_CUDA_CHECK(cudaMalloc(&clock_, kClockBytes));
+    ANVIL_CUDA_CHECK(cudaMemset(clock_, 0, kClockBytes));
   }
 
   ~NcclCommunicator() override {
@@ -99,6 +102,7 @@ class NcclCommunicator final : public Communicator {
       ncclCommDestroy(comm_);
     }
     ANVIL_CUDA_WARN(cudaFree(host_scratch_));
+    ANVIL_CUDA_WARN(cudaFree(clock_));
     for (cudaEvent_t e : marks_) ANVIL_CUDA_WARN(cudaEventDestroy(e));
     ANVIL_CUDA_WARN(cudaEventDestroy(comm_done_));
     ANVIL_CUDA_WARN(cudaEventDestroy(compute_done_));
@@ -111,24 +115,24 @@ class NcclCommunicator final : public Communicator {
   const char* backend() const override { return "nccl"; }
 
   void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    after_compute();
+    const Busy busy(*this);
     ANVIL_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
                      "all_reduce");
   }
 
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override {
-    after_compute();
+    const Busy busy(*this);
     ANVIL_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_, stream_),
                      "reduce_scatter");
   }
 
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
-    after_compute();
+    const Busy busy(*this);
     ANVIL_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_), "all_gather");
   }
 
   void broadcast(void* data, size_t count, DType dtype, int root) override {
-    after_compute();
+    const Busy busy(*this);
     ANVIL_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, stream_), "broadcast");
   }
 
@@ -137,7 +141,7 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter_v(void* data, const std::vector<size_t>& counts, DType dtype, ReduceOp op) override {
     if (even_pieces(counts, "reduce_scatter_v"))
       return Communicator::reduce_scatter_v(data, counts, dtype, op);
-    after_compute();
+    const Busy busy(*this);
     ANVIL_NCCL_CHECK(ncclGroupStart(), "reduce_scatter_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
       ANVIL_NCCL_CHECK(ncclReduce(piece, piece, n, nccl_type(dtype), nccl_op(op), root, comm_, stream_),
@@ -148,7 +152,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_gather_v(void* data, const std::vector<size_t>& counts, DType dtype) override {
     if (even_pieces(counts, "all_gather_v")) return Communicator::all_gather_v(data, counts, dtype);
-    after_compute();
+    const Busy busy(*this);
     ANVIL_NCCL_CHECK(ncclGroupStart(), "all_gather_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
       ANVIL_NCCL_CHECK(ncclBroadcast(piece, piece, n, nccl_type(dtype), root, comm_, stream_),
@@ -158,7 +162,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) override {
-    after_compute();
+    const Busy busy(*this);
     const ncclDataType_t t = nccl_type(dtype);
     const size_t chunk = dtype_bytes(dtype, count_per_rank);
     ANVIL_NCCL_CHECK(ncclGroupStart(), "all_to_all");
@@ -175,7 +179,7 @@ class NcclCommunicator final : public Communicator {
 
   void join() override {
     ANVIL_CUDA_CHECK(cudaEventRecord(comm_done_, stream_));
-    ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_, comm_done_, 0));
+    compute_waits_for(comm_done_);
   }
 
   uint64_t mark() override {
@@ -185,7 +189,31 @@ class NcclCommunicator final : public Communicator {
 
   void join_until(uint64_t mark) override {
     if (mark >= marks_made_ || marks_made_ - mark > kMarks) return join();  // unknown or re-recorded since
-    ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_, marks_[mark % kMarks], 0));
+    compute_waits_for(marks_[mark % kMarks]);
+  }
+
+  // The stamps of the step: zeroed on the compute stream before anything of the step (a pair left zero was
+  // not stamped in this step).
+  void begin_timing() override {
+    busy_pairs_ = exposed_pairs_ = 0;
+    ANVIL_CUDA_CHECK(cudaMemsetAsync(clock_, 0, kClockBytes, compute_));
+  }
+
+  CommTimes end_timing() override {
+    std::vector<uint64_t> t(kClockBytes / sizeof(uint64_t));
+    ANVIL_CUDA_CHECK(cudaMemcpy(t.data(), clock_, kClockBytes, cudaMemcpyDeviceToHost));
+    CommTimes out;
+    auto sum = [&](size_t first_pair, double& seconds, bool count) {
+      for (size_t p = first_pair; p < first_pair + kClockPairs; ++p) {
+        const uint64_t begin = t[2 * p], end = t[2 * p + 1];
+        if (begin == 0 || end < begin) continue;
+        seconds += double(end - begin) * 1e-9;
+        out.collectives += count;
+      }
+    };
+    sum(0, out.busy_seconds, true);
+    sum(kClockPairs, out.exposed_seconds, false);
+    return out;
   }
 
   void all_reduce_host(double* values, size_t n) override {
@@ -220,6 +248,9 @@ class NcclCommunicator final : public Communicator {
  private:
   static constexpr size_t kHostValues = 512;
   static constexpr uint64_t kMarks = 16;  // marks kept (events recorded in turn)
+  // Clock stamps per step: kClockPairs (begin, end) pairs for collectives, as many for compute's waits.
+  static constexpr size_t kClockPairs = 2048;
+  static constexpr size_t kClockBytes = 2 * 2 * kClockPairs * sizeof(uint64_t);
 
   template <class F>
   void for_pieces(void* data, const std::vector<size_t>& counts, DType dtype, F&& f) {
@@ -233,6 +264,29 @@ class NcclCommunicator final : public Communicator {
   void after_compute() {
     ANVIL_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
     ANVIL_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_done_, 0));
+  }
+
+  // A collective on stream_, after the compute queued before it, between two clock stamps (busy time).
+  struct Busy {
+    explicit Busy(NcclCommunicator& c) : c(c), pair(c.busy_pairs_ < kClockPairs ? int(c.busy_pairs_++) : -1) {
+      c.after_compute();
+      if (pair >= 0) cuda::stamp_clock(c.stream_, c.clock_ + 2 * pair);
+    }
+    ~Busy() {
+      if (pair >= 0) cuda::stamp_clock(c.stream_, c.clock_ + 2 * pair + 1);
+    }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+    NcclCommunicator& c;
+    const int pair;
+  };
+
+  // Compute waits for `event` of stream_, between two clock stamps on the compute stream (exposed time).
+  void compute_waits_for(cudaEvent_t event) {
+    const int pair = exposed_pairs_ < kClockPairs ? int(kClockPairs + exposed_pairs_++) : -1;
+    if (pair >= 0) cuda::stamp_clock(compute_, clock_ + 2 * pair);
+    ANVIL_CUDA_CHECK(cudaStreamWaitEvent(compute_, event, 0));
+    if (pair >= 0) cuda::stamp_clock(compute_, clock_ + 2 * pair + 1);
   }
 
   // Waits for `stream`, polling NCCL's asynchronous errors; after the timeout, aborts the communicators (so
@@ -266,6 +320,8 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
   std::array<cudaEvent_t, kMarks> marks_{};
   uint64_t marks_made_ = 0;
+  uint64_t* clock_ = nullptr;  // device: the step's stamps (begin_timing)
+  size_t busy_pairs_ = 0, exposed_pairs_ = 0;
   void* host_scratch_ = nullptr;
   bool aborted_ = false;
 };
