@@ -13,10 +13,10 @@ struct TrainSummary {
   double train_samples_per_second = 0;  // sequences per second
   double train_steps_per_second = 0;
   double train_tokens_per_second = 0;
-  double train_loss = 0;            // mean loss over the optimizer steps of this run
-  double eval_loss = -1;            // last evaluation (-1: none)
-  double eval_accuracy = -1;        // classification: last evaluation's accuracy (-1: none)
-  double data_wait_seconds = 0;     // time the step loop waited for the loader
+  double train_loss = 0;         // mean loss over the optimizer steps of this run
+  double eval_loss = -1;         // last evaluation (-1: none)
+  double eval_accuracy = -1;     // classification: last evaluation's accuracy (-1: none)
+  double data_wait_seconds = 0;  // time the step loop waited for the loader
   // Several processes: rank 0's device collectives over the run, and the part compute waited for (-1: one
   // process).
   double comm_seconds = -1, comm_exposed_seconds = -1;

@@ -280,7 +280,7 @@ void print_job(const MemoryEstimate& e, const std::vector<MemoryEstimate>& stage
   const int stage = f.world() > 1 ? s.zero_stage : 0;
   fmt::print("\ndata parallel: {} = {} (ZeRO stage {})\n", job_shape(t, f), count(f.world(), unit), stage);
   fmt::print("  per {0}: every {0} holds this plan ({1} total on each{2})\n", unit, format_bytes(e.total()),
-             stage == 3   ? ", with the largest shard's weights, master weights, gradients and optimizer state"
+             stage == 3 ? ", with the largest shard's weights, master weights, gradients and optimizer state"
              : stage == 2 ? ", with the largest shard's master weights, gradients and optimizer state"
              : stage == 1 ? ", with the largest shard's master weights and optimizer state"
                           : "");

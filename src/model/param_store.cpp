@@ -107,8 +107,8 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
                           (weights_sharded_ ? master_range_.numel() : P) * sizeof(float));
   }
   if (weights_sharded_)
-    i_wslots_ = plan.add(fmt::format("weight slots ({} units gathered)", wslots_.size()), M::Weights,
-                         wslot_bytes_);
+    i_wslots_ =
+        plan.add(fmt::format("weight slots ({} units gathered)", wslots_.size()), M::Weights, wslot_bytes_);
   if (grads_sharded_) {
     ANVIL_ASSERT(!grads_elsewhere, "sharded gradients cannot live in activation memory");
     i_grads_ = plan.add("gradients (this rank's shard, reduced)", M::Gradients, grad_bytes());
@@ -124,8 +124,8 @@ void ParamStore::bind(const Arena& arena) {
   if (i_wslots_ != SIZE_MAX) wslot_mem_ = arena.get<char>(i_wslots_);
   master_ = precision_.compute == DType::F32
                 ? static_cast<float*>(weights_) + (weights_sharded_ ? 0 : master_range_.begin)
-            : i_master_ != SIZE_MAX          ? arena.get<float>(i_master_)
-                                             : nullptr;
+            : i_master_ != SIZE_MAX ? arena.get<float>(i_master_)
+                                    : nullptr;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
   if (i_slots_ != SIZE_MAX) slots_ = arena.get<char>(i_slots_);
 }
@@ -134,10 +134,11 @@ void* ParamStore::slot_grad_at(size_t offset) const {
   const int u = layout_.unit_of(offset);
   const size_t s = size_t(slot_of_unit_[size_t(u)]);
   const ParamUnit& unit = layout_.units()[size_t(u)];
-  ANVIL_ASSERT(slot_unit_[s] == u,
-               "gradient view of unit '{}', whose slot it does not hold (begin_grads comes first; a slot holds "
-               "one unit at a time)",
-               unit.name);
+  ANVIL_ASSERT(
+      slot_unit_[s] == u,
+      "gradient view of unit '{}', whose slot it does not hold (begin_grads comes first; a slot holds "
+      "one unit at a time)",
+      unit.name);
   return slots_ + slot_offset_[s] + (offset - unit.offset) * grad_elem_;
 }
 

@@ -172,19 +172,19 @@ class ParamStore {
   void* slot_grad_at(size_t offset) const;
   bool grads_sharded_ = false;
   ParamRange grad_range_;
-  std::vector<int> slot_of_unit_;        // per unit
-  std::vector<size_t> slot_offset_;      // bytes into the slot memory, per slot
-  size_t slot_bytes_ = 0;                // all slots
-  std::vector<int> slot_unit_;           // the unit a slot holds (-1: none yet)
-  std::vector<GradState> grad_state_;    // per unit
+  std::vector<int> slot_of_unit_;      // per unit
+  std::vector<size_t> slot_offset_;    // bytes into the slot memory, per slot
+  size_t slot_bytes_ = 0;              // all slots
+  std::vector<int> slot_unit_;         // the unit a slot holds (-1: none yet)
+  std::vector<GradState> grad_state_;  // per unit
   size_t i_slots_ = SIZE_MAX;
   char* slots_ = nullptr;
   std::function<void(int)> on_slot_reuse_;
 
   // Sharded weights (set_weight_shard).
   struct WeightSlot {
-    int unit = -1;       // the unit it holds or is gathering
-    bool valid = false;  // gathered (or queued) in this pass
+    int unit = -1;        // the unit it holds or is gathering
+    bool valid = false;   // gathered (or queued) in this pass
     bool waited = false;  // compute waits for the gather already
     uint64_t ticket = 0;
   };

@@ -483,14 +483,13 @@ const std::vector<ConfigKeyDoc> kKeys =
          .section = "Distributed",
          .type = "int",
          .meaning =
-             R"md(ZeRO stage with several processes (DeepSpeed's `zero_optimization.stage`; default 0). 0: every rank keeps the whole fp32 master weights, optimizer state and gradients. 1: each rank keeps only its shard of the fp32 master weights and of the optimizer state, updates that shard and all-gathers the updated weights. 2: also reduce-scatters the gradients, each rank receiving only its shard's sum and keeping only that (decoder models write each unit's gradients into a unit slot first). 3: also keeps only its shard of the compute-type weights; each unit (embedding, block, final) is all-gathered into a slot when forward or backward reaches it, the next one prefetched (decoder models only). The shards are balanced ranges of the parameter buffer (whole tensors for Adafactor, 8-bit blocks for adamw_8bit). With one process every stage is stage 0. See docs/distributed.md.)md",
-         .summary = "ZeRO stage: 0 replicas; 1 shards master weights and optimizer state; 2 also gradients; "
-                    "3 also weights."},
+             R"md(ZeRO stage with several processes (DeepSpeed's `zero_optimization.stage`; default 0). 0: every rank keeps the whole fp32 master weights, optimizer state and gradients. 1: each rank keeps only its shard of the fp32 master weights and of the optimizer state, updates that shard and all-gathers the updated weights. 2: also reduce-scatters the gradients and keeps only its shard's sums. 3: also keeps only its shard of the weights, gathering each unit (embedding, block, final) as forward and backward reach it (decoders only). The shards are balanced ranges of the parameter buffer (whole tensors for Adafactor, 8-bit blocks for adamw_8bit). With one process every stage is stage 0. See docs/distributed.md.)md",
+         .summary =
+             "ZeRO stage: 0 replicas; 1 shards master weights, optimizer state; 2 gradients; 3 weights."},
         {.key = "zero_allgather_bucket_size",
          .section = "Distributed",
          .type = "int",
-         .meaning =
-             R"md(ZeRO stages 1-2: elements of the compute-type weights per all-gather after each update (DeepSpeed's `zero_optimization.allgather_bucket_size`; default 500000000). Smaller buckets only split the gather into more collectives; the weights need no extra buffer either way.)md",
+         .meaning = R"md(ZeRO stages 1-2: elements of the compute-type weights per all-gather after each update (DeepSpeed's `zero_optimization.allgather_bucket_size`; default 500000000). Smaller buckets only split the gather into more collectives; the weights need no extra buffer either way.)md",
          .summary =
              "ZeRO 1-2: elements per all-gather of the updated weights (DeepSpeed allgather_bucket_size)."},
 };

@@ -52,10 +52,10 @@ void ProgressLog::log(int64_t step, const StepResult& r, double step_time, doubl
   const double mfu = peak_.flops > 0 ? r.flops / step_time / (peak_.flops * world_size_) : -1;
   const std::string mfu_text = mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * mfu) : "";
   // Several processes: this rank's communication, and the part compute waited for.
-  const std::string comm_text =
-      r.comm_seconds >= 0 ? fmt::format(" | comm {:.0f} ms ({:.0f} exposed)", 1e3 * r.comm_seconds,
-                                        1e3 * r.comm_exposed_seconds)
-                          : "";
+  const std::string comm_text = r.comm_seconds >= 0
+                                    ? fmt::format(" | comm {:.0f} ms ({:.0f} exposed)", 1e3 * r.comm_seconds,
+                                                  1e3 * r.comm_exposed_seconds)
+                                    : "";
   const std::string scale_text =
       scaler_ ? fmt::format(" | scale {} | skipped {}", format_loss_scale(scaler_->scale()),
                             scaler_->skipped_steps())

@@ -22,12 +22,12 @@ double seconds_since(Clock::time_point t0);
 
 // Totals of the steps this process ran.
 struct RunTotals {
-  double loss_sum = 0;     // the losses of the applied steps (skipped ones count 0)
-  int64_t tokens = 0;      // B x T of every micro-batch
-  double flops = 0;        // their training FLOPs
+  double loss_sum = 0;              // the losses of the applied steps (skipped ones count 0)
+  int64_t tokens = 0;               // B x T of every micro-batch
+  double flops = 0;                 // their training FLOPs
   double comm_seconds = 0;          // several processes: rank 0's device collectives (StepResult)
   double comm_exposed_seconds = 0;  // the part of them compute waited for
-  size_t peak_driver = 0;  // the most the driver reported in use after a step (CUDA)
+  size_t peak_driver = 0;           // the most the driver reported in use after a step (CUDA)
 };
 
 class ProgressLog {

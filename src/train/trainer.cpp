@@ -252,9 +252,8 @@ std::optional<size_t> Run::agreed_available_memory(const Device& device) {
 // so that its compute weights, and so the rest of the run, are the uninterrupted run's.
 void Run::share_weights() {
   Model& m = engine_->model();
-  const uint64_t cast_seed = resume_state_ && cfg_.stochastic_rounding
-                                 ? TrainStep::weight_cast_seed(cfg_.seed, start_step_)
-                                 : 0;
+  const uint64_t cast_seed =
+      resume_state_ && cfg_.stochastic_rounding ? TrainStep::weight_cast_seed(cfg_.seed, start_step_) : 0;
   if (!env_.distributed()) {
     if (cast_seed) m.sync_weights(engine_->ops(), cast_seed);
     return;

@@ -204,7 +204,8 @@ TEST(DeepSpeedConfig, ZeroStages) {
   EXPECT_EQ(apply({{"zero_optimization", {{"stage", 2}, {"allgather_bucket_size", 2e8}}}})
                 .zero_allgather_bucket_size,
             200000000);
-  EXPECT_EQ(apply({{"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", "auto"}}}}).zero_stage, 3);
+  EXPECT_EQ(
+      apply({{"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", "auto"}}}}).zero_stage, 3);
   expect_error({{"zero_optimization", {{"stage", 4}}}}, {"must be 0..3", "4"});
   expect_error({{"zero_optimization", {{"stage", "auto"}}}}, {"zero_optimization.stage", "\"auto\""});
 }
@@ -373,8 +374,9 @@ TEST(DeepSpeedConfig, ResolutionNamesEveryKey) {
 
 TEST(DeepSpeedConfig, CommandLine) {
   test::TempDir dir;
-  test::write_file(dir / "ds.json",
-                   R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})");
+  test::write_file(
+      dir / "ds.json",
+      R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})");
   auto r = test::run_anvil("estimate --device cpu --deepspeed " + (dir / "ds.json"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("offload is not supported yet"), std::string::npos) << r.output;

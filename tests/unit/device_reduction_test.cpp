@@ -139,8 +139,8 @@ TEST_F(DeviceReduction, AddGradsAddsInTheGradientType) {
   ops_->add_grads(a.data(), b.data(), a.size());
   EXPECT_EQ(a, (std::vector<float>{1.5f, 0.0f, 1.0f + 3e-8f, 0.0f}));
   auto bf16_ops = make_cpu_ops(*dev_, {DType::BF16, DType::BF16});
-  std::vector<uint16_t> x = {float_to_bf16(1.0f), float_to_bf16(256.0f)}, y = {float_to_bf16(1.0f / 256),
-                                                                              float_to_bf16(1.0f)};
+  std::vector<uint16_t> x = {float_to_bf16(1.0f), float_to_bf16(256.0f)},
+                        y = {float_to_bf16(1.0f / 256), float_to_bf16(1.0f)};
   bf16_ops->add_grads(x.data(), y.data(), x.size());
   EXPECT_EQ(bf16_to_float(x[0]), bf16_to_float(float_to_bf16(1.0f + 1.0f / 256)));
   EXPECT_EQ(bf16_to_float(x[1]), 256.0f);  // 257 rounds to even in bf16's 8 bits

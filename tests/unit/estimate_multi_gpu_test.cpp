@@ -322,7 +322,8 @@ TEST(EstimateMultiGpu, TrainBatchSizeCountsThePlannedJob) {
   r = test::run_anvil("estimate" + gpt2_124m() + " --deepspeed " + (dir / "zero3.json") + " --num_gpus 8");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "(ZeRO stage 3)")) << r.output;
-  EXPECT_TRUE(contains(r.output, "with the largest shard's weights, master weights, gradients and optimizer state"))
+  EXPECT_TRUE(
+      contains(r.output, "with the largest shard's weights, master weights, gradients and optimizer state"))
       << r.output;
 }
 

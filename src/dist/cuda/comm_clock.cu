@@ -1,5 +1,4 @@
 #include "dist/cuda/comm_clock.hpp"
-
 #include "runtime/cuda/cuda_check.hpp"
 
 namespace anvil::dist::cuda {

@@ -122,8 +122,8 @@ void embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, const void* do
 void bert_embedding_fwd(DType act, void* out, const int32_t* tokens, const int32_t* types, const void* wte,
                         const void* wpe, const void* wtt, int B, int T, int C);
 // Ops::embedding_bwd_skip.
-void embedding_bwd_skip(DType act, DType grad, void* dwte, const void* dout, const int32_t* tokens, int B, int T,
-                        int C, int32_t skip_token);
+void embedding_bwd_skip(DType act, DType grad, void* dwte, const void* dout, const int32_t* tokens, int B,
+                        int T, int C, int32_t skip_token);
 void bert_embedding_bwd(DType act, DType grad, void* dwte, void* dwpe, void* dwtt, const void* dout,
                         const int32_t* tokens, const int32_t* types, int B, int T, int C, int32_t skip_token);
 
@@ -171,8 +171,8 @@ void attention_bwd(DType act, void* dqkv, const void* dout, const void* qkv, con
 // Ops::attention_first_query_fwd / _bwd.
 void attention_first_query_fwd(DType act, void* out, float* lse, const void* q, const void* kv, int B, int T,
                                int C, int NH, const AttentionMask& mask);
-void attention_first_query_bwd(DType act, void* dq, void* dkv, const void* dout, const void* q, const void* kv,
-                               const void* out, const float* lse, int B, int T, int C, int NH,
+void attention_first_query_bwd(DType act, void* dq, void* dkv, const void* dout, const void* q,
+                               const void* kv, const void* out, const float* lse, int B, int T, int C, int NH,
                                const AttentionMask& mask);
 
 void gelu_fwd(DType act, void* out, const void* inp, size_t n);

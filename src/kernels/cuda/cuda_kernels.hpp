@@ -124,8 +124,8 @@ void bert_embedding_fwd(cudaStream_t stream, anvil::DType act, void* out, const 
                         const int32_t* types, const void* wte, const void* wpe, const void* wtt, int B, int T,
                         int C);
 // Ops::embedding_bwd_skip.
-void embedding_bwd_skip(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, const void* dout,
-                        const int32_t* tokens, int B, int T, int C, int32_t skip_token);
+void embedding_bwd_skip(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte,
+                        const void* dout, const int32_t* tokens, int B, int T, int C, int32_t skip_token);
 void bert_embedding_bwd(cudaStream_t stream, anvil::DType act, anvil::DType grad, void* dwte, void* dwpe,
                         void* dwtt, const void* dout, const int32_t* tokens, const int32_t* types, int B,
                         int T, int C, int32_t skip_token);

@@ -123,8 +123,8 @@ void add(cudaStream_t stream, anvil::DType dtype, void* dst, const void* src, si
   if (n == 0) return;
   dispatch_float(dtype, [&](auto t) {
     using T = decltype(t);
-    add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(dst), static_cast<const T*>(src),
-                                                                n);
+    add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(dst),
+                                                               static_cast<const T*>(src), n);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
