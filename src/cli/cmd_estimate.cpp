@@ -171,8 +171,11 @@ std::string model_line(const TransformerConfig& m) {
     return fmt::format(
         "bert ({} layers, {} heads, {} dims, intermediate {}, vocab {}, {} labels; {:.2f}M parameters)",
         m.n_layer, m.n_head, m.n_embd, m.ffn_size(), m.vocab_size, m.num_labels, m.num_parameters() / 1e6);
-  return fmt::format("gpt2 ({} layers, {} heads, {} dims, vocab {}; {:.2f}M parameters)", m.n_layer, m.n_head,
-                     m.n_embd, m.vocab_size, m.num_parameters() / 1e6);
+  // Decoders: the family's name; key/value heads where they are fewer (grouped-query attention).
+  const std::string kv =
+      m.n_kv_head > 0 && m.n_kv_head != m.n_head ? fmt::format(" ({} key/value)", m.n_kv_head) : "";
+  return fmt::format("{} ({} layers, {} heads{}, {} dims, vocab {}; {:.2f}M parameters)", m.family, m.n_layer,
+                     m.n_head, kv, m.n_embd, m.vocab_size, m.num_parameters() / 1e6);
 }
 
 // --- a data-parallel job (--num_gpus, --num_nodes) -----------------------------------------------------

@@ -71,6 +71,15 @@ TEST(EstimateGpu, WithoutAGpuTheTypicalOverheadIsAssumed) {
   EXPECT_TRUE(j.at("budget_bytes").is_null());
 }
 
+// The first line names the model's family and its grouped-query attention.
+TEST(EstimateGpu, NamesTheFamily) {
+  const test::CommandResult r = test::run_anvil("estimate --model llama-tiny --device cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Memory estimate for training llama (4 layers, 4 heads (2 key/value), 128 dims"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(EstimateGpu, BadGpuFlags) {
   test::TempDir dir;
   const std::string cfg = small_config(dir);
