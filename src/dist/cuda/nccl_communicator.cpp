@@ -12,7 +12,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -60,6 +64,50 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::Max ? ncclMax : ncclSum;
 }
 
+// NCCL's start-up calls block until every rank has joined, and a rank that never comes (it died before, or
+// hangs) would keep the others there forever, before the job's watchdog (watchdog.hpp) exists. This guard
+// ends the process after the timeout with an error naming the rank and the call, as the watchdog does for
+// steps (std::_Exit: the blocked NCCL call cannot be unwound); the launcher then stops the other ranks.
+class StartupGuard {
+ public:
+  StartupGuard(int rank, int world, std::chrono::milliseconds timeout) {
+    thread_ = std::thread([this, rank, world, timeout] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (wake_.wait_for(lock, timeout, [this] { return done_; })) return;
+      std::fprintf(
+          stderr,
+          "error: rank %d of %d: NCCL start-up (%s) did not complete within %.0f s: another rank has "
+          "not started, has exited or hangs (see its output); raise ddp_timeout if the job is just "
+          "slow to start\n",
+          rank, world, step_, double(timeout.count()) / 1000.0);
+      std::fflush(stderr);
+      std::_Exit(1);
+    });
+  }
+  ~StartupGuard() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  StartupGuard(const StartupGuard&) = delete;
+  StartupGuard& operator=(const StartupGuard&) = delete;
+  // The call in progress (a string literal), for the message.
+  void at(const char* step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    step_ = step;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  const char* step_ = "ncclCommInitRank";
+  std::thread thread_;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const DistEnv& env, Device& dev, Store& store, std::chrono::milliseconds timeout)
@@ -76,8 +124,12 @@ class NcclCommunicator final : public Communicator {
                     got.size(), sizeof(id));
       std::memcpy(&id, got.data(), sizeof(id));
     }
-    ANVIL_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_), "start-up (ncclCommInitRank)");
-    ANVIL_NCCL_CHECK(ncclCommSplit(comm_, 0, rank_, &host_comm_, nullptr), "start-up (ncclCommSplit)");
+    {
+      StartupGuard guard(rank_, world_, timeout);
+      ANVIL_NCCL_CHECK(ncclCommInitRank(&comm_, world_, id, rank_), "start-up (ncclCommInitRank)");
+      guard.at("ncclCommSplit");
+      ANVIL_NCCL_CHECK(ncclCommSplit(comm_, 0, rank_, &host_comm_, nullptr), "start-up (ncclCommSplit)");
+    }
     // Communication first when both are ready: the backward's next kernels can wait, a bucket cannot.
     int least = 0, greatest = 0;
     ANVIL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
