@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 namespace anvil {
 
@@ -45,6 +46,14 @@ void ProgressLog::step_done(int64_t step, const StepResult& r, Clock::time_point
     log(step, r, step_time, elapsed);
 }
 
+namespace {
+// "33", or "0.4" below 10 ms (a small model's collectives take well under a millisecond).
+std::string milliseconds_text(double seconds) {
+  const double ms = 1e3 * seconds;
+  return ms < 10 ? fmt::format("{:.1f}", ms) : fmt::format("{:.0f}", ms);
+}
+}  // namespace
+
 void ProgressLog::log(int64_t step, const StepResult& r, double step_time, double elapsed) {
   const size_t peak_mem = peak_memory();
   const double tps = double(r.tokens) / step_time;
@@ -52,10 +61,10 @@ void ProgressLog::log(int64_t step, const StepResult& r, double step_time, doubl
   const double mfu = peak_.flops > 0 ? r.flops / step_time / (peak_.flops * world_size_) : -1;
   const std::string mfu_text = mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * mfu) : "";
   // Several processes: this rank's communication, and the part compute waited for.
-  const std::string comm_text = r.comm_seconds >= 0
-                                    ? fmt::format(" | comm {:.0f} ms ({:.0f} exposed)", 1e3 * r.comm_seconds,
-                                                  1e3 * r.comm_exposed_seconds)
-                                    : "";
+  const std::string comm_text =
+      r.comm_seconds >= 0 ? fmt::format(" | comm {} ms ({} exposed)", milliseconds_text(r.comm_seconds),
+                                        milliseconds_text(r.comm_exposed_seconds))
+                          : "";
   const std::string scale_text =
       scaler_ ? fmt::format(" | scale {} | skipped {}", format_loss_scale(scaler_->scale()),
                             scaler_->skipped_steps())
