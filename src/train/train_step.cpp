@@ -64,6 +64,9 @@ StepResult TrainStep::run(int64_t step, StepInstruments& instruments) {
   if (cur_.inject) inject_overflow();
   const bool skipped = !cur_.whole && tail();
   dev_.synchronize();
+  // ZeRO-3: the update changed the weights the slots were gathered from. (A step replayed from a CUDA graph
+  // runs none of the store's host code, so this is said here, where every step passes.)
+  model_.param_store().forget_gathered();
   return end(skipped);
 }
 
