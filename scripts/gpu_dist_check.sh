@@ -8,7 +8,8 @@
 #   two "nodes" of one GPU each (anvil launch --nnodes 2, twice): the same weights as 2 GPUs of one node
 #   ZeRO stages 1-3 on 2 GPUs, bf16 with stochastic rounding and bf16 AdamW moments, whole-step graphs
 #   and accumulation (8-bit AdamW): the loss curve and checkpoint weights of stage 0 (stage 1 bit for bit);
-#   ZeRO-2 and ZeRO-3 checkpoints resumed on 2 GPUs bit for bit, ZeRO-2's on 1 GPU (stage 0) within 1e-4
+#   ZeRO-2 and ZeRO-3 checkpoints resumed on 2 GPUs bit for bit, ZeRO-2's on 1 GPU (stage 0) within 1e-4;
+#   ZeRO-3 evaluations between graph-replayed steps equal to those between eager steps
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 # Keeps NCCL_NVLS_ENABLE as the environment sets it. Logs in $OUT (or runs/gpu_dist_check). DEVICE=cpu runs
 # the same checks on CPU processes (Gloo), to try the script without GPUs.
@@ -57,6 +58,12 @@ run zero_res3 launch2 train --config "$W/base.json" "${zb[@]}" --per_device_trai
 run zero_res1 "$A" train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 8 --zero_stage 0 \
   --output_dir "$W/zero_res1" --resume_from_checkpoint "$W/zero2/checkpoint-10"
 # Two nodes of one GPU each, as two process groups of this machine (the same output_dir: ranks must agree).
+# ZeRO-3 evaluations between steps replayed from CUDA graphs equal those between eager steps (the gathered
+# weights must be forgotten after each update, also when no host code of the step ran).
+for g in true false; do
+  run "zero3_eval_$g" launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --zero_stage 3 \
+    --val_data "$W/data/val.bin" --eval_steps 5 --max_eval_batches 4 --cuda_graphs "$g" --output_dir "$W/zero3_eval_$g"
+done
 port=$((29600 + RANDOM % 1000))
 node() {
   CUDA_VISIBLE_DEVICES=$1 "$A" launch --nnodes 2 --node_rank "$1" --nproc_per_node 1 --master_port "$port" \
@@ -119,6 +126,13 @@ full3, same3 = losses("zero3"), losses("zero_res3")
 check("ZeRO-3 resume on 2 GPUs", same3 == full3[10:] and len(same3) == 10, f"{len(same3)} steps")
 worst = max(abs(x - y) / abs(x) for x, y in zip(full[10:], one)) if len(one) == 10 else float("inf")
 check("ZeRO-2 resume on 1 GPU (stage 0)", worst < 1e-4, f"loss max relative difference {worst:.2e}")
+def evals(d):
+    try:
+        return [json.loads(l)["eval_loss"] for l in open(f"{W}/{d}/metrics.jsonl") if '"eval_loss"' in l]
+    except FileNotFoundError:
+        return []
+a, b = evals("zero3_eval_true"), evals("zero3_eval_false")
+check("ZeRO-3 evaluations, graphs vs eager", len(a) == 4 and a == b, f"{a} vs {b}")
 sys.exit(1 if bad else 0)
 P
 [ "$failures" -eq 0 ] && echo "gpu_dist_check: all checks passed" || echo "gpu_dist_check: $failures failure(s)"
