@@ -13,10 +13,6 @@ namespace {
 
 using Part = StepGraphs::Part;
 
-uint64_t rounding_seed(uint64_t seed, int64_t step) {
-  return TrainStep::weight_cast_seed(seed, step);
-}
-
 // The dropout seed of a step: another stream of the run's seed than the rounding seeds'.
 uint64_t dropout_seed(uint64_t seed, int64_t step) {
   return Rng(~seed ^ (uint64_t(step) * 0xd1b54a32d192ed03ull)).next_u64();
@@ -265,7 +261,7 @@ void TrainStep::update_part() {
 void TrainStep::write_values() {
   StepValues& values = e_.step_values_host();
   e_.optimizer().fill_step_values(float(cur_.lr), cur_.opt_step, values);
-  values.cast_seed = cfg_.stochastic_rounding ? rounding_seed(cfg_.seed, cur_.step + 1) : 0;
+  values.cast_seed = cfg_.stochastic_rounding ? weight_cast_seed(cfg_.seed, cur_.step + 1) : 0;
   // ZeRO: the shard's elements draw the rounding bits one process draws for them (the optimizer's own
   // seeds are its shard's already).
   if (zero_) values.cast_seed = shard_rounding_seed(values.cast_seed, zero_->shard().begin);
