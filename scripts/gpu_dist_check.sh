@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # On a machine with 2 or more GPUs: data parallelism on CUDA (NCCL) against one GPU, the GPU side of the
-# CPU tests in tests/unit/data_parallel_test.cpp. Prints one PASS/FAIL line per check and exits non-zero on
-# any failure:
-#   fp32, SGD, 20 steps: 2 GPUs x micro-batch 4 vs 1 GPU x 8: weights within 1e-6 relative
+# CPU tests in tests/unit/data_parallel_test.cpp. NPROC=4 runs every multi-GPU check on 4 GPUs (2 by
+# default; the global batch is 8 sequences on any world size). Prints one PASS/FAIL line per check and
+# exits non-zero on any failure:
+#   fp32, SGD, 20 steps: N GPUs x micro-batch 8/N vs 1 GPU x 8: weights within 1e-6 relative
 #   bf16, AdamW, CUDA graphs (the whole step one graph): loss curves within 1e-4 relative
 #   bf16, AdamW, gradient accumulation 2 (a graph per micro-batch): loss curves within 1e-4 relative
-#   two "nodes" of one GPU each (anvil launch --nnodes 2, twice): the same weights as 2 GPUs of one node
-#   ZeRO stages 1-3 on 2 GPUs, bf16 with stochastic rounding and bf16 AdamW moments, whole-step graphs
+#   two "nodes" of N/2 GPUs each (anvil launch --nnodes 2, twice): the same weights as N GPUs of one node
+#   ZeRO stages 1-3 on N GPUs, bf16 with stochastic rounding and bf16 AdamW moments, whole-step graphs
 #   and accumulation (8-bit AdamW): the loss curve and checkpoint weights of stage 0 (stage 1 bit for bit);
-#   ZeRO-2 and ZeRO-3 checkpoints resumed on 2 GPUs bit for bit, ZeRO-2's on 1 GPU (stage 0) within 1e-4;
+#   ZeRO-2 and ZeRO-3 checkpoints resumed on N GPUs bit for bit, ZeRO-2's on 1 GPU (stage 0) within 1e-4,
+#   with N > 2 ZeRO-3's on 2 GPUs within 1e-4;
 #   ZeRO-3 evaluations between graph-replayed steps equal to those between eager steps
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 # Keeps NCCL_NVLS_ENABLE as the environment sets it. Logs in $OUT (or runs/gpu_dist_check). DEVICE=cpu runs
 # the same checks on CPU processes (Gloo), to try the script without GPUs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+np=${NPROC:-2}
+case $np in 2 | 4) ;; *) echo "NPROC must be 2 or 4 (the global batch of 8 sequences splits evenly)"; exit 2 ;; esac
+mb=$((8 / np))           # micro-batch per GPU without accumulation
+mba=$((4 / np))          # with gradient accumulation 2
 out=${OUT:-runs/gpu_dist_check}
 mkdir -p "$out"
 source scripts/gpu_env.sh
@@ -37,47 +43,52 @@ run() {  # name, then the command's arguments
     echo "FAIL $name: exited non-zero (log: $out/$name.log)"; tail -5 "$out/$name.log"; failures=$((failures + 1))
   fi
 }
+launchN() { "$A" launch --nproc_per_node "$np" --master_port 0 "$@"; }
 launch2() { "$A" launch --nproc_per_node 2 --master_port 0 "$@"; }
 run one_sgd "$A" train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size 8 --output_dir "$W/one_sgd"
-run two_sgd launch2 train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size 4 --output_dir "$W/two_sgd"
+run two_sgd launchN train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size $mb --output_dir "$W/two_sgd"
 run one_bf16 "$A" train --config "$W/base.json" --bf16 true --per_device_train_batch_size 8 --output_dir "$W/one_bf16"
-run two_bf16 launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --output_dir "$W/two_bf16"
+run two_bf16 launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mb --output_dir "$W/two_bf16"
 run one_acc "$A" train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --output_dir "$W/one_acc"
-run two_acc launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --output_dir "$W/two_acc"
+run two_acc launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mba --gradient_accumulation_steps 2 --output_dir "$W/two_acc"
 zb=(--bf16 true --stochastic_rounding true --adamw_bf16_moments true)
 for s in 0 1 2 3; do
-  run "zero$s" launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage "$s" --output_dir "$W/zero$s"
-  run "zero_acc$s" launch2 train --config "$W/base.json" --bf16 true --stochastic_rounding true \
-    --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --zero_stage "$s" --optim adamw_8bit \
+  run "zero$s" launchN train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size $mb --zero_stage "$s" --output_dir "$W/zero$s"
+  run "zero_acc$s" launchN train --config "$W/base.json" --bf16 true --stochastic_rounding true \
+    --per_device_train_batch_size $mba --gradient_accumulation_steps 2 --zero_stage "$s" --optim adamw_8bit \
     --output_dir "$W/zero_acc$s"
 done
-run zero_res2 launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage 2 --output_dir "$W/zero_res2" \
+run zero_res2 launchN train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size $mb --zero_stage 2 --output_dir "$W/zero_res2" \
   --resume_from_checkpoint "$W/zero2/checkpoint-10"
-run zero_res3 launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 --zero_stage 3 --output_dir "$W/zero_res3" \
+run zero_res3 launchN train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size $mb --zero_stage 3 --output_dir "$W/zero_res3" \
   --resume_from_checkpoint "$W/zero3/checkpoint-10"
 run zero_res1 "$A" train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 8 --zero_stage 0 \
   --output_dir "$W/zero_res1" --resume_from_checkpoint "$W/zero2/checkpoint-10"
-# Two nodes of one GPU each, as two process groups of this machine (the same output_dir: ranks must agree).
+[ "$np" -gt 2 ] && run zero_res3_2 launch2 train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size 4 \
+  --zero_stage 3 --output_dir "$W/zero_res3_2" --resume_from_checkpoint "$W/zero3/checkpoint-10"
+# Two nodes of N/2 GPUs each, as two process groups of this machine (the same output_dir: ranks must agree).
 # ZeRO-3 evaluations between steps replayed from CUDA graphs equal those between eager steps (the gathered
 # weights must be forgotten after each update, also when no host code of the step ran).
 for g in true false; do
-  run "zero3_eval_$g" launch2 train --config "$W/base.json" --bf16 true --per_device_train_batch_size 4 --zero_stage 3 \
+  run "zero3_eval_$g" launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mb --zero_stage 3 \
     --val_data "$W/data/val.bin" --eval_steps 5 --max_eval_batches 4 --cuda_graphs "$g" --output_dir "$W/zero3_eval_$g"
 done
 port=$((29600 + RANDOM % 1000))
-node() {
-  CUDA_VISIBLE_DEVICES=$1 "$A" launch --nnodes 2 --node_rank "$1" --nproc_per_node 1 --master_port "$port" \
-    train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size 4 --output_dir "$W/nodes"
+node() {  # node rank; its GPUs are the node's half of the machine's first N
+  local half=$((np / 2)) gpus
+  gpus=$(seq -s, $(($1 * half)) $(($1 * half + half - 1)))
+  CUDA_VISIBLE_DEVICES=$gpus "$A" launch --nnodes 2 --node_rank "$1" --nproc_per_node "$half" --master_port "$port" \
+    train --config "$W/base.json" --optim sgd --learning_rate 0.3 --per_device_train_batch_size $mb --output_dir "$W/nodes"
 }
 node 1 > "$out/node1.log" 2>&1 &
 n1=$!
 run node0 node 0
 wait "$n1" || { echo "FAIL node1: exited non-zero (log: $out/node1.log)"; failures=$((failures + 1)); }
-python3 - "$W" <<'P' || failures=$((failures + 1))
+python3 - "$W" "$np" <<'P' || failures=$((failures + 1))
 import json, sys
 import numpy as np
 from safetensors.numpy import load_file
-W = sys.argv[1]
+W, N = sys.argv[1], int(sys.argv[2])
 bad = 0
 def weights_rel(a, b):  # inf when a run failed (already reported above)
     try:
@@ -95,13 +106,16 @@ def check(name, ok, detail):
     print(("PASS" if ok else "FAIL"), name, detail)
     bad += not ok
 r = weights_rel("one_sgd", "two_sgd")
-check("fp32 SGD weights, 2 GPUs vs 1", r < 1e-6, f"max relative difference {r:.2e}")
+check(f"fp32 SGD weights, {N} GPUs vs 1", r < 1e-6, f"max relative difference {r:.2e}")
 for one, two, what in [("one_bf16", "two_bf16", "bf16 whole-step graphs"), ("one_acc", "two_acc", "bf16 accumulation")]:
     a, b = losses(one), losses(two)
     worst = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == 20 else float("inf")
-    s = json.load(open(f"{W}/{two}/summary.json"))
-    check(f"{what} loss curve, 2 GPUs vs 1", worst < 1e-4 and s.get("world_size") == 2,
-          f"max relative difference {worst:.2e}, graphs {s['cuda_graphs']}")
+    try:
+        s = json.load(open(f"{W}/{two}/summary.json"))
+    except FileNotFoundError:
+        s = {}
+    check(f"{what} loss curve, {N} GPUs vs 1", worst < 1e-4 and s.get("world_size") == N,
+          f"max relative difference {worst:.2e}, graphs {s.get('cuda_graphs')}")
 r = weights_rel("two_sgd", "nodes")
 check("two nodes vs one node (fp32 SGD weights)", r < 1e-6, f"max relative difference {r:.2e}")
 for prefix, what in [("zero", "bf16 graphs"), ("zero_acc", "8-bit AdamW, accumulation")]:
@@ -121,11 +135,15 @@ for prefix, what in [("zero", "bf16 graphs"), ("zero_acc", "8-bit AdamW, accumul
               f"loss max relative difference {worst:.2e}, weights {r:.2e}")
 full = losses("zero2")
 same, one = losses("zero_res2"), losses("zero_res1")
-check("ZeRO-2 resume on 2 GPUs", same == full[10:], f"{len(same)} steps")
+check(f"ZeRO-2 resume on {N} GPUs", same == full[10:] and len(same) == 10, f"{len(same)} steps")
 full3, same3 = losses("zero3"), losses("zero_res3")
-check("ZeRO-3 resume on 2 GPUs", same3 == full3[10:] and len(same3) == 10, f"{len(same3)} steps")
+check(f"ZeRO-3 resume on {N} GPUs", same3 == full3[10:] and len(same3) == 10, f"{len(same3)} steps")
 worst = max(abs(x - y) / abs(x) for x, y in zip(full[10:], one)) if len(one) == 10 else float("inf")
 check("ZeRO-2 resume on 1 GPU (stage 0)", worst < 1e-4, f"loss max relative difference {worst:.2e}")
+if N > 2:
+    two3 = losses("zero_res3_2")
+    worst = max(abs(x - y) / abs(x) for x, y in zip(full3[10:], two3)) if len(two3) == 10 else float("inf")
+    check(f"ZeRO-3 resume of {N} GPUs on 2", worst < 1e-4, f"loss max relative difference {worst:.2e}")
 def evals(d):
     try:
         return [json.loads(l)["eval_loss"] for l in open(f"{W}/{d}/metrics.jsonl") if '"eval_loss"' in l]
