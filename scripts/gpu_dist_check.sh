@@ -130,7 +130,10 @@ for prefix, what in [("zero", "bf16 graphs"), ("zero_acc", "8-bit AdamW, accumul
         # reduce each unit per micro-batch: with accumulation the sums round in another order, and AdamW
         # turns that noise on gradients that are zero in exact arithmetic (the attention key bias) into
         # lr-sized steps, so the accumulation runs are compared by their loss curve, as the issue says.
-        wlimit = 1e-6 if s == 1 else float("inf") if prefix == "zero_acc" else 1e-3
+        # The same holds on more than 2 GPUs without accumulation: NCCL's reduce-scatter and all-reduce
+        # sum 4 ranks in different orders (measured on 4 H200s: the key bias 0.14 relative, the rest
+        # within 2.3e-3, loss curves within 1.7e-5).
+        wlimit = 1e-6 if s == 1 else float("inf") if prefix == "zero_acc" or N > 2 else 1e-3
         check(f"ZeRO-{s} vs stage 0 ({what})", worst <= limit and r <= wlimit,
               f"loss max relative difference {worst:.2e}, weights {r:.2e}")
 full = losses("zero2")
