@@ -10,8 +10,10 @@ default anvil,anvil_1gpu,fsdp2,fsdp2_noreshard,ddp,compile_1gpu), each on --npro
 
   anvil            `anvil launch --nproc_per_node N --master_port P train <decoder_speed.py's flags>
                    --deepspeed ds.json` with {"zero_optimization": {"stage": S}} for each stage of
-                   --anvil_stages (0,1,2,3). A stage the build refuses is recorded as "not supported by this
-                   build" with Anvil's error, not as a failure.
+                   --anvil_stages (0,1,2,3), and "communication_data_type" for each type of --anvil_comm
+                   other than "" (the gradients' own, fp32: the default; "bf16" halves the bytes reduced;
+                   its rows read "anvil zero S, bf16 comm"). A stage the build refuses is recorded as "not
+                   supported by this build" with Anvil's error, not as a failure.
   ddp              bench/benchlib/torch_distributed_reference.py under torchrun: the shared reference's model
                    and step (transformers model, padded vocabulary, SDPA, loss inside the compiled code,
                    AdamW(fused=True), clipping at 1.0, data on the device, no host synchronisation in the timed
@@ -131,10 +133,10 @@ class Job:
     baseline), whose batches are searched. `label` names its rows: anvil_zero<S>, ddp, fsdp2...; the
     baselines anvil and compile."""
 
-    def __init__(self, model, system, nproc, stage=None):
-        self.model, self.system, self.nproc, self.stage = model, system, nproc, stage
+    def __init__(self, model, system, nproc, stage=None, comm=""):
+        self.model, self.system, self.nproc, self.stage, self.comm = model, system, nproc, stage, comm
         if system == "anvil":
-            self.label, self.kind = f"anvil_zero{stage}", "anvil"
+            self.label, self.kind = f"anvil_zero{stage}" + (f"_{comm}comm" if comm else ""), "anvil"
         elif system in BASELINES:
             self.label = BASELINES[system]
             self.kind = "anvil" if system == "anvil_1gpu" else "compile"
@@ -155,7 +157,7 @@ def jobs_of(args):
                 continue
             for n in args.nproc_list:
                 if system == "anvil":
-                    out += [Job(model, system, n, s) for s in args.stage_list]
+                    out += [Job(model, system, n, s, c) for s in args.stage_list for c in args.comm_list]
                 else:
                     out.append(Job(model, system, n))
     return out
@@ -174,10 +176,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def deepspeed_config(workdir, stage):
-    path = Path(workdir) / f"ds_zero{stage}.json"
+def deepspeed_config(workdir, stage, comm=""):
+    path = Path(workdir) / (f"ds_zero{stage}" + (f"_{comm}comm" if comm else "") + ".json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"zero_optimization": {"stage": stage}}) + "\n")
+    ds = {"zero_optimization": {"stage": stage}}
+    if comm:
+        ds["communication_data_type"] = comm
+    path.write_text(json.dumps(ds) + "\n")
     return path
 
 
@@ -192,7 +197,7 @@ def prepare(args, job, batch):
         flags = anvil_flags(m, batch, seq, steps, args.peak_flops, args.workdir)
         launch, note = None, "plain anvil train on one GPU"
         if job.system == "anvil":
-            ds = deepspeed_config(args.workdir, job.stage)
+            ds = deepspeed_config(args.workdir, job.stage, job.comm)
             flags += ["--deepspeed", ds]
             launch = ["--nproc_per_node", job.nproc, "--master_port", args.master_port or free_port()]
             note = f"{ds}: {ds.read_text().strip()}".replace("\n", " ")
@@ -231,6 +236,8 @@ def run_one(args, meter, job, batch, timeout):
         args.seq_of(job.model)
     if job.stage is not None:
         r["zero_stage"] = job.stage
+        if job.comm:
+            r["communication_data_type"] = job.comm
     r["machine"] = args.machine
     if job.kind == "anvil":
         summary = r.pop("summary", None) or {}
@@ -322,7 +329,8 @@ def gib(b):
 
 def row_name(r):
     if r["label"].startswith("anvil_zero"):
-        return f"anvil zero {r['zero_stage']}"
+        comm = r.get("communication_data_type")
+        return f"anvil zero {r['zero_stage']}" + (f", {comm} comm" if comm else "")
     return r["label"]
 
 
@@ -386,7 +394,7 @@ def report(parts, args):
             rows = [r for k in keys_n for r in ok_runs(k)]
             seq = rows[0]["seq"] if rows else args_seq(st, model)
             lines.append(f"\n{mdl.label}, sequence {seq}, {n} GPUs:")
-            lines.append(f"  {'system':16} {'batch':>5} {'tok/s/GPU':>10} {'ms/step':>8} {'MFU':>6} "
+            lines.append(f"  {'system':24} {'batch':>5} {'tok/s/GPU':>10} {'ms/step':>8} {'MFU':>6} "
                          f"{'peak/GPU':>9} {'own':>8} {'scaling':>8}  memory levels")
             anvil_rows = [r for r in rows if r["label"].startswith("anvil_zero")]
             torch_rows = [r for r in rows if not r["label"].startswith("anvil_zero")]
@@ -421,7 +429,7 @@ def report(parts, args):
                                         "value": ratio, "met": bool(ratio and ratio >= SPEED_TARGET),
                                         "anvil": r["best_anvil_at_or_below_memory"]})
                 sc = f"{100 * r['scaling']:.1f}%" if r["scaling"] else "-"
-                lines.append(f"  {row_name(r):16} {r['batch']:5d} {r['tokens_per_second_per_gpu']:10.0f} "
+                lines.append(f"  {row_name(r):24} {r['batch']:5d} {r['tokens_per_second_per_gpu']:10.0f} "
                              f"{r['ms_per_step']:8.1f} {100 * r['mfu']:5.1f}% {gib(mem):7.2f} G "
                              f"{gib(r.get('own_peak_bytes')):6.2f} G {sc:>8}  {r['memory_note']}"
                              + (f"  [{r['warning']}]" if r.get("warning") else ""))
@@ -434,7 +442,7 @@ def report(parts, args):
                 if not ok_runs(k) and runs.get(k):
                     errs = "; ".join(f"B{a['batch']}: {a['error'][:150]}" for a in runs[k])
                     name = k.split("/")[1].replace("anvil_zero", "anvil zero ")
-                    lines.append(f"  {name:16} no batch ran: {errs}")
+                    lines.append(f"  {name:24} no batch ran: {errs}")
                     if all(a.get("unsupported") for a in runs[k]):
                         md.append(f"| {mdl.label} | {n} | {name} | - | not supported by this build | - | - | - |")
             for r in anvil_rows:
@@ -447,7 +455,7 @@ def report(parts, args):
         if one:
             lines.append(f"\n{mdl.label}, one GPU of the same machine (the scaling baselines):")
             for r in one:
-                lines.append(f"  {r['label']:16} {r['batch']:5d} {r['tokens_per_second']:10.0f} {r['ms_per_step']:8.1f} "
+                lines.append(f"  {r['label']:24} {r['batch']:5d} {r['tokens_per_second']:10.0f} {r['ms_per_step']:8.1f} "
                              f"{100 * r['mfu']:5.1f}% {gib(r.get('nvml_peak_bytes')):7.2f} G "
                              f"{gib(r.get('own_peak_bytes')):6.2f} G")
                 results.append({"model": model, "nproc": 1, **{k: v for k, v in r.items() if k != "process"}})
@@ -456,7 +464,7 @@ def report(parts, args):
         for lab in ("anvil", "compile"):
             k = f"{model}/{lab}/1gpu"
             if runs.get(k) and not ok_runs(k):
-                lines.append(f"  {lab:16} (1 GPU) no batch ran: "
+                lines.append(f"  {lab:24} (1 GPU) no batch ran: "
                              + "; ".join(f"B{a['batch']}: {a['error'][:150]}" for a in runs[k]))
     if targets:
         lines.append("\nTargets (issue 29):")
@@ -501,6 +509,9 @@ def main():
     ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                     help=f"comma-separated, run in this order, from {','.join(SYSTEMS)}")
     ap.add_argument("--anvil_stages", default="0,1,2,3", help="ZeRO stages of the anvil system")
+    ap.add_argument("--anvil_comm", default="",
+                    help="communication_data_type of the anvil runs, comma-separated (e.g. ',bf16': the "
+                         "gradients' own type and bf16); empty: the gradients' own")
     ap.add_argument("--nproc", default="2", help="GPUs per multi-GPU run, comma-separated (e.g. 2,4); 'all': "
                                                 "every GPU of the machine")
     ap.add_argument("--batches", default="",
@@ -542,6 +553,9 @@ def main():
         ap.error("--anvil_stages: comma-separated integers 0..3")
     if set(args.stage_list) - {0, 1, 2, 3}:
         ap.error("--anvil_stages: stages 0..3")
+    args.comm_list = [c for c in args.anvil_comm.split(",")] if args.anvil_comm else [""]
+    if set(args.comm_list) - {"", "fp32", "bf16", "fp16"}:
+        ap.error("--anvil_comm: comma-separated fp32, bf16, fp16 (or empty for the gradients' own type)")
     override = [int(b) for b in args.batches.split(",") if b]
     args.batch_list = lambda m: sorted(override or DEFAULT_BATCHES.get(m, MODELS[m].batches), reverse=True)
     args.seq_of = lambda m: args.seq or MODELS[m].seq
@@ -575,7 +589,7 @@ def main():
               "settings": {"seq": {m: args.seq_of(m) for m in args.model_list}, "steps": args.steps,
                            "warmup": args.warmup, "peak_flops": args.peak_flops, "search": args.search,
                            "anvil": args.anvil, "batches": {m: args.batch_list(m) for m in args.model_list},
-                           "nproc": args.nproc_list, "anvil_stages": args.stage_list,
+                           "nproc": args.nproc_list, "anvil_stages": args.stage_list, "anvil_comm": args.comm_list,
                            "ddp_bucket_mb": args.ddp_bucket_mb, "ddp_static_graph": args.ddp_static_graph,
                            "fsdp2_autocast": args.fsdp2_autocast, "nccl_nvls_enable": "0"},
               "runs": {}, "done": [], "not_run": []}

@@ -12,6 +12,9 @@
 #   ZeRO-2 and ZeRO-3 checkpoints resumed on N GPUs bit for bit, ZeRO-2's on 1 GPU (stage 0) within 1e-4,
 #   with N > 2 ZeRO-3's on 2 GPUs within 1e-4;
 #   ZeRO-3 evaluations between graph-replayed steps equal to those between eager steps
+#   communication_data_type bf16 (fp32 gradients reduced in bf16), stages 0, 2, 3: within 1e-3 of the fp32
+#   reduction's loss curve, the stages within 1e-4 of one another
+#   --profile_steps on N GPUs: one joined trace with every rank's tracks, collectives and waits
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 # Keeps NCCL_NVLS_ENABLE as the environment sets it. Logs in $OUT (or runs/gpu_dist_check). DEVICE=cpu runs
 # the same checks on CPU processes (Gloo), to try the script without GPUs.
@@ -73,6 +76,12 @@ for g in true false; do
   run "zero3_eval_$g" launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mb --zero_stage 3 \
     --val_data "$W/data/val.bin" --eval_steps 5 --max_eval_batches 4 --cuda_graphs "$g" --output_dir "$W/zero3_eval_$g"
 done
+for s in 0 2 3; do
+  run "comm$s" launchN train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size $mb --zero_stage "$s" \
+    --communication_data_type bf16 --output_dir "$W/comm$s"
+done
+run profile launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mb --zero_stage 3 \
+  --max_steps 5 --profile_steps 3:4 --output_dir "$W/profile"
 port=$((29600 + RANDOM % 1000))
 node() {  # node rank; its GPUs are the node's half of the machine's first N
   local half=$((np / 2)) gpus
@@ -154,6 +163,24 @@ def evals(d):
         return []
 a, b = evals("zero3_eval_true"), evals("zero3_eval_false")
 check("ZeRO-3 evaluations, graphs vs eager", len(a) == 4 and a == b, f"{a} vs {b}")
+def rel_curve(x, y):
+    return max(abs(p - q) / abs(p) for p, q in zip(x, y)) if len(x) == len(y) == 20 else float("inf")
+ref, c0 = losses("zero0"), losses("comm0")
+check("bf16 communication vs fp32 (stage 0)", 0 < rel_curve(ref, c0) < 1e-3, f"loss max relative difference {rel_curve(ref, c0):.2e}")
+for s in (2, 3):
+    r = rel_curve(c0, losses(f"comm{s}"))
+    check(f"bf16 communication, ZeRO-{s} vs stage 0", r < 1e-4, f"loss max relative difference {r:.2e}")
+try:
+    trace = json.load(open(f"{W}/profile/profile_steps_3-4.json"))
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"}
+    per_rank = [sum(1 for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == 2 * r and e["cat"] == "communication")
+                for r in range(N)]
+    waits = [sum(1 for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == 2 * r and e["cat"] == "exposed communication")
+             for r in range(N)]
+    ok = all(f"rank {r}: steps" in names and f"rank {r}: kernels" in names for r in range(N)) and min(per_rank) > 0
+    check(f"profile of {N} GPUs: one trace, every rank's tracks", ok, f"collectives per rank {per_rank}, waits {waits}")
+except (FileNotFoundError, ValueError, KeyError) as e:
+    check(f"profile of {N} GPUs: one trace, every rank's tracks", False, repr(e))
 sys.exit(1 if bad else 0)
 P
 [ "$failures" -eq 0 ] && echo "gpu_dist_check: all checks passed" || echo "gpu_dist_check: $failures failure(s)"

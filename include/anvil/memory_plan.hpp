@@ -9,9 +9,9 @@
 namespace anvil {
 
 // Saved activations are what backward reads; recompute buffers hold one checkpointed block's
-// activations while it is re-run before its backward. Master weights (a higher-precision copy of
-// low-precision weights) and communication buffers (gradient buckets) are empty in this version: the
-// categories exist so that mixed precision and multi-GPU plans slot in.
+// activations while it is re-run before its backward. Master weights are the fp32 copy of 16-bit weights;
+// communication buffers hold the gradients in the type they are reduced in across processes, when it is
+// not theirs (communication_data_type).
 enum class MemoryCategory {
   Weights,
   MasterWeights,

@@ -65,6 +65,9 @@ struct TrainConfig {
   // ddp_bucket_cap_mb, the size of the gradient buckets reduced while backward runs.
   int ddp_timeout = 1800;
   double ddp_bucket_cap_mb = 25;
+  // The type gradients are reduced in across processes (DeepSpeed's communication_data_type): "" the
+  // gradient type (grad_accum_dtype), or fp32 / bf16 / fp16; accumulation stays in grad_accum_dtype.
+  std::string communication_data_type;
   // ZeRO stage (docs/distributed.md): 0 every rank keeps everything; 1 each rank keeps its shard of the
   // fp32 master weights and optimizer state; 2 also of the reduced gradients; 3 also of the weights
   // (gathered unit by unit). DeepSpeed's zero_optimization.stage.

@@ -36,11 +36,22 @@ struct DistEnv;
 
 enum class ReduceOp { Sum, Max };
 
+// One collective of a timed step, or one wait of compute for collectives (the profiler's communication
+// tracks): milliseconds from the step's timing origin (begin_timing: a stamp on the compute stream, NCCL; the
+// host clock, Gloo).
+struct CommSpan {
+  const char* name = "";  // the collective ("all_reduce", "reduce_scatter_v", ...); waits: "wait"
+  double begin_ms = 0, end_ms = 0;
+  bool wait = false;  // compute waiting for communication (exposed time), not a collective
+  size_t bytes = 0;   // a collective's buffer on this rank
+};
+
 // What a step's device collectives cost this rank (Communicator::end_timing).
 struct CommTimes {
-  double busy_seconds = 0;     // the collectives' own running time, summed
-  double exposed_seconds = 0;  // the part compute waited for (not overlapped with it)
-  int64_t collectives = 0;     // how many were timed
+  double busy_seconds = 0;      // the collectives' own running time, summed
+  double exposed_seconds = 0;   // the part compute waited for (not overlapped with it)
+  int64_t collectives = 0;      // how many were timed
+  std::vector<CommSpan> spans;  // each collective and wait, when begin_timing asked for them
 };
 
 class Communicator {
@@ -98,8 +109,9 @@ class Communicator {
   // begin_timing() before the step queues anything, end_timing() after its final synchronisation. NCCL
   // stamps the device clock around each collective on its stream and around each wait of compute for one
   // (so a step replayed from a CUDA graph is timed too); the CPU backends run collectives on the calling
-  // thread, all of it exposed. The single-process communicator has none.
-  virtual void begin_timing() {}
+  // thread, all of it exposed. The single-process communicator has none. With `spans` (profiled steps)
+  // end_timing also lists each collective and wait, in order.
+  virtual void begin_timing(bool /*spans*/ = false) {}
   virtual CommTimes end_timing() { return {}; }
 };
 

@@ -178,6 +178,13 @@ void dispatch_reduce(const char* collective, DType dtype, ReduceOp op, F&& f) {
   }
 }
 
+// The bytes of `count` elements of the type dtype_name() calls `type` (0 for none: the barrier).
+size_t bytes_of(size_t count, std::string_view type) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::I32, DType::U16, DType::F64})
+    if (dtype_name(t) == type) return dtype_bytes(t, count);
+  return 0;
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> ctx, milliseconds timeout)
@@ -268,7 +275,11 @@ class GlooCommunicator final : public Communicator {
 
   void join() override {}
 
-  void begin_timing() override { times_ = {}; }
+  void begin_timing(bool spans) override {
+    times_ = {};
+    spans_ = spans;
+    origin_ = std::chrono::steady_clock::now();
+  }
   CommTimes end_timing() override { return times_; }
 
   void all_reduce_host(double* values, size_t n) override {
@@ -322,10 +333,18 @@ class GlooCommunicator final : public Communicator {
       body(tag);
       // On the calling thread: all of it is exposed. (The host-side ones are not the step's collectives.)
       if (std::string_view(collective) != "all_reduce_host" && std::string_view(collective) != "barrier") {
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const auto t1 = std::chrono::steady_clock::now();
+        const double s = std::chrono::duration<double>(t1 - t0).count();
         times_.busy_seconds += s;
         times_.exposed_seconds += s;
         ++times_.collectives;
+        if (spans_) {
+          using ms = std::chrono::duration<double, std::milli>;
+          const double b = ms(t0 - origin_).count(), e = ms(t1 - origin_).count();
+          const size_t bytes = bytes_of(count, type);
+          times_.spans.push_back({collective, b, e, false, bytes});
+          times_.spans.push_back({"wait", b, e, true, 0});
+        }
       }
       return;
     } catch (const gloo::IoException& e) {  // timeouts, closed connections
@@ -345,9 +364,11 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   const milliseconds timeout_;
   uint32_t next_tag_ = 0;
-  std::string failed_;            // the first failure; non-empty = unusable
-  std::vector<uint8_t> scratch_;  // reduce_scatter's exchange buffer
-  CommTimes times_;               // since begin_timing
+  std::string failed_;                            // the first failure; non-empty = unusable
+  std::vector<uint8_t> scratch_;                  // reduce_scatter's exchange buffer
+  CommTimes times_;                               // since begin_timing
+  bool spans_ = false;                            // begin_timing asked for the spans
+  std::chrono::steady_clock::time_point origin_;  // of the spans
 };
 
 // The address this rank's Gloo transport listens on: the interface named by GLOO_SOCKET_IFNAME (as

@@ -16,6 +16,9 @@ GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, c
       scatter_(scatter),
       ops_(ops),
       by_unit_(store.grads_sharded()),
+      grad_type_(store.precision().grad),
+      comm_type_(store.comm_type()),
+      staged_(store.comm_staged()),
       pending_begin_(store.numel()),
       pending_end_(store.numel()) {
   if (by_unit_) {
@@ -29,6 +32,8 @@ GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, c
     store_.set_slot_reuse_hook([this](int unit) { drain(unit); });
     armed_ = true;  // every micro-batch reduces
   }
+  ANVIL_ASSERT(!staged_ || ops_,
+               "gradient sync: a communication type other than the gradients' needs the ops");
   store_.set_grads_ready_hook([this](int unit) { unit_ready(unit); });
 }
 
@@ -41,8 +46,9 @@ void GradSync::unit_ready(int unit) {
   if (!armed_) return;
   const ParamUnit& u = store_.layout().units()[size_t(unit)];
   if (by_unit_) {
-    comm_.reduce_scatter_v(store_.grad_at(u.offset), scatter_->counts_in(u.offset, u.offset + u.numel),
-                           store_.precision().grad);
+    void* data = store_.comm_grad_at(u.offset);
+    if (staged_) ops_->convert_grads(data, comm_type_, store_.grad_at(u.offset), grad_type_, u.numel, false);
+    comm_.reduce_scatter_v(data, scatter_->counts_in(u.offset, u.offset + u.numel), comm_type_);
     marks_[size_t(unit)] = comm_.mark();
     to_add_[size_t(unit)] = true;
     ++reduced_in_micro_batch_;
@@ -74,9 +80,9 @@ void GradSync::add_piece(int unit) {
   const ParamRange mine = store_.grad_range();
   const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
   if (lo < hi) {
-    const char* slot = static_cast<const char*>(store_.grad_at(u.offset));
-    ops_->add_grads(store_.reduced_grad_at(lo), slot + dtype_bytes(store_.precision().grad, lo - u.offset),
-                    hi - lo);
+    const char* slot = static_cast<const char*>(store_.comm_grad_at(u.offset));
+    ops_->convert_grads(store_.reduced_grad_at(lo), grad_type_, slot + dtype_bytes(comm_type_, lo - u.offset),
+                        comm_type_, hi - lo, true);
   }
   to_add_[size_t(unit)] = false;
 }
@@ -101,16 +107,32 @@ void GradSync::finish() {
       "came)",
       pending_begin_, pending_end_);
   comm_.join();
+  if (staged_) convert_back();
   pending_begin_ = pending_end_ = store_.numel();
   armed_ = false;
 }
 
 void GradSync::queue(size_t begin, size_t end) {
+  void* data = store_.comm_grad_at(begin);
+  if (staged_) ops_->convert_grads(data, comm_type_, store_.grad_at(begin), grad_type_, end - begin, false);
   if (scatter_)
-    comm_.reduce_scatter_v(store_.grad_at(begin), scatter_->counts_in(begin, end), store_.precision().grad);
+    comm_.reduce_scatter_v(data, scatter_->counts_in(begin, end), comm_type_);
   else
-    comm_.all_reduce(store_.grad_at(begin), end - begin, store_.precision().grad);
+    comm_.all_reduce(data, end - begin, comm_type_);
   ++buckets_;
+}
+
+// After the step's last collective. Reduce-scattered buckets (stage 2 of a model with whole gradients) hold
+// sums in this rank's shard only (the rest of the staging buffer is undefined), the part the optimizer reads.
+void GradSync::convert_back() {
+  size_t begin = 0, end = store_.numel();
+  if (scatter_) {
+    const ParamRange mine = scatter_->shard(comm_.rank());
+    begin = std::max(begin, mine.begin), end = std::min(end, mine.end);
+  }
+  if (begin < end)
+    ops_->convert_grads(store_.grad_at(begin), grad_type_, store_.comm_grad_at(begin), comm_type_,
+                        end - begin, false);
 }
 
 }  // namespace anvil::dist

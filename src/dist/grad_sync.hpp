@@ -18,6 +18,13 @@
 // piece is added into the shard's gradients once the collective is done, at the latest when the slot goes
 // to another unit (the store's slot-reuse hook; compute waits for that unit's collective only) and at the
 // end of each micro-batch (finish). The step's first micro-batch adds into zeros (the step zeroes grads()).
+//
+// The communication type (communication_data_type, ParamStore::set_comm_type). When it differs from the
+// gradient type (fp32 gradients reduced in bf16 or fp16: half the bytes on the wire), each bucket or unit is
+// converted into the store's staging buffer on the compute stream before its collective and the reduction
+// runs there; the result is converted back into the gradients after the step's last collective (whole
+// gradients: the shard's range only under stage 1), or added into the shard's gradients from the staging
+// slot (gradients by unit). Accumulation over micro-batches stays in the gradient type.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -34,7 +41,8 @@ class GradSync {
  public:
   // Installs itself as `store`'s grads_ready (and slot-reuse) hook, removed by the destructor. With
   // `scatter` (ZeRO stage 2, kept by reference) the buckets are reduce-scattered over its shards; a store
-  // with sharded gradients also needs `ops` (kept by reference: the pieces are added with it).
+  // with sharded gradients or a staged communication type also needs `ops` (kept by reference: the pieces
+  // are added and converted with it).
   GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, const ZeroPartition* scatter = nullptr,
            Ops* ops = nullptr);
   ~GradSync();
@@ -58,6 +66,7 @@ class GradSync {
   void queue(size_t begin, size_t end);  // floats [begin, end) of the flat buffer
   void drain(int unit);                  // gradients by unit: adds its reduced piece (once)
   void add_piece(int unit);
+  void convert_back();  // staged whole gradients: the reduced sums into the gradients
 
   Communicator& comm_;
   ParamStore& store_;
@@ -65,6 +74,8 @@ class GradSync {
   const ZeroPartition* const scatter_;
   Ops* const ops_;
   const bool by_unit_;
+  const DType grad_type_, comm_type_;
+  const bool staged_;  // the reduction runs in the store's staging buffer of comm_type_
   bool armed_ = false;
   size_t pending_begin_, pending_end_;  // completed, not yet queued: [begin, end) in floats of the layout
   int64_t buckets_ = 0;

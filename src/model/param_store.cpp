@@ -18,7 +18,8 @@ ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training
       training_(training),
       weight_elem_(dtype_bits(precision.compute) / 8),
       grad_elem_(dtype_bits(precision.grad) / 8),
-      grad_range_(layout_.all()) {
+      grad_range_(layout_.all()),
+      comm_type_(precision.grad) {
   validate_ops_precision(precision);
 }
 
@@ -69,9 +70,9 @@ void ParamStore::set_grad_shard(ParamRange r) {
   ANVIL_ASSERT(training_, "set_grad_shard: a store planned without training has no gradients");
   grads_sharded_ = true;
   grad_range_ = r;
-  const std::vector<size_t> slot_numel = plan_unit_slots(layout_.units(), slot_of_unit_);
-  slot_bytes_ = slot_offsets(slot_numel, grad_elem_, slot_offset_);
-  slot_unit_.assign(slot_numel.size(), -1);
+  slot_numel_ = plan_unit_slots(layout_.units(), slot_of_unit_);
+  slot_bytes_ = slot_offsets(slot_numel_, grad_elem_, slot_offset_);
+  slot_unit_.assign(slot_numel_.size(), -1);
   grad_state_.assign(layout_.units().size(), GradState::Idle);
 }
 
@@ -83,6 +84,23 @@ void ParamStore::set_weight_shard(ParamRange r) {
   wslot_bytes_ = slot_offsets(slot_numel, weight_elem_, wslot_offset_);
   wslots_.assign(slot_numel.size(), WeightSlot{});
   in_use_.assign(layout_.units().size(), false);
+}
+
+void ParamStore::set_comm_type(DType t) {
+  ANVIL_ASSERT(training_, "set_comm_type: a store planned without training has no gradients");
+  ANVIL_ASSERT(t == DType::F32 || t == DType::BF16 || t == DType::F16,
+               "communication type {}: gradients are reduced in fp32, bf16 or fp16", dtype_name(t));
+  comm_type_ = t;
+}
+
+void* ParamStore::comm_grad_at(size_t offset) const {
+  if (!comm_staged()) return grad_at(offset);
+  const size_t elem = dtype_bytes(comm_type_, 1);
+  if (!grads_sharded_) return comm_ + offset * elem;
+  slot_grad_at(offset);  // checks that the slot holds offset's unit
+  const int u = layout_.unit_of(offset);
+  return comm_ + comm_slot_offset_[size_t(slot_of_unit_[size_t(u)])] +
+         (offset - layout_.units()[size_t(u)].offset) * elem;
 }
 
 void ParamStore::forget_gathered() const {
@@ -117,6 +135,18 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   } else if (training_ && !grads_elsewhere) {
     i_grads_ = plan.add("gradients", M::Gradients, grad_bytes());
   }
+  if (training_ && comm_staged()) {
+    // As communication_data_type spells it.
+    const char* type = comm_type_ == DType::BF16 ? "bf16" : comm_type_ == DType::F16 ? "fp16" : "fp32";
+    if (grads_sharded_) {
+      const size_t bytes = slot_offsets(slot_numel_, dtype_bytes(comm_type_, 1), comm_slot_offset_);
+      i_comm_ = plan.add(fmt::format("gradient slots in the communication type ({})", type), M::Communication,
+                         bytes);
+    } else {
+      i_comm_ = plan.add(fmt::format("gradients in the communication type ({})", type), M::Communication,
+                         dtype_bytes(comm_type_, P));
+    }
+  }
 }
 
 void ParamStore::bind(const Arena& arena) {
@@ -128,6 +158,7 @@ void ParamStore::bind(const Arena& arena) {
                                     : nullptr;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
   if (i_slots_ != SIZE_MAX) slots_ = arena.get<char>(i_slots_);
+  if (i_comm_ != SIZE_MAX) comm_ = arena.get<char>(i_comm_);
 }
 
 void* ParamStore::slot_grad_at(size_t offset) const {

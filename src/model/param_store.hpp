@@ -81,6 +81,17 @@ class ParamStore {
   void set_weight_shard(ParamRange r);
   bool weights_sharded() const { return weights_sharded_; }
   void set_weight_gatherer(WeightGatherer* g) { gatherer_ = g; }
+  // Data parallelism reduces the gradients in `t` (communication_data_type; before plan_memory, after
+  // set_grad_shard). For a type other than the gradient type the store plans a staging buffer of `t` beside
+  // what backward writes: the whole buffer's size, or the gradient slots' (sharded gradients); the reduction
+  // converts into it, reduces there and converts back (dist::GradSync).
+  void set_comm_type(DType t);
+  DType comm_type() const { return comm_type_; }
+  bool comm_staged() const { return comm_type_ != precision_.grad; }
+  // Element `offset` of the buffer the reduction runs in: the staging buffer (in comm_type(); sharded
+  // gradients: in the slot of offset's unit, which must hold that unit), else grad_at(offset) itself.
+  void* comm_grad_at(size_t offset) const;
+
   // The weights changed (an optimizer step) or a new micro-batch begins: every slot must gather again (a
   // CUDA graph of a micro-batch replays its gathers, so each one starts from none). Releases every unit.
   void forget_gathered() const;
@@ -173,6 +184,7 @@ class ParamStore {
   bool grads_sharded_ = false;
   ParamRange grad_range_;
   std::vector<int> slot_of_unit_;      // per unit
+  std::vector<size_t> slot_numel_;     // elements, per slot
   std::vector<size_t> slot_offset_;    // bytes into the slot memory, per slot
   size_t slot_bytes_ = 0;              // all slots
   std::vector<int> slot_unit_;         // the unit a slot holds (-1: none yet)
@@ -180,6 +192,12 @@ class ParamStore {
   size_t i_slots_ = SIZE_MAX;
   char* slots_ = nullptr;
   std::function<void(int)> on_slot_reuse_;
+
+  // The communication type's staging buffer (set_comm_type): whole, or one slot per gradient slot.
+  DType comm_type_;
+  size_t i_comm_ = SIZE_MAX;
+  char* comm_ = nullptr;
+  std::vector<size_t> comm_slot_offset_;  // bytes into comm_, per gradient slot (sharded gradients)
 
   // Sharded weights (set_weight_shard).
   struct WeightSlot {

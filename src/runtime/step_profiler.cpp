@@ -1,10 +1,12 @@
 #include "runtime/step_profiler.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -13,11 +15,12 @@
 namespace anvil {
 namespace {
 
-// Trace layout: pid 0 holds the step tracks (tid 1 device, tid 2 host), pid 1 the kernel track with one
-// row per CUDA stream (tid kStreamTidBase + stream id, distinct from the step tracks' tids: some viewers
-// key threads by tid alone).
-constexpr int kStepsPid = 0, kKernelsPid = 1;
+// Trace layout: pid 2r holds rank r's step tracks (tid 1 device, tid 2 host, tid 3 communication, tid 4
+// compute waiting for communication), pid 2r + 1 its kernel track with one row per CUDA stream (tid
+// kStreamTidBase + stream id, distinct from the step tracks' tids: some viewers key threads by tid alone).
+// One process: pids 0 and 1.
 constexpr int64_t kStreamTidBase = 1000;
+constexpr int kDeviceTid = 1, kHostTid = 2, kCommTid = 3, kWaitTid = 4;
 constexpr size_t kStepTopKernels = 5;      // per step, in the host track's step event
 constexpr size_t kTraceTopKernels = 20;    // over all steps, in the trace's otherData
 constexpr size_t kPrintedTopKernels = 10;  // printed by finish()
@@ -27,15 +30,20 @@ double host_now_ms() {
       .count();
 }
 
-std::string event(const std::string& name, const char* track, int tid, double ts_ms, double dur_ms,
+std::string event(const std::string& name, const char* track, int pid, int tid, double ts_ms, double dur_ms,
                   int64_t step, int layer, const nlohmann::json* extra_args = nullptr) {
   nlohmann::json args = {{"step", step}};
   if (layer >= 0) args["layer"] = layer;
   if (extra_args) args.update(*extra_args);
   const nlohmann::json e = {{"name", name},         {"cat", track}, {"ph", "X"},
-                            {"pid", kStepsPid},     {"tid", tid},   {"ts", ts_ms * 1000},
+                            {"pid", pid},           {"tid", tid},   {"ts", ts_ms * 1000},
                             {"dur", dur_ms * 1000}, {"args", args}};
   return e.dump();
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string();
 }
 
 const char* kind_name(GpuActivity::Kind k) {
@@ -79,8 +87,18 @@ int StepProfiler::marks_needed(int n_layer, int micro_batches) {
   return micro_batches * (3 * n_layer + 8) + 8;
 }
 
-StepProfiler::StepProfiler(Device& dev, std::string path, int64_t first, int64_t last)
-    : dev_(dev), path_(std::move(path)), first_(first), last_(last) {
+std::string StepProfiler::rank_path(const std::string& path, int rank) {
+  std::filesystem::path p(path);
+  return (p.parent_path() / fmt::format("{}.rank-{}.json", p.stem().string(), rank)).string();
+}
+
+StepProfiler::StepProfiler(Device& dev, std::string path, int64_t first, int64_t last, int rank, int world)
+    : dev_(dev),
+      path_(rank > 0 ? rank_path(path, rank) : std::move(path)),
+      first_(first),
+      last_(last),
+      rank_(rank),
+      world_(world) {
   ANVIL_REQUIRE(first >= 1 && last >= first, "profile_steps: need 1 <= A <= B, got {}:{}", first, last);
   std::string why_not;
   try {
@@ -144,6 +162,17 @@ void StepProfiler::phase(std::string_view name, int layer) {
   range_open_ = true;
 }
 
+void StepProfiler::communication(const char* name, double begin_ms, double end_ms, bool wait, size_t bytes) {
+  if (!in_step_) return;
+  comm_tracks_ = true;
+  nlohmann::json args = nlohmann::json::object();
+  if (!wait) args["bytes"] = bytes;
+  if (count_++) events_ += ",\n";
+  events_ += event(wait ? "waiting for communication" : name,
+                   wait ? "exposed communication" : "communication", 2 * rank_, wait ? kWaitTid : kCommTid,
+                   device_offset_ms_ + begin_ms, std::max(0.0, end_ms - begin_ms), step_, -1, &args);
+}
+
 void StepProfiler::end_step() {
   if (!in_step_) return;
   const int end_mark = int(phases_.size());
@@ -163,12 +192,14 @@ void StepProfiler::end_step() {
     const Phase& p = phases_[i];
     const std::string name = p.layer >= 0 ? fmt::format("{} {}", p.name, p.layer) : p.name;
     if (count_++) events_ += ",\n";
-    events_ += event(name, "device", 1, device_offset_ms_ + t0, std::max(0.0, t1 - t0), step_, p.layer);
+    events_ += event(name, "device", 2 * rank_, kDeviceTid, device_offset_ms_ + t0, std::max(0.0, t1 - t0),
+                     step_, p.layer);
   }
   const nlohmann::json host_args = kernels_ ? append_kernel_events(mark_ms) : nlohmann::json::object();
   if (count_++) events_ += ",\n";
-  events_ += event(fmt::format("step {}", step_), "host", 2, step_host_start_ms_ - host_origin_ms_,
-                   host_end_ms - step_host_start_ms_, step_, -1, &host_args);
+  events_ +=
+      event(fmt::format("step {}", step_), "host", 2 * rank_, kHostTid, step_host_start_ms_ - host_origin_ms_,
+            host_end_ms - step_host_start_ms_, step_, -1, &host_args);
   in_step_ = false;
 }
 
@@ -215,7 +246,7 @@ nlohmann::json StepProfiler::append_kernel_events(const std::vector<double>& mar
     const nlohmann::json e = {{"name", kernel_names_.at(a.name)},
                               {"cat", kind_name(a.kind)},
                               {"ph", "X"},
-                              {"pid", kKernelsPid},
+                              {"pid", 2 * rank_ + 1},
                               {"tid", kStreamTidBase + a.stream},
                               {"ts", (device_offset_ms_ + start_ms) * 1000},
                               {"dur", dur_ms * 1000},
@@ -302,7 +333,11 @@ size_t StepProfiler::finish() {
   // Metadata first: otherData must come before the events for Perfetto's streaming JSON reader.
   nlohmann::json other = {{"profile_steps", fmt::format("{}:{}", first_, last_)},
                           {"device", dev_.name()},
-                          {"kernel_track", kernel_track_}};
+                          {"kernel_track", kernel_track_},
+                          {"rank", rank_},
+                          {"world_size", world_},
+                          {"host", host_name()},
+                          {"host_clock_origin_ms", host_origin_ms_}};
   if (activities_ > 0) {
     nlohmann::json top = nlohmann::json::array();
     for (const KernelTotal& k : top_kernels(kTraceTopKernels))
@@ -322,18 +357,26 @@ size_t StepProfiler::finish() {
   }
   std::string text =
       "{\"displayTimeUnit\": \"ms\", \"otherData\": " + other.dump() + ", \"traceEvents\": [\n";
-  text += name_meta("process_name", kStepsPid, -1, "steps") + ",\n" + sort_meta(kStepsPid, 0) + ",\n";
-  text += name_meta("thread_name", kStepsPid, 1, "device (compute stream)") + ",\n";
-  text += name_meta("thread_name", kStepsPid, 2, "host");
+  const int steps_pid = 2 * rank_, kernels_pid = 2 * rank_ + 1;
+  const std::string who = world_ > 1 ? fmt::format("rank {}: ", rank_) : std::string();
+  text += name_meta("process_name", steps_pid, -1, who + "steps") + ",\n" + sort_meta(steps_pid, steps_pid) +
+          ",\n";
+  text += name_meta("thread_name", steps_pid, kDeviceTid, "device (compute stream)") + ",\n";
+  text += name_meta("thread_name", steps_pid, kHostTid, "host");
+  if (comm_tracks_) {
+    text += ",\n" + name_meta("thread_name", steps_pid, kCommTid, "communication (collectives)");
+    text += ",\n" + name_meta("thread_name", steps_pid, kWaitTid, "compute waiting for communication");
+  }
   if (!streams_.empty()) {
-    text += ",\n" + name_meta("process_name", kKernelsPid, -1, "kernels") + ",\n" + sort_meta(kKernelsPid, 1);
+    text += ",\n" + name_meta("process_name", kernels_pid, -1, who + "kernels") + ",\n" +
+            sort_meta(kernels_pid, kernels_pid);
     for (const auto& [stream, kinds] : streams_) {
       std::string label = fmt::format("stream {}", stream);
       if (int64_t(stream) == compute_stream_)
         label = fmt::format("compute stream ({})", stream);
       else if (kinds == 1u << unsigned(GpuActivity::Kind::memcpy))
         label += " (copies)";
-      text += ",\n" + name_meta("thread_name", kKernelsPid, kStreamTidBase + stream, label);
+      text += ",\n" + name_meta("thread_name", kernels_pid, kStreamTidBase + stream, label);
     }
   }
   if (count_) text += ",\n" + events_;
@@ -349,6 +392,51 @@ size_t StepProfiler::finish() {
   }
   std::fflush(stdout);
   return count_;
+}
+
+std::vector<int> StepProfiler::join_ranks(int world) {
+  using json = nlohmann::json;
+  auto read = [](const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return json();
+    std::string text;
+    char buf[1 << 16];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+    return json::parse(text, nullptr, false);  // discarded (null) when malformed
+  };
+  json joined = read(path_);
+  ANVIL_REQUIRE(joined.is_object() && joined.contains("traceEvents"),
+                "profile_steps: cannot read back the trace {} to join the ranks' traces", path_);
+  const json& mine = joined["otherData"];
+  json ranks = json::array({mine});
+  std::vector<int> missing;
+  for (int r = 1; r < world; ++r) {
+    const std::string part = rank_path(path_, r);
+    json t = read(part);
+    if (!t.is_object() || !t.contains("traceEvents") || !t.contains("otherData")) {
+      missing.push_back(r);
+      continue;
+    }
+    const json& other = t["otherData"];
+    // Rank 0's clock: on the same host the steady clocks are one clock; elsewhere the first profiled steps
+    // start together (the ranks' collectives keep their steps in step).
+    const double shift_us =
+        other.value("host", "") == mine.value("host", "")
+            ? (other.value("host_clock_origin_ms", 0.0) - mine.value("host_clock_origin_ms", 0.0)) * 1000
+            : 0.0;
+    for (json& e : t["traceEvents"]) {
+      if (e.contains("ts")) e["ts"] = e["ts"].get<double>() + shift_us;
+      joined["traceEvents"].push_back(std::move(e));
+    }
+    ranks.push_back(other);
+    std::error_code ec;
+    std::filesystem::remove(part, ec);
+  }
+  joined["otherData"]["ranks"] = ranks;
+  if (!missing.empty()) joined["otherData"]["ranks_missing"] = missing;
+  io::write_text_file_synced(path_, joined.dump() + "\n");
+  return missing;
 }
 
 }  // namespace anvil

@@ -8,7 +8,10 @@
 // CPU, which computes synchronously). "host": the host thread's step, including waits for the loader.
 // "kernels" (CUDA, when built with CUPTI): every kernel, memcpy and memset of the step, one row per CUDA
 // stream, on the device track's clock (runtime/kernel_activity.hpp), and a table of the kernels that took
-// the most GPU time, printed by finish().
+// the most GPU time, printed by finish(). With several processes two more on each rank's step track,
+// "communication" (each collective, from the communicator's clock stamps) and "compute waiting for
+// communication" (the exposed part); each rank writes its own trace and rank 0 joins them into one file,
+// one process group of tracks per rank (join_ranks).
 // The marks come from a pool made when the profiler is, and so do the kernel recorder's buffers, so
 // profiling allocates nothing on the device in the step loop; a step's marks and kernel records are read
 // back at its end (one synchronisation, profiled steps only). Kernel recording is on only during profiled
@@ -29,8 +32,9 @@ namespace anvil {
 
 class StepProfiler {
  public:
-  // Profiles global steps first..last (1-based, inclusive); `path` is written by finish().
-  StepProfiler(Device& dev, std::string path, int64_t first, int64_t last);
+  // Profiles global steps first..last (1-based, inclusive); `path` is written by finish(). `rank` of
+  // `world` processes names the trace's tracks (and their place among the ranks' in a joined trace).
+  StepProfiler(Device& dev, std::string path, int64_t first, int64_t last, int rank = 0, int world = 1);
   ~StepProfiler();
 
   bool profiling(int64_t step) const { return step >= first_ && step <= last_; }
@@ -39,6 +43,9 @@ class StepProfiler {
   // Ends the current phase (if any) and starts `name` (of block `layer`, -1: none); no-op outside a
   // profiled step.
   void phase(std::string_view name, int layer = -1);
+  // A collective (or, `wait`, compute waiting for collectives) of the current step, in milliseconds from
+  // the step's start on the device (its first mark); no-op outside a profiled step.
+  void communication(const char* name, double begin_ms, double end_ms, bool wait, size_t bytes);
   // Synchronises, reads the marks and the kernel records and appends the step's events.
   void end_step();
   // Writes the trace (atomically), prints the top kernels (when there is a kernel track) and returns the
@@ -65,6 +72,15 @@ class StepProfiler {
   // Marks per step: enough for every phase of a model with this many blocks and micro-batches.
   static int marks_needed(int n_layer, int micro_batches);
 
+  // Rank 0 of several processes, after every rank's finish() (a barrier between): reads the traces the
+  // other ranks wrote (rank_path) and adds their events to this one's file, each rank's clock placed on
+  // rank 0's (the same host's steady clock; on another host, by the start of the first profiled step), then
+  // removes them. Returns the ranks whose trace was not found (a node whose output_dir is not shared: its
+  // trace stays on that node).
+  std::vector<int> join_ranks(int world);
+  // Where rank `rank` writes its trace beside rank 0's `path`.
+  static std::string rank_path(const std::string& path, int rank);
+
  private:
   struct Phase {
     std::string name;
@@ -83,6 +99,8 @@ class StepProfiler {
   Device& dev_;
   std::string path_;
   int64_t first_, last_, step_ = 0;
+  int rank_, world_;
+  bool comm_tracks_ = false;  // communication() was called
   bool in_step_ = false, range_open_ = false;
   int capacity_ = 0;
   std::vector<Phase> phases_;  // of the current step; phase i spans marks i .. i+1

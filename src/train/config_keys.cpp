@@ -479,6 +479,7 @@ const std::vector<ConfigKeyDoc> kKeys =
          .summary =
              "Data parallelism: megabytes of gradients per bucket, each all-reduced as soon as backward "
              "completes it (HF's ddp_bucket_cap_mb; 0: one reduction after backward)."},
+        {.key = "communication_data_type", .section = "Distributed", .type = "string", .meaning = R"md(The type gradients are reduced in across processes (DeepSpeed's `communication_data_type`): `fp32`, `bf16` or `fp16`; `""` (default) the gradient type, `grad_accum_dtype`. Accumulation over micro-batches stays in `grad_accum_dtype`: with fp32 gradients and `bf16`, each bucket (each unit under ZeRO 2-3) is rounded to bf16 just before its collective, summed in bf16 (NCCL adds in fp32 and rounds at each step of its ring; Gloo sums in fp32) and widened back into the fp32 gradients, so half the bytes cross the network. The staging buffer costs 2 bytes per parameter (the unit slots' size under ZeRO 2-3), planned with the rest (`anvil estimate --num_gpus N`). `fp16` can overflow where gradients exceed 65504 (the step's norm is then not finite and the run stops or, with the loss scaler, skips the step). With one process it changes nothing. See docs/distributed.md.)md", .default_text = "`\"\"` (the gradient type)", .summary = "Type gradients are reduced in across processes: fp32, bf16 or fp16 (default: theirs)."},
         {.key = "zero_stage",
          .section = "Distributed",
          .type = "int",
@@ -489,7 +490,8 @@ const std::vector<ConfigKeyDoc> kKeys =
         {.key = "zero_allgather_bucket_size",
          .section = "Distributed",
          .type = "int",
-         .meaning = R"md(ZeRO stages 1-2: elements of the compute-type weights per all-gather after each update (DeepSpeed's `zero_optimization.allgather_bucket_size`; default 500000000). Smaller buckets only split the gather into more collectives; the weights need no extra buffer either way.)md",
+         .meaning =
+             R"md(ZeRO stages 1-2: elements of the compute-type weights per all-gather after each update (DeepSpeed's `zero_optimization.allgather_bucket_size`; default 500000000). Smaller buckets only split the gather into more collectives; the weights need no extra buffer either way.)md",
          .summary =
              "ZeRO 1-2: elements per all-gather of the updated weights (DeepSpeed allgather_bucket_size)."},
 };

@@ -322,18 +322,13 @@ void Applier::batch(const json& ds) {
       src_, total_global, micro, accum, world, int64_t(micro) * accum * world);
 }
 
-// communication_data_type: data parallelism reduces gradients in their own type (fp32, or the 16-bit type
-// with data_types.grad_accum_dtype), so the key is accepted when it names that type and refused otherwise.
+// communication_data_type: the type data parallelism reduces gradients in (Anvil's key of the same name);
+// accumulation stays in data_types.grad_accum_dtype.
 void Applier::communication_type(const json& v) {
   const std::string t = string("communication_data_type", v);
   ANVIL_REQUIRE(t == "fp32" || t == "fp16" || t == "bf16",
                 "{}: DeepSpeed key 'communication_data_type' must be fp32, fp16 or bf16, got '{}'", src_, t);
-  ANVIL_REQUIRE(t == c_.grad_accum_dtype,
-                "{}: DeepSpeed key 'communication_data_type' is '{}' but the gradients are {} (data_types."
-                "grad_accum_dtype): Anvil reduces gradients in their own type in this version; set "
-                "data_types.grad_accum_dtype to '{}' to accumulate and reduce in it, or remove "
-                "communication_data_type",
-                src_, t, c_.grad_accum_dtype, t);
+  fill("communication_data_type", v, "communication_data_type", c_.communication_data_type, t);
 }
 
 void Applier::apply(const json& ds) {
@@ -380,6 +375,8 @@ void Applier::apply(const json& ds) {
   }
   if (ds.contains("optimizer")) optimizer(ds["optimizer"]);
   if (ds.contains("zero_optimization")) zero(ds["zero_optimization"]);
+  if (ds.contains("communication_data_type") && !is_auto(ds["communication_data_type"]))
+    communication_type(ds["communication_data_type"]);
   // wall_clock_breakdown: DeepSpeed's timing printout; Anvil always logs its timings.
 
   if (!mismatches_.empty()) {
@@ -392,8 +389,6 @@ void Applier::apply(const json& ds) {
         src_, list);
   }
   batch(ds);
-  if (ds.contains("communication_data_type") && !is_auto(ds["communication_data_type"]))
-    communication_type(ds["communication_data_type"]);
   ANVIL_REQUIRE(
       !(c_.fp16 && c_.bf16),
       "{}: fp16 and bf16 are both enabled (fp16.enabled / bf16.enabled here, or fp16 / bf16 in the Anvil "
@@ -458,7 +453,7 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.stage3_gather_16bit_weights_on_model_save",
        {},
        "checkpoints always hold the whole model (gathered tensor by tensor)"},
-      {"communication_data_type", {"grad_accum_dtype"}},
+      {"communication_data_type", {"communication_data_type"}},
       {"wall_clock_breakdown", {}, "Anvil always logs its timings"},
   };
   const json values = cfg.to_json();

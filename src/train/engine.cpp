@@ -69,10 +69,13 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
     o.zero_world = env.world_size;
     o.zero_rank = -1;
   }
+  if (env.world_size > 1) o.comm_dtype = rc.comm_dtype;
   return o;
 }
 
-static void apply_zero_shard(const EngineOptions& o, Model& model) {
+// Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
+static void apply_data_parallel(const EngineOptions& o, Model& model) {
+  if (o.training && o.comm_dtype) model.param_store().set_comm_type(*o.comm_dtype);
   const std::optional<ParamRange> shard = zero_shard(o, model.layout());
   if (!shard) return;
   model.param_store().set_master_range(*shard);
@@ -190,7 +193,7 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
                                                   ops_precision(o), o.share_grad_memory);
   std::unique_ptr<Optimizer> opt;
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
-  apply_zero_shard(o, *model);
+  apply_data_parallel(o, *model);
   if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   InputIndices inputs;
@@ -208,7 +211,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
                       o.share_grad_memory);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
-  apply_zero_shard(o, *model_);
+  apply_data_parallel(o, *model_);
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   size_t i_ws = 0, i_split = 0;

@@ -50,6 +50,9 @@ struct EngineOptions {
   // ParamStore::set_grad_shard) (-1: plan the largest shard's memory, the same on every rank).
   int zero_stage = 0;
   int zero_world = 1, zero_rank = 0;
+  // Data parallelism (several processes): the type the gradients are reduced in (communication_data_type;
+  // ParamStore::set_comm_type). One process: the gradient type (nothing is reduced).
+  std::optional<DType> comm_dtype;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the

@@ -1,5 +1,7 @@
 #include "train/resolved_config.hpp"
 
+#include "anvil/error.hpp"
+
 namespace anvil {
 
 std::string ResolvedTrainConfig::precision_label() const {
@@ -18,6 +20,13 @@ ResolvedTrainConfig resolve_train_config(const TrainConfig& cfg) {
   r.lr_schedule = parse_lr_schedule(cfg.lr_scheduler_type);
   r.save_checkpoints = cfg.save_strategy != "no";
   std::tie(r.profile_first, r.profile_last) = cfg.profile_range();
+  const std::string& comm = cfg.communication_data_type;
+  ANVIL_REQUIRE(comm.empty() || comm == "fp32" || comm == "bf16" || comm == "fp16",
+                "communication_data_type must be fp32, bf16 or fp16, got '{}'", comm);
+  r.comm_dtype = comm.empty()     ? r.grad_dtype()
+                 : comm == "fp32" ? DType::F32
+                 : comm == "bf16" ? DType::BF16
+                                  : DType::F16;
   return r;
 }
 

@@ -26,6 +26,7 @@ struct ResolvedTrainConfig {
   bool save_checkpoints = true;                 // save_strategy "steps" (false: "no")
   int64_t profile_first = 0, profile_last = 0;  // profile_steps A:B (0, 0: none)
   int world_size = 1;  // processes training together (data parallel); set by the run from its launcher
+  DType comm_dtype = DType::F32;  // communication_data_type, else the gradient type
 
   // fp16 keeps a loss scaler.
   bool loss_scaling() const { return precision == Precision::FP16; }

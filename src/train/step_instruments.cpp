@@ -1,14 +1,17 @@
 #include "train/step_instruments.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
 
 namespace anvil {
 
 StepInstruments::StepInstruments(const TrainConfig& cfg, const ResolvedTrainConfig& rc, Engine& e,
-                                 int64_t start_step, int64_t total_steps)
+                                 int64_t start_step, int64_t total_steps, dist::Communicator* comm)
     : cfg_(cfg),
       e_(e),
+      comm_(comm),
       start_step_(start_step),
       total_steps_(total_steps),
       // The first step at or after memory_trace_step (a resumed run may start later).
@@ -22,7 +25,8 @@ StepInstruments::StepInstruments(const TrainConfig& cfg, const ResolvedTrainConf
     const std::string path = (std::filesystem::path(cfg.output_dir) /
                               fmt::format("profile_steps_{}-{}.json", profile_first_, profile_last_))
                                  .string();
-    profiler_ = std::make_unique<StepProfiler>(e.device(), path, profile_first_, profile_last_);
+    profiler_ = std::make_unique<StepProfiler>(e.device(), path, profile_first_, profile_last_,
+                                               comm ? comm->rank() : 0, comm ? comm->world_size() : 1);
     e.model().set_profiler(profiler_.get());
   }
 }
@@ -66,6 +70,21 @@ void StepInstruments::finish() {
     return;
   }
   const size_t events = profiler_->finish();
+  if (comm_ && comm_->world_size() > 1) {
+    comm_->barrier();  // every rank's trace is written
+    if (comm_->rank() != 0) return;
+    const std::vector<int> missing = profiler_->join_ranks(comm_->world_size());
+    fmt::print(
+        "profile of steps {} -> {} (rank 0: {} ranges; one group of tracks per rank; open in "
+        "https://ui.perfetto.dev or chrome://tracing)\n",
+        cfg_.profile_steps, profiler_->path(), events);
+    if (!missing.empty())
+      fmt::print(
+          "  the traces of ranks {} were not found beside it (each rank writes {} into its output_dir; "
+          "on a node whose output_dir is not shared it stays there)\n",
+          fmt::join(missing, ", "), StepProfiler::rank_path(profiler_->path(), missing.front()));
+    return;
+  }
   fmt::print("profile of steps {} -> {} ({} ranges; open in https://ui.perfetto.dev or chrome://tracing)\n",
              cfg_.profile_steps, profiler_->path(), events);
 }

@@ -257,6 +257,7 @@ const std::map<std::string, Setter>& setters() {
     num_field("max_grad_norm", &TrainConfig::max_grad_norm);
     int_field("ddp_timeout", &TrainConfig::ddp_timeout);
     num_field("ddp_bucket_cap_mb", &TrainConfig::ddp_bucket_cap_mb);
+    str_field("communication_data_type", &TrainConfig::communication_data_type);
     int_field("zero_stage", &TrainConfig::zero_stage);
     int_field("zero_allgather_bucket_size", &TrainConfig::zero_allgather_bucket_size);
     str_field("optim", &TrainConfig::optim);
@@ -597,6 +598,10 @@ void TrainConfig::validate(const std::string& s) const {
       blame({"stochastic_rounding", "bf16"}), precision());
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
+  ANVIL_REQUIRE(communication_data_type.empty() || communication_data_type == "fp32" ||
+                    communication_data_type == "bf16" || communication_data_type == "fp16",
+                "{} must be fp32, bf16 or fp16 (or \"\" for the gradient type, grad_accum_dtype), got '{}'",
+                subject("communication_data_type"), communication_data_type);
   ANVIL_REQUIRE(
       grad_accum_dtype == "fp32" || grad_accum_dtype == precision(),
       "{}: grad_accum_dtype '{}' needs {} true (16-bit gradient accumulation uses the 16-bit type in "
@@ -682,6 +687,7 @@ json TrainConfig::to_json() const {
           {"max_grad_norm", max_grad_norm},
           {"ddp_timeout", ddp_timeout},
           {"ddp_bucket_cap_mb", ddp_bucket_cap_mb},
+          {"communication_data_type", communication_data_type},
           {"zero_stage", zero_stage},
           {"zero_allgather_bucket_size", zero_allgather_bucket_size},
           {"optim", optim},

@@ -69,7 +69,7 @@ StepResult TrainStep::run(int64_t step, StepInstruments& instruments) {
 void TrainStep::begin(int64_t step, StepInstruments& instruments) {
   instruments_ = &instruments;
   cur_ = Current{};
-  if (group_.distributed()) group_.comm().begin_timing();
+  if (group_.distributed()) group_.comm().begin_timing(instruments.profiling(step + 1));
   cur_.step = step;
   cur_.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   cur_.lr = lr_at(rc_.lr_schedule, cfg_.learning_rate, step, cfg_.warmup_steps, total_steps_);
@@ -194,6 +194,7 @@ StepResult TrainStep::end(bool skipped) {
     const dist::CommTimes t = group_.comm().end_timing();
     r.comm_seconds = t.busy_seconds;
     r.comm_exposed_seconds = t.exposed_seconds;
+    instruments_->communication(t.spans);
   }
   // Tokens and FLOPs of the whole world: every rank's batches have this rank's shapes (classification: its
   // padded length, which may differ a little between ranks).

@@ -144,7 +144,8 @@ TrainSummary Run::go() {
 
   ProgressLog progress(cfg_, rc_, *task_, *engine_, *metrics_, step_->scaler(), start_step_, total_steps_);
   step_->stage_first();
-  StepInstruments instruments(cfg_, rc_, *engine_, start_step_, total_steps_);
+  StepInstruments instruments(cfg_, rc_, *engine_, start_step_, total_steps_,
+                              env_.distributed() ? &group_->comm() : nullptr);
   EvalSchedule eval(cfg_, *task_, *engine_, *metrics_, total_steps_);
   Checkpointer checkpoints(cfg_, rc_, *engine_, run_dir_.get(), tokenizer_file_, group_.get(),
                            zero_sync_.get());

@@ -4,6 +4,7 @@
 // differ only in fp32 summation order, which can move a result across a rounding boundary, so the
 // tolerances are a few units in the last place of the storage type. Each case runs with fp32 gradients and
 // with 16-bit gradients. ANVIL_PARITY_SEED replays a run; ANVIL_PARITY_VERBOSE=1 prints every error.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -298,24 +299,33 @@ TEST_P(MixedParity, ReductionCastAdamW) {
   EXPECT_TRUE(same("adamw v", v, 1e-5));
 }
 
-// add_grads: one fp32 add rounded once into the gradient type, so both backends agree bit for bit; an odd
-// length checks the tail.
-TEST_P(MixedParity, AddGrads) {
+// convert_grads: one fp32 operation rounded once into the destination type, so both backends agree bit for
+// bit, in every pairing of the three types (the gradient type with bf16 and fp16: communication_data_type),
+// copying and adding; an odd length covers the kernels' tails.
+TEST_P(MixedParity, ConvertGrads) {
   const size_t n = 100003;
-  Buf dst = grad(randn(n)), src = grad(randn(n));
-  const std::vector<float> before = read(dst, false), added = read(src, false);
-  cpu_->add_grads(dst.cpu(), src.cpu(), n);
-  gpu_->add_grads(dst.gpu(), src.gpu(), n);
-  EXPECT_TRUE(same("add_grads", dst, 0.0));
-  const std::vector<float> got = read(dst, false);
-  for (size_t i = 0; i < n; i += 9973) {
-    const float sum = before[i] + added[i];
-    const float want = grad_ == DType::F32    ? sum
-                       : grad_ == DType::BF16 ? bf16_to_float(float_to_bf16(sum))
-                                              : fp16_to_float(float_to_fp16(sum));
-    EXPECT_EQ(got[i], want) << "element " << i;
-  }
-  gpu_->add_grads(dst.gpu(), src.gpu(), 0);  // nothing to add: no launch
+  const auto rounded = [](DType t, float v) {
+    return t == DType::F32    ? v
+           : t == DType::BF16 ? bf16_to_float(float_to_bf16(v))
+                              : fp16_to_float(float_to_fp16(v));
+  };
+  for (const DType other : {DType::F32, DType::BF16, DType::F16})
+    for (const bool accumulate : {false, true})
+      for (const bool into_grad : {false, true}) {
+        const DType dt = into_grad ? grad_ : other, st = into_grad ? other : grad_;
+        Buf dst = make(randn(n), dt), src = make(randn(n), st);
+        const std::vector<float> before = read(dst, false), moved = read(src, false);
+        cpu_->convert_grads(dst.cpu(), dt, src.cpu(), st, n, accumulate);
+        gpu_->convert_grads(dst.gpu(), dt, src.gpu(), st, n, accumulate);
+        const std::string what = fmt::format("convert_grads {} <- {}{}", dtype_name(dt), dtype_name(st),
+                                             accumulate ? " (accumulate)" : "");
+        EXPECT_TRUE(same(what, dst, 0.0));
+        const std::vector<float> got = read(dst, false);
+        for (size_t i = 0; i < n; i += 9973)
+          EXPECT_EQ(got[i], rounded(dt, accumulate ? before[i] + moved[i] : moved[i]))
+              << what << ", element " << i;
+      }
+  gpu_->convert_grads(nullptr, grad_, nullptr, DType::BF16, 0, true);  // nothing to convert: no launch
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, MixedParity,

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "data/loader.hpp"
@@ -340,6 +342,91 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroStages,
                            return info.param.optim + "_" + std::to_string(info.param.ranks) + "ranks_accum" +
                                   std::to_string(info.param.accumulation) + (info.param.bf16 ? "_bf16" : "");
                          });
+
+// --profile_steps with several processes: every rank profiles, and rank 0 joins the traces into one file
+// with a group of tracks per rank, each holding its collectives ("communication") and the waits of compute
+// for them (Gloo runs collectives on the calling thread: each one is waited for); the ranks' parts go.
+TEST(DataParallelProfile, OneTraceWithATrackGroupPerRank) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const test::CommandResult r =
+      launch(2, write_config(c, "prof", {{"max_steps", 4}, {"profile_steps", "2:3"}, {"save_steps", 0}}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("one group of tracks per rank"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(c.dir / "prof/profile_steps_2-3.rank-1.json"));
+  const json trace = json::parse(test::read_file(c.dir / "prof/profile_steps_2-3.json"));
+  std::set<std::string> names;
+  std::map<int, int> collectives, waits, phases;  // by pid
+  std::set<int64_t> steps;
+  for (const json& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "process_name")
+      names.insert(e.at("args").at("name").get<std::string>());
+    if (e.at("ph") != "X") continue;
+    const int pid = e.at("pid");
+    if (e.at("cat") == "communication") {
+      ++collectives[pid];
+      EXPECT_GT(e.at("args").at("bytes").get<int64_t>(), 0) << e.dump();
+      steps.insert(e.at("args").at("step").get<int64_t>());
+    }
+    if (e.at("cat") == "exposed communication") ++waits[pid];
+    if (e.at("cat") == "device") ++phases[pid];
+  }
+  EXPECT_TRUE(names.count("rank 0: steps") && names.count("rank 1: steps")) << trace.dump().substr(0, 2000);
+  for (int pid : {0, 2}) {
+    EXPECT_GT(collectives[pid], 0) << "pid " << pid;
+    EXPECT_GT(waits[pid], 0) << "pid " << pid;
+    EXPECT_GT(phases[pid], 0) << "pid " << pid;
+  }
+  EXPECT_EQ(steps, (std::set<int64_t>{2, 3}));
+  EXPECT_EQ(trace.at("otherData").at("ranks").size(), 2u);
+}
+
+// communication_data_type bf16 with fp32 gradients: each rank's gradients are rounded to bf16 for the
+// reduction and the sums widened back, so the run follows the fp32-reduced one closely but not exactly. With
+// 2 ranks every stage reduces the same bf16 sums (a + b, rounded once), so stages 0, 2 and 3 agree with one
+// another as they do in fp32, also with gradient accumulation (stage 2 adds each micro-batch's bf16 sums
+// into fp32 gradients; stage 0 accumulates in fp32 and reduces once, so there the two differ slightly).
+TEST(DataParallelCommType, Bf16ReductionOfFp32Gradients) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const json base = {{"optim", "sgd"},
+                     {"learning_rate", 0.3},
+                     {"max_steps", 8},
+                     {"save_steps", 8},
+                     {"per_device_train_batch_size", 2}};
+  auto run = [&](const std::string& name, int stage, const std::string& comm, int accumulation) {
+    json j = base;
+    j["zero_stage"] = stage;
+    j["gradient_accumulation_steps"] = accumulation;
+    if (!comm.empty()) j["communication_data_type"] = comm;
+    const test::CommandResult r = launch(2, write_config(c, name, j));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<double> l = losses_of(c.dir / (name + "/metrics.jsonl"));
+    EXPECT_EQ(l.size(), 8u) << name;
+    return l;
+  };
+  const std::vector<double> fp32 = run("fp32", 0, "", 1), bf16 = run("bf16", 0, "bf16", 1),
+                            bf16_2 = run("bf16_2", 2, "bf16", 1), bf16_3 = run("bf16_3", 3, "bf16", 1);
+  ASSERT_EQ(fp32.size(), 8u);
+  ASSERT_EQ(bf16.size(), 8u);
+  const double rel = weights_rel_diff(c.dir / "fp32/checkpoint-8/model.safetensors",
+                                      c.dir / "bf16/checkpoint-8/model.safetensors");
+  EXPECT_GT(rel, 0.0) << "reducing in bf16 changed nothing";
+  EXPECT_LT(rel, 1e-2);
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    EXPECT_NEAR(bf16[i], fp32[i], 1e-3 * fp32[i]) << "step " << i + 1;
+    EXPECT_NEAR(bf16_2.at(i), bf16[i], 1e-6 * bf16[i]) << "stage 2, step " << i + 1;
+    EXPECT_NEAR(bf16_3.at(i), bf16[i], 1e-6 * bf16[i]) << "stage 3, step " << i + 1;
+  }
+  EXPECT_LT(weights_rel_diff(c.dir / "bf16/checkpoint-8/model.safetensors",
+                             c.dir / "bf16_2/checkpoint-8/model.safetensors"),
+            1e-6);
+  // Accumulation: stage 2 reduces each micro-batch in bf16 and adds in fp32; both follow fp32 closely.
+  const std::vector<double> acc = run("acc", 0, "", 2), acc_2 = run("acc_2", 2, "bf16", 2);
+  ASSERT_EQ(acc.size(), 8u);
+  ASSERT_EQ(acc_2.size(), 8u);
+  for (size_t i = 0; i < acc.size(); ++i) EXPECT_NEAR(acc_2[i], acc[i], 1e-3 * acc[i]) << "step " << i + 1;
+}
 
 // A ZeRO checkpoint resumes on any partition: the same stage and world bit for bit; stage 0 on one process
 // with the same global batch, and stage 1 on 2 ranks from it, as the uninterrupted run within 1e-5; and a

@@ -133,17 +133,31 @@ TEST_F(DeviceReduction, GradClipScaleIsTheTrainersHostArithmetic) {
   EXPECT_EQ(scale, float(1.0 / (2.0 + 1e-6)));
 }
 
-// add_grads adds in the gradient type: fp32 exactly, bf16 with one rounding of the fp32 sum.
-TEST_F(DeviceReduction, AddGradsAddsInTheGradientType) {
+// convert_grads adds or copies in fp32 and rounds once into the destination's type: fp32 exactly, bf16
+// with one rounding of the fp32 sum, and across types (fp32 gradients to and from a bf16 or fp16
+// communication buffer).
+TEST_F(DeviceReduction, ConvertGradsRoundsOnceIntoTheDestinationType) {
   std::vector<float> a = {1.0f, -2.5f, 3e-8f, 1e30f}, b = {0.5f, 2.5f, 1.0f, -1e30f};
-  ops_->add_grads(a.data(), b.data(), a.size());
+  ops_->convert_grads(a.data(), DType::F32, b.data(), DType::F32, a.size(), true);
   EXPECT_EQ(a, (std::vector<float>{1.5f, 0.0f, 1.0f + 3e-8f, 0.0f}));
-  auto bf16_ops = make_cpu_ops(*dev_, {DType::BF16, DType::BF16});
   std::vector<uint16_t> x = {float_to_bf16(1.0f), float_to_bf16(256.0f)},
                         y = {float_to_bf16(1.0f / 256), float_to_bf16(1.0f)};
-  bf16_ops->add_grads(x.data(), y.data(), x.size());
+  ops_->convert_grads(x.data(), DType::BF16, y.data(), DType::BF16, x.size(), true);
   EXPECT_EQ(bf16_to_float(x[0]), bf16_to_float(float_to_bf16(1.0f + 1.0f / 256)));
   EXPECT_EQ(bf16_to_float(x[1]), 256.0f);  // 257 rounds to even in bf16's 8 bits
+  // fp32 -> bf16 rounds to nearest even; bf16 -> fp32 is exact; a bf16 piece added into fp32 once.
+  const std::vector<float> f = {1.0f + 1.0f / 512, 3.0f + 1.0f / 128, -7e-3f};
+  std::vector<uint16_t> h(f.size());
+  ops_->convert_grads(h.data(), DType::BF16, f.data(), DType::F32, f.size(), false);
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(h[i], float_to_bf16(f[i])) << i;
+  std::vector<float> back(f.size(), 0.25f);
+  ops_->convert_grads(back.data(), DType::F32, h.data(), DType::BF16, h.size(), false);
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(back[i], bf16_to_float(h[i])) << i;
+  ops_->convert_grads(back.data(), DType::F32, h.data(), DType::BF16, h.size(), true);
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(back[i], 2 * bf16_to_float(h[i])) << i;
+  std::vector<uint16_t> half(f.size());
+  ops_->convert_grads(half.data(), DType::F16, f.data(), DType::F32, f.size(), false);
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(half[i], float_to_fp16(f[i])) << i;
 }
 
 }  // namespace

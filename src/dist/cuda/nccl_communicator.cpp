@@ -167,24 +167,24 @@ class NcclCommunicator final : public Communicator {
   const char* backend() const override { return "nccl"; }
 
   void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override {
-    const Busy busy(*this);
+    const Busy busy(*this, "all_reduce", dtype_bytes(dtype, count));
     ANVIL_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
                      "all_reduce");
   }
 
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op) override {
-    const Busy busy(*this);
+    const Busy busy(*this, "reduce_scatter", dtype_bytes(dtype, recv_count) * size_t(world_));
     ANVIL_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_, stream_),
                      "reduce_scatter");
   }
 
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
-    const Busy busy(*this);
+    const Busy busy(*this, "all_gather", dtype_bytes(dtype, send_count) * size_t(world_));
     ANVIL_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_), "all_gather");
   }
 
   void broadcast(void* data, size_t count, DType dtype, int root) override {
-    const Busy busy(*this);
+    const Busy busy(*this, "broadcast", dtype_bytes(dtype, count));
     ANVIL_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, stream_), "broadcast");
   }
 
@@ -193,7 +193,7 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter_v(void* data, const std::vector<size_t>& counts, DType dtype, ReduceOp op) override {
     if (even_pieces(counts, "reduce_scatter_v"))
       return Communicator::reduce_scatter_v(data, counts, dtype, op);
-    const Busy busy(*this);
+    const Busy busy(*this, "reduce_scatter_v", dtype_bytes(dtype, total(counts)));
     ANVIL_NCCL_CHECK(ncclGroupStart(), "reduce_scatter_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
       ANVIL_NCCL_CHECK(ncclReduce(piece, piece, n, nccl_type(dtype), nccl_op(op), root, comm_, stream_),
@@ -204,7 +204,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_gather_v(void* data, const std::vector<size_t>& counts, DType dtype) override {
     if (even_pieces(counts, "all_gather_v")) return Communicator::all_gather_v(data, counts, dtype);
-    const Busy busy(*this);
+    const Busy busy(*this, "all_gather_v", dtype_bytes(dtype, total(counts)));
     ANVIL_NCCL_CHECK(ncclGroupStart(), "all_gather_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
       ANVIL_NCCL_CHECK(ncclBroadcast(piece, piece, n, nccl_type(dtype), root, comm_, stream_),
@@ -214,7 +214,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_to_all(const void* send, void* recv, size_t count_per_rank, DType dtype) override {
-    const Busy busy(*this);
+    const Busy busy(*this, "all_to_all", dtype_bytes(dtype, count_per_rank) * size_t(world_));
     const ncclDataType_t t = nccl_type(dtype);
     const size_t chunk = dtype_bytes(dtype, count_per_rank);
     ANVIL_NCCL_CHECK(ncclGroupStart(), "all_to_all");
@@ -245,10 +245,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   // The stamps of the step: zeroed on the compute stream before anything of the step (a pair left zero was
-  // not stamped in this step).
-  void begin_timing() override {
+  // not stamped in this step), then the origin of the spans stamped there.
+  void begin_timing(bool spans) override {
     busy_pairs_ = exposed_pairs_ = 0;
+    spans_ = spans;
+    span_names_.clear();
+    span_bytes_.clear();
     ANVIL_CUDA_CHECK(cudaMemsetAsync(clock_, 0, kClockBytes, compute_));
+    cuda::stamp_clock(compute_, clock_ + kOriginStamp);
   }
 
   CommTimes end_timing() override {
@@ -265,6 +269,15 @@ class NcclCommunicator final : public Communicator {
     };
     sum(0, out.busy_seconds, true);
     sum(kClockPairs, out.exposed_seconds, false);
+    if (!spans_) return out;
+    const uint64_t origin = t[kOriginStamp];
+    auto ms = [&](uint64_t stamp) { return (double(stamp) - double(origin)) * 1e-6; };
+    for (size_t p = 0; p < std::min(busy_pairs_, kClockPairs); ++p)
+      if (t[2 * p] != 0 && t[2 * p + 1] >= t[2 * p])
+        out.spans.push_back({span_names_[p], ms(t[2 * p]), ms(t[2 * p + 1]), false, span_bytes_[p]});
+    for (size_t p = kClockPairs; p < kClockPairs + std::min(exposed_pairs_, kClockPairs); ++p)
+      if (t[2 * p] != 0 && t[2 * p + 1] >= t[2 * p])
+        out.spans.push_back({"wait", ms(t[2 * p]), ms(t[2 * p + 1]), true, 0});
     return out;
   }
 
@@ -300,9 +313,17 @@ class NcclCommunicator final : public Communicator {
  private:
   static constexpr size_t kHostValues = 512;
   static constexpr uint64_t kMarks = 16;  // marks kept (events recorded in turn)
-  // Clock stamps per step: kClockPairs (begin, end) pairs for collectives, as many for compute's waits.
+  // Clock stamps per step: kClockPairs (begin, end) pairs for collectives, as many for compute's waits, and
+  // the spans' origin.
   static constexpr size_t kClockPairs = 2048;
-  static constexpr size_t kClockBytes = 2 * 2 * kClockPairs * sizeof(uint64_t);
+  static constexpr size_t kOriginStamp = 4 * kClockPairs;
+  static constexpr size_t kClockBytes = (4 * kClockPairs + 1) * sizeof(uint64_t);
+
+  static size_t total(const std::vector<size_t>& counts) {
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    return n;
+  }
 
   template <class F>
   void for_pieces(void* data, const std::vector<size_t>& counts, DType dtype, F&& f) {
@@ -320,9 +341,11 @@ class NcclCommunicator final : public Communicator {
 
   // A collective on stream_, after the compute queued before it, between two clock stamps (busy time).
   struct Busy {
-    explicit Busy(NcclCommunicator& c) : c(c), pair(c.busy_pairs_ < kClockPairs ? int(c.busy_pairs_++) : -1) {
+    Busy(NcclCommunicator& c, const char* name, size_t bytes)
+        : c(c), pair(c.busy_pairs_ < kClockPairs ? int(c.busy_pairs_++) : -1) {
       c.after_compute();
       if (pair >= 0) cuda::stamp_clock(c.stream_, c.clock_ + 2 * pair);
+      if (pair >= 0 && c.spans_) c.span_names_.push_back(name), c.span_bytes_.push_back(bytes);
     }
     ~Busy() {
       if (pair >= 0) cuda::stamp_clock(c.stream_, c.clock_ + 2 * pair + 1);
@@ -374,6 +397,9 @@ class NcclCommunicator final : public Communicator {
   uint64_t marks_made_ = 0;
   uint64_t* clock_ = nullptr;  // device: the step's stamps (begin_timing)
   size_t busy_pairs_ = 0, exposed_pairs_ = 0;
+  bool spans_ = false;                   // this step's spans are asked for (begin_timing)
+  std::vector<const char*> span_names_;  // per busy pair, with spans_
+  std::vector<size_t> span_bytes_;
   void* host_scratch_ = nullptr;
   bool aborted_ = false;
 };

@@ -204,8 +204,8 @@ void accumulate_sum(double* out, const float* x, size_t n);
 void sum_squares_to(DType dtype, double* out, const void* x, size_t n);
 void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
                      double max_norm);
-// Ops::add_grads: dst[i] += src[i] in `dtype`.
-void add(DType dtype, void* dst, const void* src, size_t n);
+// Ops::convert_grads: dst[i] (+)= src[i] across float types (in fp32, rounded once into dst_type).
+void convert(DType dst_type, void* dst, DType src_type, const void* src, size_t n, bool accumulate);
 
 void cast_weights(DType out_type, void* out, const float* master, size_t n, uint64_t rounding_seed);
 

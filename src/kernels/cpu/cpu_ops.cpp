@@ -213,7 +213,10 @@ class CpuOps final : public Ops {
     cpu::grad_clip_scale(scale_out, norm_out, sum_squares, step_values ? step_values->unscale : unscale,
                          max_norm);
   }
-  void add_grads(void* dst, const void* src, size_t n) override { cpu::add(p_.grad, dst, src, n); }
+  void convert_grads(void* dst, DType dst_type, const void* src, DType src_type, size_t n,
+                     bool accumulate) override {
+    cpu::convert(dst_type, dst, src_type, src, n, accumulate);
+  }
   void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed,
                     const StepValues* step_values) override {
     cpu::cast_weights(p_.compute, out, master, n,

@@ -42,12 +42,18 @@ void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squar
   *scale_out = float(double(clip) * unscale);
 }
 
-void add(DType dtype, void* dst, const void* src, size_t n) {
-  dispatch_float(dtype, [&](auto d) {
-    using S = Storage<decltype(d)::value>;
-    auto* y = static_cast<typename S::type*>(dst);
-    const auto* x = static_cast<const typename S::type*>(src);
-    for (size_t i = 0; i < n; ++i) y[i] = S::store(S::load(y[i]) + S::load(x[i]));
+void convert(DType dst_type, void* dst, DType src_type, const void* src, size_t n, bool accumulate) {
+  dispatch_float(dst_type, [&](auto d) {
+    dispatch_float(src_type, [&](auto s) {
+      using D = Storage<decltype(d)::value>;
+      using S = Storage<decltype(s)::value>;
+      auto* y = static_cast<typename D::type*>(dst);
+      const auto* x = static_cast<const typename S::type*>(src);
+      if (accumulate)
+        for (size_t i = 0; i < n; ++i) y[i] = D::store(D::load(y[i]) + S::load(x[i]));
+      else
+        for (size_t i = 0; i < n; ++i) y[i] = D::store(S::load(x[i]));
+    });
   });
 }
 

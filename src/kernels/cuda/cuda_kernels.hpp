@@ -282,8 +282,9 @@ void reduce_sum_to(cudaStream_t stream, anvil::DType dtype, const void* x, size_
 // `unscale_device`: null, or the unscale factor in device memory (read when the kernel runs).
 void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, const double* sum_squares,
                      double unscale, const double* unscale_device, double max_norm);
-// Ops::add_grads: dst[i] += src[i] in `dtype` (fp32 add, rounded once).
-void add(cudaStream_t stream, anvil::DType dtype, void* dst, const void* src, size_t n);
+// Ops::convert_grads: dst[i] (+)= src[i] across float types (in fp32, rounded once into dst_type).
+void convert(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type, const void* src,
+             size_t n, bool accumulate);
 
 // --- precision.cu ------------------------------------------------------------------------------------
 // out[i] = master[i] in `out_type`; BF16 with a nonzero seed rounds stochastically (core/half.hpp).

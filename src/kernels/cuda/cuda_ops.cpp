@@ -372,7 +372,10 @@ class CudaOps final : public Ops {
     cuda::grad_clip_scale(stream_, scale_out, norm_out, sum_squares, unscale,
                           step_values ? &step_values->unscale : nullptr, max_norm);
   }
-  void add_grads(void* dst, const void* src, size_t n) override { cuda::add(stream_, grad_, dst, src, n); }
+  void convert_grads(void* dst, DType dst_type, const void* src, DType src_type, size_t n,
+                     bool accumulate) override {
+    cuda::convert(stream_, dst_type, dst, src_type, src, n, accumulate);
+  }
 
   void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed,
                     const StepValues* step_values) override {

@@ -112,19 +112,27 @@ void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, co
 }
 
 namespace {
-template <class T>
-__global__ void add_kernel(T* dst, const T* src, size_t n) {
+template <class D, class S, bool kAccumulate>
+__global__ void convert_kernel(D* dst, const S* src, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i]));
+    dst[i] = from_float<D>(kAccumulate ? to_float(dst[i]) + to_float(src[i]) : to_float(src[i]));
 }
 }  // namespace
 
-void add(cudaStream_t stream, anvil::DType dtype, void* dst, const void* src, size_t n) {
+void convert(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type, const void* src,
+             size_t n, bool accumulate) {
   if (n == 0) return;
-  dispatch_float(dtype, [&](auto t) {
-    using T = decltype(t);
-    add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(dst),
-                                                               static_cast<const T*>(src), n);
+  dispatch_float(dst_type, [&](auto d) {
+    dispatch_float(src_type, [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      auto* y = static_cast<D*>(dst);
+      const auto* x = static_cast<const S*>(src);
+      if (accumulate)
+        convert_kernel<D, S, true><<<grid_for(n, kThreads), kThreads, 0, stream>>>(y, x, n);
+      else
+        convert_kernel<D, S, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(y, x, n);
+    });
   });
   ANVIL_CUDA_CHECK_LAST();
 }

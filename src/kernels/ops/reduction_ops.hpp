@@ -1,6 +1,6 @@
 // Reduction ops: sums and sums of squares (the non-finite check rides on them), returned to the host or
-// left in device memory, the gradient-clipping factor computed on the device, and the addition of one
-// gradient buffer into another.
+// left in device memory, the gradient-clipping factor computed on the device, and the conversion (or
+// addition) of one gradient buffer into another of any float type.
 //
 // Part of the Ops contract (kernels/ops.hpp: memory, storage types, the `[grad]` pointer marks, and the
 // gradient convention: parameter gradients accumulate, activation gradients are overwritten unless a
@@ -46,11 +46,14 @@ class ReductionOps {
   virtual void grad_clip_scale(float* scale_out, double* norm_out, const double* sum_squares, double unscale,
                                double max_norm, const StepValues* step_values) = 0;
 
-  // --- accumulation ----------------------------------------------------------------------------------
-  // dst[i] += src[i] for i < n, both [grad] (the gradient type), added in fp32 and rounded to nearest even
-  // once: a reduced gradient piece summed into the gradients kept for the optimizer (ZeRO stage 2). dst and
-  // src must not overlap unless equal. ACCUMULATES.
-  virtual void add_grads(void* dst, const void* src, size_t n) = 0;
+  // --- conversion and accumulation -------------------------------------------------------------------
+  // For i < n: dst[i] = src[i] (accumulate false: OVERWRITES) or dst[i] += src[i] (true: ACCUMULATES), dst
+  // of `dst_type` and src of `src_type` (F32, BF16 or F16, in any pairing), computed in fp32 and rounded to
+  // nearest even once into dst_type. Data parallelism moves gradients into and out of the communication
+  // type with it (communication_data_type) and sums a reduced piece into the gradients kept for the
+  // optimizer (ZeRO stage 2). dst and src must not overlap unless they are the same memory and type.
+  virtual void convert_grads(void* dst, DType dst_type, const void* src, DType src_type, size_t n,
+                             bool accumulate) = 0;
 };
 
 }  // namespace anvil

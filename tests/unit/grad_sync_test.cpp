@@ -1,0 +1,152 @@
+// GradSync (src/dist/grad_sync.hpp) with one process: the reduction of one rank is the identity, so what
+// the gradients hold after a step's reduction is exactly what the communication type made of them. fp32
+// gradients reduced in bf16 or fp16 (communication_data_type) come back rounded once to that type, for whole
+// gradients in buckets and for gradients by unit (ZeRO-2's slots added into the shard); in their own type
+// they come back unchanged. The store plans the staging buffer in the communication type.
+#include "dist/grad_sync.hpp"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "anvil/rng.hpp"
+#include "core/half.hpp"
+#include "dist/zero_partition.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil {
+namespace {
+
+size_t bytes_of(const MemoryPlan& plan, MemoryCategory c) {
+  size_t n = 0;
+  for (const PlannedBuffer& b : plan.buffers()) n += b.category == c ? b.bytes : 0;
+  return n;
+}
+
+float rounded(DType t, float v) {
+  return t == DType::F32    ? v
+         : t == DType::BF16 ? bf16_to_float(float_to_bf16(v))
+                            : fp16_to_float(float_to_fp16(v));
+}
+
+std::vector<float> random_values(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.normal() * 1e-2f;
+  return v;
+}
+
+ParamLayout layout() {
+  return ParamLayout::decoder(TransformerConfig::preset("llama-tiny"));
+}
+
+// The staging buffer (a communication buffer of the plan): the whole gradients' size in the communication
+// type, or the unit slots' (sharded gradients); none when the communication type is the gradients'.
+TEST(GradSyncCommType, TheStorePlansTheStagingBuffer) {
+  const std::vector<ParamUnit> units = layout().units();
+  auto al = [](size_t b) { return MemoryPlan::aligned(b); };
+  {
+    ParamStore store(layout(), {DType::BF16, DType::F32}, true);
+    store.set_comm_type(DType::F32);
+    EXPECT_FALSE(store.comm_staged());
+    MemoryPlan plan;
+    store.plan_memory(plan);
+    EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), store.numel() * 4);
+    EXPECT_EQ(bytes_of(plan, MemoryCategory::Communication), 0u);
+  }
+  {
+    ParamStore store(layout(), {DType::BF16, DType::F32}, true);
+    store.set_comm_type(DType::BF16);
+    EXPECT_TRUE(store.comm_staged());
+    MemoryPlan plan;
+    store.plan_memory(plan);
+    EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), store.numel() * 4);
+    EXPECT_EQ(bytes_of(plan, MemoryCategory::Communication), al(store.numel() * 2));
+    bool named = false;
+    for (const PlannedBuffer& b : plan.buffers())
+      named |= b.name == "gradients in the communication type (bf16)";
+    EXPECT_TRUE(named);
+    auto dev = make_cpu_device();
+    Arena arena(*dev, plan);
+    store.bind(arena);
+    EXPECT_NE(store.comm_grad_at(0), store.grad_at(0));
+    EXPECT_EQ(static_cast<char*>(store.comm_grad_at(10)) - static_cast<char*>(store.comm_grad_at(0)), 20);
+  }
+  {
+    ParamStore store(layout(), {DType::BF16, DType::F32}, true);
+    const ParamRange shard{0, store.numel() / 2};
+    store.set_grad_shard(shard);
+    store.set_comm_type(DType::F16);
+    MemoryPlan plan;
+    store.plan_memory(plan);
+    const size_t block = units[1].numel;
+    const size_t slots4 = al(units.front().numel * 4) + al(units.back().numel * 4) + 2 * al(block * 4);
+    const size_t slots2 = al(units.front().numel * 2) + al(units.back().numel * 2) + 2 * al(block * 2);
+    EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), shard.numel() * 4 + slots4);
+    EXPECT_EQ(bytes_of(plan, MemoryCategory::Communication), slots2);
+  }
+}
+
+// Whole gradients (data parallelism, ZeRO-1): buckets converted, reduced, converted back at finish.
+TEST(GradSyncCommType, WholeGradientsComeBackRoundedOnce) {
+  auto dev = make_cpu_device();
+  for (const DType comm : {DType::F32, DType::BF16, DType::F16}) {
+    ParamStore store(layout(), {DType::F32, DType::F32}, true);
+    store.set_comm_type(comm);
+    MemoryPlan plan;
+    store.plan_memory(plan);
+    Arena arena(*dev, plan);
+    store.bind(arena);
+    auto ops = make_cpu_ops(*dev, store.precision());
+    auto one = dist::make_single_process_communicator(*dev);
+    const std::vector<float> g = random_values(store.numel(), 11);
+    std::copy(g.begin(), g.end(), store.grads_f32());
+    dist::GradSync sync(*one, store, 4096, nullptr, ops.get());  // small buckets: several per step
+    sync.set_last_micro_batch(true);
+    for (int u = int(store.layout().units().size()) - 1; u >= 0; --u) store.grads_ready(u);
+    sync.finish();
+    EXPECT_GT(sync.buckets_queued(), 1);
+    const float* got = store.grads_f32();
+    for (size_t i = 0; i < g.size(); ++i)
+      ASSERT_EQ(got[i], rounded(comm, g[i])) << dtype_name(comm) << " " << i;
+  }
+}
+
+// Gradients by unit (ZeRO-2 with one rank: the shard is everything): each unit's slot converted into its
+// staging slot, reduce-scattered there, added into the shard's fp32 gradients over two micro-batches.
+TEST(GradSyncCommType, GradientsByUnitAddRoundedPiecesInFp32) {
+  auto dev = make_cpu_device();
+  for (const DType comm : {DType::F32, DType::BF16}) {
+    ParamStore store(layout(), {DType::F32, DType::F32}, true);
+    const dist::ZeroPartition partition(store.layout(), 1, dist::ShardCuts::Anywhere);
+    store.set_grad_shard(partition.shard(0));
+    store.set_comm_type(comm);
+    MemoryPlan plan;
+    store.plan_memory(plan);
+    Arena arena(*dev, plan);
+    store.bind(arena);
+    dev->fill_zero(store.grads(), store.grad_bytes());
+    auto ops = make_cpu_ops(*dev, store.precision());
+    auto one = dist::make_single_process_communicator(*dev);
+    dist::GradSync sync(*one, store, 0, &partition, ops.get());
+    const std::vector<ParamUnit>& units = store.layout().units();
+    const std::vector<float> a = random_values(store.numel(), 5), b = random_values(store.numel(), 6);
+    for (const std::vector<float>* micro : {&a, &b}) {
+      sync.set_last_micro_batch(micro == &b);
+      for (int u = int(units.size()) - 1; u >= 0; --u) {
+        const ParamUnit& unit = units[size_t(u)];
+        store.begin_grads(*dev, u);
+        std::copy(micro->begin() + long(unit.offset), micro->begin() + long(unit.offset + unit.numel),
+                  static_cast<float*>(store.grad_at(unit.offset)));
+        store.grads_ready(u);
+      }
+      sync.finish();
+    }
+    const float* got = store.grads_f32();
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(got[i], rounded(comm, a[i]) + rounded(comm, b[i])) << dtype_name(comm) << " " << i;
+  }
+}
+
+}  // namespace
+}  // namespace anvil
