@@ -288,13 +288,19 @@ void print_job(const MemoryEstimate& e, const std::vector<MemoryEstimate>& stage
              : stage == 1 ? ", with the largest shard's master weights and optimizer state"
                           : "");
   fmt::print("  per {} by ZeRO stage (Anvil's plan for this job; * the configured one):\n", unit);
-  fmt::print("    {:<7} {:>12} {:>15} {:>12} {:>17} {:>12}\n", "stage", "weights", "master weights",
-             "gradients", "optimizer states", "total");
+  // The communication column: gradients staged in communication_data_type, when it is not theirs.
+  const bool staged =
+      std::any_of(stages.begin(), stages.end(), [](const MemoryEstimate& r) { return r.communication > 0; });
+  const std::string comm_head = staged ? fmt::format(" {:>14}", "communication") : "";
+  fmt::print("    {:<7} {:>12} {:>15} {:>12} {:>17}{} {:>12}\n", "stage", "weights", "master weights",
+             "gradients", "optimizer states", comm_head, "total");
   for (const MemoryEstimate& r : stages)
-    fmt::print("    {:<7} {:>12} {:>15} {:>12} {:>17} {:>12}\n",
+    fmt::print("    {:<7} {:>12} {:>15} {:>12} {:>17}{} {:>12}\n",
                fmt::format("{}{}", r.scenario.zero_stage, r.scenario.zero_stage == stage ? " *" : ""),
                format_bytes(r.weights), format_bytes(r.master_weights), format_bytes(r.gradients),
-               format_bytes(r.optimizer_states), format_bytes(r.total()));
+               format_bytes(r.optimizer_states),
+               staged ? fmt::format(" {:>14}", format_bytes(r.communication)) : std::string(),
+               format_bytes(r.total()));
   fmt::print("  global batch {} sequences = micro-batch {} x {} accumulation x {} per node x {}\n",
              s.effective_batch() * f.world(), s.micro_batch, s.accumulation, count(f.num_gpus, unit),
              count(f.num_nodes, "node"));
@@ -356,6 +362,7 @@ nlohmann::ordered_json job_json(const MemoryScenario& s, const HostStaging* host
                          {"master_weights", r.master_weights},
                          {"gradients", r.gradients},
                          {"optimizer_states", r.optimizer_states},
+                         {"communication", r.communication},
                          {"total", r.total()}});
   json j = {{"zero_stage", f.world() > 1 ? s.zero_stage : 0},
             {"stages", per_stage},

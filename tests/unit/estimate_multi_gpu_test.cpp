@@ -296,6 +296,30 @@ TEST(EstimateMultiGpu, CommandPrintsTheJob) {
   EXPECT_TRUE(contains(r.output, "HW: Setup with 1 node, 2 GPUs per node.")) << r.output;
 }
 
+// communication_data_type other than the gradients' type: the job plans the staging buffer (2 bytes a
+// parameter in bf16 under stage 0, the unit slots' size under stages 2-3) and the stage table shows it; one
+// process reduces nothing and plans none.
+TEST(EstimateMultiGpu, CommunicationTypeIsPlanned) {
+  const std::string flags = gpt2_124m() + " --bf16 true --communication_data_type bf16";
+  test::CommandResult r = test::run_anvil("estimate" + flags + " --num_gpus 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json j = json::parse(r.output);
+  // (The buffer covers the padded vocabulary's rows too.)
+  const size_t params = j.at("parameters").get<size_t>(), staged = j.at("communication").get<size_t>();
+  EXPECT_GE(staged, 2 * params);
+  EXPECT_LT(staged, 2 * params + 2 * params / 100);
+  const json& stages = j.at("data_parallel").at("stages");
+  ASSERT_EQ(stages.size(), 4u);
+  EXPECT_LT(stages.at(2).at("communication").get<size_t>(), stages.at(0).at("communication").get<size_t>());
+  EXPECT_GT(stages.at(2).at("communication").get<size_t>(), 0u);
+  r = test::run_anvil("estimate" + flags + " --num_gpus 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "optimizer states  communication")) << r.output;
+  r = test::run_anvil("estimate" + flags + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.output).at("communication").get<size_t>(), 0u);
+}
+
 // A DeepSpeed config's train_batch_size counts every process of the planned job, as it will in the job.
 TEST(EstimateMultiGpu, TrainBatchSizeCountsThePlannedJob) {
   test::TempDir dir;
