@@ -4,7 +4,8 @@
 # master weights and AdamW, micro-batch 1 x 2048 tokens: `anvil estimate` shows that stage 0 does not fit
 # one GPU, then two GPUs train it with ZeRO-3 for a few steps and print their peak memory. Cards of 80 GB
 # use full gradient checkpointing (stage 3 then plans 77.8 GiB per GPU); larger cards train without it
-# (stage 0 on one of them would need more than 140 GiB).
+# (stage 0 on one of them would need more than 140 GiB). NPROC=4 trains on 4 GPUs, BATCH=N at micro-batch N
+# (defaults 2 and 1); STEPS steps (6).
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +26,12 @@ J
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 checkpointing=true
 [ "$mib" -gt 100000 ] && checkpointing=false
-shape=(--model "$W/config.json" --bf16 true --per_device_train_batch_size 1 --max_seq_length 2048
+np=${NPROC:-2}
+shape=(--model "$W/config.json" --bf16 true --per_device_train_batch_size "${BATCH:-1}" --max_seq_length 2048
        --gradient_checkpointing "$checkpointing")
 echo "== one GPU, stage 0 (gradient_checkpointing $checkpointing):"
 "$A" estimate "${shape[@]}" --device cuda | grep -E 'total  |fits|does NOT fit' | head -4
-echo "== two GPUs, ZeRO-3:"
-"$A" launch --nproc_per_node 2 --master_port 0 train "${shape[@]}" --zero_stage 3 --train_data "$W/data/train.bin" \
+echo "== $np GPUs, ZeRO-3, micro-batch ${BATCH:-1}:"
+"$A" launch --nproc_per_node "$np" --master_port 0 train "${shape[@]}" --zero_stage 3 --train_data "$W/data/train.bin" \
   --max_steps ${STEPS:-6} --logging_steps 1 --warmup_steps 2 --learning_rate 1e-5 --save_strategy no \
   --sample_prompt "" --output_dir "$W/run" 2>&1 | grep -vE '^\s*$' | tail -${TAIL:-40}
