@@ -17,12 +17,6 @@
 namespace anvil {
 namespace {
 
-size_t bytes_of(const MemoryPlan& plan, MemoryCategory c) {
-  size_t n = 0;
-  for (const PlannedBuffer& b : plan.buffers()) n += b.category == c ? b.bytes : 0;
-  return n;
-}
-
 float rounded(DType t, float v) {
   return t == DType::F32    ? v
          : t == DType::BF16 ? bf16_to_float(float_to_bf16(v))
@@ -51,8 +45,8 @@ TEST(GradSyncCommType, TheStorePlansTheStagingBuffer) {
     EXPECT_FALSE(store.comm_staged());
     MemoryPlan plan;
     store.plan_memory(plan);
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), store.numel() * 4);
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::Communication), 0u);
+    EXPECT_EQ(plan.bytes(MemoryCategory::Gradients), store.numel() * 4);
+    EXPECT_EQ(plan.bytes(MemoryCategory::Communication), 0u);
   }
   {
     ParamStore store(layout(), {DType::BF16, DType::F32}, true);
@@ -60,8 +54,8 @@ TEST(GradSyncCommType, TheStorePlansTheStagingBuffer) {
     EXPECT_TRUE(store.comm_staged());
     MemoryPlan plan;
     store.plan_memory(plan);
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), store.numel() * 4);
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::Communication), al(store.numel() * 2));
+    EXPECT_EQ(plan.bytes(MemoryCategory::Gradients), store.numel() * 4);
+    EXPECT_EQ(plan.bytes(MemoryCategory::Communication), al(store.numel() * 2));
     bool named = false;
     for (const PlannedBuffer& b : plan.buffers())
       named |= b.name == "gradients in the communication type (bf16)";
@@ -82,8 +76,8 @@ TEST(GradSyncCommType, TheStorePlansTheStagingBuffer) {
     const size_t block = units[1].numel;
     const size_t slots4 = al(units.front().numel * 4) + al(units.back().numel * 4) + 2 * al(block * 4);
     const size_t slots2 = al(units.front().numel * 2) + al(units.back().numel * 2) + 2 * al(block * 2);
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), shard.numel() * 4 + slots4);
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::Communication), slots2);
+    EXPECT_EQ(plan.bytes(MemoryCategory::Gradients), shard.numel() * 4 + slots4);
+    EXPECT_EQ(plan.bytes(MemoryCategory::Communication), slots2);
   }
 }
 

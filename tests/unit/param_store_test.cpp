@@ -15,12 +15,6 @@
 namespace anvil {
 namespace {
 
-size_t bytes_of(const MemoryPlan& plan, MemoryCategory c) {
-  size_t n = 0;
-  for (const PlannedBuffer& b : plan.buffers()) n += b.category == c ? b.bytes : 0;
-  return n;
-}
-
 std::vector<float> random_weights(size_t n) {
   Rng rng(3);
   std::vector<float> w(n);
@@ -34,9 +28,9 @@ TEST(ParamStore, TrainingInBf16KeepsFp32MasterWeights) {
   MemoryPlan plan;
   store.plan_memory(plan);
   const size_t P = store.numel();
-  EXPECT_EQ(bytes_of(plan, MemoryCategory::MasterWeights), P * 4);
-  EXPECT_EQ(bytes_of(plan, MemoryCategory::Weights), P * 2);
-  EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), P * 4);
+  EXPECT_EQ(plan.requested_bytes(MemoryCategory::MasterWeights), P * 4);
+  EXPECT_EQ(plan.requested_bytes(MemoryCategory::Weights), P * 2);
+  EXPECT_EQ(plan.requested_bytes(MemoryCategory::Gradients), P * 4);
   auto dev = make_cpu_device();
   Arena arena(*dev, plan);
   store.bind(arena);
@@ -55,8 +49,8 @@ TEST(ParamStore, InferenceIn16BitKeepsTheComputeTypeOnly) {
     MemoryPlan plan;
     store.plan_memory(plan);
     const size_t P = store.numel();
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::MasterWeights), 0u);
-    EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients), 0u);
+    EXPECT_EQ(plan.requested_bytes(MemoryCategory::MasterWeights), 0u);
+    EXPECT_EQ(plan.requested_bytes(MemoryCategory::Gradients), 0u);
     EXPECT_EQ(plan.total_bytes(), MemoryPlan::aligned(P * 2));
     auto dev = make_cpu_device();
     Arena arena(*dev, plan);
@@ -82,7 +76,7 @@ TEST(ParamStore, Fp32InferenceWeightsAreTheMasterWeights) {
   Arena arena(*dev, plan);
   store.bind(arena);
   EXPECT_EQ(static_cast<void*>(store.master()), store.weights());
-  EXPECT_EQ(bytes_of(plan, MemoryCategory::Weights), store.numel() * 4);
+  EXPECT_EQ(plan.requested_bytes(MemoryCategory::Weights), store.numel() * 4);
 }
 
 // ZeRO stage 2 (set_grad_shard): the gradients kept for the optimizer are the shard's; backward writes into
@@ -100,9 +94,9 @@ TEST(ParamStore, ShardedGradientsLiveInUnitSlots) {
   store.plan_memory(plan);
   const size_t block = units[1].numel;
   auto al = [](size_t b) { return MemoryPlan::aligned(b); };
-  EXPECT_EQ(bytes_of(plan, MemoryCategory::Gradients),
+  EXPECT_EQ(plan.requested_bytes(MemoryCategory::Gradients),
             shard.numel() * 4 + al(units.front().numel * 4) + al(units.back().numel * 4) + 2 * al(block * 4));
-  EXPECT_LT(bytes_of(plan, MemoryCategory::Gradients), store.numel() * 4);
+  EXPECT_LT(plan.requested_bytes(MemoryCategory::Gradients), store.numel() * 4);
   auto dev = make_cpu_device();
   Arena arena(*dev, plan);
   store.bind(arena);
