@@ -105,7 +105,7 @@ MIB = 1 << 20
 # Per-GPU micro-batches tried, largest first. Llama-1B on one H200 (issue 28): torch.compile's best was 8
 # (51.1 GiB), 4 at 33.7 GiB; FSDP2 on 2 H200s (issue 29) 8 at 53.8 GiB, 4 at 30.7 GiB; Anvil 8 at 43 GiB on an
 # H100 (decoder_speed). Other models of decoder_speed.py keep its lists.
-DEFAULT_BATCHES = {"llama-1b": [8, 4], "d24": [16, 8]}
+DEFAULT_BATCHES = {"llama-1b": [8, 4], "d24": [16, 8], "llama-8b": [4, 2]}
 DEFAULT_MODELS = ("llama-1b", "d24")
 
 # The PyTorch systems on N GPUs and their wrapping (torch_distributed_reference.make_spec).

@@ -214,8 +214,8 @@ void TransformerConfig::validate(std::string_view where) const {
 }
 
 std::vector<std::string> TransformerConfig::preset_names() {
-  return {"tiny",      "d12",        "d24",        "d36",      "d48",         "bert-tiny",
-          "bert-base", "bert-large", "llama-tiny", "llama-1b", "qwen2.5-0.5b"};
+  return {"tiny",      "d12",        "d24",        "d36",      "d48",      "bert-tiny",
+          "bert-base", "bert-large", "llama-tiny", "llama-1b", "llama-8b", "qwen2.5-0.5b"};
 }
 
 TransformerConfig TransformerConfig::preset(std::string_view name) {
@@ -261,6 +261,18 @@ TransformerConfig TransformerConfig::preset(std::string_view name) {
     c.tie_word_embeddings = true, c.rope_theta = 500000.0;
     c.rope_scaling = {.type = "llama3",
                       .factor = 32.0,
+                      .low_freq_factor = 1.0,
+                      .high_freq_factor = 4.0,
+                      .original_max_position_embeddings = 8192};
+    c.bos_token_id = 128000, c.eos_token_id = 128001;
+    return c;
+  }
+  if (name == "llama-8b") {  // meta-llama/Llama-3.1-8B: a model whose AdamW training needs ZeRO-3 (or more
+                             // than one GPU's memory)
+    llama("llama", 32, 32, 8, 4096, 14336, 128256, 131072, 1e-5);
+    c.rope_theta = 500000.0;
+    c.rope_scaling = {.type = "llama3",
+                      .factor = 8.0,
                       .low_freq_factor = 1.0,
                       .high_freq_factor = 4.0,
                       .original_max_position_embeddings = 8192};

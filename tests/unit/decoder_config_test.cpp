@@ -333,7 +333,7 @@ TEST(DecoderConfig, ImportsTransformers5Form) {
 TEST(DecoderConfig, ExportRoundTrips) {
   std::vector<TransformerConfig> configs = {import(llama32_1b()), import(qwen25_05b()), import(mistral_7b()),
                                             import(tinyllama())};
-  for (const char* p : {"llama-tiny", "llama-1b", "qwen2.5-0.5b"})
+  for (const char* p : {"llama-tiny", "llama-1b", "llama-8b", "qwen2.5-0.5b"})
     configs.push_back(TransformerConfig::preset(p));
   TransformerConfig odd = TransformerConfig::preset("llama-tiny");
   odd.n_embd = 64, odd.head_dim = 24, odd.attention_bias = true, odd.mlp_bias = true, odd.pad_token_id = 3;
@@ -515,6 +515,7 @@ TEST(DecoderConfig, PresetsAndParameterCounts) {
   b = t, b.tie_word_embeddings = true;
   EXPECT_EQ(t.num_parameters() - b.num_parameters(), 256 * 128);
   EXPECT_EQ(TransformerConfig::preset("llama-1b").num_parameters(), 1'235'814'400);
+  EXPECT_EQ(TransformerConfig::preset("llama-8b").num_parameters(), 8'030'261'248);  // Llama-3.1-8B's
   EXPECT_EQ(TransformerConfig::preset("qwen2.5-0.5b").num_parameters(), 494'032'768);
   // GPT-2 and BERT counts unchanged.
   EXPECT_EQ(TransformerConfig::preset("d12").num_parameters(), 124'439'808);
