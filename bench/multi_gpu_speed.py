@@ -12,7 +12,10 @@ default anvil,anvil_1gpu,fsdp2,fsdp2_noreshard,ddp,compile_1gpu), each on --npro
                    --deepspeed ds.json` with {"zero_optimization": {"stage": S}} for each stage of
                    --anvil_stages (0,1,2,3), and "communication_data_type" for each type of --anvil_comm
                    other than "" (the gradients' own, fp32: the default; "bf16" halves the bytes reduced;
-                   its rows read "anvil zero S, bf16 comm"). A stage the build refuses is recorded as "not
+                   its rows read "anvil zero S, bf16 comm"), and `--backward_grad_dtype` for each type of
+                   --anvil_grads other than "" (stages 2-3: "bf16" writes the unit gradients in bf16 and
+                   accumulates in fp32, as FSDP2 with bf16 parameters; rows "anvil zero S, bf16 grads"). A
+                   stage the build refuses is recorded as "not
                    supported by this build" with Anvil's error, not as a failure.
   ddp              bench/benchlib/torch_distributed_reference.py under torchrun: the shared reference's model
                    and step (transformers model, padded vocabulary, SDPA, loss inside the compiled code,
@@ -133,10 +136,12 @@ class Job:
     baseline), whose batches are searched. `label` names its rows: anvil_zero<S>, ddp, fsdp2...; the
     baselines anvil and compile."""
 
-    def __init__(self, model, system, nproc, stage=None, comm=""):
+    def __init__(self, model, system, nproc, stage=None, comm="", grads=""):
         self.model, self.system, self.nproc, self.stage, self.comm = model, system, nproc, stage, comm
+        self.grads = grads
         if system == "anvil":
-            self.label, self.kind = f"anvil_zero{stage}" + (f"_{comm}comm" if comm else ""), "anvil"
+            self.label = f"anvil_zero{stage}" + (f"_{comm}comm" if comm else "") + (f"_{grads}grads" if grads else "")
+            self.kind = "anvil"
         elif system in BASELINES:
             self.label = BASELINES[system]
             self.kind = "anvil" if system == "anvil_1gpu" else "compile"
@@ -157,7 +162,8 @@ def jobs_of(args):
                 continue
             for n in args.nproc_list:
                 if system == "anvil":
-                    out += [Job(model, system, n, s, c) for s in args.stage_list for c in args.comm_list]
+                    out += [Job(model, system, n, s, c, g) for s in args.stage_list for c in args.comm_list
+                            for g in args.grads_list if not g or s >= 2]
                 else:
                     out.append(Job(model, system, n))
     return out
@@ -198,7 +204,7 @@ def prepare(args, job, batch):
         launch, note = None, "plain anvil train on one GPU"
         if job.system == "anvil":
             ds = deepspeed_config(args.workdir, job.stage, job.comm)
-            flags += ["--deepspeed", ds]
+            flags += ["--deepspeed", ds] + (["--backward_grad_dtype", job.grads] if job.grads else [])
             launch = ["--nproc_per_node", job.nproc, "--master_port", args.master_port or free_port()]
             note = f"{ds}: {ds.read_text().strip()}".replace("\n", " ")
         cmd = anvil_train.command(args.anvil, flags, work, launch)
@@ -238,6 +244,8 @@ def run_one(args, meter, job, batch, timeout):
         r["zero_stage"] = job.stage
         if job.comm:
             r["communication_data_type"] = job.comm
+        if job.grads:
+            r["backward_grad_dtype"] = job.grads
     r["machine"] = args.machine
     if job.kind == "anvil":
         summary = r.pop("summary", None) or {}
@@ -329,8 +337,8 @@ def gib(b):
 
 def row_name(r):
     if r["label"].startswith("anvil_zero"):
-        comm = r.get("communication_data_type")
-        return f"anvil zero {r['zero_stage']}" + (f", {comm} comm" if comm else "")
+        comm, grads = r.get("communication_data_type"), r.get("backward_grad_dtype")
+        return f"anvil zero {r['zero_stage']}" + (f", {comm} comm" if comm else "") + (f", {grads} grads" if grads else "")
     return r["label"]
 
 
@@ -512,6 +520,9 @@ def main():
     ap.add_argument("--anvil_comm", default="",
                     help="communication_data_type of the anvil runs, comma-separated (e.g. ',bf16': the "
                          "gradients' own type and bf16); empty: the gradients' own")
+    ap.add_argument("--anvil_grads", default="",
+                    help="backward_grad_dtype of the anvil runs of stages 2-3, comma-separated (e.g. ',bf16'); "
+                         "empty: the gradients' own type")
     ap.add_argument("--nproc", default="2", help="GPUs per multi-GPU run, comma-separated (e.g. 2,4); 'all': "
                                                 "every GPU of the machine")
     ap.add_argument("--batches", default="",
@@ -554,6 +565,9 @@ def main():
     if set(args.stage_list) - {0, 1, 2, 3}:
         ap.error("--anvil_stages: stages 0..3")
     args.comm_list = [c for c in args.anvil_comm.split(",")] if args.anvil_comm else [""]
+    args.grads_list = [g for g in args.anvil_grads.split(",")] if args.anvil_grads else [""]
+    if set(args.grads_list) - {"", "bf16", "fp16"}:
+        ap.error("--anvil_grads: comma-separated bf16, fp16 (or empty for the gradients' own type)")
     if set(args.comm_list) - {"", "fp32", "bf16", "fp16"}:
         ap.error("--anvil_comm: comma-separated fp32, bf16, fp16 (or empty for the gradients' own type)")
     override = [int(b) for b in args.batches.split(",") if b]
@@ -589,7 +603,7 @@ def main():
               "settings": {"seq": {m: args.seq_of(m) for m in args.model_list}, "steps": args.steps,
                            "warmup": args.warmup, "peak_flops": args.peak_flops, "search": args.search,
                            "anvil": args.anvil, "batches": {m: args.batch_list(m) for m in args.model_list},
-                           "nproc": args.nproc_list, "anvil_stages": args.stage_list, "anvil_comm": args.comm_list,
+                           "nproc": args.nproc_list, "anvil_stages": args.stage_list, "anvil_comm": args.comm_list, "anvil_grads": args.grads_list,
                            "ddp_bucket_mb": args.ddp_bucket_mb, "ddp_static_graph": args.ddp_static_graph,
                            "fsdp2_autocast": args.fsdp2_autocast, "nccl_nvls_enable": "0"},
               "runs": {}, "done": [], "not_run": []}

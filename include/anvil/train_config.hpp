@@ -68,6 +68,9 @@ struct TrainConfig {
   // The type gradients are reduced in across processes (DeepSpeed's communication_data_type): "" the
   // gradient type (grad_accum_dtype), or fp32 / bf16 / fp16; accumulation stays in grad_accum_dtype.
   std::string communication_data_type;
+  // ZeRO stages 2-3: the type backward writes each micro-batch's parameter gradients in before they are
+  // reduced: "" grad_accum_dtype, or the 16-bit compute type (bf16 / fp16) with fp32 accumulation.
+  std::string backward_grad_dtype;
   // ZeRO stage (docs/distributed.md): 0 every rank keeps everything; 1 each rank keeps its shard of the
   // fp32 master weights and optimizer state; 2 also of the reduced gradients; 3 also of the weights
   // (gathered unit by unit). DeepSpeed's zero_optimization.stage.

@@ -16,7 +16,8 @@ GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, c
       scatter_(scatter),
       ops_(ops),
       by_unit_(store.grads_sharded()),
-      grad_type_(store.precision().grad),
+      written_type_(store.written_grad_type()),
+      kept_type_(store.precision().grad),
       comm_type_(store.comm_type()),
       staged_(store.comm_staged()),
       pending_begin_(store.numel()),
@@ -47,7 +48,8 @@ void GradSync::unit_ready(int unit) {
   const ParamUnit& u = store_.layout().units()[size_t(unit)];
   if (by_unit_) {
     void* data = store_.comm_grad_at(u.offset);
-    if (staged_) ops_->convert_grads(data, comm_type_, store_.grad_at(u.offset), grad_type_, u.numel, false);
+    if (staged_)
+      ops_->convert_grads(data, comm_type_, store_.grad_at(u.offset), written_type_, u.numel, false);
     comm_.reduce_scatter_v(data, scatter_->counts_in(u.offset, u.offset + u.numel), comm_type_);
     marks_[size_t(unit)] = comm_.mark();
     to_add_[size_t(unit)] = true;
@@ -81,7 +83,7 @@ void GradSync::add_piece(int unit) {
   const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
   if (lo < hi) {
     const char* slot = static_cast<const char*>(store_.comm_grad_at(u.offset));
-    ops_->convert_grads(store_.reduced_grad_at(lo), grad_type_, slot + dtype_bytes(comm_type_, lo - u.offset),
+    ops_->convert_grads(store_.reduced_grad_at(lo), kept_type_, slot + dtype_bytes(comm_type_, lo - u.offset),
                         comm_type_, hi - lo, true);
   }
   to_add_[size_t(unit)] = false;
@@ -114,7 +116,8 @@ void GradSync::finish() {
 
 void GradSync::queue(size_t begin, size_t end) {
   void* data = store_.comm_grad_at(begin);
-  if (staged_) ops_->convert_grads(data, comm_type_, store_.grad_at(begin), grad_type_, end - begin, false);
+  if (staged_)
+    ops_->convert_grads(data, comm_type_, store_.grad_at(begin), written_type_, end - begin, false);
   if (scatter_)
     comm_.reduce_scatter_v(data, scatter_->counts_in(begin, end), comm_type_);
   else
@@ -131,7 +134,7 @@ void GradSync::convert_back() {
     begin = std::max(begin, mine.begin), end = std::min(end, mine.end);
   }
   if (begin < end)
-    ops_->convert_grads(store_.grad_at(begin), grad_type_, store_.comm_grad_at(begin), comm_type_,
+    ops_->convert_grads(store_.grad_at(begin), kept_type_, store_.comm_grad_at(begin), comm_type_,
                         end - begin, false);
 }
 

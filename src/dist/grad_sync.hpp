@@ -24,7 +24,9 @@
 // converted into the store's staging buffer on the compute stream before its collective and the reduction
 // runs there; the result is converted back into the gradients after the step's last collective (whole
 // gradients: the shard's range only under stage 1), or added into the shard's gradients from the staging
-// slot (gradients by unit). Accumulation over micro-batches stays in the gradient type.
+// slot (gradients by unit). Accumulation over micro-batches stays in the gradient type. Unit slots in the
+// 16-bit compute type (backward_grad_dtype) reduce in it unless communication_data_type says otherwise, and
+// are added into the shard's gradient type the same way.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -74,7 +76,9 @@ class GradSync {
   const ZeroPartition* const scatter_;
   Ops* const ops_;
   const bool by_unit_;
-  const DType grad_type_, comm_type_;
+  // What backward writes (the unit slots' type under ZeRO-2/3), what the optimizer's gradients are kept in,
+  // and what the collectives run in.
+  const DType written_type_, kept_type_, comm_type_;
   const bool staged_;  // the reduction runs in the store's staging buffer of comm_type_
   bool armed_ = false;
   size_t pending_begin_, pending_end_;  // completed, not yet queued: [begin, end) in floats of the layout

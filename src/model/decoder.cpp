@@ -340,8 +340,9 @@ void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, i
                       bool write_grad) {
   ANVIL_ASSERT(B <= B_ && T <= T_, "forward shape {}x{} exceeds planned {}x{}", B, T, B_, T_);
   ANVIL_ASSERT(!write_grad || (training_ && targets), "write_grad needs a training model and targets");
-  ANVIL_ASSERT(ops.precision().compute == precision().compute && ops.precision().grad == precision().grad,
-               "the ops' precision does not match the model's");
+  ANVIL_ASSERT(
+      ops.precision().compute == precision().compute && ops.precision().grad == store_.written_grad_type(),
+      "the ops' precision does not match the model's");
   const int C = spec_.C, L = spec_.n_layer, V = spec_.vocab, Vp = spec_.padded_vocab;
   const int N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;

@@ -18,8 +18,7 @@ ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training
       training_(training),
       weight_elem_(dtype_bits(precision.compute) / 8),
       grad_elem_(dtype_bits(precision.grad) / 8),
-      grad_range_(layout_.all()),
-      comm_type_(precision.grad) {
+      grad_range_(layout_.all()) {
   validate_ops_precision(precision);
 }
 
@@ -64,14 +63,19 @@ size_t slot_offsets(const std::vector<size_t>& slot_numel, size_t elem, std::vec
 
 }  // namespace
 
-void ParamStore::set_grad_shard(ParamRange r) {
+void ParamStore::set_grad_shard(ParamRange r, std::optional<DType> slot_type) {
   ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "gradient shard [{}, {}) outside the {} parameters",
                r.begin, r.end, numel());
   ANVIL_ASSERT(training_, "set_grad_shard: a store planned without training has no gradients");
   grads_sharded_ = true;
   grad_range_ = r;
+  slot_type_ = slot_type.value_or(precision_.grad);
+  ANVIL_ASSERT(slot_type_ == precision_.grad || slot_type_ == precision_.compute,
+               "unit gradients in {}: the gradient type ({}) or the compute type ({})",
+               dtype_name(slot_type_), dtype_name(precision_.grad), dtype_name(precision_.compute));
+  slot_elem_ = dtype_bytes(slot_type_, 1);
   slot_numel_ = plan_unit_slots(layout_.units(), slot_of_unit_);
-  slot_bytes_ = slot_offsets(slot_numel_, grad_elem_, slot_offset_);
+  slot_bytes_ = slot_offsets(slot_numel_, slot_elem_, slot_offset_);
   slot_unit_.assign(slot_numel_.size(), -1);
   grad_state_.assign(layout_.units().size(), GradState::Idle);
 }
@@ -93,9 +97,13 @@ void ParamStore::set_comm_type(DType t) {
   comm_type_ = t;
 }
 
+DType ParamStore::comm_type() const {
+  return comm_type_.value_or(written_grad_type());
+}
+
 void* ParamStore::comm_grad_at(size_t offset) const {
   if (!comm_staged()) return grad_at(offset);
-  const size_t elem = dtype_bytes(comm_type_, 1);
+  const size_t elem = dtype_bytes(comm_type(), 1);
   if (!grads_sharded_) return comm_ + offset * elem;
   slot_grad_at(offset);  // checks that the slot holds offset's unit
   const int u = layout_.unit_of(offset);
@@ -137,14 +145,15 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   }
   if (training_ && comm_staged()) {
     // As communication_data_type spells it.
-    const char* type = comm_type_ == DType::BF16 ? "bf16" : comm_type_ == DType::F16 ? "fp16" : "fp32";
+    const DType t = comm_type();
+    const char* type = t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32";
     if (grads_sharded_) {
-      const size_t bytes = slot_offsets(slot_numel_, dtype_bytes(comm_type_, 1), comm_slot_offset_);
+      const size_t bytes = slot_offsets(slot_numel_, dtype_bytes(comm_type(), 1), comm_slot_offset_);
       i_comm_ = plan.add(fmt::format("gradient slots in the communication type ({})", type), M::Communication,
                          bytes);
     } else {
       i_comm_ = plan.add(fmt::format("gradients in the communication type ({})", type), M::Communication,
-                         dtype_bytes(comm_type_, P));
+                         dtype_bytes(comm_type(), P));
     }
   }
 }
@@ -170,7 +179,7 @@ void* ParamStore::slot_grad_at(size_t offset) const {
       "gradient view of unit '{}', whose slot it does not hold (begin_grads comes first; a slot holds "
       "one unit at a time)",
       unit.name);
-  return slots_ + slot_offset_[s] + (offset - unit.offset) * grad_elem_;
+  return slots_ + slot_offset_[s] + (offset - unit.offset) * slot_elem_;
 }
 
 void* ParamStore::reduced_grad_at(size_t offset) const {
@@ -202,7 +211,7 @@ void ParamStore::begin_grads(Device& dev, int unit) {
   if (prev >= 0 && on_slot_reuse_) on_slot_reuse_(prev);
   slot_unit_[s] = unit;
   state = GradState::Writing;
-  dev.fill_zero(slots_ + slot_offset_[s], layout_.units()[size_t(unit)].numel * grad_elem_);
+  dev.fill_zero(slots_ + slot_offset_[s], layout_.units()[size_t(unit)].numel * slot_elem_);
 }
 
 void* ParamStore::slot_weight_at(size_t offset) const {

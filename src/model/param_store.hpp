@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -66,8 +67,10 @@ class ParamStore {
   // gradient are written in forward and live through backward), the units between them share two slots
   // in turn (one written while the other's reduction runs). Before a slot goes to another unit, the
   // slot-reuse hook moves the previous unit's reduced piece out (dist::GradSync); at each micro-batch's end
-  // every slot must have been emptied so (the hook is then a no-op for it).
-  void set_grad_shard(ParamRange r);
+  // every slot must have been emptied so (the hook is then a no-op for it). The slots hold `slot_type`: the
+  // gradient type (default), or the 16-bit compute type (backward_grad_dtype: half the slots' memory; the
+  // shard keeps the gradient type, so accumulation over micro-batches stays in it).
+  void set_grad_shard(ParamRange r, std::optional<DType> slot_type = std::nullopt);
   bool grads_sharded() const { return grads_sharded_; }
   // The range grads() covers: set_grad_shard's, else the whole buffer.
   ParamRange grad_range() const { return grad_range_; }
@@ -81,13 +84,15 @@ class ParamStore {
   void set_weight_shard(ParamRange r);
   bool weights_sharded() const { return weights_sharded_; }
   void set_weight_gatherer(WeightGatherer* g) { gatherer_ = g; }
+  // The type backward writes gradients in: the slots' under sharded gradients, else the gradient type.
+  DType written_grad_type() const { return grads_sharded_ ? slot_type_ : precision_.grad; }
   // Data parallelism reduces the gradients in `t` (communication_data_type; before plan_memory, after
-  // set_grad_shard). For a type other than the gradient type the store plans a staging buffer of `t` beside
-  // what backward writes: the whole buffer's size, or the gradient slots' (sharded gradients); the reduction
-  // converts into it, reduces there and converts back (dist::GradSync).
+  // set_grad_shard; default: written_grad_type()). For another type the store plans a staging buffer of `t`
+  // beside what backward writes: the whole buffer's size, or the gradient slots' (sharded gradients); the
+  // reduction converts into it, reduces there and converts back (dist::GradSync).
   void set_comm_type(DType t);
-  DType comm_type() const { return comm_type_; }
-  bool comm_staged() const { return comm_type_ != precision_.grad; }
+  DType comm_type() const;
+  bool comm_staged() const { return comm_type() != written_grad_type(); }
   // Element `offset` of the buffer the reduction runs in: the staging buffer (in comm_type(); sharded
   // gradients: in the slot of offset's unit, which must hold that unit), else grad_at(offset) itself.
   void* comm_grad_at(size_t offset) const;
@@ -183,7 +188,9 @@ class ParamStore {
   void* slot_grad_at(size_t offset) const;
   bool grads_sharded_ = false;
   ParamRange grad_range_;
-  std::vector<int> slot_of_unit_;      // per unit
+  std::vector<int> slot_of_unit_;  // per unit
+  DType slot_type_ = DType::F32;   // what the slots hold
+  size_t slot_elem_ = 4;
   std::vector<size_t> slot_numel_;     // elements, per slot
   std::vector<size_t> slot_offset_;    // bytes into the slot memory, per slot
   size_t slot_bytes_ = 0;              // all slots
@@ -194,7 +201,7 @@ class ParamStore {
   std::function<void(int)> on_slot_reuse_;
 
   // The communication type's staging buffer (set_comm_type): whole, or one slot per gradient slot.
-  DType comm_type_;
+  std::optional<DType> comm_type_;
   size_t i_comm_ = SIZE_MAX;
   char* comm_ = nullptr;
   std::vector<size_t> comm_slot_offset_;  // bytes into comm_, per gradient slot (sharded gradients)

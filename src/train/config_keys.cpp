@@ -471,7 +471,22 @@ const std::vector<ConfigKeyDoc> kKeys = {
          R"md(Data parallelism: megabytes of gradients per bucket; each bucket is all-reduced as soon as backward has completed it, overlapping the rest of the backward (Hugging Face's `ddp_bucket_cap_mb`; default 25). 0: no overlap, one reduction after the whole backward (DeepSpeed's `overlap_comm: false`). DeepSpeed's `zero_optimization.reduce_bucket_size` (elements) sets it as fp32 megabytes.)md",
      .summary = "Data parallelism: megabytes of gradients per bucket, each all-reduced as soon as backward "
                 "completes it (HF's ddp_bucket_cap_mb; 0: one reduction after backward)."},
-    {.key = "communication_data_type", .section = "Distributed", .type = "string", .meaning = R"md(The type gradients are reduced in across processes (DeepSpeed's `communication_data_type`): `fp32`, `bf16` or `fp16`; `""` (default) the gradient type, `grad_accum_dtype`. Accumulation over micro-batches stays in `grad_accum_dtype`: with fp32 gradients and `bf16`, each bucket (each unit under ZeRO 2-3) is rounded to bf16 just before its collective, summed in bf16 (NCCL adds in fp32 and rounds at each step of its ring; Gloo sums in fp32) and widened back into the fp32 gradients, so half the bytes cross the network. The staging buffer costs 2 bytes per parameter (the unit slots' size under ZeRO 2-3), planned with the rest (`anvil estimate --num_gpus N`). `fp16` can overflow where gradients exceed 65504 (the step's norm is then not finite and the run stops or, with the loss scaler, skips the step). With one process it changes nothing. See docs/distributed.md.)md", .default_text = "`\"\"` (the gradient type)", .summary = "Type gradients are reduced in across processes: fp32, bf16 or fp16 (default: theirs)."},
+    {.key = "communication_data_type",
+     .section = "Distributed",
+     .type = "string",
+     .meaning =
+         R"md(The type gradients are reduced in across processes (DeepSpeed's `communication_data_type`): `fp32`, `bf16` or `fp16`; `""` (default) the gradient type, `grad_accum_dtype`. Accumulation over micro-batches stays in `grad_accum_dtype`: with fp32 gradients and `bf16`, each bucket (each unit under ZeRO 2-3) is rounded to bf16 just before its collective, summed in bf16 (NCCL adds in fp32 and rounds at each step of its ring; Gloo sums in fp32) and widened back into the fp32 gradients, so half the bytes cross the network. The staging buffer costs 2 bytes per parameter (the unit slots' size under ZeRO 2-3), planned with the rest (`anvil estimate --num_gpus N`). `fp16` can overflow where gradients exceed 65504 (the step's norm is then not finite and the run stops or, with the loss scaler, skips the step). With one process it changes nothing. See docs/distributed.md.)md",
+     .default_text = "`\"\"` (the gradient type)",
+     .summary = "Type gradients are reduced in across processes: fp32, bf16 or fp16 "
+                "(default: theirs)."},
+    {.key = "backward_grad_dtype",
+     .section = "Distributed",
+     .type = "string",
+     .meaning =
+         R"md(ZeRO stages 2-3: the type backward writes each micro-batch's parameter gradients in before they are reduced: `""` (default) `grad_accum_dtype`, or the 16-bit compute type (`bf16` with `bf16`, `fp16` with `fp16`) while `grad_accum_dtype` stays `fp32`. The unit slots backward writes into then take half the memory, each unit is reduced in that type (unless `communication_data_type` says otherwise) and added into the shard's fp32 gradients, so accumulation over micro-batches stays in fp32: what DeepSpeed's bf16 mode and FSDP2 with bf16 parameters do. Each micro-batch's gradients are rounded to 16 bits once (a weight used twice in a micro-batch, as a tied embedding, sums in 16 bits). Needs `zero_stage` 2 or 3 and a decoder model; with one process (every stage is stage 0) it has no effect. See docs/distributed.md.)md",
+     .default_text = "`\"\"` (grad_accum_dtype)",
+     .summary = "ZeRO 2-3: backward writes gradients in the 16-bit compute type, "
+                "accumulated in fp32."},
     {.key = "zero_stage",
      .section = "Distributed",
      .type = "int",

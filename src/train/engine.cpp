@@ -70,6 +70,8 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
     o.zero_rank = -1;
   }
   if (env.world_size > 1) o.comm_dtype = rc.comm_dtype;
+  if (o.zero_stage >= 2 && rc.backward_grad_dtype != rc.grad_dtype())
+    o.unit_grad_dtype = rc.backward_grad_dtype;
   return o;
 }
 
@@ -84,7 +86,13 @@ static void apply_data_parallel(const EngineOptions& o, Model& model) {
   ANVIL_REQUIRE(o.zero_stage < 3 || model.grads_by_unit(),
                 "ZeRO stage 3 partitions the weights of decoder models (GPT-2, Llama, Qwen2, Mistral); this "
                 "model family keeps whole weights: use zero_stage 2 or lower");
-  if (o.zero_stage >= 2 && model.grads_by_unit()) model.param_store().set_grad_shard(*shard);
+  ANVIL_REQUIRE(
+      !o.unit_grad_dtype || model.grads_by_unit(),
+      "backward_grad_dtype: this model family keeps whole gradients (no unit slots to write {} into); "
+      "remove backward_grad_dtype",
+      dtype_name(*o.unit_grad_dtype));
+  if (o.zero_stage >= 2 && model.grads_by_unit())
+    model.param_store().set_grad_shard(*shard, o.unit_grad_dtype);
   if (o.zero_stage >= 3) model.param_store().set_weight_shard(*shard);
 }
 
@@ -223,15 +231,21 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   }
   ensure_plan_fits(plan, *device_);
   arena_ = std::make_unique<Arena>(*device_, std::move(plan));
-  // The CUDA ops take their GEMM workspace (and 3xTF32's split scratch) from the arena.
+  // The CUDA ops take their GEMM workspace (and 3xTF32's split scratch) from the arena. The model's ops
+  // write gradients in the type backward writes (unit slots in the compute type under backward_grad_dtype);
+  // the update's ops then read the gradients kept for the optimizer, in the gradient type.
+  const OpsPrecision kept = ops_precision(o);
+  const OpsPrecision written{kept.compute, model_->param_store().written_grad_type()};
   if (o.device == DeviceKind::CUDA) {
     CudaGemmBuffers buffers{arena_->get<void>(i_ws), kCudaGemmWorkspaceBytes};
     if (uses_split_scratch(o))
       buffers.split_scratch = arena_->get<float>(i_split),
       buffers.split_scratch_bytes = arena_->plan().buffers()[i_split].bytes;
-    ops_ = make_cuda_ops(*device_, o.fp32_matmul, buffers, ops_precision(o), o.gemm_tuning);
+    ops_ = make_cuda_ops(*device_, o.fp32_matmul, buffers, written, o.gemm_tuning);
+    if (written.grad != kept.grad) update_ops_ = make_cuda_ops(*device_, o.fp32_matmul, buffers, kept, {});
   } else {
-    ops_ = make_cpu_ops(*device_, ops_precision(o));
+    ops_ = make_cpu_ops(*device_, written);
+    if (written.grad != kept.grad) update_ops_ = make_cpu_ops(*device_, kept);
   }
   model_->bind(*arena_);
   model_->upload_constants(*device_);

@@ -53,6 +53,9 @@ struct EngineOptions {
   // Data parallelism (several processes): the type the gradients are reduced in (communication_data_type;
   // ParamStore::set_comm_type). One process: the gradient type (nothing is reduced).
   std::optional<DType> comm_dtype;
+  // ZeRO stages 2-3 (several processes): the 16-bit compute type when backward writes the unit gradients in
+  // it (backward_grad_dtype; ParamStore::set_grad_shard); nullopt: the gradient type.
+  std::optional<DType> unit_grad_dtype;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the
@@ -103,7 +106,11 @@ class Engine {
   Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique_ptr<Device> device);
 
   Device& device() { return *device_; }
+  // The model's ops (forward, backward, evaluation): gradients in the type backward writes.
   Ops& ops() { return *ops_; }
+  // The optimizer update's ops: gradients in the type they are kept in for the optimizer. The same as ops()
+  // unless backward writes 16-bit unit gradients for fp32 ones (backward_grad_dtype).
+  Ops& update_ops() { return update_ops_ ? *update_ops_ : *ops_; }
   // The model, through the family-independent interface.
   Model& model() { return *model_; }
   // The model as its family's class; an anvil::Error naming both families when it is of the other one
@@ -141,7 +148,7 @@ class Engine {
 
  private:
   std::unique_ptr<Device> device_;
-  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Ops> ops_, update_ops_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Arena> arena_;

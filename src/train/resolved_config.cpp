@@ -23,10 +23,11 @@ ResolvedTrainConfig resolve_train_config(const TrainConfig& cfg) {
   const std::string& comm = cfg.communication_data_type;
   ANVIL_REQUIRE(comm.empty() || comm == "fp32" || comm == "bf16" || comm == "fp16",
                 "communication_data_type must be fp32, bf16 or fp16, got '{}'", comm);
-  r.comm_dtype = comm.empty()     ? r.grad_dtype()
-                 : comm == "fp32" ? DType::F32
-                 : comm == "bf16" ? DType::BF16
-                                  : DType::F16;
+  auto dtype = [](const std::string& name) {
+    return name == "fp32" ? DType::F32 : name == "bf16" ? DType::BF16 : DType::F16;
+  };
+  if (!comm.empty()) r.comm_dtype = dtype(comm);
+  r.backward_grad_dtype = cfg.backward_grad_dtype.empty() ? r.grad_dtype() : dtype(cfg.backward_grad_dtype);
   return r;
 }
 

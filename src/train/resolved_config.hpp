@@ -5,6 +5,7 @@
 // after the memory fit has settled it, and hands the typed values to every part of the loop.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "anvil/train_config.hpp"
@@ -26,7 +27,9 @@ struct ResolvedTrainConfig {
   bool save_checkpoints = true;                 // save_strategy "steps" (false: "no")
   int64_t profile_first = 0, profile_last = 0;  // profile_steps A:B (0, 0: none)
   int world_size = 1;  // processes training together (data parallel); set by the run from its launcher
-  DType comm_dtype = DType::F32;  // communication_data_type, else the gradient type
+  // communication_data_type (nullopt: the type backward writes gradients in).
+  std::optional<DType> comm_dtype;
+  DType backward_grad_dtype = DType::F32;  // backward_grad_dtype, else the gradient type
 
   // fp16 keeps a loss scaler.
   bool loss_scaling() const { return precision == Precision::FP16; }

@@ -258,6 +258,7 @@ const std::map<std::string, Setter>& setters() {
     int_field("ddp_timeout", &TrainConfig::ddp_timeout);
     num_field("ddp_bucket_cap_mb", &TrainConfig::ddp_bucket_cap_mb);
     str_field("communication_data_type", &TrainConfig::communication_data_type);
+    str_field("backward_grad_dtype", &TrainConfig::backward_grad_dtype);
     int_field("zero_stage", &TrainConfig::zero_stage);
     int_field("zero_allgather_bucket_size", &TrainConfig::zero_allgather_bucket_size);
     str_field("optim", &TrainConfig::optim);
@@ -602,6 +603,20 @@ void TrainConfig::validate(const std::string& s) const {
                     communication_data_type == "bf16" || communication_data_type == "fp16",
                 "{} must be fp32, bf16 or fp16 (or \"\" for the gradient type, grad_accum_dtype), got '{}'",
                 subject("communication_data_type"), communication_data_type);
+  if (!backward_grad_dtype.empty() && backward_grad_dtype != grad_accum_dtype) {
+    ANVIL_REQUIRE(
+        backward_grad_dtype == precision(),
+        "{}: backward_grad_dtype '{}' must be the gradients' type (grad_accum_dtype {}) or the 16-bit "
+        "compute type in use (the precision is {})",
+        blame({"backward_grad_dtype", "grad_accum_dtype", "bf16", "fp16"}), backward_grad_dtype,
+        grad_accum_dtype, precision());
+    ANVIL_REQUIRE(zero_stage >= 2,
+                  "{}: backward_grad_dtype '{}' writes each micro-batch's gradients in {} and adds them into "
+                  "{} gradients once they are reduced unit by unit, which ZeRO stages 2 and 3 do; with "
+                  "zero_stage {} set zero_stage 2, or grad_accum_dtype {} for 16-bit gradients throughout",
+                  blame({"backward_grad_dtype", "zero_stage"}), backward_grad_dtype, backward_grad_dtype,
+                  grad_accum_dtype, zero_stage, backward_grad_dtype);
+  }
   ANVIL_REQUIRE(
       grad_accum_dtype == "fp32" || grad_accum_dtype == precision(),
       "{}: grad_accum_dtype '{}' needs {} true (16-bit gradient accumulation uses the 16-bit type in "
@@ -688,6 +703,7 @@ json TrainConfig::to_json() const {
           {"ddp_timeout", ddp_timeout},
           {"ddp_bucket_cap_mb", ddp_bucket_cap_mb},
           {"communication_data_type", communication_data_type},
+          {"backward_grad_dtype", backward_grad_dtype},
           {"zero_stage", zero_stage},
           {"zero_allgather_bucket_size", zero_allgather_bucket_size},
           {"optim", optim},

@@ -249,8 +249,8 @@ void TrainStep::update_part() {
   const StepValues* values = e_.step_values();
   // ZeRO: params() is the shard's master weights; the gradients from the shard's first element.
   const size_t first = zero_ ? zero_->shard().begin : 0;
-  e_.optimizer().step(e_.ops(), model_.params(), model_.param_store().reduced_grad_at(first), float(cur_.lr),
-                      cur_.opt_step, 1.0f, &scalars_->grad_scale, values);
+  e_.optimizer().step(e_.update_ops(), model_.params(), model_.param_store().reduced_grad_at(first),
+                      float(cur_.lr), cur_.opt_step, 1.0f, &scalars_->grad_scale, values);
   instruments_->trace_phase("optimizer");
   model_.sync_weights(e_.ops(), cfg_.stochastic_rounding ? 1 : 0, values);
   if (zero_) zero_->gather_weights();

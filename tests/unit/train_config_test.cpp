@@ -196,6 +196,12 @@ TEST(TrainConfig, PrecisionErrorsNameKeysAndValues) {
   has({{"grad_accum_dtype", "fp8"}}, {"grad_accum_dtype", "'fp8'"});
   has({{"grad_accum_dtype", "bf16"}}, {"grad_accum_dtype 'bf16' needs bf16 true", "precision is fp32"});
   has({{"grad_accum_dtype", "fp16"}, {"bf16", true}}, {"grad_accum_dtype 'fp16' needs fp16 true", "bf16"});
+  has({{"communication_data_type", "int8"}}, {"communication_data_type", "'int8'"});
+  has({{"backward_grad_dtype", "bf16"}}, {"backward_grad_dtype 'bf16'", "the precision is fp32"});
+  has({{"backward_grad_dtype", "fp16"}, {"bf16", true}, {"zero_stage", 2}},
+      {"backward_grad_dtype 'fp16'", "bf16"});
+  has({{"backward_grad_dtype", "bf16"}, {"bf16", true}, {"zero_stage", 1}},
+      {"backward_grad_dtype 'bf16'", "zero_stage 1", "set zero_stage 2", "grad_accum_dtype bf16"});
   has({{"fp16", true}, {"loss_scale", -1}}, {"loss_scale", "-1"});
   has({{"initial_scale_power", 64}}, {"initial_scale_power", "64"});
   has({{"loss_scale_window", 0}}, {"loss_scale_window", "got 0"});
