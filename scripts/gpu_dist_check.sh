@@ -15,6 +15,8 @@
 #   communication_data_type bf16 (fp32 gradients reduced in bf16), stages 0, 2, 3: within 1e-3 of the fp32
 #   reduction's loss curve, the stages within 1e-4 of one another
 #   --profile_steps on N GPUs: one joined trace with every rank's tracks, collectives and waits
+#   backward_grad_dtype bf16 (unit gradients in bf16, accumulated in fp32), ZeRO-2 and ZeRO-3 with
+#   accumulation: within 1e-2 of the fp32-gradient loss curve, ZeRO-3 within 1e-4 of ZeRO-2
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 # Keeps NCCL_NVLS_ENABLE as the environment sets it. Logs in $OUT (or runs/gpu_dist_check). DEVICE=cpu runs
 # the same checks on CPU processes (Gloo), to try the script without GPUs.
@@ -80,6 +82,12 @@ for s in 0 2 3; do
   run "comm$s" launchN train --config "$W/base.json" "${zb[@]}" --per_device_train_batch_size $mb --zero_stage "$s" \
     --communication_data_type bf16 --output_dir "$W/comm$s"
 done
+for s in 2 3; do
+  run "grads$s" launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mba \
+    --gradient_accumulation_steps 2 --zero_stage "$s" --backward_grad_dtype bf16 --output_dir "$W/grads$s"
+done
+run grads_ref launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mba \
+  --gradient_accumulation_steps 2 --zero_stage 2 --output_dir "$W/grads_ref"
 run profile launchN train --config "$W/base.json" --bf16 true --per_device_train_batch_size $mb --zero_stage 3 \
   --max_steps 5 --profile_steps 3:4 --output_dir "$W/profile"
 port=$((29600 + RANDOM % 1000))
@@ -170,6 +178,11 @@ check("bf16 communication vs fp32 (stage 0)", 0 < rel_curve(ref, c0) < 1e-3, f"l
 for s in (2, 3):
     r = rel_curve(c0, losses(f"comm{s}"))
     check(f"bf16 communication, ZeRO-{s} vs stage 0", r < 1e-4, f"loss max relative difference {r:.2e}")
+g_ref, g2, g3 = losses("grads_ref"), losses("grads2"), losses("grads3")
+r = rel_curve(g_ref, g2)
+check("bf16 unit gradients vs fp32 (ZeRO-2, accumulation)", 0 < r < 1e-2, f"loss max relative difference {r:.2e}")
+r = rel_curve(g2, g3)
+check("bf16 unit gradients, ZeRO-3 vs ZeRO-2", r < 1e-4, f"loss max relative difference {r:.2e}")
 try:
     trace = json.load(open(f"{W}/profile/profile_steps_3-4.json"))
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"}
