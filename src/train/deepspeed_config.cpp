@@ -474,6 +474,14 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
     }
     lines.push_back(std::move(line));
   }
+  // DeepSpeed's 16-bit ZeRO 2-3 computes the gradients in the 16-bit type and accumulates them in fp32;
+  // Anvil keeps fp32 unit gradients (stage 0's numbers) unless asked.
+  const bool half = cfg.bf16 || cfg.fp16;
+  if (half && cfg.zero_stage >= 2 && cfg.grad_accum_dtype == "fp32" && cfg.backward_grad_dtype.empty())
+    lines.push_back(fmt::format(
+        "note: DeepSpeed writes stage {} gradients in {} and accumulates them in fp32; Anvil writes them in "
+        "fp32 (stage 0's numbers) unless backward_grad_dtype is {} (half the gradient slots' memory)",
+        cfg.zero_stage, cfg.precision(), cfg.precision()));
   return lines;
 }
 

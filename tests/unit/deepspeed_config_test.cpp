@@ -370,6 +370,19 @@ TEST(DeepSpeedConfig, ResolutionNamesEveryKey) {
       "zero_optimization.contiguous_gradients: true (accepted: the gradients are always one flat buffer)",
       "wall_clock_breakdown: false (accepted: Anvil always logs its timings)"};
   EXPECT_EQ(lines, want);
+  // 16-bit ZeRO 2-3: a note on DeepSpeed's 16-bit gradients, unless backward_grad_dtype says the same.
+  json half = ds;
+  half["bf16"] = {{"enabled", true}};
+  TrainConfig h = apply(half, {"per_device_train_batch_size", "learning_rate"}, c);
+  std::vector<std::string> noted = deepspeed_resolution(half, h);
+  ASSERT_FALSE(noted.empty());
+  EXPECT_EQ(
+      noted.back(),
+      "note: DeepSpeed writes stage 2 gradients in bf16 and accumulates them in fp32; Anvil writes them in "
+      "fp32 (stage 0's numbers) unless backward_grad_dtype is bf16 (half the gradient slots' memory)");
+  h.backward_grad_dtype = "bf16";
+  noted = deepspeed_resolution(half, h);
+  EXPECT_EQ(noted.back().find("note:"), std::string::npos);
   // The legacy boolean zero_optimization has no keys to list.
   EXPECT_TRUE(
       deepspeed_resolution({{"zero_optimization", true}}, apply({{"zero_optimization", true}})).empty());
