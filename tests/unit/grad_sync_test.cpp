@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "anvil/rng.hpp"
@@ -142,45 +143,51 @@ TEST(GradSyncCommType, GradientsByUnitAddRoundedPiecesInFp32) {
   }
 }
 
-// backward_grad_dtype bf16 (ZeRO-2/3): the unit slots hold bf16 (half their memory, no staging: the
-// reduction runs in bf16 by default) and each micro-batch's reduced piece is added into the shard's fp32
-// gradients, so the sum over micro-batches is the fp32 sum of the bf16 values.
+// backward_grad_dtype bf16 (ZeRO-2/3): the unit slots hold bf16 (half their memory) and each micro-batch's
+// reduced piece is added into the shard's fp32 gradients, so the sum over micro-batches is the fp32 sum of
+// the bf16 values. By default the reduction runs in bf16 (no staging); with communication_data_type fp32
+// (FSDP2's reduce_dtype) the slots are widened into fp32 staging slots first.
 TEST(GradSyncCommType, Bf16UnitGradientsAccumulateInFp32) {
   auto dev = make_cpu_device();
-  ParamStore store(layout(), {DType::BF16, DType::F32}, true);
-  const std::vector<ParamUnit>& units = store.layout().units();
-  const dist::ZeroPartition partition(store.layout(), 1, dist::ShardCuts::Anywhere);
-  store.set_grad_shard(partition.shard(0), DType::BF16);
-  EXPECT_EQ(store.written_grad_type(), DType::BF16);
-  EXPECT_EQ(store.comm_type(), DType::BF16);
-  EXPECT_FALSE(store.comm_staged());
-  MemoryPlan plan;
-  store.plan_memory(plan);
-  auto al = [](size_t b) { return MemoryPlan::aligned(b); };
-  const size_t slots2 = al(units.front().numel * 2) + al(units.back().numel * 2) + 2 * al(units[1].numel * 2);
-  EXPECT_EQ(plan.bytes(MemoryCategory::Gradients), al(store.numel() * 4) + slots2);
-  EXPECT_EQ(plan.bytes(MemoryCategory::Communication), 0u);
-  Arena arena(*dev, plan);
-  store.bind(arena);
-  dev->fill_zero(store.grads(), store.grad_bytes());
-  auto ops = make_cpu_ops(*dev, {DType::BF16, DType::BF16});
-  auto one = dist::make_single_process_communicator(*dev);
-  dist::GradSync sync(*one, store, 0, &partition, ops.get());
-  const std::vector<float> a = random_values(store.numel(), 7), b = random_values(store.numel(), 8);
-  for (const std::vector<float>* micro : {&a, &b}) {
-    sync.set_last_micro_batch(micro == &b);
-    for (int u = int(units.size()) - 1; u >= 0; --u) {
-      const ParamUnit& unit = units[size_t(u)];
-      store.begin_grads(*dev, u);
-      auto* slot = static_cast<uint16_t*>(store.grad_at(unit.offset));
-      for (size_t i = 0; i < unit.numel; ++i) slot[i] = float_to_bf16((*micro)[unit.offset + i]);
-      store.grads_ready(u);
+  for (const std::optional<DType> comm : {std::optional<DType>(), std::optional<DType>(DType::F32)}) {
+    ParamStore store(layout(), {DType::BF16, DType::F32}, true);
+    const std::vector<ParamUnit>& units = store.layout().units();
+    const dist::ZeroPartition partition(store.layout(), 1, dist::ShardCuts::Anywhere);
+    if (comm) store.set_comm_type(*comm);
+    store.set_grad_shard(partition.shard(0), DType::BF16);
+    EXPECT_EQ(store.written_grad_type(), DType::BF16);
+    EXPECT_EQ(store.comm_type(), comm.value_or(DType::BF16));
+    EXPECT_EQ(store.comm_staged(), comm.has_value());
+    MemoryPlan plan;
+    store.plan_memory(plan);
+    auto al = [](size_t b) { return MemoryPlan::aligned(b); };
+    auto slots = [&](size_t elem) {
+      return al(units.front().numel * elem) + al(units.back().numel * elem) + 2 * al(units[1].numel * elem);
+    };
+    EXPECT_EQ(plan.bytes(MemoryCategory::Gradients), al(store.numel() * 4) + slots(2));
+    EXPECT_EQ(plan.bytes(MemoryCategory::Communication), comm ? slots(4) : 0u);
+    Arena arena(*dev, plan);
+    store.bind(arena);
+    dev->fill_zero(store.grads(), store.grad_bytes());
+    auto ops = make_cpu_ops(*dev, {DType::BF16, DType::BF16});
+    auto one = dist::make_single_process_communicator(*dev);
+    dist::GradSync sync(*one, store, 0, &partition, ops.get());
+    const std::vector<float> a = random_values(store.numel(), 7), b = random_values(store.numel(), 8);
+    for (const std::vector<float>* micro : {&a, &b}) {
+      sync.set_last_micro_batch(micro == &b);
+      for (int u = int(units.size()) - 1; u >= 0; --u) {
+        const ParamUnit& unit = units[size_t(u)];
+        store.begin_grads(*dev, u);
+        auto* slot = static_cast<uint16_t*>(store.grad_at(unit.offset));
+        for (size_t i = 0; i < unit.numel; ++i) slot[i] = float_to_bf16((*micro)[unit.offset + i]);
+        store.grads_ready(u);
+      }
+      sync.finish();
     }
-    sync.finish();
+    const float* got = store.grads_f32();
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(got[i], rounded(DType::BF16, a[i]) + rounded(DType::BF16, b[i])) << i;
   }
-  const float* got = store.grads_f32();
-  for (size_t i = 0; i < a.size(); ++i)
-    ASSERT_EQ(got[i], rounded(DType::BF16, a[i]) + rounded(DType::BF16, b[i])) << i;
 }
 
 }  // namespace
