@@ -12,6 +12,7 @@
 // pending collectives fail at once. The communicator is then unusable: later calls throw straight away.
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -178,13 +179,6 @@ void dispatch_reduce(const char* collective, DType dtype, ReduceOp op, F&& f) {
   }
 }
 
-// The bytes of `count` elements of the type dtype_name() calls `type` (0 for none: the barrier).
-size_t bytes_of(size_t count, std::string_view type) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::I32, DType::U16, DType::F64})
-    if (dtype_name(t) == type) return dtype_bytes(t, count);
-  return 0;
-}
-
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> ctx, milliseconds timeout)
@@ -198,7 +192,7 @@ class GlooCommunicator final : public Communicator {
     dispatch_reduce("all_reduce", dtype, op, [&](auto ty, auto red) {
       using Ty = decltype(ty);
       using T = typename Ty::T;
-      run("all_reduce", count, dtype_name(dtype), [&](uint32_t tag) {
+      run("all_reduce", count, dtype, [&](uint32_t tag) {
         gloo::AllreduceOptions opts(ctx_);
         opts.setTag(tag);
         opts.setTimeout(timeout_);
@@ -217,7 +211,7 @@ class GlooCommunicator final : public Communicator {
       using Ty = decltype(ty);
       const size_t chunk_bytes = dtype_bytes(dtype, recv_count);
       const size_t total = chunk_bytes * size_t(world_size());
-      run("reduce_scatter", recv_count, dtype_name(dtype), [&](uint32_t tag) {
+      run("reduce_scatter", recv_count, dtype, [&](uint32_t tag) {
         if (scratch_.size() < total) scratch_.resize(total);
         gloo::AlltoallOptions opts(ctx_);
         opts.setTag(tag);
@@ -233,7 +227,7 @@ class GlooCommunicator final : public Communicator {
 
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype) override {
     const size_t bytes = movable_bytes("all_gather", send_count, dtype);
-    run("all_gather", send_count, dtype_name(dtype), [&](uint32_t tag) {
+    run("all_gather", send_count, dtype, [&](uint32_t tag) {
       gloo::AllgatherOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -249,7 +243,7 @@ class GlooCommunicator final : public Communicator {
     ANVIL_REQUIRE(root >= 0 && root < world_size(),
                   "gloo broadcast from root {}: the root must be a rank, 0..{}", root, world_size() - 1);
     const size_t bytes = movable_bytes("broadcast", count, dtype);
-    run("broadcast", count, dtype_name(dtype), [&](uint32_t tag) {
+    run("broadcast", count, dtype, [&](uint32_t tag) {
       gloo::BroadcastOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -263,7 +257,7 @@ class GlooCommunicator final : public Communicator {
     ANVIL_REQUIRE(send != recv,
                   "gloo all_to_all: send and recv are the same buffer; it does not run in place");
     const size_t total = movable_bytes("all_to_all", count_per_rank, dtype) * size_t(world_size());
-    run("all_to_all", count_per_rank, dtype_name(dtype), [&](uint32_t tag) {
+    run("all_to_all", count_per_rank, dtype, [&](uint32_t tag) {
       gloo::AlltoallOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -283,7 +277,7 @@ class GlooCommunicator final : public Communicator {
   CommTimes end_timing() override { return times_; }
 
   void all_reduce_host(double* values, size_t n) override {
-    run("all_reduce_host", n, "F64", [&](uint32_t tag) {
+    run("all_reduce_host", n, DType::F64, [&](uint32_t tag) {
       gloo::AllreduceOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -294,7 +288,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    run("barrier", 0, {}, [&](uint32_t tag) {
+    run("barrier", 0, std::nullopt, [&](uint32_t tag) {
       gloo::BarrierOptions opts(ctx_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -311,17 +305,17 @@ class GlooCommunicator final : public Communicator {
     return dtype_bytes(dtype, count);
   }
 
-  // Runs one collective (`body(tag)`) of `count` elements of `type` (empty: the barrier, which moves no
+  // Runs one collective (`body(tag)`) of `count` elements of `type` (none: the barrier, which moves no
   // data), turning Gloo's failures into anvil::Error. A collective of 0 elements runs nothing: every rank
   // passes the same count, so every rank skips it alike.
   template <class Body>
-  void run(const char* collective, size_t count, std::string_view type, Body&& body) {
+  void run(const char* collective, size_t count, std::optional<DType> type, Body&& body) {
     ANVIL_REQUIRE(
         failed_.empty(),
         "gloo {} on rank {} of {}: this communicator failed earlier ({}); it cannot run collectives "
         "any more: stop this process and restart the job",
         collective, rank(), world_size(), failed_);
-    if (count == 0 && !type.empty()) return;
+    if (count == 0 && type) return;
     const uint32_t tag = next_tag_++;
     const std::string peer = fmt::format(
         "a peer rank exited, or did not issue the same collective within the {} s timeout (every rank must "
@@ -341,8 +335,7 @@ class GlooCommunicator final : public Communicator {
         if (spans_) {
           using ms = std::chrono::duration<double, std::milli>;
           const double b = ms(t0 - origin_).count(), e = ms(t1 - origin_).count();
-          const size_t bytes = bytes_of(count, type);
-          times_.spans.push_back({collective, b, e, false, bytes});
+          times_.spans.push_back({collective, b, e, false, type ? dtype_bytes(*type, count) : 0});
           times_.spans.push_back({"wait", b, e, true, 0});
         }
       }
@@ -356,7 +349,7 @@ class GlooCommunicator final : public Communicator {
       what = e.what();
     }
     failed_ = std::string(collective) + ": " + what;
-    const std::string size = type.empty() ? std::string() : fmt::format(" of {} x {}", count, type);
+    const std::string size = type ? fmt::format(" of {} x {}", count, dtype_name(*type)) : std::string();
     ANVIL_THROW("gloo {}{} failed on rank {} of {}: {}. Likely cause: {}", collective, size, rank(),
                 world_size(), what, cause);
   }

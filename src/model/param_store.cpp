@@ -105,10 +105,8 @@ void* ParamStore::comm_grad_at(size_t offset) const {
   if (!comm_staged()) return grad_at(offset);
   const size_t elem = dtype_bytes(comm_type(), 1);
   if (!grads_sharded_) return comm_ + offset * elem;
-  slot_grad_at(offset);  // checks that the slot holds offset's unit
-  const int u = layout_.unit_of(offset);
-  return comm_ + comm_slot_offset_[size_t(slot_of_unit_[size_t(u)])] +
-         (offset - layout_.units()[size_t(u)].offset) * elem;
+  const auto [s, i] = slot_place(offset);
+  return comm_ + comm_slot_offset_[s] + i * elem;
 }
 
 void ParamStore::forget_gathered() const {
@@ -170,7 +168,7 @@ void ParamStore::bind(const Arena& arena) {
   if (i_comm_ != SIZE_MAX) comm_ = arena.get<char>(i_comm_);
 }
 
-void* ParamStore::slot_grad_at(size_t offset) const {
+std::pair<size_t, size_t> ParamStore::slot_place(size_t offset) const {
   const int u = layout_.unit_of(offset);
   const size_t s = size_t(slot_of_unit_[size_t(u)]);
   const ParamUnit& unit = layout_.units()[size_t(u)];
@@ -179,7 +177,12 @@ void* ParamStore::slot_grad_at(size_t offset) const {
       "gradient view of unit '{}', whose slot it does not hold (begin_grads comes first; a slot holds "
       "one unit at a time)",
       unit.name);
-  return slots_ + slot_offset_[s] + (offset - unit.offset) * slot_elem_;
+  return {s, offset - unit.offset};
+}
+
+void* ParamStore::slot_grad_at(size_t offset) const {
+  const auto [s, i] = slot_place(offset);
+  return slots_ + slot_offset_[s] + i * slot_elem_;
 }
 
 void* ParamStore::reduced_grad_at(size_t offset) const {

@@ -186,6 +186,8 @@ class ParamStore {
   // Sharded gradients (set_grad_shard).
   enum class GradState : uint8_t { Idle, Writing, Ready };
   void* slot_grad_at(size_t offset) const;
+  // The gradient slot holding offset's unit (asserting that it does) and offset's element in the unit.
+  std::pair<size_t, size_t> slot_place(size_t offset) const;
   bool grads_sharded_ = false;
   ParamRange grad_range_;
   std::vector<int> slot_of_unit_;  // per unit

@@ -169,7 +169,7 @@ void StepProfiler::communication(const char* name, double begin_ms, double end_m
   if (!wait) args["bytes"] = bytes;
   if (count_++) events_ += ",\n";
   events_ += event(wait ? "waiting for communication" : name,
-                   wait ? "exposed communication" : "communication", 2 * rank_, wait ? kWaitTid : kCommTid,
+                   wait ? "exposed communication" : "communication", steps_pid(), wait ? kWaitTid : kCommTid,
                    device_offset_ms_ + begin_ms, std::max(0.0, end_ms - begin_ms), step_, -1, &args);
 }
 
@@ -192,14 +192,14 @@ void StepProfiler::end_step() {
     const Phase& p = phases_[i];
     const std::string name = p.layer >= 0 ? fmt::format("{} {}", p.name, p.layer) : p.name;
     if (count_++) events_ += ",\n";
-    events_ += event(name, "device", 2 * rank_, kDeviceTid, device_offset_ms_ + t0, std::max(0.0, t1 - t0),
+    events_ += event(name, "device", steps_pid(), kDeviceTid, device_offset_ms_ + t0, std::max(0.0, t1 - t0),
                      step_, p.layer);
   }
   const nlohmann::json host_args = kernels_ ? append_kernel_events(mark_ms) : nlohmann::json::object();
   if (count_++) events_ += ",\n";
   events_ +=
-      event(fmt::format("step {}", step_), "host", 2 * rank_, kHostTid, step_host_start_ms_ - host_origin_ms_,
-            host_end_ms - step_host_start_ms_, step_, -1, &host_args);
+      event(fmt::format("step {}", step_), "host", steps_pid(), kHostTid,
+            step_host_start_ms_ - host_origin_ms_, host_end_ms - step_host_start_ms_, step_, -1, &host_args);
   in_step_ = false;
 }
 
@@ -246,7 +246,7 @@ nlohmann::json StepProfiler::append_kernel_events(const std::vector<double>& mar
     const nlohmann::json e = {{"name", kernel_names_.at(a.name)},
                               {"cat", kind_name(a.kind)},
                               {"ph", "X"},
-                              {"pid", 2 * rank_ + 1},
+                              {"pid", kernels_pid()},
                               {"tid", kStreamTidBase + a.stream},
                               {"ts", (device_offset_ms_ + start_ms) * 1000},
                               {"dur", dur_ms * 1000},
@@ -357,26 +357,25 @@ size_t StepProfiler::finish() {
   }
   std::string text =
       "{\"displayTimeUnit\": \"ms\", \"otherData\": " + other.dump() + ", \"traceEvents\": [\n";
-  const int steps_pid = 2 * rank_, kernels_pid = 2 * rank_ + 1;
   const std::string who = world_ > 1 ? fmt::format("rank {}: ", rank_) : std::string();
-  text += name_meta("process_name", steps_pid, -1, who + "steps") + ",\n" + sort_meta(steps_pid, steps_pid) +
-          ",\n";
-  text += name_meta("thread_name", steps_pid, kDeviceTid, "device (compute stream)") + ",\n";
-  text += name_meta("thread_name", steps_pid, kHostTid, "host");
+  text += name_meta("process_name", steps_pid(), -1, who + "steps") + ",\n" +
+          sort_meta(steps_pid(), steps_pid()) + ",\n";
+  text += name_meta("thread_name", steps_pid(), kDeviceTid, "device (compute stream)") + ",\n";
+  text += name_meta("thread_name", steps_pid(), kHostTid, "host");
   if (comm_tracks_) {
-    text += ",\n" + name_meta("thread_name", steps_pid, kCommTid, "communication (collectives)");
-    text += ",\n" + name_meta("thread_name", steps_pid, kWaitTid, "compute waiting for communication");
+    text += ",\n" + name_meta("thread_name", steps_pid(), kCommTid, "communication (collectives)");
+    text += ",\n" + name_meta("thread_name", steps_pid(), kWaitTid, "compute waiting for communication");
   }
   if (!streams_.empty()) {
-    text += ",\n" + name_meta("process_name", kernels_pid, -1, who + "kernels") + ",\n" +
-            sort_meta(kernels_pid, kernels_pid);
+    text += ",\n" + name_meta("process_name", kernels_pid(), -1, who + "kernels") + ",\n" +
+            sort_meta(kernels_pid(), kernels_pid());
     for (const auto& [stream, kinds] : streams_) {
       std::string label = fmt::format("stream {}", stream);
       if (int64_t(stream) == compute_stream_)
         label = fmt::format("compute stream ({})", stream);
       else if (kinds == 1u << unsigned(GpuActivity::Kind::memcpy))
         label += " (copies)";
-      text += ",\n" + name_meta("thread_name", kernels_pid, kStreamTidBase + stream, label);
+      text += ",\n" + name_meta("thread_name", kernels_pid(), kStreamTidBase + stream, label);
     }
   }
   if (count_) text += ",\n" + events_;
@@ -396,14 +395,8 @@ size_t StepProfiler::finish() {
 
 std::vector<int> StepProfiler::join_ranks(int world) {
   using json = nlohmann::json;
-  auto read = [](const std::string& path) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return json();
-    std::string text;
-    char buf[1 << 16];
-    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
-    std::fclose(f);
-    return json::parse(text, nullptr, false);  // discarded (null) when malformed
+  auto read = [](const std::string& path) {  // null when missing, discarded when malformed
+    return std::filesystem::exists(path) ? json::parse(io::read_text_file(path), nullptr, false) : json();
   };
   json joined = read(path_);
   ANVIL_REQUIRE(joined.is_object() && joined.contains("traceEvents"),

@@ -101,6 +101,9 @@ class StepProfiler {
   int64_t first_, last_, step_ = 0;
   int rank_, world_;
   bool comm_tracks_ = false;  // communication() was called
+  // The trace's process ids of this rank's step tracks and kernel track (see the layout in the .cpp).
+  int steps_pid() const { return 2 * rank_; }
+  int kernels_pid() const { return 2 * rank_ + 1; }
   bool in_step_ = false, range_open_ = false;
   int capacity_ = 0;
   std::vector<Phase> phases_;  // of the current step; phase i spans marks i .. i+1

@@ -20,14 +20,17 @@ ResolvedTrainConfig resolve_train_config(const TrainConfig& cfg) {
   r.lr_schedule = parse_lr_schedule(cfg.lr_scheduler_type);
   r.save_checkpoints = cfg.save_strategy != "no";
   std::tie(r.profile_first, r.profile_last) = cfg.profile_range();
-  const std::string& comm = cfg.communication_data_type;
-  ANVIL_REQUIRE(comm.empty() || comm == "fp32" || comm == "bf16" || comm == "fp16",
-                "communication_data_type must be fp32, bf16 or fp16, got '{}'", comm);
-  auto dtype = [](const std::string& name) {
+  // The gradient type keys, by name ("" is their default, the caller's).
+  auto dtype = [](const char* key, const std::string& name) {
+    ANVIL_REQUIRE(name == "fp32" || name == "bf16" || name == "fp16",
+                  "{} must be fp32, bf16 or fp16, got '{}'", key, name);
     return name == "fp32" ? DType::F32 : name == "bf16" ? DType::BF16 : DType::F16;
   };
-  if (!comm.empty()) r.comm_dtype = dtype(comm);
-  r.backward_grad_dtype = cfg.backward_grad_dtype.empty() ? r.grad_dtype() : dtype(cfg.backward_grad_dtype);
+  if (!cfg.communication_data_type.empty())
+    r.comm_dtype = dtype("communication_data_type", cfg.communication_data_type);
+  r.backward_grad_dtype = cfg.backward_grad_dtype.empty()
+                              ? r.grad_dtype()
+                              : dtype("backward_grad_dtype", cfg.backward_grad_dtype);
   return r;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -193,7 +194,8 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter_v(void* data, const std::vector<size_t>& counts, DType dtype, ReduceOp op) override {
     if (even_pieces(counts, "reduce_scatter_v"))
       return Communicator::reduce_scatter_v(data, counts, dtype, op);
-    const Busy busy(*this, "reduce_scatter_v", dtype_bytes(dtype, total(counts)));
+    const Busy busy(*this, "reduce_scatter_v",
+                    dtype_bytes(dtype, std::accumulate(counts.begin(), counts.end(), size_t{0})));
     ANVIL_NCCL_CHECK(ncclGroupStart(), "reduce_scatter_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
       ANVIL_NCCL_CHECK(ncclReduce(piece, piece, n, nccl_type(dtype), nccl_op(op), root, comm_, stream_),
@@ -204,7 +206,8 @@ class NcclCommunicator final : public Communicator {
 
   void all_gather_v(void* data, const std::vector<size_t>& counts, DType dtype) override {
     if (even_pieces(counts, "all_gather_v")) return Communicator::all_gather_v(data, counts, dtype);
-    const Busy busy(*this, "all_gather_v", dtype_bytes(dtype, total(counts)));
+    const Busy busy(*this, "all_gather_v",
+                    dtype_bytes(dtype, std::accumulate(counts.begin(), counts.end(), size_t{0})));
     ANVIL_NCCL_CHECK(ncclGroupStart(), "all_gather_v");
     for_pieces(data, counts, dtype, [&](char* piece, size_t n, int root) {
       ANVIL_NCCL_CHECK(ncclBroadcast(piece, piece, n, nccl_type(dtype), root, comm_, stream_),
@@ -318,12 +321,6 @@ class NcclCommunicator final : public Communicator {
   static constexpr size_t kClockPairs = 2048;
   static constexpr size_t kOriginStamp = 4 * kClockPairs;
   static constexpr size_t kClockBytes = (4 * kClockPairs + 1) * sizeof(uint64_t);
-
-  static size_t total(const std::vector<size_t>& counts) {
-    size_t n = 0;
-    for (size_t c : counts) n += c;
-    return n;
-  }
 
   template <class F>
   void for_pieces(void* data, const std::vector<size_t>& counts, DType dtype, F&& f) {
