@@ -24,6 +24,8 @@ struct TrainConfig {
   // Hugging Face model directory or Anvil checkpoint to start from (also set by HF's name for it,
   // model_name_or_path).
   std::string init_from;
+  // Comma-separated glob patterns of Hugging Face tensor names that do not train (model/freeze.hpp).
+  std::string freeze_parameters;
   // "bytes" (vocab 256), or a tokenizer.json / vocab.txt. Used for the end-of-run sample and copied
   // into checkpoints; "" means "bytes" (or the tokenizer a checkpoint being resumed carries).
   std::string tokenizer;

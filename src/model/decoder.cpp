@@ -171,6 +171,11 @@ void* Decoder::grad_or_null(size_t offset) const {
   return offset == kNone ? nullptr : store_.grad_at(offset);
 }
 
+void* Decoder::trainable_grad_or_null(size_t offset, size_t numel) const {
+  if (offset == kNone || !store_.layout().any_trainable({offset, offset + numel})) return nullptr;
+  return store_.grad_at(offset);
+}
+
 Decoder::LayerParams Decoder::layer_weights(int l) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
   auto w = [&](size_t off) { return weight_or_null(off); };
@@ -190,7 +195,9 @@ Decoder::BlockLinears Decoder::block_linears(int l, bool with_grads) const {
   const OpsPrecision pr = store_.precision();
   auto lin = [&](size_t w, size_t b, int in, int out) {
     const Linear base(weight_or_null(w), weight_or_null(b), in, out, pr);
-    return with_grads ? base.with_grads(grad_or_null(w), grad_or_null(b)) : base;
+    return with_grads
+               ? base.with_grads(trainable_grad_or_null(w, size_t(in) * out), trainable_grad_or_null(b, out))
+               : base;
   };
   const int C = spec_.C;
   return {lin(o.qkvw, o.qkvb, C, spec_.qkv_width()), lin(o.attprojw, o.attprojb, spec_.q_width(), C),
@@ -199,7 +206,9 @@ Decoder::BlockLinears Decoder::block_linears(int l, bool with_grads) const {
 
 Linear Decoder::head_linear(bool with_grads) const {
   const Linear head(store_.weight_at(head_off_), nullptr, spec_.C, spec_.padded_vocab, store_.precision());
-  return with_grads ? head.with_grads(store_.grad_at(head_off_), nullptr) : head;
+  return with_grads ? head.with_grads(trainable_grad_or_null(head_off_, size_t(spec_.padded_vocab) * spec_.C),
+                                      nullptr)
+                    : head;
 }
 
 void Decoder::norm_fwd(Ops& ops, void* out, float* st, const void* inp, const void* w, const void* b, int N) {
@@ -453,10 +462,14 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   }
   trace_phase("backward embedding", -1);
   store_.begin_grads(ops.device(), 0);
-  if (spec_.padding_idx >= 0)  // no learned positions in a family with a padding_idx
-    ops.embedding_bwd_skip(store_.grad_at(wte_off_), dres_, tokens, B, T, C, spec_.padding_idx);
-  else
-    ops.embedding_bwd(store_.grad_at(wte_off_), grad_or_null(wpe_off_), dres_, tokens, B, T, C);
+  // (A frozen token embedding beside learned positions still gets its gradient written: the step zeroes it.)
+  const ParamUnit& emb = store_.layout().units()[0];
+  if (store_.layout().any_trainable({emb.offset, emb.offset + emb.numel})) {
+    if (spec_.padding_idx >= 0)  // no learned positions in a family with a padding_idx
+      ops.embedding_bwd_skip(store_.grad_at(wte_off_), dres_, tokens, B, T, C, spec_.padding_idx);
+    else
+      ops.embedding_bwd(store_.grad_at(wte_off_), grad_or_null(wpe_off_), dres_, tokens, B, T, C);
+  }
   store_.release(0);
   store_.grads_ready(0);
   trace_free(trace_losses_, "backward");

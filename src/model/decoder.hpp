@@ -143,6 +143,9 @@ class Decoder final : public Model {
   std::vector<LayerTensors<size_t>> layer_offsets_;
   void* weight_or_null(size_t offset) const;
   void* grad_or_null(size_t offset) const;
+  // The gradient of the `numel` elements at `offset` (a Linear's weight or bias, fused ones included), or
+  // null where there is none or every tensor in it is frozen: the op then skips that gradient.
+  void* trainable_grad_or_null(size_t offset, size_t numel) const;
   // The block's linear layers (model/linear.hpp): q/k/v (one fused GEMM), the attention output, the MLP's
   // input (GELU: c_fc; SwiGLU: gate and up fused) and output; with their gradients when `with_grads`.
   struct BlockLinears {

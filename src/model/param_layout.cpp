@@ -187,6 +187,28 @@ const ParamTensor& ParamLayout::get(const std::string& name) const {
   return *t;
 }
 
+bool ParamLayout::any_trainable(ParamRange r) const {
+  // Tensors lie in offset order: start at the one holding r.begin.
+  auto it = std::upper_bound(tensors_.begin(), tensors_.end(), r.begin,
+                             [](size_t o, const ParamTensor& t) { return o < t.offset; });
+  if (it != tensors_.begin()) --it;
+  for (; it != tensors_.end() && it->offset < r.end; ++it)
+    if (it->trainable && it->offset + it->numel() > r.begin) return true;
+  return false;
+}
+
+std::vector<ParamRange> ParamLayout::frozen_ranges() const {
+  std::vector<ParamRange> out;
+  for (const ParamTensor& t : tensors_) {
+    if (t.trainable) continue;
+    if (!out.empty() && out.back().end == t.offset)
+      out.back().end += t.numel();
+    else
+      out.push_back({t.offset, t.offset + t.numel()});
+  }
+  return out;
+}
+
 int ParamLayout::unit_of(size_t offset) const {
   ANVIL_ASSERT(offset < total_, "element {} outside the {} parameters", offset, total_);
   const auto it = std::upper_bound(units_.begin(), units_.end(), offset,

@@ -142,6 +142,15 @@ class ParamLayout {
   // The non-empty pieces of the tensors inside `r`, in layout order.
   std::vector<TensorPart> parts(ParamRange r) const;
 
+  // Freezing (model/freeze.hpp): tensor `index` trainable or not. The optimizers leave a frozen tensor as
+  // it is (ParamRangeTable skips it), the step zeroes its gradient before the norm, and a model skips the
+  // gradient computations whose every output would be frozen (any_trainable).
+  void set_trainable(size_t index, bool trainable) { tensors_.at(index).trainable = trainable; }
+  // Whether a tensor overlapping `r` is trainable.
+  bool any_trainable(ParamRange r) const;
+  // The frozen tensors as ranges, neighbours merged, in layout order (none: every tensor trains).
+  std::vector<ParamRange> frozen_ranges() const;
+
  private:
   void begin_unit(std::string name);
   ParamTensor& add(std::string name, Shape shape, bool decay, ParamTensor::Init init,

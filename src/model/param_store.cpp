@@ -193,6 +193,19 @@ void* ParamStore::reduced_grad_at(size_t offset) const {
   return static_cast<char*>(grads_) + (offset - grad_range_.begin) * grad_elem_;
 }
 
+FrozenCount ParamStore::freeze(const std::vector<std::string>& patterns) {
+  const FrozenCount n = freeze_parameters(layout_, patterns);
+  frozen_ = layout_.frozen_ranges();
+  return n;
+}
+
+void ParamStore::zero_frozen_grads(Device& dev) const {
+  for (const ParamRange& f : frozen_) {
+    const size_t b = std::max(f.begin, grad_range_.begin), e = std::min(f.end, grad_range_.end);
+    if (b < e) dev.fill_zero(reduced_grad_at(b), (e - b) * grad_elem_);
+  }
+}
+
 std::pair<void*, size_t> ParamStore::gradient_scratch() const {
   if (grads_sharded_) return {slots_, slot_bytes_};
   return {grads_, grad_bytes()};

@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "anvil/memory_plan.hpp"
 #include "kernels/ops.hpp"
+#include "model/freeze.hpp"
 #include "model/param_layout.hpp"
 #include "runtime/arena.hpp"
 
@@ -97,6 +99,15 @@ class ParamStore {
   // gradients: in the slot of offset's unit, which must hold that unit), else grad_at(offset) itself.
   void* comm_grad_at(size_t offset) const;
 
+  // Freezing (before plan_memory, and before an optimizer is made from layout()): marks the tensors that
+  // match `patterns` frozen (model/freeze.hpp, which names the errors); returns what is frozen.
+  FrozenCount freeze(const std::vector<std::string>& patterns);
+  bool has_frozen() const { return !frozen_.empty(); }
+  // Zeroes the frozen tensors' part of the gradients kept for the optimizer (grad_range()), queued on `dev`.
+  // The step calls it before the norm, so that gradients a model computes anyway (a norm weight's; a fused
+  // matrix frozen in part) count in neither the norm nor the update. No-op without frozen tensors.
+  void zero_frozen_grads(Device& dev) const;
+
   // The weights changed (an optimizer step) or a new micro-batch begins: every slot must gather again (a
   // CUDA graph of a micro-batch replays its gathers, so each one starts from none). Releases every unit.
   void forget_gathered() const;
@@ -173,6 +184,7 @@ class ParamStore {
 
  private:
   ParamLayout layout_;
+  std::vector<ParamRange> frozen_;  // layout_.frozen_ranges(), kept by freeze()
   ParamRange master_range_;
   std::function<void(Device&, float*)> gather_;
   OpsPrecision precision_;

@@ -34,6 +34,7 @@ Adafactor::Adafactor(const ParamLayout& layout, const OptimizerHyper& h, int64_t
   for (const TensorPart& part : layout.parts(shard_)) {
     const ParamTensor& t = layout.tensors()[part.tensor];
     const ParamUnit& u = layout.units()[part.unit];
+    if (!t.trainable) continue;  // frozen: no statistics, no update
     ANVIL_REQUIRE(part.whole(t),
                   "adafactor: the shard [{}, {}) holds part of {}; its shards must hold whole tensors",
                   shard_.begin, shard_.end, t.name);

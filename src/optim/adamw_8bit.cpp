@@ -113,6 +113,12 @@ AdamW8bit::AdamW8bit(const ParamLayout& layout, const OptimizerHyper& h, std::op
                  part.offset);
     expect = part.offset + part.count;
     const uint8_t g = group_of(part.offset);
+    if (g == kSkipGroup) {  // frozen: no state, skipped by both tables
+      push(t8_, part.offset, kSkipGroup, s8, true);
+      push(tf_, part.offset, kSkipGroup, sf, true);
+      quantized_[part.tensor] = false;
+      continue;
+    }
     const bool q =
         t.numel() >= h.min_8bit_size && !(h.embedding_fp32_states && g == uint8_t(ParamGroup::Embedding));
     const size_t cut = part.first % B != 0 ? part.first : part.first + part.count;

@@ -24,15 +24,21 @@ const char* param_group_name(ParamGroup g) {
 
 ParamRangeTable ParamRangeTable::from_layout(const ParamLayout& layout) {
   ParamRangeTable t;
-  auto add = [&](size_t begin, ParamGroup g) {
-    if (!t.groups.empty() && t.groups.back() == uint8_t(g)) return;  // merge with the previous range
+  auto add = [&](size_t begin, uint8_t g) {
+    if (!t.groups.empty() && t.groups.back() == g) return;  // merge with the previous range
     t.begins.push_back(begin);
-    t.groups.push_back(uint8_t(g));
+    t.groups.push_back(g);
   };
-  for (const ParamUnit& u : layout.units()) {
-    if (u.decay_numel) add(u.offset, u.name == "embedding" ? ParamGroup::Embedding : ParamGroup::Decay);
-    if (u.numel > u.decay_numel) add(u.offset + u.decay_numel, ParamGroup::NoDecay);
-  }
+  for (const ParamUnit& u : layout.units())
+    for (size_t i : u.tensors) {
+      const ParamTensor& p = layout.tensors()[i];
+      if (!p.trainable)
+        add(p.offset, kSkipGroup);
+      else if (!p.decay)
+        add(p.offset, uint8_t(ParamGroup::NoDecay));
+      else
+        add(p.offset, uint8_t(u.name == "embedding" ? ParamGroup::Embedding : ParamGroup::Decay));
+    }
   return t;
 }
 

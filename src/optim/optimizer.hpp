@@ -63,7 +63,8 @@ struct OptimizerStateTensor {
 // vectors, each laid out in tensor order). Checkpoints rely on it to resume on any partition.
 
 // The group of every element of the flat buffer, as ranges: range i is [begins[i], begins[i+1]) (the last
-// one runs to the end) in group groups[i]. Built from the layout; uploaded to the device by the optimizer.
+// one runs to the end) in group groups[i], or kSkipGroup for frozen tensors (ParamTensor::trainable), which
+// no optimizer kernel touches. Built from the layout; uploaded to the device by the optimizer.
 struct ParamRangeTable {
   std::vector<uint64_t> begins;
   std::vector<uint8_t> groups;

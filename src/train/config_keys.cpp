@@ -32,14 +32,22 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .section = "Model",
      .type = "path",
      .meaning =
-         R"md(Start from these weights: a Hugging Face GPT-2 or BERT directory (`config.json` + `model.safetensors` or sharded safetensors, F32/F16/BF16) or an Anvil checkpoint. The model shape comes from its `config.json`. A BERT directory without a classifier (a `BertModel`, e.g. `bert-base-uncased`) gets a freshly initialised head.)md",
-     .summary = "Start from these weights: a Hugging Face GPT-2 or BERT directory, or an Anvil checkpoint."},
+         R"md(Start from these weights: a Hugging Face GPT-2, Llama, Qwen2, Mistral or BERT directory (`config.json` + `model.safetensors` or sharded safetensors, F32/F16/BF16) or an Anvil checkpoint. The model shape comes from its `config.json`. A BERT directory without a classifier (a `BertModel`, e.g. `bert-base-uncased`) gets a freshly initialised head.)md",
+     .summary = "Start from these weights: a Hugging Face directory (GPT-2, Llama, Qwen2, Mistral, BERT) or "
+                "an Anvil checkpoint."},
     {.key = "model_name_or_path",
      .section = "Model",
      .type = "path",
      .meaning =
          R"md(Hugging Face's name for `init_from` (an alias: it sets `init_from`, and both at once must agree).)md",
      .no_default = true},
+    {.key = "freeze_parameters",
+     .section = "Model",
+     .type = "string",
+     .meaning =
+         R"md(Parameters that do not train (PyTorch's `requires_grad_(False)`): comma-separated glob patterns over the Hugging Face tensor names (`*` any characters, `?` one, `[0-7]` one of a set), e.g. `model.embed_tokens.weight,model.layers.[0-7].*`. Frozen tensors keep their values exactly: the optimizer skips them, their gradients count in neither the gradient norm nor the update, and the decoder skips their weight-gradient matmuls. Their gradient and optimizer-state memory is still planned (the flat layout; 8-bit AdamW and Adafactor keep no state for them). A pattern that matches nothing, or patterns that match every tensor, are errors; not with `stochastic_rounding` (it would re-round the frozen bf16 weights every step). See [models.md](models.md#freezing-parameters).)md",
+     .summary = "Comma-separated glob patterns of Hugging Face tensor names that do not train (e.g. "
+                "`model.layers.[0-7].*`)."},
     // -----------------------------------------------------------------------------------------------
     // Data
     {

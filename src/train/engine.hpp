@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "anvil/train_config.hpp"
 #include "kernels/ops.hpp"
@@ -56,6 +58,9 @@ struct EngineOptions {
   // ZeRO stages 2-3 (several processes): the 16-bit compute type when backward writes the unit gradients in
   // it (backward_grad_dtype; ParamStore::set_grad_shard); nullopt: the gradient type.
   std::optional<DType> unit_grad_dtype;
+  // Training: glob patterns of the tensors to freeze (freeze_parameters; ParamStore::freeze). Empty: all
+  // train.
+  std::vector<std::string> freeze;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the

@@ -70,6 +70,14 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
     fmt::print("  dropout: hidden {}, attention probabilities {}, classifier {}\n", m.hidden_dropout_prob,
                m.attention_probs_dropout_prob, m.classifier_dropout_prob());
   if (dev.kind() == DeviceKind::CUDA) print_cuda_paths(h, e);
+  if (e.model().param_store().has_frozen()) {
+    size_t tensors = 0, frozen = 0;
+    for (const ParamTensor& t : e.model().layout().tensors())
+      if (!t.trainable) ++tensors, frozen += t.numel();
+    const size_t all = e.model().layout().total_numel();
+    fmt::print("  frozen (freeze_parameters): {} tensors, {} of {} parameters; {} train\n", tensors, frozen,
+               all, all - frozen);
+  }
   fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
              format_bytes(e.optimizer().state_bytes()));
   if (e.optimizer().kind() == OptimizerKind::Adafactor && cfg.adafactor_relative_step)

@@ -226,6 +226,7 @@ const std::map<std::string, Setter>& setters() {
       set_model_from_object(c, r, v);
     };
     str_field("init_from", &TrainConfig::init_from);
+    str_field("freeze_parameters", &TrainConfig::freeze_parameters);
     str_field("tokenizer", &TrainConfig::tokenizer);
     str_field("train_data", &TrainConfig::train_data);
     str_field("val_data", &TrainConfig::val_data);
@@ -597,6 +598,11 @@ void TrainConfig::validate(const std::string& s) const {
       "{}: stochastic_rounding rounds bf16 weights, so it needs bf16 true (got stochastic_rounding true "
       "with {})",
       blame({"stochastic_rounding", "bf16"}), precision());
+  ANVIL_REQUIRE(!stochastic_rounding || freeze_parameters.empty(),
+                "{}: stochastic_rounding and freeze_parameters cannot be combined: stochastic rounding "
+                "re-rounds every bf16 weight from its master weight at each step, so frozen weights would "
+                "move; remove one of them",
+                blame({"stochastic_rounding", "freeze_parameters"}));
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
   ANVIL_REQUIRE(communication_data_type.empty() || communication_data_type == "fp32" ||
@@ -677,6 +683,7 @@ json TrainConfig::to_json() const {
   }
   return {{"model", m},
           {"init_from", init_from},
+          {"freeze_parameters", freeze_parameters},
           {"tokenizer", tokenizer},
           {"train_data", train_data},
           {"val_data", val_data},

@@ -232,6 +232,8 @@ void TrainStep::micro_batch(int slot) {
 // uploads first.
 void TrainStep::norm_part() {
   e_.upload_step_values();
+  // Frozen tensors (freeze_parameters): the gradients a model computed for them anyway leave no trace.
+  model_.param_store().zero_frozen_grads(dev_);
   // ZeRO stage 2: this rank's shard of the reduced gradients, its sum of squares then summed over the ranks.
   const ParamRange g = zero_ ? zero_->reduced_grads() : ParamRange{0, nparams_};
   // (An empty shard adds nothing: the sum was zeroed with the step's scalars.)

@@ -442,6 +442,23 @@ TEST(BertTrain, GradientAccumulationMatchesOneLargeBatch) {
   EXPECT_LT(max_diff, 1e-5);
 }
 
+// freeze_parameters on BERT (gradients in dead activation memory, computed for every tensor and zeroed for
+// the frozen ones before the norm): the encoder and pooler stay as they are, the classifier trains.
+TEST(BertTrain, FrozenEncoderTrainsTheClassifierOnly) {
+  ZebraData d(200);
+  json j = base_config(d, d.dir / "frozen");
+  j["max_steps"] = 6, j["save_steps"] = 3, j["eval_steps"] = 0, j["weight_decay"] = 0.1;
+  j["freeze_parameters"] = "bert.*";
+  train(config_of(j));
+  const auto at3 = tensors(d.dir / "frozen/checkpoint-3/model.safetensors");
+  const auto at6 = tensors(d.dir / "frozen/checkpoint-6/model.safetensors");
+  ASSERT_FALSE(at3.empty());
+  for (const auto& [name, v] : at6) {
+    const bool frozen = name.starts_with("bert.");
+    EXPECT_EQ(v == at3.at(name), frozen) << name << (frozen ? " moved" : " did not train");
+  }
+}
+
 TEST(BertTrain, ResumeIsBitExact) {
   ZebraData d(300);  // 255 training examples: 15 batches of 16 per epoch, so the run crosses an epoch
   json j = base_config(d, d.dir / "full");

@@ -1,0 +1,303 @@
+// Freezing parameters (freeze_parameters): the glob patterns, the layout's trainable flags and their
+// errors, the optimizers leaving frozen tensors exactly as they are, and training runs (one process; ZeRO
+// stages on two) in which frozen tensors keep their initial values while every other tensor trains as it
+// would with nothing frozen.
+#include "model/freeze.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "anvil/rng.hpp"
+#include "anvil/trainer.hpp"
+#include "dist/communicator.hpp"
+#include "io/safetensors.hpp"
+#include "optim/optimizer.hpp"
+#include "test_util.hpp"
+#include "train/engine.hpp"
+
+namespace anvil {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(FreezeGlob, MatchesWholeNames) {
+  EXPECT_TRUE(glob_match("model.layers.*", "model.layers.0.mlp.up_proj.weight"));
+  EXPECT_FALSE(glob_match("model.layers.*", "lm_head.weight"));
+  EXPECT_TRUE(glob_match("*.bias", "transformer.h.3.attn.c_attn.bias"));
+  EXPECT_FALSE(glob_match("*.bias", "transformer.h.3.attn.c_attn.bias2"));
+  EXPECT_TRUE(glob_match("model.layers.[0-1].*", "model.layers.1.input_layernorm.weight"));
+  EXPECT_FALSE(glob_match("model.layers.[0-1].*", "model.layers.2.input_layernorm.weight"));
+  EXPECT_FALSE(glob_match("model.layers.[0-1].*", "model.layers.10.input_layernorm.weight"));
+  EXPECT_TRUE(glob_match("model.layers.1?.*", "model.layers.12.x"));
+  EXPECT_FALSE(glob_match("model.layers.1?.*", "model.layers.1.x"));
+  EXPECT_TRUE(glob_match("model.layers.[!0].*", "model.layers.3.x"));
+  EXPECT_FALSE(glob_match("model.layers.[!0].*", "model.layers.0.x"));
+  EXPECT_TRUE(glob_match("a*b*c", "a--b--b--c"));
+  EXPECT_TRUE(glob_match("exact.name", "exact.name"));
+  EXPECT_FALSE(glob_match("exact.name", "exact.name.more"));
+  EXPECT_TRUE(glob_match("[x", "[x"));  // an unclosed set is a literal '['
+  EXPECT_TRUE(glob_match("*", ""));
+  EXPECT_FALSE(glob_match("?", ""));
+}
+
+TEST(FreezeGlob, SplitsTheList) {
+  EXPECT_EQ(split_patterns(" a, b ,,c "), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_TRUE(split_patterns("").empty());
+  EXPECT_TRUE(split_patterns(" , ").empty());
+}
+
+TransformerConfig tiny_gpt2() {
+  TransformerConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 16, c.vocab_size = 40, c.block_size = 8;
+  return c;
+}
+
+TEST(FreezeLayout, PatternsAndAliasesMarkTensors) {
+  ParamLayout l = ParamLayout::decoder(tiny_gpt2());
+  // GPT2Model files drop "transformer.": the alias matches as the name does.
+  const FrozenCount n = freeze_parameters(l, {"transformer.wte.weight", "h.0.*"});
+  size_t tensors = 0, numel = 0;
+  for (const ParamTensor& t : l.tensors()) {
+    const bool want = t.name == "transformer.wte.weight" || t.name.starts_with("transformer.h.0.");
+    EXPECT_EQ(t.trainable, !want) << t.name;
+    if (want) ++tensors, numel += t.numel();
+  }
+  EXPECT_EQ(n.tensors, tensors);
+  EXPECT_EQ(n.numel, numel);
+  // wte alone (wpe trains), then block 0 whole: two ranges.
+  const std::vector<ParamRange> f = l.frozen_ranges();
+  ASSERT_EQ(f.size(), 2u);
+  const ParamTensor& wte = l.get("transformer.wte.weight");
+  EXPECT_EQ(f[0], (ParamRange{wte.offset, wte.offset + wte.numel()}));
+  EXPECT_EQ(f[1], (ParamRange{l.units()[1].offset, l.units()[1].offset + l.units()[1].numel}));
+  EXPECT_FALSE(l.any_trainable(f[1]));
+  EXPECT_TRUE(l.any_trainable({f[1].begin, f[1].end + 1}));
+  EXPECT_TRUE(l.any_trainable(l.all()));
+}
+
+TEST(FreezeLayout, ErrorsNameThePattern) {
+  test::expect_error(
+      [] {
+        ParamLayout l = ParamLayout::decoder(tiny_gpt2());
+        freeze_parameters(l, {"transformer.h.0.*", "model.layers.0.*"});
+      },
+      {"freeze_parameters", "'model.layers.0.*'", "matches no parameter", "transformer.wte.weight"});
+  test::expect_error(
+      [] {
+        ParamLayout l = ParamLayout::decoder(tiny_gpt2());
+        freeze_parameters(l, {"*"});
+      },
+      {"freeze_parameters", "every one", "nothing to train"});
+  test::expect_error(
+      [] {
+        TrainConfig::from_json(
+            {{"bf16", true}, {"stochastic_rounding", true}, {"freeze_parameters", "*.bias"}}, "cfg");
+      },
+      {"stochastic_rounding", "freeze_parameters", "frozen weights would move"});
+}
+
+TEST(FreezeOptimizer, RangeTableSkipsFrozenTensors) {
+  ParamLayout l = ParamLayout::decoder(tiny_gpt2());
+  freeze_parameters(l, {"transformer.h.1.attn.*"});
+  const ParamRangeTable t = ParamRangeTable::from_layout(l);
+  for (const ParamTensor& p : l.tensors()) {
+    size_t r = 0;
+    while (r + 1 < t.begins.size() && t.begins[r + 1] <= p.offset) ++r;
+    if (!p.trainable)
+      EXPECT_EQ(t.groups[r], kSkipGroup) << p.name;
+    else
+      EXPECT_NE(t.groups[r], kSkipGroup) << p.name;
+  }
+}
+
+// Every optimizer, driven directly with random gradients and weight decay: frozen elements stay bit for bit,
+// every trainable tensor moves.
+class FreezeEveryOptimizer : public testing::TestWithParam<std::string> {};
+
+TEST_P(FreezeEveryOptimizer, FrozenTensorsDoNotMove) {
+  EngineOptions o;
+  o.device = DeviceKind::CPU, o.batch_size = 1, o.seq_len = 8, o.training = true;
+  o.optimizer = parse_optimizer(GetParam());
+  o.optim.weight_decay = 0.1f;
+  o.optim.momentum = 0.9f;
+  o.optim.min_8bit_size = 256;  // 8-bit states for the tiny matrices
+  o.optim.adafactor_beta1 = 0.9f;
+  o.freeze = {"transformer.wte.weight", "transformer.h.0.*", "transformer.h.1.ln_2.bias"};
+  Engine e(tiny_gpt2(), o);
+  const size_t n = e.model().layout().total_numel();
+  Rng rng(3);
+  std::vector<float> p0(n), g(n);
+  for (float& x : p0) x = 0.5f * rng.normal();
+  e.device().copy_to_device(e.model().params(), p0.data(), n * sizeof(float));
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (float& x : g) x = rng.normal();
+    e.device().copy_to_device(e.model().grads(), g.data(), n * sizeof(float));
+    e.optimizer().step(e.ops(), e.model().params(), e.model().grads(), 1e-2f, step, 1.0f);
+  }
+  std::vector<float> p(n);
+  e.device().copy_to_host(p.data(), e.model().params(), n * sizeof(float));
+  for (const ParamTensor& t : e.model().layout().tensors()) {
+    bool moved = false;
+    for (size_t i = t.offset; i < t.offset + t.numel(); ++i) moved = moved || p[i] != p0[i];
+    EXPECT_EQ(moved, t.trainable) << GetParam() << ": " << t.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, FreezeEveryOptimizer,
+                         testing::Values("adamw_torch_fused", "adafactor", "adamw_8bit", "sgd"));
+
+// A run's initial weights (what the trainer initialises from cfg.seed), flat.
+std::vector<float> initial_weights(const TrainConfig& cfg) {
+  Engine e(cfg.model, training_engine_options(cfg, DeviceKind::CPU));
+  e.model().init_weights(cfg.seed, e.device());
+  std::vector<float> p(e.model().layout().total_numel());
+  e.model().param_store().download(e.device(), p.data());
+  return p;
+}
+
+// Tensor `t` of a checkpoint's model.safetensors (fp32) in Anvil's layout order: transposed back where
+// Hugging Face stores it [in, out], the real vocabulary rows only.
+std::vector<float> checkpoint_tensor(const io::SafeTensorsReader& r, const ParamTensor& t) {
+  const io::SafeTensorInfo& info = r.at(t.name);
+  EXPECT_EQ(info.dtype, DType::F32) << t.name;
+  std::vector<float> hf(size_t(info.numel()));
+  std::memcpy(hf.data(), r.data(info), info.nbytes);
+  if (!t.hf_transposed) return hf;
+  const size_t rows = size_t(t.shape[0]), cols = size_t(t.shape[1]);
+  std::vector<float> out(hf.size());
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < cols; ++j) out[i * cols + j] = hf[j * rows + i];
+  return out;
+}
+
+// The layout's tensors of a run's config (frozen as it says).
+ParamLayout layout_of(const TrainConfig& cfg) {
+  ParamLayout l = ParamLayout::decoder(cfg.model);
+  const std::vector<std::string> p = split_patterns(cfg.freeze_parameters);
+  if (!p.empty()) freeze_parameters(l, p);
+  return l;
+}
+
+std::vector<float> initial_part(const std::vector<float>& init, const ParamTensor& t, size_t count) {
+  return {init.begin() + long(t.offset), init.begin() + long(t.offset + count)};
+}
+
+TrainConfig llama_run(const test::ByteCorpus& c, const std::string& out, int steps,
+                      const std::string& freeze) {
+  const json j = {{"model", "llama-tiny"},
+                  {"train_data", c.dir / "data/train.bin"},
+                  {"per_device_train_batch_size", 2},
+                  {"max_seq_length", 32},
+                  {"max_steps", steps},
+                  {"learning_rate", 3e-3},
+                  {"weight_decay", 0.1},
+                  {"max_grad_norm", 0.0},  // no clipping: each tensor's update depends on its gradient only
+                  {"logging_steps", 1},
+                  {"device", "cpu"},
+                  {"seed", 7},
+                  {"freeze_parameters", freeze},
+                  {"output_dir", out}};
+  return TrainConfig::from_json(j, "test");
+}
+
+// Llama with the embedding, block 0 and one part of block 1's fused q/k/v frozen (its gradient is computed
+// with k and v and zeroed before the norm and the update).
+TEST(FreezeTrain, FrozenTensorsKeepTheirValuesOthersTrainAsUnfrozen) {
+  test::ByteCorpus c;
+  const std::string freeze =
+      "model.embed_tokens.weight, model.layers.0.*, model.layers.1.self_attn.q_proj.weight";
+  const TrainConfig frozen1 = llama_run(c, c.dir / "frozen1", 1, freeze);
+  const TrainConfig frozen4 = llama_run(c, c.dir / "frozen4", 4, freeze);
+  const TrainConfig open1 = llama_run(c, c.dir / "open1", 1, "");
+  for (const TrainConfig* cfg : {&frozen1, &frozen4, &open1}) test::quietly([&] { return train(*cfg); });
+  const std::vector<float> init = initial_weights(open1);
+  const ParamLayout layout = layout_of(frozen1);
+  io::SafeTensorsReader f1(c.dir / "frozen1/checkpoint-1/model.safetensors");
+  io::SafeTensorsReader f4(c.dir / "frozen4/checkpoint-4/model.safetensors");
+  io::SafeTensorsReader o1(c.dir / "open1/checkpoint-1/model.safetensors");
+  size_t frozen = 0;
+  for (const ParamTensor& t : layout.tensors()) {
+    SCOPED_TRACE(t.name);
+    const std::vector<float> a = checkpoint_tensor(f1, t), b = checkpoint_tensor(f4, t),
+                             open = checkpoint_tensor(o1, t);
+    const std::vector<float> start = initial_part(init, t, a.size());
+    if (!t.trainable) {
+      ++frozen;
+      EXPECT_TRUE(a == start) << "a frozen tensor moved in step 1";
+      EXPECT_TRUE(b == start) << "a frozen tensor moved by step 4";
+      EXPECT_FALSE(open == start) << "the unfrozen run does not move it: the test would not see a move";
+    } else {
+      // The same gradient as unfrozen (frozen gradients skipped or zeroed leave the others as they are).
+      EXPECT_TRUE(a == open) << "a trainable tensor's first update differs from the unfrozen run's";
+      EXPECT_FALSE(b == start) << "a trainable tensor did not train";
+    }
+  }
+  EXPECT_EQ(frozen, 1u + 9u + 1u);  // the embedding, block 0's nine tensors, block 1's q_proj
+  // The gradient norm counts trainable tensors only.
+  const auto norm = [](const std::string& metrics) {
+    std::istringstream in(test::read_file(metrics));
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j.contains("grad_norm")) return j["grad_norm"].get<double>();
+    }
+    ADD_FAILURE() << metrics << " has no grad_norm";
+    return 0.0;
+  };
+  EXPECT_LT(norm(c.dir / "frozen1/metrics.jsonl"), norm(c.dir / "open1/metrics.jsonl"));
+}
+
+// ZeRO stages 0, 2 and 3 on two processes with frozen tensors: equal loss curves, frozen tensors at their
+// initial values in every stage's checkpoint.
+TEST(FreezeTrain, ZeroStagesOnTwoProcesses) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  const std::string freeze = "transformer.wte.weight,transformer.h.0.*";
+  std::vector<std::vector<double>> curves;
+  TrainConfig cfg;
+  for (int stage : {0, 2, 3}) {
+    const std::string name = "stage" + std::to_string(stage);
+    const json j = {
+        {"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 256}, {"block_size", 32}}},
+        {"train_data", c.dir / "data/train.bin"},
+        {"per_device_train_batch_size", 2},
+        {"max_steps", 6},
+        {"learning_rate", 3e-3},
+        {"weight_decay", 0.1},
+        {"logging_steps", 1},
+        {"device", "cpu"},
+        {"seed", 5},
+        {"dataloader_pin_memory", false},
+        {"zero_stage", stage},
+        {"freeze_parameters", freeze},
+        {"output_dir", c.dir / name}};
+    test::write_file(c.dir / (name + ".json"), j.dump());
+    const test::CommandResult r = test::run_anvil(
+        fmt::format("launch --nproc_per_node 2 --master_port 0 train --config {}", c.dir / (name + ".json")));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("frozen (freeze_parameters): 13 tensors"), std::string::npos) << r.output;
+    curves.push_back(test::metrics_losses(c.dir / (name + "/metrics.jsonl")));
+    cfg = TrainConfig::from_json(j, "test");
+  }
+  ASSERT_EQ(curves[0].size(), 6u);
+  for (size_t s = 1; s < curves.size(); ++s)
+    for (size_t i = 0; i < curves[0].size(); ++i)
+      EXPECT_NEAR(curves[s][i], curves[0][i], 1e-6 * curves[0][i]) << "run " << s << " step " << i + 1;
+  const std::vector<float> init = initial_weights(cfg);
+  const ParamLayout layout = layout_of(cfg);
+  for (int stage : {0, 2, 3}) {
+    io::SafeTensorsReader r(c.dir / fmt::format("stage{}/checkpoint-6/model.safetensors", stage));
+    for (const ParamTensor& t : layout.tensors()) {
+      if (t.trainable) continue;
+      const std::vector<float> got = checkpoint_tensor(r, t);
+      EXPECT_TRUE(got == initial_part(init, t, got.size()))
+          << "stage " << stage << ": " << t.name << " moved";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace anvil
