@@ -176,6 +176,26 @@ void* Decoder::trainable_grad_or_null(size_t offset, size_t numel) const {
   return store_.grad_at(offset);
 }
 
+size_t Decoder::skipped_weight_grads() const {
+  // What block_linears and head_linear leave without a gradient (asked of the layout: the gradient views
+  // of a store with sharded gradients exist only during a unit's backward).
+  const ParamLayout& l = store_.layout();
+  size_t n = 0;
+  const auto skipped = [&](size_t offset, size_t numel) {
+    if (offset != kNone && !l.any_trainable({offset, offset + numel})) n += numel;
+  };
+  const size_t C = size_t(spec_.C);
+  for (const LayerTensors<size_t>& o : layer_offsets_) {
+    skipped(o.qkvw, C * spec_.qkv_width());
+    skipped(o.attprojw, size_t(spec_.q_width()) * C);
+    skipped(o.fcw, C * spec_.mlp_in_width());
+    skipped(o.fcprojw, size_t(spec_.ffn) * C);
+  }
+  // The head multiplies the real vocabulary's rows (TransformerConfig::num_parameters counts those).
+  if (!l.any_trainable({head_off_, head_off_ + size_t(spec_.padded_vocab) * C})) n += size_t(spec_.vocab) * C;
+  return n;
+}
+
 Decoder::LayerParams Decoder::layer_weights(int l) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
   auto w = [&](size_t off) { return weight_or_null(off); };

@@ -61,6 +61,7 @@ class Decoder final : public Model {
   float* grads() const override { return store_.grads_f32(); }
   size_t grad_bytes() const override { return store_.grad_bytes(); }
   bool grads_by_unit() const override { return true; }
+  size_t skipped_weight_grads() const override;
   // Per-position losses [B*T] (0 at ignore-index targets).
   const float* losses() const override { return losses_; }
   size_t loss_rows(int B, int T) const override { return size_t(B) * size_t(T); }

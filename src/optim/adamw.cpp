@@ -11,7 +11,7 @@ OptimizerHyper adamw_hyper(const AdamWHyper& a) {
 }
 
 std::vector<std::pair<std::string, size_t>> AdamW::state_buffers() const {
-  const size_t bytes = dtype_bytes(moment_dtype(), numel());
+  const size_t bytes = dtype_bytes(moment_dtype(), state_numel());
   return {{"adamw exp_avg", bytes}, {"adamw exp_avg_sq", bytes}};
 }
 
@@ -21,7 +21,7 @@ void AdamW::bind_state(const std::vector<void*>& b) {
 }
 
 std::vector<OptimizerStateTensor> AdamW::state_tensors() const {
-  return {{"exp_avg", moment_dtype(), numel(), m_}, {"exp_avg_sq", moment_dtype(), numel(), v_}};
+  return {{"exp_avg", moment_dtype(), state_numel(), m_}, {"exp_avg_sq", moment_dtype(), state_numel(), v_}};
 }
 
 FusedAdamWArgs AdamW::args(float lr, int64_t step) const {
@@ -29,10 +29,11 @@ FusedAdamWArgs AdamW::args(float lr, int64_t step) const {
   a.beta1 = h_.beta1, a.beta2 = h_.beta2, a.eps = h_.eps, a.step = step;
   group_args(lr, a.lr, a.weight_decay);
   // bf16 moments: a fresh stochastic-rounding stream per step (nonzero).
-  // A shard (ZeRO) draws for its elements what one process draws for them.
+  // A shard (ZeRO) draws for its elements what one process draws for them (by state index: compact with
+  // frozen tensors).
   if (h_.adamw_bf16_moments) {
     a.rounding_seed = Rng(0xada3u ^ (uint64_t(step) << 20)).next_u64() | 1;
-    a.index_base = shard_.begin;
+    a.index_base = ranges_.compact_base;
   }
   return a;
 }

@@ -45,20 +45,33 @@ ParamRangeTable ParamRangeTable::from_layout(const ParamLayout& layout) {
 ParamRangeTable ParamRangeTable::from_layout(const ParamLayout& layout, ParamRange shard) {
   const ParamRangeTable whole = from_layout(layout);
   ParamRangeTable t;
+  bool frozen = false;
   for (size_t i = 0; i < whole.begins.size(); ++i) {
-    const size_t b = std::max<size_t>(whole.begins[i], shard.begin);
-    const size_t e =
-        std::min<size_t>(i + 1 < whole.begins.size() ? whole.begins[i + 1] : layout.total_numel(), shard.end);
+    const size_t range_end = i + 1 < whole.begins.size() ? whole.begins[i + 1] : layout.total_numel();
+    const size_t b = std::max<size_t>(whole.begins[i], shard.begin),
+                 e = std::min<size_t>(range_end, shard.end);
+    const bool skip = whole.groups[i] == kSkipGroup;
+    frozen = frozen || skip;
+    // Trainable elements of the whole buffer before the shard.
+    if (!skip)
+      t.compact_base +=
+          std::min<size_t>(range_end, shard.begin) - std::min<size_t>(whole.begins[i], shard.begin);
     if (b >= e) continue;
     t.begins.push_back(b - shard.begin);
     t.groups.push_back(whole.groups[i]);
+    t.state_begins.push_back(t.state_numel);
+    if (!skip) t.state_numel += e - b;
+  }
+  if (!frozen) {  // states mirror the buffer
+    t.state_begins.clear();
+    t.compact_base = shard.begin;
   }
   return t;
 }
 
 size_t ParamRangeTable::device_bytes() const {
   const size_t n = begins.size();
-  return n * sizeof(uint64_t) + (n + 7) / 8 * 8;
+  return (n + state_begins.size()) * sizeof(uint64_t) + (n + 7) / 8 * 8;
 }
 
 Optimizer::Optimizer(const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard)
@@ -82,9 +95,11 @@ void Optimizer::bind(const Arena& arena) {
   state_ptrs_.clear();
   for (size_t i : i_state_) state_ptrs_.push_back(arena.get<void>(i));
   range_table_ = arena.get<void>(i_ranges_);
-  range_begins_ = static_cast<const uint64_t*>(range_table_);
-  range_groups_ = reinterpret_cast<const uint8_t*>(static_cast<const char*>(range_table_) +
-                                                   ranges_.begins.size() * sizeof(uint64_t));
+  const auto* words = static_cast<const uint64_t*>(range_table_);
+  const size_t n = ranges_.begins.size();
+  range_begins_ = words;
+  range_states_ = ranges_.state_begins.empty() ? nullptr : words + n;
+  range_groups_ = reinterpret_cast<const uint8_t*>(words + n + ranges_.state_begins.size());
   bind_state(state_ptrs_);
 }
 
@@ -92,9 +107,10 @@ void Optimizer::reset(Device& dev) {
   for (size_t i = 0; i < state_ptrs_.size(); ++i)
     if (state_sizes_[i]) dev.fill_zero(state_ptrs_[i], state_sizes_[i]);
   std::vector<char> host(ranges_.device_bytes(), 0);
-  std::memcpy(host.data(), ranges_.begins.data(), ranges_.begins.size() * sizeof(uint64_t));
-  std::memcpy(host.data() + ranges_.begins.size() * sizeof(uint64_t), ranges_.groups.data(),
-              ranges_.groups.size());
+  const size_t n = ranges_.begins.size(), ns = ranges_.state_begins.size();
+  std::memcpy(host.data(), ranges_.begins.data(), n * sizeof(uint64_t));
+  if (ns) std::memcpy(host.data() + n * sizeof(uint64_t), ranges_.state_begins.data(), ns * sizeof(uint64_t));
+  std::memcpy(host.data() + (n + ns) * sizeof(uint64_t), ranges_.groups.data(), ranges_.groups.size());
   dev.copy_to_device(range_table_, host.data(), host.size());
   after_reset(dev);
 }

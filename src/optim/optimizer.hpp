@@ -65,13 +65,21 @@ struct OptimizerStateTensor {
 // The group of every element of the flat buffer, as ranges: range i is [begins[i], begins[i+1]) (the last
 // one runs to the end) in group groups[i], or kSkipGroup for frozen tensors (ParamTensor::trainable), which
 // no optimizer kernel touches. Built from the layout; uploaded to the device by the optimizer.
+// With frozen tensors the elementwise states (AdamW's moments, SGD's momentum) are compact: state_begins[i]
+// is range i's first state element (skipped ranges hold none: theirs is the next range's), state_numel the
+// states' length (the trainable elements), and compact_base the whole buffer's compact index of the shard's
+// first state element (so a shard's bf16-moment rounding draws what one process draws). Without frozen
+// tensors state_begins is empty and states mirror the flat buffer.
 struct ParamRangeTable {
   std::vector<uint64_t> begins;
   std::vector<uint8_t> groups;
+  std::vector<uint64_t> state_begins;
+  size_t state_numel = 0;
+  size_t compact_base = 0;
   static ParamRangeTable from_layout(const ParamLayout& layout);
   // The table of the elements of `shard` only, with offsets from the shard's begin (ZeRO).
   static ParamRangeTable from_layout(const ParamLayout& layout, ParamRange shard);
-  // The bytes the device copy takes (begins then groups, each 8-byte aligned).
+  // The bytes the device copy takes (begins, state_begins when present, then groups; each 8-byte aligned).
   size_t device_bytes() const;
 };
 
@@ -118,6 +126,8 @@ class Optimizer {
   // The elements it updates (its shard's).
   size_t numel() const { return shard_.numel(); }
   ParamRange shard() const { return shard_; }
+  // Elements of an elementwise state buffer (AdamW's moments, SGD's momentum): the shard's trainable ones.
+  size_t state_numel() const { return ranges_.state_numel; }
 
  protected:
   // Each optimizer's step() (the public step() is not virtual, so its default argument lives in one place).
@@ -131,8 +141,9 @@ class Optimizer {
   virtual void after_reset(Device& dev) {}
   // The device range table (valid after bind).
   ParamGroupTable groups() const {
-    return {range_begins_, range_groups_, nullptr, int(ranges_.begins.size())};
+    return {range_begins_, range_groups_, range_states_, int(ranges_.begins.size())};
   }
+
   // Kernel arguments `a` with the fields every update sets per call: the gradient scale (and its device
   // factor) and the step values.
   template <class Args>
@@ -157,6 +168,7 @@ class Optimizer {
   std::vector<void*> state_ptrs_;
   std::vector<size_t> state_sizes_;
   const uint64_t* range_begins_ = nullptr;
+  const uint64_t* range_states_ = nullptr;  // null without frozen tensors
   const uint8_t* range_groups_ = nullptr;
   void* range_table_ = nullptr;
 };

@@ -14,7 +14,7 @@ Sgd::Sgd(const ParamLayout& layout, const OptimizerHyper& h, std::optional<Param
 
 std::vector<std::pair<std::string, size_t>> Sgd::state_buffers() const {
   if (h_.momentum == 0) return {};
-  return {{"sgd momentum_buffer", numel() * sizeof(float)}};
+  return {{"sgd momentum_buffer", state_numel() * sizeof(float)}};
 }
 
 void Sgd::bind_state(const std::vector<void*>& b) {
@@ -23,7 +23,7 @@ void Sgd::bind_state(const std::vector<void*>& b) {
 
 std::vector<OptimizerStateTensor> Sgd::state_tensors() const {
   if (!momentum_) return {};
-  return {{"momentum_buffer", DType::F32, numel(), momentum_}};
+  return {{"momentum_buffer", DType::F32, state_numel(), momentum_}};
 }
 
 SgdArgs Sgd::args(float lr, int64_t step) const {

@@ -83,8 +83,11 @@ class CausalLmTask final : public Task {
   double tokens_per_second(int64_t, int64_t tokens, double runtime) const override {
     return double(tokens) / runtime;
   }
-  double flops_per_token(int64_t, double) const override {
-    return training_flops_per_token(model_, cfg_->seq_len());
+  // The steps' FLOPs per token (frozen weights' skipped gradient matmuls left out; before any step: the
+  // whole model's).
+  double flops_per_token(int64_t tokens_total, double flops_total) const override {
+    return tokens_total > 0 ? flops_total / double(tokens_total)
+                            : training_flops_per_token(model_, cfg_->seq_len());
   }
 
   std::string sample(Engine& e, Rng& rng) const override {

@@ -110,7 +110,9 @@ void TrainStep::micro_batches() {
     const StagedBatch& in = staged_[s];
     cur_.valid += in.valid;
     cur_.result.tokens += int64_t(in.B) * in.T;
-    cur_.result.flops += double(in.B) * in.T * training_flops_per_token(model_cfg_, in.T);
+    cur_.result.flops +=
+        double(in.B) * in.T *
+        (training_flops_per_token(model_cfg_, in.T) - 2.0 * double(model_.skipped_weight_grads()));
     if (cur_.whole) {
       require_targets();
       write_values();

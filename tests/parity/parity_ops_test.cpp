@@ -79,7 +79,7 @@ class ParityTest : public parity::ParityFixture<> {
   }
 
   void check_fused_adamw(size_t n, const std::vector<uint64_t>& begins, const std::vector<uint8_t>& groups,
-                         size_t skip_begin, size_t skip_end);
+                         size_t skip_begin, size_t skip_end, const std::vector<uint64_t>& state_begins = {});
 };
 
 // --- embedding -------------------------------------------------------------------------------------
@@ -671,19 +671,25 @@ TEST_F(ParityTest, AdamW) {
 // Fused multi-range AdamW over n parameters in `begins` / `groups` (one group kSkipGroup, whose range
 // [skip_begin, skip_end) must stay untouched), with fp32 and bf16 moments, three steps.
 void ParityTest::check_fused_adamw(size_t n, const std::vector<uint64_t>& begins,
-                                   const std::vector<uint8_t>& groups, size_t skip_begin, size_t skip_end) {
+                                   const std::vector<uint8_t>& groups, size_t skip_begin, size_t skip_end,
+                                   const std::vector<uint64_t>& state_begins) {
   auto b = mirror(begins);
   auto g = mirror(groups);
-  const ParamGroupTable cpu_t{b.cpu(), g.cpu(), nullptr, int(begins.size())};
-  const ParamGroupTable gpu_t{b.gpu(), g.gpu(), nullptr, int(begins.size())};
+  // Compact states (state_begins given): the skipped range holds none.
+  auto sb = mirror(state_begins.empty() ? std::vector<uint64_t>{0} : state_begins);
+  const uint64_t* sb_cpu = state_begins.empty() ? nullptr : sb.cpu();
+  const uint64_t* sb_gpu = state_begins.empty() ? nullptr : sb.gpu();
+  const ParamGroupTable cpu_t{b.cpu(), g.cpu(), sb_cpu, int(begins.size())};
+  const ParamGroupTable gpu_t{b.gpu(), g.gpu(), sb_gpu, int(begins.size())};
+  const size_t ns = state_begins.empty() ? n : n - (skip_end - skip_begin);
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16 moments" : "fp32 moments");
     const std::vector<float> p0 = randn(n), grad_h = randn(n, 3.f);
-    std::vector<float> v_h = randn(n, 0.01f);
+    std::vector<float> v_h = randn(ns, 0.01f);
     for (float& x : v_h) x = std::fabs(x);
     auto param = mirror(p0), grad = mirror(grad_h);
-    auto m = mirror(bf16 ? std::vector<float>(n / 2 + 1, 0.f) : randn(n, 0.1f));
-    auto v = mirror(bf16 ? std::vector<float>(n / 2 + 1, 0.f) : v_h);
+    auto m = mirror(bf16 ? std::vector<float>(ns / 2 + 1, 0.f) : randn(ns, 0.1f));
+    auto v = mirror(bf16 ? std::vector<float>(ns / 2 + 1, 0.f) : v_h);
     FusedAdamWArgs a;
     a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.grad_scale = 0.5f, a.rounding_seed = 77;
     a.lr[0] = 1e-3f, a.lr[1] = 2e-3f, a.lr[2] = 5e-4f, a.weight_decay[0] = 0.1f, a.weight_decay[2] = 0.05f;
@@ -712,6 +718,7 @@ TEST_F(ParityTest, FusedAdamWAndSgd) {
   const std::vector<uint8_t> groups = {0, 1, 2, kSkipGroup, 0};
   const std::vector<uint64_t> state_begins = {0, 20000, 20011, 50000, 50000};  // the skipped range has none
   check_fused_adamw(n, begins, groups, 50000, 70000);
+  check_fused_adamw(n, begins, groups, 50000, 70000, state_begins);  // compact moments (frozen tensors)
   auto b = mirror(begins);
   auto g = mirror(groups);
   auto sb = mirror(state_begins);

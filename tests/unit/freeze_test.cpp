@@ -118,37 +118,82 @@ TEST(FreezeOptimizer, RangeTableSkipsFrozenTensors) {
 // every trainable tensor moves.
 class FreezeEveryOptimizer : public testing::TestWithParam<std::string> {};
 
-TEST_P(FreezeEveryOptimizer, FrozenTensorsDoNotMove) {
+// Three steps of one optimizer over the tiny model with the same random weights and gradients; returns the
+// weights. `freeze` as freeze_parameters.
+std::vector<float> optimizer_steps(const std::string& optim, const std::vector<std::string>& freeze,
+                                   size_t* state_numel = nullptr) {
   EngineOptions o;
   o.device = DeviceKind::CPU, o.batch_size = 1, o.seq_len = 8, o.training = true;
-  o.optimizer = parse_optimizer(GetParam());
+  o.optimizer = parse_optimizer(optim);
   o.optim.weight_decay = 0.1f;
   o.optim.momentum = 0.9f;
   o.optim.min_8bit_size = 256;  // 8-bit states for the tiny matrices
   o.optim.adafactor_beta1 = 0.9f;
-  o.freeze = {"transformer.wte.weight", "transformer.h.0.*", "transformer.h.1.ln_2.bias"};
+  o.freeze = freeze;
   Engine e(tiny_gpt2(), o);
   const size_t n = e.model().layout().total_numel();
   Rng rng(3);
-  std::vector<float> p0(n), g(n);
-  for (float& x : p0) x = 0.5f * rng.normal();
-  e.device().copy_to_device(e.model().params(), p0.data(), n * sizeof(float));
+  std::vector<float> p(n), g(n);
+  for (float& x : p) x = 0.5f * rng.normal();
+  e.device().copy_to_device(e.model().params(), p.data(), n * sizeof(float));
   for (int64_t step = 1; step <= 3; ++step) {
     for (float& x : g) x = rng.normal();
     e.device().copy_to_device(e.model().grads(), g.data(), n * sizeof(float));
     e.optimizer().step(e.ops(), e.model().params(), e.model().grads(), 1e-2f, step, 1.0f);
   }
-  std::vector<float> p(n);
   e.device().copy_to_host(p.data(), e.model().params(), n * sizeof(float));
-  for (const ParamTensor& t : e.model().layout().tensors()) {
-    bool moved = false;
-    for (size_t i = t.offset; i < t.offset + t.numel(); ++i) moved = moved || p[i] != p0[i];
+  if (state_numel) *state_numel = e.optimizer().state_numel();
+  return p;
+}
+
+// Frozen elements stay bit for bit; trainable ones get exactly the update they get with nothing frozen
+// (AdamW's and SGD's states compact, Adafactor's and 8-bit AdamW's per tensor).
+TEST_P(FreezeEveryOptimizer, FrozenTensorsDoNotMoveOthersUpdateAsUnfrozen) {
+  const std::vector<std::string> freeze = {"transformer.wte.weight", "transformer.h.0.*",
+                                           "transformer.h.1.ln_2.bias"};
+  size_t states = 0;
+  const std::vector<float> frozen = optimizer_steps(GetParam(), freeze, &states);
+  const std::vector<float> open = optimizer_steps(GetParam(), {});
+  Rng rng(3);
+  std::vector<float> p0(frozen.size());
+  for (float& x : p0) x = 0.5f * rng.normal();
+  ParamLayout layout = ParamLayout::decoder(tiny_gpt2());
+  freeze_parameters(layout, freeze);
+  size_t trainable = 0;
+  for (const ParamTensor& t : layout.tensors()) {
+    bool moved = false, as_open = true;
+    for (size_t i = t.offset; i < t.offset + t.numel(); ++i) {
+      moved = moved || frozen[i] != p0[i];
+      as_open = as_open && frozen[i] == open[i];
+    }
     EXPECT_EQ(moved, t.trainable) << GetParam() << ": " << t.name;
+    if (t.trainable) {
+      EXPECT_TRUE(as_open) << GetParam() << ": " << t.name << " updated unlike unfrozen";
+      trainable += t.numel();
+    }
   }
+  // Elementwise states cover the trainable elements only.
+  EXPECT_EQ(states, trainable);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, FreezeEveryOptimizer,
                          testing::Values("adamw_torch_fused", "adafactor", "adamw_8bit", "sgd"));
+
+// The weight-gradient matmuls the decoder skips (what MFU leaves out): block 0's four Linears, not block 1's
+// q/k/v (frozen in part), not the untied head.
+TEST(FreezeTrain, SkippedWeightGradientsAreTheWholeFrozenLinears) {
+  EngineOptions o;
+  o.device = DeviceKind::CPU, o.batch_size = 1, o.seq_len = 8, o.training = true;
+  o.freeze = {"model.embed_tokens.weight", "model.layers.0.*", "model.layers.1.self_attn.q_proj.weight"};
+  Engine e(TransformerConfig::preset("llama-tiny"), o);
+  size_t want = 0;
+  for (const ParamTensor& t : e.model().layout().tensors())
+    if (t.layer == 0 && t.shape.ndim == 2) want += t.numel();
+  EXPECT_EQ(e.model().skipped_weight_grads(), want);
+  o.freeze = {"lm_head.weight"};
+  Engine head(TransformerConfig::preset("llama-tiny"), o);
+  EXPECT_EQ(head.model().skipped_weight_grads(), size_t(256 * 128));
+}
 
 // A run's initial weights (what the trainer initialises from cfg.seed), flat.
 std::vector<float> initial_weights(const TrainConfig& cfg) {
@@ -272,6 +317,7 @@ TEST(FreezeTrain, ZeroStagesOnTwoProcesses) {
         {"seed", 5},
         {"dataloader_pin_memory", false},
         {"zero_stage", stage},
+        {"save_steps", 3},
         {"freeze_parameters", freeze},
         {"output_dir", c.dir / name}};
     test::write_file(c.dir / (name + ".json"), j.dump());
@@ -286,6 +332,21 @@ TEST(FreezeTrain, ZeroStagesOnTwoProcesses) {
   for (size_t s = 1; s < curves.size(); ++s)
     for (size_t i = 0; i < curves[0].size(); ++i)
       EXPECT_NEAR(curves[s][i], curves[0][i], 1e-6 * curves[0][i]) << "run " << s << " step " << i + 1;
+  // ZeRO-2's checkpoint (compact optimizer states in two shards) resumed by one process, stage 0.
+  {
+    json j = json::parse(test::read_file(c.dir / "stage2.json"));
+    j["zero_stage"] = 0;
+    j["per_device_train_batch_size"] = 4;  // the same global batch
+    j["output_dir"] = c.dir / "resumed";
+    j["resume_from_checkpoint"] = c.dir / "stage2/checkpoint-3";
+    test::write_file(c.dir / "resumed.json", j.dump());
+    const test::CommandResult r = test::run_anvil("train --config " + c.dir / "resumed.json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<double> got = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(got[i], curves[1][3 + i], 1e-6 * got[i]) << "resumed step " << i + 4;
+  }
   const std::vector<float> init = initial_weights(cfg);
   const ParamLayout layout = layout_of(cfg);
   for (int stage : {0, 2, 3}) {

@@ -100,9 +100,9 @@ __device__ __forceinline__ float adamw_element(float p, float gr, void* m_, void
 }
 
 // Each thread takes 4 consecutive elements at a time (the range found once per thread, then advanced), and
-// 16-byte loads and stores of fp32 parameters, gradients and moments when the four share a range with
-// uncompacted state (the arena's buffers are 256-byte aligned, so a multiple-of-4 index is 16-byte aligned);
-// otherwise the elements go one by one.
+// 16-byte loads and stores of fp32 parameters, gradients and moments when the four share a range and their
+// state index is a multiple of 4 too (the arena's buffers are 256-byte aligned, so a multiple-of-4 index is
+// 16-byte aligned); otherwise the elements go one by one.
 template <class G, bool kBf16Moments>
 __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* v_, size_t n, GroupTable t,
                                    GroupHyper wd4, float beta1, float beta2, float eps, float grad_scale,
@@ -134,7 +134,10 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
       range_end = r + 1 < rv.count ? size_t(rv.begins[r + 1]) : n;
     }
     if constexpr (std::is_same_v<G, float> && !kBf16Moments) {
-      if (i0 + 4 <= range_end && !rv.state_begins) {
+      // Compact states (frozen tensors) keep the wide path where the state index is a multiple of 4 too
+      // (tensor sizes that are multiples of 4 keep it so).
+      const size_t s0 = rv.state_begins ? size_t(rv.state_begins[r]) + (i0 - size_t(rv.begins[r])) : i0;
+      if (i0 + 4 <= range_end && s0 % 4 == 0) {
         const int g = rv.groups[r];
         if (g == 255) continue;
         // Each byte is read and written once: streaming (evict-first) loads and stores keep L2 for the
@@ -142,7 +145,9 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
         // slower).
         float4 p = __ldcs(reinterpret_cast<const float4*>(param) + q);
         const float4 gr = __ldcs(reinterpret_cast<const float4*>(grad) + q);
-        float4 m = __ldcs(static_cast<const float4*>(m_) + q), v = __ldcs(static_cast<const float4*>(v_) + q);
+        const size_t sq = s0 / 4;
+        float4 m = __ldcs(static_cast<const float4*>(m_) + sq),
+               v = __ldcs(static_cast<const float4*>(v_) + sq);
         const float lr = h.lr[g], wd = h.wd[g];
         auto one = [&](float& pp, float gg, float& mm, float& vv) {
           gg *= grad_scale;
@@ -156,8 +161,8 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
         one(p.z, gr.z, m.z, v.z);
         one(p.w, gr.w, m.w, v.w);
         __stcs(reinterpret_cast<float4*>(param) + q, p);
-        __stcs(static_cast<float4*>(m_) + q, m);
-        __stcs(static_cast<float4*>(v_) + q, v);
+        __stcs(static_cast<float4*>(m_) + sq, m);
+        __stcs(static_cast<float4*>(v_) + sq, v);
         continue;
       }
     }
@@ -169,9 +174,9 @@ __global__ void adamw_fused_kernel(float* param, const G* grad, void* m_, void* 
       const int g = rv.groups[r];
       if (g == 255) continue;  // kSkipGroup
       const size_t s = rv.state_begins ? size_t(rv.state_begins[r]) + (i - rv.begins[r]) : i;
-      param[i] = adamw_element<kBf16Moments>(param[i], to_float(grad[i]) * grad_scale, m_, v_, s, h.lr[g],
-                                             h.wd[g], beta1, beta2, eps, inv_bias1, sqrt_bias2, seed,
-                                             sv.moment_index_base);
+      param[i] =
+          adamw_element<kBf16Moments>(param[i], to_float(grad[i]) * grad_scale, m_, v_, s, h.lr[g], h.wd[g],
+                                      beta1, beta2, eps, inv_bias1, sqrt_bias2, seed, sv.moment_index_base);
     }
   }
 }
