@@ -6,6 +6,7 @@
 
 #include "dist/dist_env.hpp"
 #include "io/atomic_dir.hpp"
+#include "model/freeze.hpp"
 
 namespace anvil {
 namespace {
@@ -120,6 +121,19 @@ void check_resume_consistency(const TrainConfig& cfg, const std::string& checkpo
     if (!given_bytes && io::read_text_file(cfg.tokenizer) != io::read_text_file(carried))
       check.contradiction("tokenizer", "'" + cfg.tokenizer + "'", "another tokenizer, '" + carried + "'",
                           "the files differ");
+  }
+
+  // The optimizer's state covers the trainable tensors only (compact), so the frozen set must be the same,
+  // given or not: another set of the same size would load states into the wrong tensors.
+  if (saved.is_object()) {
+    const std::string had = check.saved_string(saved, "freeze_parameters").value_or("");
+    ANVIL_REQUIRE(
+        split_patterns(had) == split_patterns(cfg.freeze_parameters),
+        "resume_from_checkpoint '{}': freeze_parameters is '{}' but the checkpoint's run froze '{}' "
+        "({}); the optimizer's state covers the trainable tensors only, so a resume keeps them: give "
+        "the same freeze_parameters, or start a new run from the checkpoint's weights (fresh optimizer "
+        "state) with --init_from {}",
+        checkpoint, cfg.freeze_parameters, had, state_file, checkpoint);
   }
 
   if (check.given("init_from")) {

@@ -14,6 +14,8 @@ namespace anvil {
 //     the given shape fixes it; BERT's segment vocabulary and, when the config fixes them, its labels)
 //     against the checkpoint's config.json (`saved_model`);
 //   - tokenizer: against the tokenizer file the checkpoint carries (none: the byte tokenizer), by content;
+//   - freeze_parameters, given or not, against trainer_state.json's (the optimizer's state covers the
+//     trainable tensors only);
 //   - against the training config in trainer_state.json ("config", when present): init_from,
 //     max_seq_length, seed, per_device_train_batch_size and gradient_accumulation_steps (their product
 //     when auto_find_batch_size chose them), which fix the data order and position the resume continues.

@@ -249,6 +249,23 @@ TrainConfig llama_run(const test::ByteCorpus& c, const std::string& out, int ste
   return TrainConfig::from_json(j, "test");
 }
 
+// A resume keeps the frozen set (the optimizer's compact state depends on it): another set, even one of the
+// same size, or none, is an error that says what to do; the same patterns written otherwise resume.
+TEST(FreezeTrain, ResumeKeepsTheFrozenSet) {
+  test::ByteCorpus c;
+  const std::string dir = c.dir / "run";
+  test::quietly([&] { return train(llama_run(c, dir, 2, "model.layers.0.*")); });
+  for (const std::string other : {"model.layers.1.*", ""}) {
+    TrainConfig r = llama_run(c, c.dir / "again", 4, other);
+    r.resume_from_checkpoint = dir + "/checkpoint-2";
+    test::expect_error([&] { test::quietly([&] { return train(r); }); },
+                       {"freeze_parameters is '" + other + "'", "froze 'model.layers.0.*'", "--init_from"});
+  }
+  TrainConfig same = llama_run(c, c.dir / "same", 4, " model.layers.0.* ,");
+  same.resume_from_checkpoint = dir + "/checkpoint-2";
+  EXPECT_EQ(test::quietly([&] { return train(same); }).global_step, 4);
+}
+
 // Llama with the embedding, block 0 and one part of block 1's fused q/k/v frozen (its gradient is computed
 // with k and v and zeroed before the norm and the update).
 TEST(FreezeTrain, FrozenTensorsKeepTheirValuesOthersTrainAsUnfrozen) {
