@@ -176,24 +176,38 @@ void* Decoder::trainable_grad_or_null(size_t offset, size_t numel) const {
   return store_.grad_at(offset);
 }
 
-size_t Decoder::skipped_weight_grads() const {
-  // What block_linears and head_linear leave without a gradient (asked of the layout: the gradient views
-  // of a store with sharded gradients exist only during a unit's backward).
+int Decoder::first_trainable_unit() const {
   const ParamLayout& l = store_.layout();
-  size_t n = 0;
-  const auto skipped = [&](size_t offset, size_t numel) {
-    if (offset != kNone && !l.any_trainable({offset, offset + numel})) n += numel;
-  };
+  for (size_t u = 0; u < l.units().size(); ++u)
+    if (l.any_trainable({l.units()[u].offset, l.units()[u].offset + l.units()[u].numel})) return int(u);
+  return int(l.units().size());
+}
+
+double Decoder::skipped_backward_flops_per_token(int seq_len) const {
+  // What backward leaves out (asked of the layout: the gradient views of a store with sharded gradients
+  // exist only during a unit's backward): the weight-gradient matmuls of frozen Linears, and for the blocks
+  // below the first trainable unit their whole backward (input-gradient matmuls, attention's backward: 8 C T
+  // of the 12 C T per layer the FLOPs convention counts).
+  const ParamLayout& l = store_.layout();
+  const int first = first_trainable_unit();
+  double flops = 0;
   const size_t C = size_t(spec_.C);
-  for (const LayerTensors<size_t>& o : layer_offsets_) {
-    skipped(o.qkvw, C * spec_.qkv_width());
-    skipped(o.attprojw, size_t(spec_.q_width()) * C);
-    skipped(o.fcw, C * spec_.mlp_in_width());
-    skipped(o.fcprojw, size_t(spec_.ffn) * C);
+  for (int i = 0; i < spec_.n_layer; ++i) {
+    const LayerTensors<size_t>& o = layer_offsets_[size_t(i)];
+    const size_t sizes[4] = {C * spec_.qkv_width(), size_t(spec_.q_width()) * C, C * spec_.mlp_in_width(),
+                             size_t(spec_.ffn) * C};
+    const size_t offsets[4] = {o.qkvw, o.attprojw, o.fcw, o.fcprojw};
+    const bool whole_block = 1 + i < first;
+    for (int k = 0; k < 4; ++k) {
+      if (!l.any_trainable({offsets[k], offsets[k] + sizes[k]})) flops += 2.0 * double(sizes[k]);
+      if (whole_block) flops += 2.0 * double(sizes[k]);
+    }
+    if (whole_block) flops += 8.0 * double(C) * seq_len;
   }
   // The head multiplies the real vocabulary's rows (TransformerConfig::num_parameters counts those).
-  if (!l.any_trainable({head_off_, head_off_ + size_t(spec_.padded_vocab) * C})) n += size_t(spec_.vocab) * C;
-  return n;
+  if (!l.any_trainable({head_off_, head_off_ + size_t(spec_.padded_vocab) * C}))
+    flops += 2.0 * double(spec_.vocab) * double(C);
+  return flops;
 }
 
 Decoder::LayerParams Decoder::layer_weights(int l) const {
@@ -463,8 +477,20 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   trace_free(trace_lnf_, "backward");
   trace_free(trace_block_out_[L - 1], "backward");
 
+  // Below the first unit with a trainable tensor (freeze_parameters) no gradient is needed: those units'
+  // backward is skipped, their gradient hooks still run (nothing written: the reduction sees zeros).
+  const int first = first_trainable_unit();
   for (int l = L - 1; l >= 0; --l) {
-    if (l > 0) store_.prefetch(l);  // the block before, during this one (ZeRO-3)
+    if (1 + l < first) {
+      store_.begin_grads(ops.device(), 1 + l);
+      store_.grads_ready(1 + l);
+      if (trace_) {
+        for (int& id : trace_saved_[l]) trace_free(id, "backward");
+        trace_free(l == 0 ? trace_encoded_ : trace_block_out_[l - 1], "backward");
+      }
+      continue;
+    }
+    if (l > 0 && l >= first) store_.prefetch(l);  // the block before, during this one (ZeRO-3)
     if (checkpointing_.checkpointed(l)) {
       trace_phase("recompute", l);
       block_forward(ops, l, B, T, true);
@@ -483,8 +509,7 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
   trace_phase("backward embedding", -1);
   store_.begin_grads(ops.device(), 0);
   // (A frozen token embedding beside learned positions still gets its gradient written: the step zeroes it.)
-  const ParamUnit& emb = store_.layout().units()[0];
-  if (store_.layout().any_trainable({emb.offset, emb.offset + emb.numel})) {
+  if (first == 0) {
     if (spec_.padding_idx >= 0)  // no learned positions in a family with a padding_idx
       ops.embedding_bwd_skip(store_.grad_at(wte_off_), dres_, tokens, B, T, C, spec_.padding_idx);
     else

@@ -61,7 +61,7 @@ class Decoder final : public Model {
   float* grads() const override { return store_.grads_f32(); }
   size_t grad_bytes() const override { return store_.grad_bytes(); }
   bool grads_by_unit() const override { return true; }
-  size_t skipped_weight_grads() const override;
+  double skipped_backward_flops_per_token(int seq_len) const override;
   // Per-position losses [B*T] (0 at ignore-index targets).
   const float* losses() const override { return losses_; }
   size_t loss_rows(int B, int T) const override { return size_t(B) * size_t(T); }
@@ -147,6 +147,8 @@ class Decoder final : public Model {
   // The gradient of the `numel` elements at `offset` (a Linear's weight or bias, fused ones included), or
   // null where there is none or every tensor in it is frozen: the op then skips that gradient.
   void* trainable_grad_or_null(size_t offset, size_t numel) const;
+  // The first unit holding a trainable tensor (the unit count when none does): backward stops above it.
+  int first_trainable_unit() const;
   // The block's linear layers (model/linear.hpp): q/k/v (one fused GEMM), the attention output, the MLP's
   // input (GELU: c_fc; SwiGLU: gate and up fused) and output; with their gradients when `with_grads`.
   struct BlockLinears {

@@ -70,9 +70,9 @@ class Model {
   // is taken through ParamStore::grad_at after it: the store may then keep gradients by unit (ZeRO stage 2,
   // ParamStore::set_grad_shard). grad_buffer() is then the reduced shard.
   virtual bool grads_by_unit() const { return false; }
-  // Weights (elements) whose weight-gradient matmul backward skips because they are frozen
-  // (freeze_parameters): 2 FLOPs per token each that MFU must not count.
-  virtual size_t skipped_weight_grads() const { return 0; }
+  // The training FLOPs per token (at sequence length `seq_len`) that backward skips because tensors are
+  // frozen (freeze_parameters): MFU must not count them.
+  virtual double skipped_backward_flops_per_token(int seq_len) const { return 0; }
   // Training with dropout: the device state its masks are drawn from (kernels/dropout.hpp), whose seed the
   // trainer sets before each step; null for a model without dropout.
   virtual DropoutState* dropout_state() const { return nullptr; }

@@ -112,7 +112,7 @@ void TrainStep::micro_batches() {
     cur_.result.tokens += int64_t(in.B) * in.T;
     cur_.result.flops +=
         double(in.B) * in.T *
-        (training_flops_per_token(model_cfg_, in.T) - 2.0 * double(model_.skipped_weight_grads()));
+        (training_flops_per_token(model_cfg_, in.T) - model_.skipped_backward_flops_per_token(in.T));
     if (cur_.whole) {
       require_targets();
       write_values();

@@ -179,20 +179,21 @@ TEST_P(FreezeEveryOptimizer, FrozenTensorsDoNotMoveOthersUpdateAsUnfrozen) {
 INSTANTIATE_TEST_SUITE_P(Optimizers, FreezeEveryOptimizer,
                          testing::Values("adamw_torch_fused", "adafactor", "adamw_8bit", "sgd"));
 
-// The weight-gradient matmuls the decoder skips (what MFU leaves out): block 0's four Linears, not block 1's
-// q/k/v (frozen in part), not the untied head.
-TEST(FreezeTrain, SkippedWeightGradientsAreTheWholeFrozenLinears) {
+// The backward FLOPs the decoder skips (what MFU leaves out): block 0's weight gradients and, the embedding
+// and block 0 being frozen, block 0's whole backward; not block 1's q/k/v (frozen in part) nor the head.
+TEST(FreezeTrain, SkippedBackwardFlops) {
   EngineOptions o;
   o.device = DeviceKind::CPU, o.batch_size = 1, o.seq_len = 8, o.training = true;
   o.freeze = {"model.embed_tokens.weight", "model.layers.0.*", "model.layers.1.self_attn.q_proj.weight"};
   Engine e(TransformerConfig::preset("llama-tiny"), o);
-  size_t want = 0;
+  double block0 = 0;
   for (const ParamTensor& t : e.model().layout().tensors())
-    if (t.layer == 0 && t.shape.ndim == 2) want += t.numel();
-  EXPECT_EQ(e.model().skipped_weight_grads(), want);
+    if (t.layer == 0 && t.shape.ndim == 2) block0 += double(t.numel());
+  const double C = 128, T = 8;
+  EXPECT_EQ(e.model().skipped_backward_flops_per_token(8), 4 * block0 + 8 * C * T);
   o.freeze = {"lm_head.weight"};
   Engine head(TransformerConfig::preset("llama-tiny"), o);
-  EXPECT_EQ(head.model().skipped_weight_grads(), size_t(256 * 128));
+  EXPECT_EQ(head.model().skipped_backward_flops_per_token(8), 2.0 * 256 * 128);
 }
 
 // A run's initial weights (what the trainer initialises from cfg.seed), flat.
@@ -313,11 +314,12 @@ TEST(FreezeTrain, FrozenTensorsKeepTheirValuesOthersTrainAsUnfrozen) {
 }
 
 // ZeRO stages 0, 2 and 3 on two processes with frozen tensors: equal loss curves, frozen tensors at their
-// initial values in every stage's checkpoint.
+// initial values in every stage's checkpoint, and ZeRO-2's checkpoint resumed by one process.
 TEST(FreezeTrain, ZeroStagesOnTwoProcesses) {
   if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
   test::ByteCorpus c;
-  const std::string freeze = "transformer.wte.weight,transformer.h.0.*";
+  // The embedding unit (wte, wpe) and block 0 frozen: backward stops above block 0 (their hooks still run).
+  const std::string freeze = "transformer.wte.weight,transformer.wpe.weight,transformer.h.0.*";
   std::vector<std::vector<double>> curves;
   TrainConfig cfg;
   for (int stage : {0, 2, 3}) {
@@ -341,7 +343,7 @@ TEST(FreezeTrain, ZeroStagesOnTwoProcesses) {
     const test::CommandResult r = test::run_anvil(
         fmt::format("launch --nproc_per_node 2 --master_port 0 train --config {}", c.dir / (name + ".json")));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("frozen (freeze_parameters): 13 tensors"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("frozen (freeze_parameters): 14 tensors"), std::string::npos) << r.output;
     curves.push_back(test::metrics_losses(c.dir / (name + "/metrics.jsonl")));
     cfg = TrainConfig::from_json(j, "test");
   }
