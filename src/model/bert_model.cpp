@@ -550,7 +550,19 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   trace_free(trace_head_, "backward");
   trace_free(trace_block_out_[L - 1], "backward");
 
+  // Below the first unit with a trainable tensor (freeze_parameters: a frozen encoder) no gradient is
+  // needed: those units' backward is skipped; their hooks still run, and the step zeroes their (frozen)
+  // gradient memory before the norm.
+  const int first = store_.layout().first_trainable_unit();
   for (int l = L - 1; l >= 0; --l) {
+    if (1 + l < first) {
+      store_.grads_ready(1 + l);
+      if (trace_) {
+        for (int& id : trace_saved_[l]) trace_free(id, "backward");
+        if (l > 0) trace_free(trace_block_out_[l - 1], "backward");
+      }
+      continue;
+    }
     store_.acquire(1 + l);
     if (checkpointing_.checkpointed(l)) {
       trace_phase("recompute", l);
@@ -570,6 +582,11 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   // Embedding: its LayerNorm, then the three tables (the pad token's word row gets nothing, as in HF). Its
   // output gradient is d0_ + block 0's carry (block_backward); the dropout needs it materialised first.
   trace_phase("backward embedding", -1);
+  if (first > 0) {
+    store_.grads_ready(0);
+    trace_free(trace_embedding_, "backward");
+    return;
+  }
   store_.acquire(0);
   zero_unit_grads(0);
   const void* carry = first_rows_only(0) ? dfc_ : d1_;
@@ -585,6 +602,15 @@ void BertModel::backward(Ops& ops, const int32_t* tokens, const int32_t* token_t
   store_.release(0);
   store_.grads_ready(0);
   trace_free(trace_embedding_, "backward");
+}
+
+double BertModel::skipped_backward_flops_per_token(int seq_len) const {
+  // The blocks below the first trainable unit skip their backward: 4 FLOPs per token per weight and bias of
+  // their six Linears (training_flops_per_token's 6, less the forward's 2) and attention's 8 C T.
+  const int skipped = std::clamp(store_.layout().first_trainable_unit() - 1, 0, cfg_.n_layer);
+  const double C = cfg_.n_embd, F = cfg_.ffn_size();
+  const double block_matmul = 4 * C * C + 4 * C + 2 * C * F + F + C;
+  return skipped * (4.0 * block_matmul + 8.0 * C * seq_len);
 }
 
 void BertModel::set_memory_trace(MemoryTrace* trace) {

@@ -92,6 +92,7 @@ class BertModel final : public Model {
   // Gradients sharing activation memory: the next forward overwrites them, and backward() zeroes each
   // unit's gradients itself before writing them, so a backward() sets (not accumulates) the gradients.
   bool grads_share_activations() const override { return share_grad_memory_; }
+  double skipped_backward_flops_per_token(int seq_len) const override;
   // How the weight-gradient GEMMs write the matrices' gradients: over them when the gradients share
   // activation memory (one write per step, and the buffer holds garbage until then), else added.
   GradWrite dw_write() const { return share_grad_memory_ ? GradWrite::Overwrite : GradWrite::Accumulate; }

@@ -176,20 +176,13 @@ void* Decoder::trainable_grad_or_null(size_t offset, size_t numel) const {
   return store_.grad_at(offset);
 }
 
-int Decoder::first_trainable_unit() const {
-  const ParamLayout& l = store_.layout();
-  for (size_t u = 0; u < l.units().size(); ++u)
-    if (l.any_trainable({l.units()[u].offset, l.units()[u].offset + l.units()[u].numel})) return int(u);
-  return int(l.units().size());
-}
-
 double Decoder::skipped_backward_flops_per_token(int seq_len) const {
   // What backward leaves out (asked of the layout: the gradient views of a store with sharded gradients
   // exist only during a unit's backward): the weight-gradient matmuls of frozen Linears, and for the blocks
   // below the first trainable unit their whole backward (input-gradient matmuls, attention's backward: 8 C T
   // of the 12 C T per layer the FLOPs convention counts).
   const ParamLayout& l = store_.layout();
-  const int first = first_trainable_unit();
+  const int first = l.first_trainable_unit();
   double flops = 0;
   const size_t C = size_t(spec_.C);
   for (int i = 0; i < spec_.n_layer; ++i) {
@@ -479,7 +472,7 @@ void Decoder::backward(Ops& ops, const int32_t* tokens, int B, int T) {
 
   // Below the first unit with a trainable tensor (freeze_parameters) no gradient is needed: those units'
   // backward is skipped, their gradient hooks still run (nothing written: the reduction sees zeros).
-  const int first = first_trainable_unit();
+  const int first = store_.layout().first_trainable_unit();
   for (int l = L - 1; l >= 0; --l) {
     if (1 + l < first) {
       store_.begin_grads(ops.device(), 1 + l);

@@ -147,8 +147,7 @@ class Decoder final : public Model {
   // The gradient of the `numel` elements at `offset` (a Linear's weight or bias, fused ones included), or
   // null where there is none or every tensor in it is frozen: the op then skips that gradient.
   void* trainable_grad_or_null(size_t offset, size_t numel) const;
-  // The first unit holding a trainable tensor (the unit count when none does): backward stops above it.
-  int first_trainable_unit() const;
+
   // The block's linear layers (model/linear.hpp): q/k/v (one fused GEMM), the attention output, the MLP's
   // input (GELU: c_fc; SwiGLU: gate and up fused) and output; with their gradients when `with_grads`.
   struct BlockLinears {

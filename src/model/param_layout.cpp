@@ -209,6 +209,12 @@ std::vector<ParamRange> ParamLayout::frozen_ranges() const {
   return out;
 }
 
+int ParamLayout::first_trainable_unit() const {
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (any_trainable({units_[u].offset, units_[u].offset + units_[u].numel})) return int(u);
+  return int(units_.size());
+}
+
 int ParamLayout::unit_of(size_t offset) const {
   ANVIL_ASSERT(offset < total_, "element {} outside the {} parameters", offset, total_);
   const auto it = std::upper_bound(units_.begin(), units_.end(), offset,

@@ -150,6 +150,9 @@ class ParamLayout {
   bool any_trainable(ParamRange r) const;
   // The frozen tensors as ranges, neighbours merged, in layout order (none: every tensor trains).
   std::vector<ParamRange> frozen_ranges() const;
+  // The first unit holding a trainable tensor (the unit count when none does): a model's backward may stop
+  // above it, no gradient being needed below.
+  int first_trainable_unit() const;
 
  private:
   void begin_unit(std::string name);

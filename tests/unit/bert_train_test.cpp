@@ -457,6 +457,18 @@ TEST(BertTrain, FrozenEncoderTrainsTheClassifierOnly) {
     const bool frozen = name.starts_with("bert.");
     EXPECT_EQ(v == at3.at(name), frozen) << name << (frozen ? " moved" : " did not train");
   }
+  // The encoder's backward is skipped (no gradient is needed below the classifier), and the classifier's
+  // first unclipped update is the one it gets with nothing frozen.
+  j["max_steps"] = 1, j["save_steps"] = 0, j["max_grad_norm"] = 0.0, j["warmup_steps"] = 0;
+  j["output_dir"] = d.dir / "frozen1";
+  const TrainSummary f = train(config_of(j));
+  j["freeze_parameters"] = "", j["output_dir"] = d.dir / "open1";
+  const TrainSummary o = train(config_of(j));
+  const auto wf = tensors(f.last_checkpoint + "/model.safetensors");
+  const auto wo = tensors(o.last_checkpoint + "/model.safetensors");
+  for (const char* name : {"classifier.weight", "classifier.bias"})
+    EXPECT_TRUE(wf.at(name) == wo.at(name)) << name;
+  EXPECT_FALSE(wf.at("bert.pooler.dense.weight") == wo.at("bert.pooler.dense.weight"));
 }
 
 TEST(BertTrain, ResumeIsBitExact) {

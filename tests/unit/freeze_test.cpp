@@ -194,6 +194,13 @@ TEST(FreezeTrain, SkippedBackwardFlops) {
   o.freeze = {"lm_head.weight"};
   Engine head(TransformerConfig::preset("llama-tiny"), o);
   EXPECT_EQ(head.model().skipped_backward_flops_per_token(8), 2.0 * 256 * 128);
+  // BERT with its encoder frozen: every block's backward (4 of the 6 FLOPs per weight, attention's 8 C T).
+  const TransformerConfig bert = TransformerConfig::preset("bert-tiny");
+  o.freeze = {"bert.*"};
+  Engine enc(bert, o);
+  const double Cb = bert.n_embd, F = bert.ffn_size();
+  EXPECT_EQ(enc.model().skipped_backward_flops_per_token(8),
+            bert.n_layer * (4 * (4 * Cb * Cb + 4 * Cb + 2 * Cb * F + F + Cb) + 8 * Cb * T));
 }
 
 // A run's initial weights (what the trainer initialises from cfg.seed), flat.
