@@ -46,6 +46,13 @@ GradSync::~GradSync() {
 void GradSync::unit_ready(int unit) {
   if (!armed_) return;
   const ParamUnit& u = store_.layout().units()[size_t(unit)];
+  // A unit whose tensors are all frozen (freeze_parameters; the same on every rank) has no gradient to
+  // reduce: it is passed over (the step zeroes frozen gradients before the norm, whatever they hold).
+  const bool frozen = !store_.layout().any_trainable({u.offset, u.offset + u.numel});
+  if (by_unit_ && frozen) {
+    ++reduced_in_micro_batch_;
+    return;
+  }
   if (by_unit_) {
     void* data = store_.comm_grad_at(u.offset);
     if (staged_)
@@ -64,6 +71,11 @@ void GradSync::unit_ready(int unit) {
       "gradient sync: unit '{}' completed out of order (its range ends at {}, the next expected end is "
       "{})",
       u.name, u.offset + u.numel, pending_begin_);
+  if (frozen) {  // flush the bucket above it, then start the next one below it
+    if (pending_end_ > pending_begin_) queue(pending_begin_, pending_end_);
+    pending_begin_ = pending_end_ = u.offset;
+    return;
+  }
   pending_begin_ = u.offset;
   if (pending_end_ - pending_begin_ >= bucket_elems_ || pending_begin_ == 0) {
     queue(pending_begin_, pending_end_);

@@ -8,6 +8,8 @@
 // bucket is the range of the units completed since the last one was queued, queued once it holds at least
 // `bucket_bytes` (DeepSpeed's reduce_bucket_size, in bytes of the gradient type) and at the step's last
 // unit. One collective per bucket. `bucket_bytes` 0: one bucket after the whole backward (no overlap).
+// Units whose tensors are all frozen (freeze_parameters) are not reduced: a bucket ends above such a unit
+// and the next starts below it (by unit: the unit is passed over).
 // Gradient accumulation: only the step's last micro-batch reduces (the sums of the earlier ones are in the
 // buffer by then), so a step makes one reduction whatever its accumulation.
 //
