@@ -18,6 +18,7 @@
 #include "cli/help.hpp"
 #include "memory/deepspeed_estimate.hpp"
 #include "memory/host_staging.hpp"
+#include "model/freeze.hpp"
 #include "runtime/device.hpp"
 #include "train/engine.hpp"
 #include "train/memory_fit.hpp"
@@ -164,6 +165,14 @@ std::vector<CheckpointPolicy> sweep_policies(const CheckpointPolicy& configured)
       {CheckpointMode::None, 1}, {CheckpointMode::Selective, 1}, {CheckpointMode::Full, 1}};
   if (configured.mode != CheckpointMode::None && configured.every != 1) out.push_back(configured);
   return out;
+}
+
+// What freeze_parameters freezes in `model` (none: nothing frozen); errors as training gives them.
+std::optional<FrozenCount> frozen_count(const TrainConfig& cfg, const TransformerConfig& model) {
+  const std::vector<std::string> patterns = split_patterns(cfg.freeze_parameters);
+  if (patterns.empty()) return std::nullopt;
+  ParamLayout layout = model.is_bert() ? ParamLayout::bert(model) : ParamLayout::decoder(model);
+  return freeze_parameters(layout, patterns);
 }
 
 std::string model_line(const TransformerConfig& m) {
@@ -457,6 +466,8 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
         cheapest_fitting(model, cfg, t.kind, *budget > t.overhead ? *budget - t.overhead : 0, t.overhead, 3);
   if (f.json) {
     json j = estimate_json(e);
+    const std::optional<FrozenCount> fz = frozen_count(cfg, model);
+    j["frozen_parameters"] = fz ? json(fz->numel) : json(0);
     j["device_name"] = t.name;
     j["gpu"] = t.gpu ? json(t.gpu->name) : json(nullptr);
     j["overhead_source"] = t.overhead_source;
@@ -472,6 +483,12 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
     return 0;
   }
   fmt::print("Memory estimate for training {}\n", model_line(model));
+  if (const std::optional<FrozenCount> fz = frozen_count(cfg, model))
+    fmt::print(
+        "  frozen (freeze_parameters): {} tensors, {:.2f}M parameters (no optimizer state; their gradients "
+        "and "
+        "master weights are still planned)\n",
+        fz->tensors, double(fz->numel) / 1e6);
   fmt::print(
       "  micro-batch {} x {} tokens, {} accumulation (effective batch {}), checkpointing {}, {}, {}, on "
       "{}\n\n",

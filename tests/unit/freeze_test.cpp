@@ -204,6 +204,33 @@ TEST(FreezeTrain, SkippedBackwardFlops) {
             bert.n_layer * (4 * (4 * Cb * Cb + 4 * Cb + 2 * Cb * F + F + Cb) + 8 * Cb * T));
 }
 
+// anvil estimate plans what training plans: AdamW's moments for the trainable elements only (8 bytes each),
+// the frozen count in the report and its JSON.
+TEST(FreezeEstimate, OptimizerStatesOfTheTrainableTensors) {
+  const auto estimate = [](const std::string& freeze) {
+    const test::CommandResult r =
+        test::run_anvil("estimate --model llama-tiny --device cpu --json" +
+                        (freeze.empty() ? std::string() : " --freeze_parameters '" + freeze + "'"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return json::parse(r.output.substr(r.output.find('{')));
+  };
+  const json open = estimate(""), frozen = estimate("model.layers.0.*");
+  ParamLayout l = ParamLayout::decoder(TransformerConfig::preset("llama-tiny"));
+  const FrozenCount n = freeze_parameters(l, {"model.layers.0.*"});
+  EXPECT_EQ(open["frozen_parameters"].get<size_t>(), 0u);
+  EXPECT_EQ(frozen["frozen_parameters"].get<size_t>(), n.numel);
+  // (Less the compact states' range table: a few hundred bytes at most.)
+  EXPECT_NEAR(
+      double(open["optimizer_states"].get<size_t>()) - double(frozen["optimizer_states"].get<size_t>()),
+      8.0 * double(n.numel), 512.0);
+  EXPECT_EQ(open["gradients"], frozen["gradients"]);  // still planned (the flat layout)
+  const test::CommandResult text =
+      test::run_anvil("estimate --model llama-tiny --device cpu --freeze_parameters 'model.layers.0.*'");
+  EXPECT_NE(text.output.find(fmt::format("frozen (freeze_parameters): {} tensors", n.tensors)),
+            std::string::npos)
+      << text.output;
+}
+
 // A run's initial weights (what the trainer initialises from cfg.seed), flat.
 std::vector<float> initial_weights(const TrainConfig& cfg) {
   Engine e(cfg.model, training_engine_options(cfg, DeviceKind::CPU));
