@@ -15,7 +15,9 @@
 #include <cerrno>
 #include <charconv>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -484,7 +486,46 @@ std::vector<std::string> visible_gpus() {
   return out;
 }
 
+namespace {
+
+// Whether a TCP port of every interface can be bound now (IPv4; the store listens dual-stack).
+bool port_bindable(int port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) ANVIL_THROW("anvil launch: socket failed while picking a free port: {}", errno_text(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(uint16_t(port));
+  return ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+}
+
+// The first port of the kernel's ephemeral range (where port-0 binds draw from), 32768 if unknown.
+int ephemeral_low() {
+  std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  int low = 32768, high = 60999;
+  if (f) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+
+}  // namespace
+
 int free_tcp_port() {
+  // A port below the ephemeral range: between this pick and the store's bind in rank 0, other processes'
+  // port-0 binds (Gloo's connections, other jobs' clients) cannot take it, as they could an ephemeral one.
+  const int low = ephemeral_low();
+  if (low > 2048) {
+    const int first = std::max(1024, low - 16384);
+    std::random_device rd;
+    std::uniform_int_distribution<int> pick(first, low - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = pick(rd);
+      if (port_bindable(port)) return port;
+    }
+  }
+  // Else an ephemeral one.
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) ANVIL_THROW("anvil launch: socket failed while picking a free port: {}", errno_text(errno));
   sockaddr_in addr{};

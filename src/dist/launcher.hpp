@@ -50,8 +50,9 @@ std::vector<std::string> select_gpus(const std::string& include, const std::stri
 // else "0" to "N-1" for the N GPUs CUDA counts (none in a build without CUDA).
 std::vector<std::string> visible_gpus();
 
-// A TCP port of this host that is free now (the kernel picks it; another process may take it before the
-// job binds it, as with torchrun's --master_port 0).
+// A TCP port of this host that is free now: a random one below the kernel's ephemeral range, so that no
+// port-0 bind of another process (Gloo's connections, clients) takes it before the job's store binds it;
+// an ephemeral one (the kernel's pick) when that range leaves no room.
 int free_tcp_port();
 
 // Starts options.nproc_per_node children and waits for all of them. Returns 0 when every child exited 0;
