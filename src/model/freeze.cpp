@@ -79,6 +79,13 @@ std::vector<std::string> split_patterns(const std::string& list) {
   return out;
 }
 
+FrozenCount count_frozen(const ParamLayout& layout) {
+  FrozenCount n;
+  for (const ParamTensor& t : layout.tensors())
+    if (!t.trainable) ++n.tensors, n.numel += t.numel();
+  return n;
+}
+
 FrozenCount freeze_parameters(ParamLayout& layout, const std::vector<std::string>& patterns,
                               const std::string& what) {
   const auto& tensors = layout.tensors();
@@ -102,9 +109,7 @@ FrozenCount freeze_parameters(ParamLayout& layout, const std::vector<std::string
           what, pat, examples);
     }
   }
-  FrozenCount n;
-  for (const ParamTensor& t : tensors)
-    if (!t.trainable) ++n.tensors, n.numel += t.numel();
+  const FrozenCount n = count_frozen(layout);
   ANVIL_REQUIRE(n.tensors < tensors.size(),
                 "{}: the patterns freeze every one of the model's {} tensors, so there is nothing to train; "
                 "leave some tensors unmatched",

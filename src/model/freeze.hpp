@@ -23,6 +23,9 @@ struct FrozenCount {
   size_t numel = 0;
 };
 
+// What `layout` has frozen.
+FrozenCount count_frozen(const ParamLayout& layout);
+
 // Marks every tensor whose name or alias matches one of `patterns` frozen; returns how many tensors and
 // elements are frozen. Errors (naming `what`, the key the patterns came from): a pattern that matches no
 // tensor (with the first tensor names, so the user sees the naming), or patterns that freeze every tensor.

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_dir.hpp"
+#include "model/freeze.hpp"
 #include "train/deepspeed_config.hpp"
 
 namespace anvil {
@@ -71,12 +72,10 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
                m.attention_probs_dropout_prob, m.classifier_dropout_prob());
   if (dev.kind() == DeviceKind::CUDA) print_cuda_paths(h, e);
   if (e.model().param_store().has_frozen()) {
-    size_t tensors = 0, frozen = 0;
-    for (const ParamTensor& t : e.model().layout().tensors())
-      if (!t.trainable) ++tensors, frozen += t.numel();
+    const FrozenCount f = count_frozen(e.model().layout());
     const size_t all = e.model().layout().total_numel();
-    fmt::print("  frozen (freeze_parameters): {} tensors, {} of {} parameters; {} train\n", tensors, frozen,
-               all, all - frozen);
+    fmt::print("  frozen (freeze_parameters): {} tensors, {} of {} parameters; {} train\n", f.tensors,
+               f.numel, all, all - f.numel);
   }
   fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
              format_bytes(e.optimizer().state_bytes()));
