@@ -25,7 +25,7 @@ namespace anvil::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string checkpoint, device = "auto", tokenizer, precision = "fp32";
+  std::string checkpoint, device = "auto", tokenizer, precision = "fp32", quantization = "none";
   std::vector<std::string> prompts, prompt_ids;
   int max_new_tokens = 200, top_k = 40;
   double temperature = 0.8, top_p = 1.0;
@@ -120,10 +120,16 @@ int run_generate(const GenerateArgs& a) {
   GeneratorOptions o;
   o.device = resolve_device(a.device);
   o.precision = precision;
+  o.weight_storage = parse_weight_storage(a.quantization, "--quantization");
   o.max_batch = int(prompts.size());
   o.max_len = int(std::min<int64_t>(cfg.block_size, int64_t(longest) + std::max(a.max_new_tokens - 1, 0)));
   Generator gen(cfg, o);
   io::load_model_weights(a.checkpoint, gen.decoder(), gen.device());
+  if (const QuantizedWeights* q = gen.decoder().param_store().quantized())
+    fmt::print(stderr, "weights: {} block matrices in {} ({}), {} other parameters in {} ({})\n",
+               q->matrices(), weight_storage_name(q->storage()), format_bytes(q->quantized_bytes()),
+               q->dense_numel(), a.precision,
+               format_bytes(dtype_bytes(precision_dtype(precision), q->dense_numel())));
 
   Rng rng(a.seed);
   const SampleOptions so{a.max_new_tokens, float(a.temperature), a.top_k, float(a.top_p)};
@@ -185,6 +191,9 @@ Command make_generate(CLI::App& parent) {
   app->add_option("--seed", a->seed, "sampling seed");
   app->add_option("--device", a->device, "auto | cpu | cuda");
   app->add_option("--precision", a->precision, "fp32 | bf16 | fp16 (weights, activations and the KV cache)");
+  app->add_option("--quantization", a->quantization,
+                  "none | int8 | nf4: keep the block Linear weights quantized (bitsandbytes' load_in_8bit / "
+                  "load_in_4bit nf4), dequantized to --precision before each matmul");
   app->add_option("--tokenizer", a->tokenizer,
                   "bytes, or a tokenizer.json / vocab.txt (default: the one in the checkpoint, else bytes)");
   return {app, [a] { return run_generate(*a); }};

@@ -27,7 +27,7 @@ namespace anvil::cli {
 namespace {
 
 struct LogitsArgs {
-  std::string checkpoint, input_ids, output, device = "cpu";
+  std::string checkpoint, input_ids, output, device = "cpu", quantization = "none";
 };
 
 // An integer tensor of the input file, widened to int64.
@@ -167,6 +167,7 @@ int run_logits(const LogitsArgs& a) {
   o.device = resolve_device(a.device);
   o.batch_size = B;
   o.seq_len = T;
+  o.weight_storage = parse_weight_storage(a.quantization, "--quantization");
   Engine e(cfg, o);
   io::SafeTensorsWriter w;
   if (cfg.is_bert()) {
@@ -230,6 +231,9 @@ Command make_logits(CLI::App& parent) {
          "[batch, num_labels] (BERT)")
       ->required();
   app->add_option("--device", a->device, "auto | cpu | cuda (default cpu)");
+  app->add_option("--quantization", a->quantization,
+                  "none | int8 | nf4: keep a decoder's block Linear weights quantized (bitsandbytes' "
+                  "load_in_8bit / load_in_4bit nf4)");
   return {app, [a] { return run_logits(*a); }};
 }
 

@@ -24,6 +24,7 @@
 //   loss_ops.hpp        LossOps: softmax cross-entropy; sequence classification
 //   reduction_ops.hpp   ReductionOps: sums, sums of squares, the gradient-clipping factor
 //   optimizer_ops.hpp   OptimizerOps: AdamW, SGD, Adafactor, 8-bit AdamW and their arguments; weight casts
+//   quant_ops.hpp       QuantOps: dequantization of an int8 or NF4 weight (kernels/quantization.hpp)
 // A fused op's contract says which plain ops it equals in sequence; the CPU reference composes them.
 // What stays here is what crosses the families: the instance's device and storage types, and the factories.
 #pragma once
@@ -39,6 +40,7 @@
 #include "kernels/ops/loss_ops.hpp"
 #include "kernels/ops/norm_ops.hpp"
 #include "kernels/ops/optimizer_ops.hpp"
+#include "kernels/ops/quant_ops.hpp"
 #include "kernels/ops/reduction_ops.hpp"
 #include "kernels/split_gemm_plan.hpp"
 #include "runtime/device.hpp"
@@ -64,7 +66,8 @@ class Ops : public EmbeddingOps,
             public ActivationOps,
             public LossOps,
             public ReductionOps,
-            public OptimizerOps {
+            public OptimizerOps,
+            public QuantOps {
  public:
   ~Ops() override = default;
   virtual Device& device() = 0;

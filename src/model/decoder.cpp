@@ -206,8 +206,10 @@ double Decoder::skipped_backward_flops_per_token(int seq_len) const {
 Decoder::LayerParams Decoder::layer_weights(int l) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
   auto w = [&](size_t off) { return weight_or_null(off); };
-  return {w(o.ln1w), w(o.ln1b), w(o.qkvw), w(o.qkvb), w(o.attprojw), w(o.attprojb),
-          w(o.ln2w), w(o.ln2b), w(o.fcw),  w(o.fcb),  w(o.fcprojw),  w(o.fcprojb)};
+  // The matrices are read through block_linears; a quantized one has no dense view (null here).
+  auto m = [&](size_t off) { return const_cast<void*>(store_.linear_weight(off).dense); };
+  return {w(o.ln1w), w(o.ln1b), m(o.qkvw), w(o.qkvb), m(o.attprojw), w(o.attprojb),
+          w(o.ln2w), w(o.ln2b), m(o.fcw),  w(o.fcb),  m(o.fcprojw),  w(o.fcprojb)};
 }
 
 Decoder::LayerParams Decoder::layer_grads(int l) const {
@@ -221,7 +223,7 @@ Decoder::BlockLinears Decoder::block_linears(int l, bool with_grads) const {
   const LayerTensors<size_t>& o = layer_offsets_[l];
   const OpsPrecision pr = store_.precision();
   auto lin = [&](size_t w, size_t b, int in, int out) {
-    const Linear base(weight_or_null(w), weight_or_null(b), in, out, pr);
+    const Linear base(store_.linear_weight(w), weight_or_null(b), in, out, pr);
     return with_grads
                ? base.with_grads(trainable_grad_or_null(w, size_t(in) * out), trainable_grad_or_null(b, out))
                : base;

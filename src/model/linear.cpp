@@ -20,7 +20,24 @@ Linear::Linear(const void* w, const void* b, int in, int out, OpsPrecision preci
       w_elem_(dtype_bits(precision.compute) / 8),
       g_elem_(dtype_bits(precision.grad) / 8) {}
 
+Linear::Linear(WeightView w, const void* b, int in, int out, OpsPrecision precision)
+    : Linear(w.dense, b, in, out, precision) {
+  if (!w.quantized) return;
+  ANVIL_ASSERT(!w.dense && w.workspace, "a quantized Linear weight needs a workspace and no dense weight");
+  ANVIL_ASSERT(w.quantized->rows == out && w.quantized->cols == in,
+               "quantized weight [{}, {}] for a Linear of {} inputs and {} outputs", w.quantized->rows,
+               w.quantized->cols, in, out);
+  q_ = w.quantized, workspace_ = w.workspace;
+}
+
+const void* Linear::gemm_weight(Ops& ops) const {
+  if (!q_) return w_;
+  ops.dequantize(workspace_, *q_);
+  return workspace_;
+}
+
 Linear Linear::with_grads(void* dw, void* db) const {
+  ANVIL_ASSERT(!q_ || !dw, "a quantized Linear weight has no gradient (it is frozen)");
   Linear l = *this;
   l.dw_ = dw, l.db_ = db;
   return l;
@@ -29,6 +46,7 @@ Linear Linear::with_grads(void* dw, void* db) const {
 Linear Linear::out_rows(int first, int count) const {
   ANVIL_ASSERT(first >= 0 && count >= 1 && first + count <= out_,
                "out_rows [{}, {}) of a Linear with {} outputs", first, first + count, out_);
+  ANVIL_ASSERT(!q_, "out_rows of a quantized Linear");
   Linear l = *this;
   const size_t rows = size_t(first) * in_;
   l.w_ = offset_or_null(w_, rows * w_elem_), l.b_ = offset_or_null(b_, size_t(first) * w_elem_);
@@ -44,13 +62,13 @@ Linear Linear::with_adapter(const LinearAdapter* adapter) const {
 }
 
 void Linear::forward(Ops& ops, void* y, const void* x, int N) const {
-  ops.matmul_fwd(y, x, w_, b_, N, in_, out_);
+  ops.matmul_fwd(y, x, gemm_weight(ops), b_, N, in_, out_);
   if (adapter_) adapter_->forward(ops, y, x, N);
 }
 
 void Linear::forward_gelu(Ops& ops, void* y, void* pre, const void* x, int N) const {
   if (!adapter_) {
-    ops.matmul_gelu_fwd(y, pre, x, w_, b_, N, in_, out_);
+    ops.matmul_gelu_fwd(y, pre, x, gemm_weight(ops), b_, N, in_, out_);
     return;
   }
   forward(ops, pre, x, N);
@@ -58,14 +76,15 @@ void Linear::forward_gelu(Ops& ops, void* y, void* pre, const void* x, int N) co
 }
 
 void Linear::backward(Ops& ops, void* dx, const void* dy, const void* x, int N, GradWrite dw_write) const {
-  ops.matmul_bwd(dx, dw_, db_, dy, x, w_, N, in_, out_, dw_write);
+  // The weight is read for dx only.
+  ops.matmul_bwd(dx, dw_, db_, dy, x, dx ? gemm_weight(ops) : w_, N, in_, out_, dw_write);
   if (adapter_) adapter_->backward(ops, dx, dy, x, N);
 }
 
 void Linear::backward_dgelu(Ops& ops, void* dx, const void* dy, const void* x, const void* gelu_pre, int N,
                             GradWrite dw_write) const {
   if (!adapter_) {
-    ops.matmul_bwd_dgelu(dx, dw_, db_, dy, x, w_, gelu_pre, N, in_, out_, dw_write);
+    ops.matmul_bwd_dgelu(dx, dw_, db_, dy, x, gemm_weight(ops), gelu_pre, N, in_, out_, dw_write);
     return;
   }
   backward(ops, dx, dy, x, N, dw_write);

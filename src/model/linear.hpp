@@ -11,6 +11,16 @@
 
 namespace anvil {
 
+// A Linear's weight as the store keeps it: dense in the compute type, or a quantized matrix (int8 / NF4,
+// model/quantized_weights.hpp) that the Linear dequantizes into `workspace` (the compute type, at least the
+// matrix's size; shared by a model's Linears, which run one at a time on the device's queue) before each
+// GEMM that reads it.
+struct WeightView {
+  const void* dense = nullptr;
+  const QuantizedMatrix* quantized = nullptr;
+  void* workspace = nullptr;
+};
+
 // What an adapter adds to a Linear's output (LoRA: y += s (x A^T) B^T). The Linear calls it after its own
 // GEMM in the forward, and after its own input gradient in the backward.
 class LinearAdapter {
@@ -28,6 +38,8 @@ class Linear {
   // `w` [out, in] and `b` [out] (may be null) in the compute type of `precision`; no gradients until
   // with_grads.
   Linear(const void* w, const void* b, int in, int out, OpsPrecision precision);
+  // The same with the store's view of the weight (quantized: no weight gradient, no out_rows).
+  Linear(WeightView w, const void* b, int in, int out, OpsPrecision precision);
 
   // The same layer with gradients: dw [out, in] and db [out] in the gradient type (either may be null: not
   // computed).
@@ -40,7 +52,9 @@ class Linear {
 
   int in() const { return in_; }
   int out() const { return out_; }
+  // The dense weight (null for a quantized one).
   const void* weight() const { return w_; }
+  bool quantized() const { return q_ != nullptr; }
   void* weight_grad() const { return dw_; }
 
   // y = x W^T + b (+ the adapter's term).
@@ -59,7 +73,11 @@ class Linear {
                       GradWrite dw_write = GradWrite::Accumulate) const;
 
  private:
+  // The weight the GEMM reads: w_, or q_ dequantized into workspace_ (queued on ops).
+  const void* gemm_weight(Ops& ops) const;
   const void* w_;
+  const QuantizedMatrix* q_ = nullptr;
+  void* workspace_ = nullptr;
   const void* b_;
   void* dw_ = nullptr;
   void* db_ = nullptr;

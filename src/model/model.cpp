@@ -15,4 +15,18 @@ std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, i
   return std::make_unique<Decoder>(cfg, max_batch, max_seq, training, checkpointing, precision);
 }
 
+void quantize_model(Model& model, WeightStorage s) {
+  if (s == WeightStorage::Compute) return;
+  const char* name = weight_storage_name(s);
+  ANVIL_REQUIRE(!model.config().is_bert(),
+                "quantized weights ({}) are for the decoder families (gpt2, llama, qwen2, mistral), not {}",
+                name, model.config().family);
+  ANVIL_REQUIRE(
+      !model.param_store().training(),
+      "quantized weights ({}) are for inference (anvil generate, anvil logits): training a quantized "
+      "base needs adapters beside it (QLoRA), which Anvil does not have yet; train in bf16 instead",
+      name);
+  model.param_store().quantize(s);
+}
+
 }  // namespace anvil

@@ -109,6 +109,11 @@ class Model {
   virtual void set_profiler(StepProfiler* profiler) = 0;
 };
 
+// Keeps the model's block Linear weights quantized (`s`: Int8 or NF4; Compute: nothing changes), before
+// the model plans its memory: bitsandbytes' load_in_8bit / load_in_4bit, for inference. Throws an
+// anvil::Error for a model that trains or is not a decoder.
+void quantize_model(Model& model, WeightStorage s);
+
 // The model of cfg.family (the decoder families: Decoder; "bert": BertModel), planned for inputs up to
 // max_batch x max_seq; with `training`, gradients and the backward workspace too. `share_grad_memory` asks
 // for gradients in dead activation memory (grads_share_activations); only the BERT family does it, decoders

@@ -44,6 +44,7 @@
 
 #include "anvil/model_config.hpp"
 #include "anvil/tensor.hpp"
+#include "kernels/quantization.hpp"
 
 namespace anvil {
 
@@ -86,6 +87,8 @@ struct ParamTensor {
   std::vector<std::string> aliases;
   // Whether the optimizer updates it (a frozen base under LoRA will not).
   bool trainable = true;
+  // How the store keeps it: the compute type, or quantized (a frozen Linear weight; model/quantized_weights).
+  WeightStorage storage = WeightStorage::Compute;
   size_t numel() const { return size_t(shape.numel()); }
   // Its Hugging Face shape: transposed for hf_transposed, hf_rows rows.
   std::vector<int64_t> hf_shape() const;
@@ -146,6 +149,8 @@ class ParamLayout {
   // it is (ParamRangeTable skips it), the step zeroes its gradient before the norm, and a model skips the
   // gradient computations whose every output would be frozen (any_trainable).
   void set_trainable(size_t index, bool trainable) { tensors_.at(index).trainable = trainable; }
+  // Quantized storage (model/quantized_weights.hpp): tensor `index` kept as `s`.
+  void set_storage(size_t index, WeightStorage s) { tensors_.at(index).storage = s; }
   // Whether a tensor overlapping `r` is trainable.
   bool any_trainable(ParamRange r) const;
   // The frozen tensors as ranges, neighbours merged, in layout order (none: every tensor trains).

@@ -116,7 +116,8 @@ void ParamStore::forget_gathered() const {
 
 void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   using M = MemoryCategory;
-  const size_t P = numel();
+  // The weights buffer holds every tensor but the quantized ones.
+  const size_t P = quant_ ? quant_->dense_numel() : numel();
   if (precision_.compute != DType::F32) {
     // Only an optimizer step needs fp32 weights beside the 16-bit ones.
     if (training_)
@@ -124,12 +125,17 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
           plan.add(master_sharded() ? "master weights (fp32, this rank's shard)" : "master weights (fp32)",
                    M::MasterWeights, master_range_.numel() * sizeof(float));
     i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) +
-                              (weights_sharded_ ? ", this rank's shard)" : ")"),
+                              (weights_sharded_ ? ", this rank's shard)"
+                               : quant_         ? ", the tensors not quantized)"
+                                                : ")"),
                           M::Weights, (weights_sharded_ ? master_range_.numel() : P) * weight_elem_);
   } else {
-    i_weights_ = plan.add(weights_sharded_ ? "parameters (this rank's shard)" : "parameters", M::Weights,
-                          (weights_sharded_ ? master_range_.numel() : P) * sizeof(float));
+    i_weights_ = plan.add(weights_sharded_ ? "parameters (this rank's shard)"
+                          : quant_         ? "parameters (the tensors not quantized)"
+                                           : "parameters",
+                          M::Weights, (weights_sharded_ ? master_range_.numel() : P) * sizeof(float));
   }
+  if (quant_) quant_->plan_memory(plan);
   if (weights_sharded_)
     i_wslots_ =
         plan.add(fmt::format("weight slots ({} units gathered)", wslots_.size()), M::Weights, wslot_bytes_);
@@ -158,6 +164,7 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
 
 void ParamStore::bind(const Arena& arena) {
   weights_ = arena.get<void>(i_weights_);
+  if (quant_) quant_->bind(arena);
   if (i_wslots_ != SIZE_MAX) wslot_mem_ = arena.get<char>(i_wslots_);
   master_ = precision_.compute == DType::F32
                 ? static_cast<float*>(weights_) + (weights_sharded_ ? 0 : master_range_.begin)
@@ -293,7 +300,34 @@ float* ParamStore::grads_f32() const {
   return static_cast<float*>(grads_);
 }
 
+void ParamStore::quantize(WeightStorage s) {
+  ANVIL_ASSERT(!training_, "quantized weights are for inference: this store plans training");
+  ANVIL_ASSERT(!weights_sharded_ && !grads_sharded_ && !master_sharded(),
+               "quantized weights with a sharded store");
+  ANVIL_ASSERT(i_weights_ == SIZE_MAX, "quantize after plan_memory");
+  ANVIL_ASSERT(!quant_, "the store is quantized already");
+  quant_.emplace(layout_, s, precision_.compute);
+}
+
+WeightView ParamStore::linear_weight(size_t offset) const {
+  if (quant_)
+    if (const QuantizedMatrix* m = quant_->matrix_at(offset)) return {nullptr, m, quant_->workspace()};
+  return {weight_at(offset)};
+}
+
 void ParamStore::upload(Device& dev, const float* host) const {
+  if (quant_) {
+    std::vector<float> dense(quant_->dense_numel());
+    size_t at = 0;
+    for (const ParamRange& r : quant_->dense_ranges()) {
+      std::copy_n(host + r.begin, r.numel(), dense.data() + at);
+      at += r.numel();
+    }
+    forget_gathered();
+    write_weights(dev, dense.data(), dense.size());
+    quant_->upload(dev, host);
+    return;
+  }
   // Sharded weights: the shard's only.
   const ParamRange w = weights_sharded_ ? master_range_ : layout_.all();
   upload_values(dev, host + w.begin, w);
@@ -304,22 +338,45 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
                "upload of [{}, {}): the store keeps weights [{}, {})", w.begin, w.end,
                weights_sharded_ ? master_range_.begin : 0, weights_sharded_ ? master_range_.end : numel());
   forget_gathered();
-  if (precision_.compute == DType::F32) {
-    dev.copy_to_device(weights_, values, w.numel() * sizeof(float));
-    return;
-  }
-  if (master_)
+  if (master_ && precision_.compute != DType::F32)
     dev.copy_to_device(master_, values + (master_range_.begin - w.begin),
                        master_range_.numel() * sizeof(float));
-  std::vector<uint16_t> half(w.numel());
+  write_weights(dev, values, w.numel());
+}
+
+void ParamStore::write_weights(Device& dev, const float* values, size_t n) const {
+  if (precision_.compute == DType::F32) {
+    dev.copy_to_device(weights_, values, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> half(n);
   const bool bf16 = precision_.compute == DType::BF16;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < int64_t(w.numel()); ++i)
+  for (int64_t i = 0; i < int64_t(n); ++i)
     half[size_t(i)] = bf16 ? float_to_bf16(values[i]) : float_to_fp16(values[i]);
   dev.copy_to_device(weights_, half.data(), half.size() * sizeof(uint16_t));
 }
 
 void ParamStore::download(Device& dev, float* host) const {
+  if (quant_) {
+    const size_t n = quant_->dense_numel();
+    std::vector<float> dense(n);
+    if (precision_.compute == DType::F32) {
+      dev.copy_to_host(dense.data(), weights_, n * sizeof(float));
+    } else {
+      std::vector<uint16_t> half(n);
+      dev.copy_to_host(half.data(), weights_, n * sizeof(uint16_t));
+      const bool bf16 = precision_.compute == DType::BF16;
+      for (size_t i = 0; i < n; ++i) dense[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+    }
+    size_t at = 0;
+    for (const ParamRange& r : quant_->dense_ranges()) {
+      std::copy_n(dense.data() + at, r.numel(), host + r.begin);
+      at += r.numel();
+    }
+    quant_->download(dev, host);
+    return;
+  }
   const size_t n = numel();
   if (precision_.compute == DType::F32 && !weights_sharded_) {
     dev.copy_to_host(host, weights_, n * sizeof(float));
@@ -377,7 +434,10 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
       if (z0 < z1) std::fill_n(values.data() + (z0 - r.begin), z1 - z0, 0.0f);
     }
   }
-  upload_values(dev, values.data(), r);
+  if (quant_)
+    upload(dev, values.data());
+  else
+    upload_values(dev, values.data(), r);
 }
 
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {

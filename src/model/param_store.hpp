@@ -22,7 +22,9 @@
 #include "anvil/memory_plan.hpp"
 #include "kernels/ops.hpp"
 #include "model/freeze.hpp"
+#include "model/linear.hpp"
 #include "model/param_layout.hpp"
+#include "model/quantized_weights.hpp"
 #include "runtime/arena.hpp"
 
 namespace anvil {
@@ -108,6 +110,15 @@ class ParamStore {
   // matrix frozen in part) count in neither the norm nor the update. No-op without frozen tensors.
   void zero_frozen_grads(Device& dev) const;
 
+  // Quantized storage (before plan_memory; a store without training, one process): keeps the Linear
+  // weights of the blocks as `s` (Int8 or NF4; model/quantized_weights.hpp) and the rest in the compute type.
+  // Views of the quantized tensors are taken with linear_weight only.
+  void quantize(WeightStorage s);
+  // The quantized part, or null (everything in the compute type).
+  const QuantizedWeights* quantized() const { return quant_ ? &*quant_ : nullptr; }
+  // The weight of the Linear whose weight starts at `offset`, as stored: quantized, or dense (weight_at).
+  WeightView linear_weight(size_t offset) const;
+
   // The weights changed (an optimizer step) or a new micro-batch begins: every slot must gather again (a
   // CUDA graph of a micro-batch replays its gathers, so each one starts from none). Releases every unit.
   void forget_gathered() const;
@@ -138,7 +149,9 @@ class ParamStore {
   // Views: element `offset` (in floats of the layout) of the weights / the gradients backward writes
   // (sharded gradients: in the slot of offset's unit, which must hold that unit).
   void* weight_at(size_t offset) const {
-    return weights_sharded_ ? slot_weight_at(offset) : static_cast<char*>(weights_) + offset * weight_elem_;
+    return weights_sharded_ ? slot_weight_at(offset)
+                            : static_cast<char*>(weights_) +
+                                  (quant_ ? quant_->dense_index(offset) : offset) * weight_elem_;
   }
   void* grad_at(size_t offset) const {
     return grads_sharded_ ? slot_grad_at(offset) : static_cast<char*>(grads_) + offset * grad_elem_;
@@ -230,6 +243,10 @@ class ParamStore {
   void* slot_weight_at(size_t offset) const;
   // upload() of the values of range `w` (values[0] is element w.begin): the weights this store keeps.
   void upload_values(Device& dev, const float* values, ParamRange w) const;
+  // The compute-type weights from n fp32 values (rounded to nearest).
+  void write_weights(Device& dev, const float* values, size_t n) const;
+  // Quantized storage: the tensors kept in the compute type (dense_ranges), then the quantized matrices.
+  std::optional<QuantizedWeights> quant_;
   void gather_into(size_t slot, int unit) const;
   bool weights_sharded_ = false;
   // The gathered copies are a cache of the shards (acquire fills it, sync empties it): mutable.

@@ -79,8 +79,10 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
 
 // Freezing happens on the store's layout before an optimizer is made from it (the optimizers skip frozen
 // tensors from their range tables).
-static void apply_freezing(const EngineOptions& o, Model& model) {
+// What the store keeps of each tensor: frozen ones (training), quantized ones (inference).
+static void apply_parameter_options(const EngineOptions& o, Model& model) {
   if (o.training && !o.freeze.empty()) model.param_store().freeze(o.freeze);
+  quantize_model(model, o.weight_storage);
 }
 
 // Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
@@ -208,7 +210,7 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
                                                   ops_precision(o), o.share_grad_memory);
   std::unique_ptr<Optimizer> opt;
-  apply_freezing(o, *model);
+  apply_parameter_options(o, *model);
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
   apply_data_parallel(o, *model);
   if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg), shard);
@@ -227,7 +229,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
                       o.share_grad_memory);
-  apply_freezing(o, *model_);
+  apply_parameter_options(o, *model_);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
   apply_data_parallel(o, *model_);
   if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg), shard);

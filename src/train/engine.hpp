@@ -61,6 +61,8 @@ struct EngineOptions {
   // Training: glob patterns of the tensors to freeze (freeze_parameters; ParamStore::freeze). Empty: all
   // train.
   std::vector<std::string> freeze;
+  // Inference: the block Linear weights kept quantized (int8 / NF4; quantize_model); Compute: none.
+  WeightStorage weight_storage = WeightStorage::Compute;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the

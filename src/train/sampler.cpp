@@ -128,6 +128,7 @@ Generator::Generator(const TransformerConfig& cfg, const GeneratorOptions& o, st
   // block's buffers, and only the block outputs are per layer.
   decoder_ = std::make_unique<Decoder>(cfg, o.max_batch, chunk_, false,
                                        CheckpointPolicy{CheckpointMode::Full, 1}, precision);
+  quantize_model(*decoder_, o.weight_storage);
   cache_ = std::make_unique<KvCache>(decoder_->spec(), o.max_batch, max_len, precision.compute);
   MemoryPlan plan;
   decoder_->plan_memory(plan, o.device);

@@ -46,6 +46,8 @@ struct GeneratorOptions {
   int max_len = 0;
   // Prompt tokens per sequence in one prefill forward (the decoder's planned sequence length).
   int prefill_chunk = 256;
+  // The block Linear weights kept quantized (int8 / NF4: quantize_model); Compute: none.
+  WeightStorage weight_storage = WeightStorage::Compute;
 };
 
 // What one Generator::generate did, for the tokens/s line.

@@ -157,6 +157,9 @@ void kv_cache_write(DType act, const KvCacheLayer& cache, const void* qkv, const
 void cached_attention_fwd(DType act, void* out, const void* qkv, const KvCacheLayer& cache,
                           const int32_t* pos, int max_keys, int window, const AttentionShape& s);
 
+// quantize.cpp: Ops::dequantize.
+void dequantize(DType act, void* out, const QuantizedMatrix& m);
+
 void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K, int OC);
 // dw_overwrite: dw = dout^T inp instead of dw += dout^T inp (dbias always accumulates).
 void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,

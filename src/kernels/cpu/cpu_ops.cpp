@@ -117,6 +117,7 @@ class CpuOps final : public Ops {
   void rope_fwd_at(void* qkv, const float* inv_freq, const AttentionShape& s, const int32_t* pos) override {
     cpu::rope_fwd_at(p_.compute, qkv, inv_freq, s, pos);
   }
+  void dequantize(void* out, const QuantizedMatrix& m) override { cpu::dequantize(p_.compute, out, m); }
   void kv_cache_write(const KvCacheLayer& cache, const void* qkv, const int32_t* pos,
                       const AttentionShape& s) override {
     cpu::kv_cache_write(p_.compute, cache, qkv, pos, s);

@@ -15,6 +15,7 @@
 #include "anvil/dtype.hpp"
 #include "kernels/cuda/gemm_tuner.hpp"
 #include "kernels/dropout.hpp"
+#include "kernels/quantization.hpp"
 #include "kernels/split_gemm_plan.hpp"
 #include "kernels/step_values.hpp"
 
@@ -202,6 +203,9 @@ void attention_first_query_bwd(cudaStream_t stream, anvil::DType act, void* dq, 
 // Zeroes the padding rows (t >= lengths[b]) of x [B,T,width], and of lse [B,NH,T] when not null.
 void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int width, float* lse, int B,
                             int T, int NH, const int32_t* lengths);
+
+// --- quantize.cu: Ops::dequantize (codes and scales in device memory) -----------------------------------
+void dequantize(cudaStream_t stream, anvil::DType act, void* out, const anvil::QuantizedMatrix& m);
 
 // --- kv_cache.cu: generation (the "generation (KV cache)" ops of kernels/ops.hpp) ----------------------
 // d.T is Tn, the new tokens per sequence; pos [B] (device) their first position; k and v [B, S, NKV, HS].

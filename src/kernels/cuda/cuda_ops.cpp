@@ -243,6 +243,11 @@ class CudaOps final : public Ops {
     check_rope_shape(s);
     cuda::rope_fwd_at(stream_, act_, qkv, inv_freq, pos, attention_dims(s));
   }
+  void dequantize(void* out, const QuantizedMatrix& m) override {
+    ANVIL_REQUIRE(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
+                  "dequantize: a {} matrix is not quantized", weight_storage_name(m.storage));
+    cuda::dequantize(stream_, act_, out, m);
+  }
   void kv_cache_write(const KvCacheLayer& cache, const void* qkv, const int32_t* pos,
                       const AttentionShape& s) override {
     check_attention(s, AttentionMask{});

@@ -1,0 +1,19 @@
+// The reference of Ops::dequantize: the format's own formula (kernels/quantization.cpp), rounded to the
+// compute type.
+#include "kernels/cpu/cpu_kernels.hpp"
+
+namespace anvil::cpu {
+
+void dequantize(DType act, void* out, const QuantizedMatrix& m) {
+  ANVIL_REQUIRE(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
+                "dequantize: a {} matrix is not quantized", weight_storage_name(m.storage));
+  dispatch_float(act, [&](auto a) {
+    constexpr DType A = decltype(a)::value;
+    auto* o = static_cast<storage_t<A>*>(out);
+    const int64_t n = int64_t(m.numel());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = Storage<A>::store(dequantized_value(m, size_t(i)));
+  });
+}
+
+}  // namespace anvil::cpu
