@@ -15,6 +15,11 @@ Systems, each in a fresh process with its GPU memory watched by the same NVML me
   hf_compile   transformers' fast path: cache_implementation="static", with which generate() compiles the
                decoding forward itself (torch.compile, CUDA graphs); two untimed generate() calls compile it
 
+With --quantization int8 / nf4 both sides keep the block Linear weights quantized: Anvil with
+`--quantization`, transformers with bitsandbytes (BitsAndBytesConfig load_in_8bit, or load_in_4bit with
+bnb_4bit_quant_type "nf4", bnb_4bit_compute_dtype bf16 and no double quantization: the same storage as
+Anvil's); the bitsandbytes package must be importable (it travels as a wheel, see the device README).
+
 Time: prefill + decode of the batch, after warm-up, not counting the model load; the reference synchronises
 once before and once after. Printed and written (bench/results/generate_speed_<device>_<date>_<commit>.json):
 new tokens/s of the batch and per sequence, and the ratio Anvil / best transformers system.
@@ -80,8 +85,17 @@ def hf_child(args):
     """Runs in its own process: loads the model, generates, prints one JSON line with the timing."""
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa").cuda().eval()
+    kw = {}
+    if args.quantization == "nf4":
+        from transformers import BitsAndBytesConfig
+        kw["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                       bnb_4bit_compute_dtype=torch.bfloat16,
+                                                       bnb_4bit_use_double_quant=False)
+    elif args.quantization == "int8":
+        from transformers import BitsAndBytesConfig
+        kw["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                                 device_map="cuda", **kw).eval()
     ids = torch.tensor(prompts(args.batch, args.prompt_len, model.config.vocab_size), device="cuda")
     kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
               max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0)
@@ -106,11 +120,12 @@ def hf_child(args):
 def run_anvil(args, meter, batch, work):
     cfg = json.loads((Path(args.model_dir) / "config.json").read_text())
     cmd = [args.anvil, "generate", "--checkpoint", args.model_dir, "--device", "cuda", "--precision", "bf16",
-           "--temperature", "0", "--max_new_tokens", str(args.new_tokens)]
+           "--temperature", "0", "--max_new_tokens", str(args.new_tokens), "--quantization", args.quantization]
     for p in prompts(batch, args.prompt_len, cfg["vocab_size"]):
         cmd += ["--prompt_ids", " ".join(map(str, p))]
-    proc = meter.run(cmd, work / f"anvil_b{batch}.log", args.timeout)
-    text = (work / f"anvil_b{batch}.log").read_text()
+    log = work / f"anvil_{args.quantization}_b{batch}.log"
+    proc = meter.run(cmd, log, args.timeout)
+    text = log.read_text()
     m = re.search(r"generated (\d+) tokens in ([0-9.]+) s", text)
     if proc["returncode"] != 0 or not m:
         return {"error": " | ".join(proc["log_tail"][-3:]), "process": proc}
@@ -121,8 +136,8 @@ def run_anvil(args, meter, batch, work):
 def run_hf(args, meter, batch, system, work):
     cmd = [sys.executable, __file__, "--child", "--system", system, "--batch", str(batch),
            "--model_dir", args.model_dir, "--prompt_len", str(args.prompt_len), "--new_tokens",
-           str(args.new_tokens)]
-    log = work / f"{system}_b{batch}.log"
+           str(args.new_tokens), "--quantization", args.quantization]
+    log = work / f"{system}_{args.quantization}_b{batch}.log"
     proc = meter.run(cmd, log, args.timeout)
     m = re.search(r"^RESULT (.*)$", log.read_text(), re.M)
     if proc["returncode"] != 0 or not m:
@@ -138,6 +153,8 @@ def main():
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompt_len", type=int, default=128)
     ap.add_argument("--new_tokens", type=int, default=256)
+    ap.add_argument("--quantization", choices=["none", "int8", "nf4"], default="none",
+                    help="block Linear weights in int8 / NF4 on both sides (bitsandbytes for transformers)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--workdir", default="/tmp/anvil_generate_speed")
     ap.add_argument("--model_dir", default="")
@@ -178,13 +195,15 @@ def main():
             print(f"batch {batch}: anvil / best transformers = {ratios[batch]:.2f}x")
     commit, commit_source = git_commit()
     now = utc_now()
-    out = result_path("generate_speed", gpu.name(), now, commit, directory=args.out)
+    name = "generate_speed" if args.quantization == "none" else f"generate_speed_{args.quantization}"
+    out = result_path(name, gpu.name(), now, commit, directory=args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for r in rows:
         r.get("process", {}).pop("log_tail", None)
     out.write_text(json.dumps({"benchmark": "generate_speed", "device": gpu.name(), "date": now.isoformat(),
                                "commit": commit, "commit_source": commit_source, "shape": args.shape,
-                               "shape_config": SHAPES[args.shape], "prompt_len": args.prompt_len,
+                               "shape_config": SHAPES[args.shape], "quantization": args.quantization,
+                               "prompt_len": args.prompt_len,
                                "new_tokens": args.new_tokens, "meter": meter.describe(), "rows": rows,
                                "anvil_over_best_transformers": ratios}, indent=2))
     print(f"wrote {out}")
