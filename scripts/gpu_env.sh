@@ -5,6 +5,7 @@
 if [ -d .devcarry/bin ]; then
   mkdir -p build-cuda
   for f in .devcarry/bin/*.gz; do  # gzipped by pack_for_gpu.sh
+    [ -e "$f" ] || continue
     b=build-cuda/$(basename "$f" .gz)
     gunzip -c "$f" > "$b" && chmod +x "$b"
   done
