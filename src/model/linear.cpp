@@ -62,12 +62,16 @@ Linear Linear::with_adapter(const LinearAdapter* adapter) const {
 }
 
 void Linear::forward(Ops& ops, void* y, const void* x, int N) const {
-  ops.matmul_fwd(y, x, gemm_weight(ops), b_, N, in_, out_);
+  // A few rows (decoding): one pass over the codes, no dequantized copy.
+  if (q_ && ops.quantized_matmul_preferred(*q_, N))
+    ops.quantized_matmul_fwd(y, x, *q_, b_, N);
+  else
+    ops.matmul_fwd(y, x, gemm_weight(ops), b_, N, in_, out_);
   if (adapter_) adapter_->forward(ops, y, x, N);
 }
 
 void Linear::forward_gelu(Ops& ops, void* y, void* pre, const void* x, int N) const {
-  if (!adapter_) {
+  if (!adapter_ && !(q_ && ops.quantized_matmul_preferred(*q_, N))) {
     ops.matmul_gelu_fwd(y, pre, x, gemm_weight(ops), b_, N, in_, out_);
     return;
   }

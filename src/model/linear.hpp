@@ -57,7 +57,9 @@ class Linear {
   bool quantized() const { return q_ != nullptr; }
   void* weight_grad() const { return dw_; }
 
-  // y = x W^T + b (+ the adapter's term).
+  // y = x W^T + b (+ the adapter's term). A quantized weight is dequantized into the workspace first, or,
+  // for the few rows the ops prefer (Ops::quantized_matmul_preferred: decoding), read by
+  // Ops::quantized_matmul_fwd directly.
   void forward(Ops& ops, void* y, const void* x, int N) const;
   // pre = x W^T + b (+ the adapter's term), y = gelu(pre) (tanh approximation): one GEMM with the GELU
   // epilogue on CUDA when there is no adapter.

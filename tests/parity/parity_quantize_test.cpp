@@ -1,6 +1,7 @@
-// Parity of the CUDA dequantize op (kernels/ops/quant_ops.hpp) with the CPU reference: int8 and NF4
+// Parity of the CUDA quantized-weight ops (kernels/ops/quant_ops.hpp) with the CPU reference: int8 and NF4
 // matrices (an odd element count with a partial last block, and a large one over many grid strides)
-// dequantized into fp32, bf16 and fp16 give the same bytes on both backends. Then quantized decoders: greedy
+// dequantized into fp32, bf16 and fp16 give the same bytes on both backends; quantized_matmul_fwd (CUDA's
+// GEMV on the codes) equals the CPU's dequantize + matmul within the storage type's rounding. Then quantized decoders: greedy
 // ids of an NF4 / int8 Llama-shaped model on CUDA equal the CPU's, and (ANVIL_BENCH_GENERATION) decoding
 // speed at batch 1 of the Llama-3.2-1B shape in bf16, int8 and NF4.
 #include <gtest/gtest.h>
@@ -65,6 +66,66 @@ INSTANTIATE_TEST_SUITE_P(Formats, DequantizeParity,
                            return std::string(weight_storage_name(info.param.storage)) + "_" + std::string(
                                   dtype_name(info.param.dtype));
                          });
+
+// quantized_matmul_fwd (the CUDA GEMV on the codes) against the CPU's dequantize + matmul, for 1 to 16
+// input rows (one and two passes of 8), with and without bias; decoding's widths (K a multiple of 64).
+TEST_P(DequantizeParity, QuantizedMatmulEqualsDequantizeThenMatmul) {
+  const DequantCase c = GetParam();
+  const double tol = c.dtype == DType::F32 ? 1e-5 : c.dtype == DType::BF16 ? 2 * 0.0078125 : 2 * 0.0009765625;
+  for (const auto& [O, K] : {std::pair<int64_t, int64_t>{100, 128}, {2048, 2048}, {512, 8192}}) {
+    const std::vector<float> w = randn(size_t(O * K), 0.05f);
+    std::vector<uint8_t> codes(quantized_code_bytes(c.storage, O, K));
+    std::vector<float> scales(quantized_scale_count(c.storage, O, K));
+    quantize_host(c.storage, w.data(), O, K, codes.data(), scales.data());
+    for (const int N : {1, 3, 8, 9, 16}) {
+      for (const bool with_bias : {false, true}) {
+        const std::vector<float> x = randn(size_t(N * K)), b = randn(size_t(O), 0.5f);
+        std::vector<float> out[2];
+        for (int side = 0; side < 2; ++side) {
+          Device& dev = side == 0 ? *cpu_dev_ : *gpu_dev_;
+          Ops& ops = side == 0 ? *cpu_ : *gpu_;
+          auto put = [&](const std::vector<float>& v) {
+            std::vector<uint8_t> bytes(dtype_bytes(c.dtype, v.size()));
+            for (size_t i = 0; i < v.size(); ++i) {
+              if (c.dtype == DType::F32)
+                std::memcpy(bytes.data() + 4 * i, &v[i], 4);
+              else {
+                const uint16_t h = c.dtype == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+                std::memcpy(bytes.data() + 2 * i, &h, 2);
+              }
+            }
+            DeviceBuffer buf(dev, bytes.size());
+            dev.copy_to_device(buf.get(), bytes.data(), bytes.size());
+            return buf;
+          };
+          DeviceBuffer dx = put(x), db = put(b), dc(dev, codes.size()), ds(dev, scales.size() * 4),
+                       dy(dev, dtype_bytes(c.dtype, size_t(N * O)));
+          dev.copy_to_device(dc.get(), codes.data(), codes.size());
+          dev.copy_to_device(ds.get(), scales.data(), scales.size() * 4);
+          const QuantizedMatrix m{c.storage, static_cast<const uint8_t*>(dc.get()),
+                                  static_cast<const float*>(ds.get()), O, K};
+          if (side == 1) EXPECT_TRUE(ops.quantized_matmul_preferred(m, N));
+          ops.quantized_matmul_fwd(dy.get(), dx.get(), m, with_bias ? db.get() : nullptr, N);
+          std::vector<uint8_t> bytes(dtype_bytes(c.dtype, size_t(N * O)));
+          dev.copy_to_host(bytes.data(), dy.get(), bytes.size());
+          out[side].resize(size_t(N * O));
+          for (size_t i = 0; i < out[side].size(); ++i) {
+            if (c.dtype == DType::F32) {
+              std::memcpy(&out[side][i], bytes.data() + 4 * i, 4);
+            } else {
+              uint16_t h;
+              std::memcpy(&h, bytes.data() + 2 * i, 2);
+              out[side][i] = c.dtype == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h);
+            }
+          }
+        }
+        EXPECT_TRUE(close("quantized_matmul_fwd [" + std::to_string(O) + ", " + std::to_string(K) + "] N=" +
+                              std::to_string(N) + (with_bias ? " bias" : ""),
+                          out[0], out[1], tol));
+      }
+    }
+  }
+}
 
 TransformerConfig llama_config() {
   TransformerConfig c;

@@ -197,6 +197,26 @@ TEST(QuantOps, CpuDequantizeRoundsTheFormatsValues) {
   }
 }
 
+// CpuOps::quantized_matmul_fwd is its contract's composition: dequantize, then matmul_fwd.
+TEST(QuantOps, CpuQuantizedMatmulIsDequantizeThenMatmul) {
+  const int64_t rows = 20, cols = 64;
+  const int N = 3;
+  const std::vector<float> w = normal_values(size_t(rows * cols), 0.1f, 9), x = normal_values(size_t(N * cols), 1.f, 10),
+                           b = normal_values(size_t(rows), 0.5f, 11);
+  auto dev = make_device(DeviceKind::CPU);
+  auto ops = make_cpu_ops(*dev, {DType::F32, DType::F32});
+  for (WeightStorage s : {WeightStorage::Int8, WeightStorage::NF4}) {
+    const Quantized q = quantize(s, w, rows, cols);
+    const QuantizedMatrix m = q.view(s, rows, cols);
+    EXPECT_FALSE(ops->quantized_matmul_preferred(m, 1));
+    std::vector<float> deq(w.size()), want(size_t(N * rows)), got(size_t(N * rows));
+    ops->dequantize(deq.data(), m);
+    ops->matmul_fwd(want.data(), x.data(), deq.data(), b.data(), N, int(cols), int(rows));
+    ops->quantized_matmul_fwd(got.data(), x.data(), m, b.data(), N);
+    EXPECT_EQ(got, want) << weight_storage_name(s);
+  }
+}
+
 TransformerConfig llama_config() {
   TransformerConfig c;
   c.family = "llama";

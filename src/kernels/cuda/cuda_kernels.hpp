@@ -206,6 +206,14 @@ void zero_attention_padding(cudaStream_t stream, anvil::DType act, void* x, int 
 
 // --- quantize.cu: Ops::dequantize (codes and scales in device memory) -----------------------------------
 void dequantize(cudaStream_t stream, anvil::DType act, void* out, const anvil::QuantizedMatrix& m);
+// Ops::quantized_matmul_fwd: one warp per output feature reads its codes once for up to 8 input rows (more
+// rows: again per 8). Needs m.cols % kQuantizedGemvColumns == 0 and x 16-byte aligned
+// (quantized_gemv_supported); preferred up to kQuantizedGemvMaxRows rows, above which dequantize + GEMM wins.
+constexpr int kQuantizedGemvColumns = 64;
+constexpr int kQuantizedGemvMaxRows = 16;
+bool quantized_gemv_supported(const anvil::QuantizedMatrix& m, const void* x);
+void quantized_gemv(cudaStream_t stream, anvil::DType act, void* y, const void* x, const anvil::QuantizedMatrix& m,
+                    const void* bias, int N);
 
 // --- kv_cache.cu: generation (the "generation (KV cache)" ops of kernels/ops.hpp) ----------------------
 // d.T is Tn, the new tokens per sequence; pos [B] (device) their first position; k and v [B, S, NKV, HS].

@@ -248,6 +248,16 @@ class CudaOps final : public Ops {
                   "dequantize: a {} matrix is not quantized", weight_storage_name(m.storage));
     cuda::dequantize(stream_, act_, out, m);
   }
+  void quantized_matmul_fwd(void* y, const void* x, const QuantizedMatrix& m, const void* bias, int N) override {
+    ANVIL_REQUIRE(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
+                  "quantized_matmul_fwd: a {} matrix is not quantized", weight_storage_name(m.storage));
+    ANVIL_REQUIRE(cuda::quantized_gemv_supported(m, x), "quantized_matmul_fwd: {} columns (a multiple of {} is needed) or an unaligned input",
+                  m.cols, cuda::kQuantizedGemvColumns);
+    cuda::quantized_gemv(stream_, act_, y, x, m, bias, N);
+  }
+  bool quantized_matmul_preferred(const QuantizedMatrix& m, int N) const override {
+    return N <= cuda::kQuantizedGemvMaxRows && m.cols % cuda::kQuantizedGemvColumns == 0;
+  }
   void kv_cache_write(const KvCacheLayer& cache, const void* qkv, const int32_t* pos,
                       const AttentionShape& s) override {
     check_attention(s, AttentionMask{});
