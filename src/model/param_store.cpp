@@ -359,16 +359,8 @@ void ParamStore::write_weights(Device& dev, const float* values, size_t n) const
 
 void ParamStore::download(Device& dev, float* host) const {
   if (quant_) {
-    const size_t n = quant_->dense_numel();
-    std::vector<float> dense(n);
-    if (precision_.compute == DType::F32) {
-      dev.copy_to_host(dense.data(), weights_, n * sizeof(float));
-    } else {
-      std::vector<uint16_t> half(n);
-      dev.copy_to_host(half.data(), weights_, n * sizeof(uint16_t));
-      const bool bf16 = precision_.compute == DType::BF16;
-      for (size_t i = 0; i < n; ++i) dense[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
-    }
+    std::vector<float> dense(quant_->dense_numel());
+    read_weights(dev, dense.data(), dense.size());
     size_t at = 0;
     for (const ParamRange& r : quant_->dense_ranges()) {
       std::copy_n(dense.data() + at, r.numel(), host + r.begin);
@@ -379,7 +371,7 @@ void ParamStore::download(Device& dev, float* host) const {
   }
   const size_t n = numel();
   if (precision_.compute == DType::F32 && !weights_sharded_) {
-    dev.copy_to_host(host, weights_, n * sizeof(float));
+    read_weights(dev, host, n);
     return;
   }
   ANVIL_ASSERT(master_ || !weights_sharded_, "download: sharded weights without master weights");
@@ -392,10 +384,18 @@ void ParamStore::download(Device& dev, float* host) const {
     dev.copy_to_host(host, master_, n * sizeof(float));
     return;
   }
+  read_weights(dev, host, n);
+}
+
+void ParamStore::read_weights(Device& dev, float* values, size_t n) const {
+  if (precision_.compute == DType::F32) {
+    dev.copy_to_host(values, weights_, n * sizeof(float));
+    return;
+  }
   std::vector<uint16_t> half(n);
   dev.copy_to_host(half.data(), weights_, n * sizeof(uint16_t));
   const bool bf16 = precision_.compute == DType::BF16;
-  for (size_t i = 0; i < n; ++i) host[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+  for (size_t i = 0; i < n; ++i) values[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
 }
 
 // The tensors draw normals from one splitmix64 stream in layout order, one per element of their first

@@ -243,8 +243,9 @@ class ParamStore {
   void* slot_weight_at(size_t offset) const;
   // upload() of the values of range `w` (values[0] is element w.begin): the weights this store keeps.
   void upload_values(Device& dev, const float* values, ParamRange w) const;
-  // The compute-type weights from n fp32 values (rounded to nearest).
+  // The compute-type weights from n fp32 values (rounded to nearest), and back (widened).
   void write_weights(Device& dev, const float* values, size_t n) const;
+  void read_weights(Device& dev, float* values, size_t n) const;
   // Quantized storage: the tensors kept in the compute type (dense_ranges), then the quantized matrices.
   std::optional<QuantizedWeights> quant_;
   void gather_into(size_t slot, int unit) const;

@@ -1,9 +1,9 @@
 // Parity of the CUDA quantized-weight ops (kernels/ops/quant_ops.hpp) with the CPU reference: int8 and NF4
 // matrices (an odd element count with a partial last block, and a large one over many grid strides)
 // dequantized into fp32, bf16 and fp16 give the same bytes on both backends; quantized_matmul_fwd (CUDA's
-// GEMV on the codes) equals the CPU's dequantize + matmul within the storage type's rounding. Then quantized decoders: greedy
-// ids of an NF4 / int8 Llama-shaped model on CUDA equal the CPU's, and (ANVIL_BENCH_GENERATION) decoding
-// speed at batch 1 of the Llama-3.2-1B shape in bf16, int8 and NF4.
+// GEMV on the codes) equals the CPU's dequantize + matmul within the storage type's rounding. Then quantized
+// decoders: greedy ids of an NF4 / int8 Llama-shaped model on CUDA equal the CPU's, and
+// (ANVIL_BENCH_GENERATION) decoding speed at batch 1 of the Llama-3.2-1B shape in bf16, int8 and NF4.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -63,8 +63,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, DequantizeParity,
                                            DequantCase{WeightStorage::Int8, DType::BF16},
                                            DequantCase{WeightStorage::Int8, DType::F16}),
                          [](const auto& info) {
-                           return std::string(weight_storage_name(info.param.storage)) + "_" + std::string(
-                                  dtype_name(info.param.dtype));
+                           return std::string(weight_storage_name(info.param.storage)) + "_" +
+                                  std::string(dtype_name(info.param.dtype));
                          });
 
 // quantized_matmul_fwd (the CUDA GEMV on the codes) against the CPU's dequantize + matmul, for 1 to 16
@@ -119,8 +119,8 @@ TEST_P(DequantizeParity, QuantizedMatmulEqualsDequantizeThenMatmul) {
             }
           }
         }
-        EXPECT_TRUE(close("quantized_matmul_fwd [" + std::to_string(O) + ", " + std::to_string(K) + "] N=" +
-                              std::to_string(N) + (with_bias ? " bias" : ""),
+        EXPECT_TRUE(close("quantized_matmul_fwd [" + std::to_string(O) + ", " + std::to_string(K) +
+                              "] N=" + std::to_string(N) + (with_bias ? " bias" : ""),
                           out[0], out[1], tol));
       }
     }

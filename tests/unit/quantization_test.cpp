@@ -201,7 +201,8 @@ TEST(QuantOps, CpuDequantizeRoundsTheFormatsValues) {
 TEST(QuantOps, CpuQuantizedMatmulIsDequantizeThenMatmul) {
   const int64_t rows = 20, cols = 64;
   const int N = 3;
-  const std::vector<float> w = normal_values(size_t(rows * cols), 0.1f, 9), x = normal_values(size_t(N * cols), 1.f, 10),
+  const std::vector<float> w = normal_values(size_t(rows * cols), 0.1f, 9),
+                           x = normal_values(size_t(N * cols), 1.f, 10),
                            b = normal_values(size_t(rows), 0.5f, 11);
   auto dev = make_device(DeviceKind::CPU);
   auto ops = make_cpu_ops(*dev, {DType::F32, DType::F32});

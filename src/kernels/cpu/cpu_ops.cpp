@@ -118,7 +118,8 @@ class CpuOps final : public Ops {
     cpu::rope_fwd_at(p_.compute, qkv, inv_freq, s, pos);
   }
   void dequantize(void* out, const QuantizedMatrix& m) override { cpu::dequantize(p_.compute, out, m); }
-  void quantized_matmul_fwd(void* y, const void* x, const QuantizedMatrix& m, const void* bias, int N) override {
+  void quantized_matmul_fwd(void* y, const void* x, const QuantizedMatrix& m, const void* bias,
+                            int N) override {
     cpu::quantized_matmul_fwd(p_.compute, y, x, m, bias, N);
   }
   bool quantized_matmul_preferred(const QuantizedMatrix&, int) const override { return false; }

@@ -18,7 +18,8 @@ void dequantize(DType act, void* out, const QuantizedMatrix& m) {
   });
 }
 
-void quantized_matmul_fwd(DType act, void* y, const void* x, const QuantizedMatrix& m, const void* bias, int N) {
+void quantized_matmul_fwd(DType act, void* y, const void* x, const QuantizedMatrix& m, const void* bias,
+                          int N) {
   std::vector<uint8_t> w(dtype_bytes(act, m.numel()));
   dequantize(act, w.data(), m);
   matmul_fwd(act, y, x, w.data(), bias, N, int(m.cols), int(m.rows));

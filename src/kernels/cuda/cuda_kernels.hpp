@@ -212,8 +212,8 @@ void dequantize(cudaStream_t stream, anvil::DType act, void* out, const anvil::Q
 constexpr int kQuantizedGemvColumns = 64;
 constexpr int kQuantizedGemvMaxRows = 16;
 bool quantized_gemv_supported(const anvil::QuantizedMatrix& m, const void* x);
-void quantized_gemv(cudaStream_t stream, anvil::DType act, void* y, const void* x, const anvil::QuantizedMatrix& m,
-                    const void* bias, int N);
+void quantized_gemv(cudaStream_t stream, anvil::DType act, void* y, const void* x,
+                    const anvil::QuantizedMatrix& m, const void* bias, int N);
 
 // --- kv_cache.cu: generation (the "generation (KV cache)" ops of kernels/ops.hpp) ----------------------
 // d.T is Tn, the new tokens per sequence; pos [B] (device) their first position; k and v [B, S, NKV, HS].

@@ -248,10 +248,12 @@ class CudaOps final : public Ops {
                   "dequantize: a {} matrix is not quantized", weight_storage_name(m.storage));
     cuda::dequantize(stream_, act_, out, m);
   }
-  void quantized_matmul_fwd(void* y, const void* x, const QuantizedMatrix& m, const void* bias, int N) override {
+  void quantized_matmul_fwd(void* y, const void* x, const QuantizedMatrix& m, const void* bias,
+                            int N) override {
     ANVIL_REQUIRE(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
                   "quantized_matmul_fwd: a {} matrix is not quantized", weight_storage_name(m.storage));
-    ANVIL_REQUIRE(cuda::quantized_gemv_supported(m, x), "quantized_matmul_fwd: {} columns (a multiple of {} is needed) or an unaligned input",
+    ANVIL_REQUIRE(cuda::quantized_gemv_supported(m, x),
+                  "quantized_matmul_fwd: {} columns (a multiple of {} is needed) or an unaligned input",
                   m.cols, cuda::kQuantizedGemvColumns);
     cuda::quantized_gemv(stream_, act_, y, x, m, bias, N);
   }

@@ -57,13 +57,13 @@ __device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
   }
 }
 
-constexpr int kGemvWarps = 8;  // output features per block of 256 threads
+constexpr int kGemvWarps = 8;             // output features per block of 256 threads
 constexpr int kGemvStep = 8 * kWarpSize;  // weights of a row a warp takes per step
 
 // y[r, o] = sum_k x[r, k] W[o, k] (+ bias[o]) for r < rows (<= R), W from codes; K % 64 == 0.
 template <class T, int R, bool kNf4>
-__global__ void quantized_gemv_kernel(T* y, const T* x, const uint8_t* codes, const float* scales, const T* bias,
-                                      int rows, int K, int O, Nf4Table code) {
+__global__ void quantized_gemv_kernel(T* y, const T* x, const uint8_t* codes, const float* scales,
+                                      const T* bias, int rows, int K, int O, Nf4Table code) {
   __shared__ float table[16];
   if (kNf4 && threadIdx.x < 16) table[threadIdx.x] = code.v[threadIdx.x];
   if (kNf4) __syncthreads();
@@ -109,13 +109,14 @@ __global__ void quantized_gemv_kernel(T* y, const T* x, const uint8_t* codes, co
   for (int r = 0; r < R; ++r) {
     float a = acc[r];
     for (int off = kWarpSize / 2; off > 0; off /= 2) a += __shfl_xor_sync(0xffffffffu, a, off);
-    if (lane == 0 && r < rows) y[static_cast<size_t>(r) * O + o] = from_float<T>(bias ? a + to_float(bias[o]) : a);
+    if (lane == 0 && r < rows)
+      y[static_cast<size_t>(r) * O + o] = from_float<T>(bias ? a + to_float(bias[o]) : a);
   }
 }
 
 template <class T, bool kNf4>
-void launch_gemv(cudaStream_t stream, T* y, const T* x, const anvil::QuantizedMatrix& m, const T* bias, int rows,
-                 const Nf4Table& table) {
+void launch_gemv(cudaStream_t stream, T* y, const T* x, const anvil::QuantizedMatrix& m, const T* bias,
+                 int rows, const Nf4Table& table) {
   const int K = static_cast<int>(m.cols), O = static_cast<int>(m.rows);
   const dim3 grid((O + kGemvWarps - 1) / kGemvWarps), block(kGemvWarps * kWarpSize);
   auto go = [&](auto r) {
@@ -145,8 +146,8 @@ bool quantized_gemv_supported(const anvil::QuantizedMatrix& m, const void* x) {
          reinterpret_cast<uintptr_t>(m.codes) % 16 == 0;
 }
 
-void quantized_gemv(cudaStream_t stream, anvil::DType act, void* y, const void* x, const anvil::QuantizedMatrix& m,
-                    const void* bias, int N) {
+void quantized_gemv(cudaStream_t stream, anvil::DType act, void* y, const void* x,
+                    const anvil::QuantizedMatrix& m, const void* bias, int N) {
   if (N <= 0 || m.rows == 0) return;
   const Nf4Table table = nf4_table();
   dispatch_float(act, [&](auto t) {
