@@ -110,6 +110,13 @@ void Decoder::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   }
 }
 
+void Decoder::set_logits_rows(size_t rows) {
+  ANVIL_ASSERT(!training_ && rows >= size_t(B_) && rows <= size_t(B_) * T_,
+               "set_logits_rows({}): an inference model of batch {} x {} keeps {} to {} rows", rows, B_, T_,
+               B_, size_t(B_) * T_);
+  logits_rows_ = rows;
+}
+
 void Decoder::bind(const Arena& ar) {
   store_.bind(ar);
   encoded_ = ar.get<void>(i_encoded_), res3_ = ar.get<void>(i_res3_);

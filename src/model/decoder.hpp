@@ -71,6 +71,9 @@ class Decoder final : public Model {
   const void* logits() const { return logits_; }
   // Rows the logits buffer holds: B*T for an inference model; at most kLossChunkRows for a training one.
   size_t logits_rows() const { return logits_rows_; }
+  // An inference model used only through forward_cached (a Generator) needs one row per sequence: fewer
+  // rows to plan (before plan_memory; at least max_batch). forward() without targets then takes that many.
+  void set_logits_rows(size_t rows);
   void copy_logits_to_host(Device& dev, float* dst, size_t first_row, size_t rows) const;
 
   // The family's initialisation, deterministic for a seed: N(0, 0.02) for matrices and embeddings,

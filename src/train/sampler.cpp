@@ -129,6 +129,8 @@ Generator::Generator(const TransformerConfig& cfg, const GeneratorOptions& o, st
   decoder_ = std::make_unique<Decoder>(cfg, o.max_batch, chunk_, false,
                                        CheckpointPolicy{CheckpointMode::Full, 1}, precision);
   quantize_model(*decoder_, o.weight_storage);
+  // forward_cached computes the logits of one row per sequence (a prefill chunk's last), never the chunk's.
+  decoder_->set_logits_rows(size_t(o.max_batch));
   cache_ = std::make_unique<KvCache>(decoder_->spec(), o.max_batch, max_len, precision.compute);
   MemoryPlan plan;
   decoder_->plan_memory(plan, o.device);

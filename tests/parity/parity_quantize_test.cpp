@@ -104,7 +104,9 @@ TEST_P(DequantizeParity, QuantizedMatmulEqualsDequantizeThenMatmul) {
           dev.copy_to_device(ds.get(), scales.data(), scales.size() * 4);
           const QuantizedMatrix m{c.storage, static_cast<const uint8_t*>(dc.get()),
                                   static_cast<const float*>(ds.get()), O, K};
-          if (side == 1) EXPECT_TRUE(ops.quantized_matmul_preferred(m, N));
+          if (side == 1) {
+            EXPECT_TRUE(ops.quantized_matmul_preferred(m, N));
+          }
           ops.quantized_matmul_fwd(dy.get(), dx.get(), m, with_bias ? db.get() : nullptr, N);
           std::vector<uint8_t> bytes(dtype_bytes(c.dtype, size_t(N * O)));
           dev.copy_to_host(bytes.data(), dy.get(), bytes.size());

@@ -283,6 +283,12 @@ TEST(Generator, PlansTheCacheBeforeTheFirstToken) {
   EXPECT_EQ(kv, size_t(2) * cfg.n_layer * 3 * 20 * cfg.kv_heads() * cfg.head_size() * 2);
   EXPECT_EQ(gen.cache().bytes(), kv);
   EXPECT_EQ(KvCache::bytes_per_position(gen.decoder().spec(), DType::BF16) * 3 * 20, kv);
+  // Logits for one row per sequence (a prefill chunk's last position), not for the whole chunk.
+  size_t logits = 0;
+  for (const PlannedBuffer& b : gen.plan().buffers())
+    if (b.name == "logits") logits += b.bytes;
+  EXPECT_EQ(gen.decoder().logits_rows(), 3u);
+  EXPECT_EQ(logits, size_t(3) * cfg.padded_vocab_size() * 2);
 }
 
 // --- the ops on the CPU -----------------------------------------------------------------------------------

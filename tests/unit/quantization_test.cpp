@@ -296,7 +296,9 @@ TEST_P(QuantizedDecoder, LogitsEqualTheDenseModelOfTheDequantizedWeights) {
       const float want = c.precision == Precision::FP32   ? w[i]
                          : c.precision == Precision::BF16 ? bf16_to_float(float_to_bf16(w[i]))
                                                           : fp16_to_float(float_to_fp16(w[i]));
-      if (!matrix) ASSERT_EQ(q.weights[i], want) << t.name;
+      if (!matrix) {
+        ASSERT_EQ(q.weights[i], want) << t.name;
+      }
       changed += matrix && q.weights[i] != w[i];
     }
     quantized += matrix ? t.numel() : 0;
