@@ -50,7 +50,8 @@ struct ParamInit {
 
 class ParamStore {
  public:
-  // Gradients are planned with `training` (in precision.grad). Each tensor's storage is the compute type.
+  // Gradients are planned with `training` (in precision.grad). Each tensor is stored in the compute type,
+  // unless quantize() keeps the block Linear weights quantized (inference).
   ParamStore(ParamLayout layout, OpsPrecision precision, bool training);
 
   // ZeRO stages 1-2 (before plan_memory): this rank keeps the fp32 master weights of `r` only; the
