@@ -47,6 +47,12 @@ SHAPES = {
                      rope_theta=500000.0, tie_word_embeddings=True,
                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # Llama-3.1-8B: untied head, GQA 32/8, llama3 RoPE scaling (factor 8).
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
+                     rope_theta=500000.0, tie_word_embeddings=False,
+                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
     # Qwen2.5-0.5B's shape as a Llama (no q/k/v bias): GQA 14/2, vocabulary 151936.
     "qwen-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
