@@ -2,7 +2,7 @@
 """Generation speed: `anvil generate` against transformers' generate(), same GPU, bf16, greedy.
 
 The model is a randomly initialised LlamaForCausalLM of a real shape (--shape: llama-1b is Llama-3.2-1B's,
-qwen-0.5b Qwen2.5-0.5B's), saved once by transformers as a bf16 safetensors directory that both sides load.
+llama-8b Llama-3.1-8B's, qwen-0.5b Qwen2.5-0.5B's), saved once by transformers as a bf16 safetensors directory that both sides load.
 Each batch size (--batches) gets the same random prompts of --prompt_len tokens on both sides, and every
 sequence generates exactly --new_tokens tokens (greedy; transformers with min_new_tokens so that eos cannot
 stop it early, Anvil's eos set outside the vocabulary in the saved config for the same reason).
