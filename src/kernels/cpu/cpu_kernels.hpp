@@ -159,7 +159,8 @@ void cached_attention_fwd(DType act, void* out, const void* qkv, const KvCacheLa
 
 // quantize.cpp: Ops::dequantize, Ops::quantized_matmul_fwd.
 void dequantize(DType act, void* out, const QuantizedMatrix& m);
-void quantized_matmul_fwd(DType act, void* y, const void* x, const QuantizedMatrix& m, const void* bias, int N);
+void quantized_matmul_fwd(DType act, void* y, const void* x, const QuantizedMatrix& m, const void* bias,
+                          int N);
 
 void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K, int OC);
 // dw_overwrite: dw = dout^T inp instead of dw += dout^T inp (dbias always accumulates).
