@@ -22,36 +22,49 @@ struct DequantCase {
   DType dtype;
 };
 
-class DequantizeParity : public parity::ParityFixture<::testing::TestWithParam<DequantCase>> {
+class DequantizeParity : public parity::TypedParityFixture<DequantCase> {
  protected:
   OpsPrecision precision() const override { return {GetParam().dtype, DType::F32}; }
+
+  // w [rows, cols] quantized on the host, its codes and scales on both backends.
+  struct Quantized {
+    DeviceBuffer codes[2];
+    Buf scales;
+    QuantizedMatrix on(bool gpu) const {
+      return {storage, static_cast<const uint8_t*>(codes[gpu].get()),
+              static_cast<const float*>(gpu ? scales.gpu() : scales.cpu()), rows, cols};
+    }
+    WeightStorage storage;
+    int64_t rows, cols;
+  };
+  Quantized quantize(const std::vector<float>& w, int64_t rows, int64_t cols) {
+    const WeightStorage s = GetParam().storage;
+    std::vector<uint8_t> codes(quantized_code_bytes(s, rows, cols));
+    std::vector<float> scales(quantized_scale_count(s, rows, cols));
+    quantize_host(s, w.data(), rows, cols, codes.data(), scales.data());
+    Quantized q{{DeviceBuffer(*cpu_dev_, codes.size()), DeviceBuffer(*gpu_dev_, codes.size())},
+                f32(scales),
+                s,
+                rows,
+                cols};
+    cpu_dev_->copy_to_device(q.codes[0].get(), codes.data(), codes.size());
+    gpu_dev_->copy_to_device(q.codes[1].get(), codes.data(), codes.size());
+    return q;
+  }
 };
 
 TEST_P(DequantizeParity, SameBytesOnBothBackends) {
   const DequantCase c = GetParam();
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 53}, {4096, 1024}}) {
-    const std::vector<float> w = randn(size_t(rows * cols), 0.05f);
-    std::vector<uint8_t> codes(quantized_code_bytes(c.storage, rows, cols));
-    std::vector<float> scales(quantized_scale_count(c.storage, rows, cols));
-    quantize_host(c.storage, w.data(), rows, cols, codes.data(), scales.data());
-    const size_t out_bytes = dtype_bytes(c.dtype, size_t(rows * cols));
-    std::vector<uint8_t> got[2];
-    for (int b = 0; b < 2; ++b) {
-      Device& dev = b == 0 ? *cpu_dev_ : *gpu_dev_;
-      Ops& ops = b == 0 ? *cpu_ : *gpu_;
-      DeviceBuffer dc(dev, codes.size()), ds(dev, scales.size() * sizeof(float)), dout(dev, out_bytes);
-      dev.copy_to_device(dc.get(), codes.data(), codes.size());
-      dev.copy_to_device(ds.get(), scales.data(), scales.size() * sizeof(float));
-      ops.dequantize(dout.get(), {c.storage, static_cast<const uint8_t*>(dc.get()),
-                                  static_cast<const float*>(ds.get()), rows, cols});
-      got[b].resize(out_bytes);
-      dev.copy_to_host(got[b].data(), dout.get(), out_bytes);
-    }
-    const size_t elem = dtype_bytes(c.dtype, 1);
-    for (size_t i = 0; i < out_bytes; i += elem)
-      ASSERT_EQ(std::memcmp(got[0].data() + i, got[1].data() + i, elem), 0)
+    const Quantized q = quantize(randn(size_t(rows * cols), 0.05f), rows, cols);
+    Buf out = act(std::vector<float>(size_t(rows * cols)));
+    cpu_->dequantize(out.cpu(), q.on(false));
+    gpu_->dequantize(out.gpu(), q.on(true));
+    const std::vector<float> a = read(out, false), b = read(out, true);
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(std::memcmp(&a[i], &b[i], sizeof(float)), 0)
           << weight_storage_name(c.storage) << " -> " << dtype_name(c.dtype) << " [" << rows << ", " << cols
-          << "] element " << i / elem << "; seed " << seed_;
+          << "] element " << i << "; seed " << seed_;
   }
 }
 
@@ -70,60 +83,19 @@ INSTANTIATE_TEST_SUITE_P(Formats, DequantizeParity,
 // quantized_matmul_fwd (the CUDA GEMV on the codes) against the CPU's dequantize + matmul, for 1 to 16
 // input rows (one and two passes of 8), with and without bias; decoding's widths (K a multiple of 64).
 TEST_P(DequantizeParity, QuantizedMatmulEqualsDequantizeThenMatmul) {
-  const DequantCase c = GetParam();
-  const double tol = c.dtype == DType::F32 ? 1e-5 : c.dtype == DType::BF16 ? 2 * 0.0078125 : 2 * 0.0009765625;
+  const double tol = act_ == DType::F32 ? 1e-5 : ulps(act_, 2 * 2);
   for (const auto& [O, K] : {std::pair<int64_t, int64_t>{100, 128}, {2048, 2048}, {512, 8192}}) {
-    const std::vector<float> w = randn(size_t(O * K), 0.05f);
-    std::vector<uint8_t> codes(quantized_code_bytes(c.storage, O, K));
-    std::vector<float> scales(quantized_scale_count(c.storage, O, K));
-    quantize_host(c.storage, w.data(), O, K, codes.data(), scales.data());
+    const Quantized q = quantize(randn(size_t(O * K), 0.05f), O, K);
     for (const int N : {1, 3, 8, 9, 16}) {
+      EXPECT_TRUE(gpu_->quantized_matmul_preferred(q.on(true), N));
       for (const bool with_bias : {false, true}) {
-        const std::vector<float> x = randn(size_t(N * K)), b = randn(size_t(O), 0.5f);
-        std::vector<float> out[2];
-        for (int side = 0; side < 2; ++side) {
-          Device& dev = side == 0 ? *cpu_dev_ : *gpu_dev_;
-          Ops& ops = side == 0 ? *cpu_ : *gpu_;
-          auto put = [&](const std::vector<float>& v) {
-            std::vector<uint8_t> bytes(dtype_bytes(c.dtype, v.size()));
-            for (size_t i = 0; i < v.size(); ++i) {
-              if (c.dtype == DType::F32)
-                std::memcpy(bytes.data() + 4 * i, &v[i], 4);
-              else {
-                const uint16_t h = c.dtype == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
-                std::memcpy(bytes.data() + 2 * i, &h, 2);
-              }
-            }
-            DeviceBuffer buf(dev, bytes.size());
-            dev.copy_to_device(buf.get(), bytes.data(), bytes.size());
-            return buf;
-          };
-          DeviceBuffer dx = put(x), db = put(b), dc(dev, codes.size()), ds(dev, scales.size() * 4),
-                       dy(dev, dtype_bytes(c.dtype, size_t(N * O)));
-          dev.copy_to_device(dc.get(), codes.data(), codes.size());
-          dev.copy_to_device(ds.get(), scales.data(), scales.size() * 4);
-          const QuantizedMatrix m{c.storage, static_cast<const uint8_t*>(dc.get()),
-                                  static_cast<const float*>(ds.get()), O, K};
-          if (side == 1) {
-            EXPECT_TRUE(ops.quantized_matmul_preferred(m, N));
-          }
-          ops.quantized_matmul_fwd(dy.get(), dx.get(), m, with_bias ? db.get() : nullptr, N);
-          std::vector<uint8_t> bytes(dtype_bytes(c.dtype, size_t(N * O)));
-          dev.copy_to_host(bytes.data(), dy.get(), bytes.size());
-          out[side].resize(size_t(N * O));
-          for (size_t i = 0; i < out[side].size(); ++i) {
-            if (c.dtype == DType::F32) {
-              std::memcpy(&out[side][i], bytes.data() + 4 * i, 4);
-            } else {
-              uint16_t h;
-              std::memcpy(&h, bytes.data() + 2 * i, 2);
-              out[side][i] = c.dtype == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h);
-            }
-          }
-        }
-        EXPECT_TRUE(close("quantized_matmul_fwd [" + std::to_string(O) + ", " + std::to_string(K) +
-                              "] N=" + std::to_string(N) + (with_bias ? " bias" : ""),
-                          out[0], out[1], tol));
+        const Buf x = act(randn(size_t(N * K))), b = act(randn(size_t(O), 0.5f));
+        Buf y = act(std::vector<float>(size_t(N * O)));
+        cpu_->quantized_matmul_fwd(y.cpu(), x.cpu(), q.on(false), with_bias ? b.cpu() : nullptr, N);
+        gpu_->quantized_matmul_fwd(y.gpu(), x.gpu(), q.on(true), with_bias ? b.gpu() : nullptr, N);
+        EXPECT_TRUE(same("quantized_matmul_fwd [" + std::to_string(O) + ", " + std::to_string(K) +
+                             "] N=" + std::to_string(N) + (with_bias ? " bias" : ""),
+                         y, tol));
       }
     }
   }
