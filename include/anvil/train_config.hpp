@@ -26,6 +26,14 @@ struct TrainConfig {
   std::string init_from;
   // Comma-separated glob patterns of Hugging Face tensor names that do not train (model/freeze.hpp).
   std::string freeze_parameters;
+  // LoRA (docs/lora.md; PEFT's LoraConfig fields): rank (0: no LoRA; else only the adapters train), alpha,
+  // dropout (0 only), rsLoRA scaling, and the comma-separated target modules ("" : PEFT's default for the
+  // family; "all-linear").
+  int lora_r = 0;
+  double lora_alpha = 8;
+  double lora_dropout = 0;
+  bool use_rslora = false;
+  std::string lora_target_modules;
   // "bytes" (vocab 256), or a tokenizer.json / vocab.txt. Used for the end-of-run sample and copied
   // into checkpoints; "" means "bytes" (or the tokenizer a checkpoint being resumed carries).
   std::string tokenizer;

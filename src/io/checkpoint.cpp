@@ -10,6 +10,7 @@
 #include "io/atomic_dir.hpp"
 #include "io/hf_weights.hpp"
 #include "io/optimizer_state.hpp"
+#include "io/peft_adapter.hpp"
 #include "io/safetensors.hpp"
 
 namespace anvil::io {
@@ -79,6 +80,7 @@ void write_hf_model(const std::string& dir, const Model& model, Device& dev, DTy
   w.set_metadata("format", "pt");
   std::vector<float> transposed;
   for (const ParamTensor& t : layout.tensors()) {
+    if (t.is_adapter()) continue;               // adapter_model.safetensors (below)
     const float* src = host.data() + t.offset;  // the first hf_rows rows of a padded tensor
     if (t.hf_transposed) {
       const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -90,6 +92,7 @@ void write_hf_model(const std::string& dir, const Model& model, Device& dev, DTy
     add_weight(w, path, t.name, t.hf_shape(), src, dtype);  // add() copies: `transposed` may be reused
   }
   w.write(path);
+  write_peft_adapter(dir, layout, host.data());
   json config = model.config().to_hf_json();
   config.erase("torch_dtype");
   config["dtype"] = dtype_field;
@@ -108,6 +111,9 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
   const ParamLayout& layout = model.layout();
   const TransformerConfig& cfg = model.config();
   std::vector<float> host(layout.total_numel(), 0.0f);
+  // With adapters, those the directory lacks keep the values they have (a fresh LoRA on a base model).
+  const bool adapters = layout.lora().enabled();
+  if (adapters) model.download_weights(dev, host.data());
   std::vector<const ParamTensor*> found(layout.tensors().size(), nullptr);
   std::vector<float> tmp;
   for (const auto& [name, _] : files.names()) {
@@ -118,6 +124,8 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
                     files.path_of(name), name, cfg.family);
       continue;
     }
+    ANVIL_REQUIRE(!t->is_adapter(), "{}: tensor '{}' is a LoRA factor: it belongs in {}", files.path_of(name),
+                  name, kAdapterWeightsFile);
     const size_t index = size_t(t - layout.tensors().data());
     ANVIL_REQUIRE(!found[index], "{}: tensor '{}' is stored twice (as '{}' and '{}')", dir, t->name,
                   found[index]->name, name);
@@ -140,8 +148,14 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
     found[index] = t;
   }
   for (size_t i = 0; i < found.size(); ++i)
-    ANVIL_REQUIRE(found[i], "{}: tensor '{}' is missing from the model weights", dir,
-                  layout.tensors()[i].name);
+    ANVIL_REQUIRE(found[i] || layout.tensors()[i].is_adapter(),
+                  "{}: tensor '{}' is missing from the model weights", dir, layout.tensors()[i].name);
+  if (has_peft_adapter(dir)) {
+    if (adapters)
+      read_peft_adapter(dir, layout, host.data());
+    else
+      merge_peft_adapter(dir, layout, host.data());
+  }
   model.upload_weights(dev, host.data());
 }
 

@@ -22,10 +22,10 @@ size_t offset_of(const ParamLayout& l, TensorRole role, int layer) {
 }  // namespace
 
 Decoder::Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool training,
-                 CheckpointPolicy checkpointing, OpsPrecision precision)
+                 CheckpointPolicy checkpointing, OpsPrecision precision, const LoraConfig& lora)
     : cfg_((cfg.validate(), std::move(cfg))),
       spec_(ArchSpec::of(cfg_)),
-      store_(ParamLayout::decoder(cfg_), precision, training),
+      store_(ParamLayout::decoder(cfg_, lora), precision, training),
       B_(max_batch),
       T_(max_seq),
       training_(training),
@@ -53,6 +53,21 @@ Decoder::Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool trainin
     layer_offsets_.push_back({at(R::Norm1Weight), at(R::Norm1Bias), at(R::QkvWeight), at(R::QkvBias),
                               at(R::OutWeight), at(R::OutBias), at(R::Norm2Weight), at(R::Norm2Bias),
                               at(R::MlpInWeight), at(R::MlpInBias), at(R::MlpOutWeight), at(R::MlpOutBias)});
+  }
+  // Each LoRA factor pair goes to the Linear whose fused matrix holds the weight it adapts.
+  lora_slots_.resize(size_t(spec_.n_layer));
+  for (const ParamTensor& t : l.tensors()) {
+    if (t.role != R::LoraA) continue;
+    const ParamTensor& w = l.tensors()[size_t(t.adapts)];
+    const ParamTensor* b = &t + 1;
+    ANVIL_ASSERT(b->role == R::LoraB && b->adapts == t.adapts, "LoRA factor {} without its B", t.name);
+    const LayerTensors<size_t>& o = layer_offsets_[size_t(t.layer)];
+    const size_t starts[4] = {o.qkvw, o.attprojw, o.fcw, o.fcprojw};
+    int k = 3;
+    while (k > 0 && starts[k] > w.offset) --k;
+    const size_t in = size_t(w.shape[1]);
+    lora_slots_[size_t(t.layer)][size_t(k)].push_back(
+        {t.offset, b->offset, int((w.offset - starts[k]) / in), int(w.shape[0])});
   }
   ANVIL_REQUIRE(max_batch >= 1, "batch size must be >= 1, got {}", max_batch);
   ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
@@ -102,6 +117,9 @@ void Decoder::plan_memory(MemoryPlan& plan, DeviceKind backend) {
                attention_scratch_bytes(backend, store_.precision().compute, attention_shape(B_, T_), false));
   if (spec_.positions == PositionKind::Rope)
     i_inv_freq_ = plan.add("rope frequencies", M::Weights, size_t(spec_.HS / 2) * f);
+  if (store_.layout().lora().enabled())
+    i_lora_scratch_ = plan.add("LoRA scratch", M::Workspace,
+                               LoraAdapter::scratch_elements(int(BT), store_.layout().lora().r) * a);
   if (training_) {
     i_dres_ = plan.add("residual gradient", M::Workspace, BT * C * a);
     i_d4c_ = plan.add("mlp gradient", M::Workspace, BT * FI * a);
@@ -131,6 +149,7 @@ void Decoder::bind(const Arena& ar) {
   losses_ = ar.get<float>(i_losses_);
   tmp_c_ = ar.get<void>(i_tmp_c_), attn_scratch_ = ar.get<void>(i_attn_scratch_);
   if (i_inv_freq_ != SIZE_MAX) inv_freq_ = ar.get<float>(i_inv_freq_);
+  if (i_lora_scratch_ != SIZE_MAX) lora_scratch_ = ar.get<void>(i_lora_scratch_);
   if (training_) {
     dres_ = ar.get<void>(i_dres_), d4c_ = ar.get<void>(i_d4c_), dqkv_ = ar.get<void>(i_dqkv_);
     if (i_dact_ != SIZE_MAX) dact_ = ar.get<void>(i_dact_);
@@ -236,8 +255,25 @@ Decoder::BlockLinears Decoder::block_linears(int l, bool with_grads) const {
                : base;
   };
   const int C = spec_.C;
-  return {lin(o.qkvw, o.qkvb, C, spec_.qkv_width()), lin(o.attprojw, o.attprojb, spec_.q_width(), C),
-          lin(o.fcw, o.fcb, C, spec_.mlp_in_width()), lin(o.fcprojw, o.fcprojb, spec_.ffn, C)};
+  BlockLinears out{lin(o.qkvw, o.qkvb, C, spec_.qkv_width()), lin(o.attprojw, o.attprojb, spec_.q_width(), C),
+                   lin(o.fcw, o.fcb, C, spec_.mlp_in_width()), lin(o.fcprojw, o.fcprojb, spec_.ffn, C)};
+  if (!lora_scratch_) return out;
+  Linear* linears[4] = {&out.qkv, &out.out, &out.mlp_in, &out.mlp_out};
+  const LoraConfig& lora = store_.layout().lora();
+  for (size_t k = 0; k < 4; ++k) {
+    std::vector<LoraPart> parts;
+    for (const LoraSlot& s : lora_slots_[size_t(l)][k]) {
+      const bool grads = with_grads && store_.layout().any_trainable({s.a, s.a + 1});
+      parts.push_back({s.first, s.rows, store_.weight_at(s.a), store_.weight_at(s.b),
+                       grads ? store_.grad_at(s.a) : nullptr, grads ? store_.grad_at(s.b) : nullptr});
+    }
+    if (parts.empty()) continue;
+    Linear& base = *linears[k];
+    adapters_[k] =
+        LoraAdapter(std::move(parts), base.in(), base.out(), lora.r, lora.scale(), lora_scratch_, pr);
+    base = base.with_adapter(&adapters_[k]);
+  }
+  return out;
 }
 
 Linear Decoder::head_linear(bool with_grads) const {

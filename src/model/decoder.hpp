@@ -28,6 +28,7 @@
 #include "model/linear.hpp"
 #include "model/model.hpp"
 #include "model/param_store.hpp"
+#include "peft/lora_adapter.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/step_profiler.hpp"
 
@@ -39,8 +40,10 @@ class Decoder final : public Model {
  public:
   // `max_batch` x `max_seq` is the largest input forward() will see. With `training`, gradients and the
   // backward workspace are planned too.
+  // `lora` (enabled: r > 0) adds LoRA adapters to the block Linears it targets and freezes every other tensor
+  // (ParamLayout::decoder).
   Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool training,
-          CheckpointPolicy checkpointing = {}, OpsPrecision precision = {});
+          CheckpointPolicy checkpointing = {}, OpsPrecision precision = {}, const LoraConfig& lora = {});
 
   // Adds the model's buffers; `backend` sizes the attention scratch (no device is needed to plan).
   void plan_memory(MemoryPlan& plan, DeviceKind backend) override;
@@ -156,7 +159,20 @@ class Decoder final : public Model {
   struct BlockLinears {
     Linear qkv, out, mlp_in, mlp_out;
   };
+  // With LoRA, the Linears carry their adapters (adapters_ of block l, valid until the next call).
   BlockLinears block_linears(int l, bool with_grads) const;
+  // LoRA (peft/lora_adapter.hpp): per block and Linear (qkv, out, mlp_in, mlp_out), the adapted parts (the
+  // offsets of A and B in the flat layout, the output rows they add to); the adapters block_linears hands
+  // out, rebuilt from the store's current views on each call (ZeRO may move them between units); the
+  // adapters' shared scratch.
+  struct LoraSlot {
+    size_t a = 0, b = 0;
+    int first = 0, rows = 0;
+  };
+  std::vector<std::array<std::vector<LoraSlot>, 4>> lora_slots_;
+  mutable std::array<LoraAdapter, 4> adapters_;
+  void* lora_scratch_ = nullptr;
+  size_t i_lora_scratch_ = SIZE_MAX;
   // The LM head [padded vocab, C] (the token embedding when tied), with its gradient when `with_grads`.
   Linear head_linear(bool with_grads) const;
 

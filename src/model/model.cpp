@@ -7,12 +7,18 @@ namespace anvil {
 
 std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, int max_seq, bool training,
                                   CheckpointPolicy checkpointing, OpsPrecision precision,
-                                  bool share_grad_memory) {
+                                  bool share_grad_memory, const LoraConfig& lora) {
   cfg.validate();  // names an unknown family before either constructor sees it
-  if (cfg.is_bert())
+  validate_lora_config(lora);
+  if (cfg.is_bert()) {
+    ANVIL_REQUIRE(!lora.enabled(),
+                  "LoRA (lora_r {}) is for the decoder families (gpt2, llama, qwen2, mistral) for now, not "
+                  "bert; fine-tune the BERT classifier whole, or freeze its encoder (freeze_parameters)",
+                  lora.r);
     return std::make_unique<BertModel>(cfg, max_batch, max_seq, training, checkpointing, precision,
                                        share_grad_memory);
-  return std::make_unique<Decoder>(cfg, max_batch, max_seq, training, checkpointing, precision);
+  }
+  return std::make_unique<Decoder>(cfg, max_batch, max_seq, training, checkpointing, precision, lora);
 }
 
 void quantize_model(Model& model, WeightStorage s) {

@@ -117,9 +117,10 @@ void quantize_model(Model& model, WeightStorage s);
 // The model of cfg.family (the decoder families: Decoder; "bert": BertModel), planned for inputs up to
 // max_batch x max_seq; with `training`, gradients and the backward workspace too. `share_grad_memory` asks
 // for gradients in dead activation memory (grads_share_activations); only the BERT family does it, decoders
-// ignore it.
+// ignore it. `lora` (enabled: r > 0; decoders only) adds LoRA adapters and freezes the rest
+// (ParamLayout::decoder).
 std::unique_ptr<Model> make_model(const TransformerConfig& cfg, int max_batch, int max_seq, bool training,
                                   CheckpointPolicy checkpointing = {}, OpsPrecision precision = {},
-                                  bool share_grad_memory = false);
+                                  bool share_grad_memory = false, const LoraConfig& lora = {});
 
 }  // namespace anvil

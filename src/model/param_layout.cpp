@@ -1,5 +1,7 @@
 #include "model/param_layout.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -36,7 +38,7 @@ std::vector<int64_t> ParamTensor::hf_shape() const {
   return s;
 }
 
-ParamLayout ParamLayout::decoder(const TransformerConfig& cfg) {
+ParamLayout ParamLayout::decoder(const TransformerConfig& cfg, const LoraConfig& lora) {
   using I = ParamTensor::Init;
   using R = TensorRole;
   const ArchSpec s = ArchSpec::of(cfg);
@@ -44,6 +46,10 @@ ParamLayout ParamLayout::decoder(const TransformerConfig& cfg) {
   const int64_t C = s.C, F = s.ffn, Q = s.q_width(), KV = s.kv_width();
   const bool T = n.matrices_transposed;
   ParamLayout l;
+  l.lora_ = lora;
+  const std::vector<std::string> targets =
+      lora.enabled() ? lora_targets(lora, cfg.family) : std::vector<std::string>{};
+  std::vector<bool> target_used(targets.size(), false);
   l.hf_ignored_suffixes_ = n.ignored_suffixes;
   // Tensors of a tied head are the embedding's: a file may still hold the head (HF ignores it then).
   if (s.tied_head && !n.head.empty()) l.hf_ignored_suffixes_.push_back(n.head + ".weight");
@@ -75,7 +81,21 @@ ParamLayout ParamLayout::decoder(const TransformerConfig& cfg) {
     tensor(p + n.out + ".weight", {C, Q}, true, I::NormalResidual, R::OutWeight, i, T);
     for (size_t k = 0; k < n.mlp_in.size(); ++k)
       tensor(p + n.mlp_in[k] + ".weight", {mlp_rows[k], C}, true, I::Normal, R::MlpInWeight, i, T);
-    tensor(p + n.mlp_out + ".weight", {C, F}, true, I::NormalResidual, R::MlpOutWeight, i, T);
+    const size_t last_matrix =
+        tensor(p + n.mlp_out + ".weight", {C, F}, true, I::NormalResidual, R::MlpOutWeight, i, T) -
+        l.tensors_.data();
+    // LoRA factors of the targeted matrices (they take weight decay, as PEFT's under HF Trainer do).
+    for (size_t m = l.units_.back().tensors.front(); lora.enabled() && m <= last_matrix; ++m) {
+      const std::string module = l.tensors_[m].name.substr(0, l.tensors_[m].name.size() - 7);  // ".weight"
+      bool hit = false;
+      for (size_t k = 0; k < targets.size(); ++k)
+        if (lora_targets_module({targets[k]}, module)) hit = target_used[k] = true;
+      if (!hit) continue;
+      const int64_t out = l.tensors_[m].shape[0], in = l.tensors_[m].shape[1];
+      const std::string peft = "base_model.model." + module;
+      tensor(peft + ".lora_A.weight", {lora.r, in}, true, I::LoraA, R::LoraA, i, false)->adapts = int(m);
+      tensor(peft + ".lora_B.weight", {out, lora.r}, true, I::Zeros, R::LoraB, i, false)->adapts = int(m);
+    }
     tensor(p + n.norm1 + ".weight", {C}, false, I::Ones, R::Norm1Weight, i, false);
     if (s.norm_has_bias()) tensor(p + n.norm1 + ".bias", {C}, false, I::Zeros, R::Norm1Bias, i, false);
     if (s.qkv_bias)
@@ -96,7 +116,23 @@ ParamLayout ParamLayout::decoder(const TransformerConfig& cfg) {
         s.vocab;
   tensor(n.final_norm + ".weight", {C}, false, I::Ones, R::FinalNormWeight, -1, false);
   if (s.norm_has_bias()) tensor(n.final_norm + ".bias", {C}, false, I::Zeros, R::FinalNormBias, -1, false);
+  for (size_t k = 0; k < targets.size(); ++k)
+    ANVIL_REQUIRE(target_used[k] || targets[k] == "all-linear",
+                  "lora_target_modules: '{}' names no Linear module of this {} model (its block modules: {}, "
+                  "{}, {}, {})",
+                  targets[k], cfg.family, fmt::join(n.qkv, ", "), n.out, fmt::join(n.mlp_in, ", "),
+                  n.mlp_out);
+  if (lora.enabled())
+    for (ParamTensor& t : l.tensors_) t.trainable = t.is_adapter();
   return l;
+}
+
+std::vector<std::string> ParamLayout::lora_modules() const {
+  std::vector<std::string> out;
+  for (const ParamTensor& t : tensors_)
+    if (t.role == TensorRole::LoraA)
+      out.push_back(tensors_[size_t(t.adapts)].name.substr(0, tensors_[size_t(t.adapts)].name.size() - 7));
+  return out;
 }
 
 ParamLayout ParamLayout::bert(const TransformerConfig& cfg) {

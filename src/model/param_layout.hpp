@@ -45,6 +45,7 @@
 #include "anvil/model_config.hpp"
 #include "anvil/tensor.hpp"
 #include "kernels/quantization.hpp"
+#include "peft/lora_config.hpp"
 
 namespace anvil {
 
@@ -69,6 +70,8 @@ enum class TensorRole {
   FinalNormWeight,
   FinalNormBias,
   HeadWeight,  // an untied LM head
+  LoraA,       // a LoRA adapter's factors (peft/lora_config.hpp): A [r, in] and B [rows, r] of the tensor
+  LoraB,       // ParamTensor::adapts
 };
 
 struct ParamTensor {
@@ -77,7 +80,8 @@ struct ParamTensor {
   size_t offset = 0;           // in floats, from the start of the whole flat buffer
   bool decay = false;          // takes weight decay
   bool hf_transposed = false;  // Hugging Face stores it [in, out] (GPT-2's Conv1D)
-  enum class Init { Normal, NormalResidual, Zeros, Ones } init = Init::Zeros;
+  // LoraA: uniform in +-1/sqrt(in) (PEFT's kaiming_uniform, a = sqrt(5)), from its own random stream.
+  enum class Init { Normal, NormalResidual, Zeros, Ones, LoraA } init = Init::Zeros;
   TensorRole role = TensorRole::Other;
   int layer = -1;  // the block it belongs to, or -1
   // Rows Hugging Face stores (the real vocabulary of a padded embedding or head); -1: all. The rows past it
@@ -89,6 +93,10 @@ struct ParamTensor {
   bool trainable = true;
   // How the store keeps it: the compute type, or quantized (a frozen Linear weight; model/quantized_weights).
   WeightStorage storage = WeightStorage::Compute;
+  // A LoRA factor (role LoraA / LoraB): the index of the weight it adapts; -1 otherwise. Adapter tensors
+  // are saved in PEFT's adapter files, not in model.safetensors (io/checkpoint.hpp).
+  int adapts = -1;
+  bool is_adapter() const { return adapts >= 0; }
   size_t numel() const { return size_t(shape.numel()); }
   // Its Hugging Face shape: transposed for hf_transposed, hf_rows rows.
   std::vector<int64_t> hf_shape() const;
@@ -122,8 +130,11 @@ struct TensorPart {
 
 class ParamLayout {
  public:
-  // The causal-LM decoders (gpt2, llama, qwen2, mistral: model/arch_spec.hpp), and BERT.
-  static ParamLayout decoder(const TransformerConfig& cfg);
+  // The causal-LM decoders (gpt2, llama, qwen2, mistral: model/arch_spec.hpp), and BERT. With `lora`
+  // enabled, each block also holds the LoRA factors of the Linear weights lora's targets name, after the
+  // block's matrices (A then B per weight, in the weights' order), and every other tensor is frozen; a
+  // target that names no module is an error.
+  static ParamLayout decoder(const TransformerConfig& cfg, const LoraConfig& lora = {});
   static ParamLayout bert(const TransformerConfig& cfg);
 
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -158,6 +169,10 @@ class ParamLayout {
   // The first unit holding a trainable tensor (the unit count when none does): a model's backward may stop
   // above it, no gradient being needed below.
   int first_trainable_unit() const;
+  // The LoRA configuration the layout was built with (r == 0: none), and the modules it adapts (Hugging
+  // Face module names, in layout order).
+  const LoraConfig& lora() const { return lora_; }
+  std::vector<std::string> lora_modules() const;
 
  private:
   void begin_unit(std::string name);
@@ -167,6 +182,7 @@ class ParamLayout {
   std::vector<std::string> hf_ignored_suffixes_;
   std::vector<ParamUnit> units_;
   size_t total_ = 0;
+  LoraConfig lora_;
 };
 
 }  // namespace anvil

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@ namespace anvil {
 
 ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training)
     : layout_(std::move(layout)),
+      frozen_(layout_.frozen_ranges()),  // a LoRA layout comes with its base frozen
       master_range_(layout_.all()),
       precision_(precision),
       training_(training),
@@ -405,6 +407,7 @@ void ParamStore::read_weights(Device& dev, float* values, size_t n) const {
 // stream in order.
 void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
   constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // splitmix64's increment (anvil/rng.hpp)
+  constexpr uint64_t kLoraStream = 0x4C6F52414C6F5241ull;
   const ParamRange r = weights_sharded_ ? master_range_ : layout_.all();
   std::vector<float> values(r.numel(), 0.0f);
   uint64_t drawn = 0;  // normals drawn before the tensor
@@ -425,6 +428,15 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
         }
       } else if (t.init == ParamTensor::Init::Ones) {
         std::fill_n(p, hi - lo, 1.0f);
+      } else if (t.init == ParamTensor::Init::LoraA) {
+        // Uniform in +-1/sqrt(in), element k of the tensor from its own stream (seed, tensor offset): the
+        // base tensors' normals do not depend on whether adapters are there.
+        const float bound = 1.0f / std::sqrt(float(row));
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < int64_t(hi - lo); ++i) {
+          Rng g((seed ^ kLoraStream) + 2 * (lo + uint64_t(i)) * kGolden);
+          p[i] = bound * (2.0f * g.uniform() - 1.0f);
+        }
       }
     }
     if (normal) drawn += n;

@@ -48,6 +48,31 @@ const std::vector<ConfigKeyDoc> kKeys = {
          R"md(Parameters that do not train (PyTorch's `requires_grad_(False)`): comma-separated glob patterns over the Hugging Face tensor names (`*` any characters, `?` one, `[0-7]` one of a set), e.g. `model.embed_tokens.weight,model.layers.[0-7].*`. Frozen tensors keep their values exactly: the optimizer skips them and keeps no state for them, their gradients count in neither the gradient norm nor the update, and the decoder skips their weight-gradient matmuls. Their gradient and master-weight memory is still planned (the flat layout). A pattern that matches nothing, or patterns that match every tensor, are errors; not with `stochastic_rounding` (it would re-round the frozen bf16 weights every step). See [models.md](models.md#freezing-parameters).)md",
      .summary = "Comma-separated glob patterns of Hugging Face tensor names that do not train (e.g. "
                 "`model.layers.[0-7].*`)."},
+    {.key = "lora_r",
+     .section = "Model",
+     .type = "int",
+     .meaning =
+         R"md(LoRA's rank (PEFT's `r`): with `lora_r` > 0 the targeted Linear weights of every block get a trainable low-rank update `s (x A^T) B^T` (A [r, in], B [out, r], s = `lora_alpha / lora_r`), and every other tensor is frozen. Checkpoints hold the base model (`model.safetensors`) and the adapters as PEFT writes them (`adapter_model.safetensors`, `adapter_config.json`). Decoder families only. 0: no LoRA. See [lora.md](lora.md).)md",
+     .summary = "LoRA rank (0: off): train low-rank adapters of the targeted Linears only (docs/lora.md)."},
+    {.key = "lora_alpha",
+     .section = "Model",
+     .type = "float",
+     .meaning = R"md(LoRA's `lora_alpha`: the adapters' term is scaled by `lora_alpha / lora_r` (> 0).)md"},
+    {.key = "lora_dropout",
+     .section = "Model",
+     .type = "float",
+     .meaning =
+         R"md(LoRA's `lora_dropout`. Only 0 is supported so far (the adapters train without dropout on their input); another value is an error.)md"},
+    {.key = "use_rslora",
+     .section = "Model",
+     .type = "bool",
+     .meaning = R"md(Rank-stabilised LoRA: scale by `lora_alpha / sqrt(lora_r)` instead of `lora_alpha / lora_r`.)md"},
+    {.key = "lora_target_modules",
+     .section = "Model",
+     .type = "string",
+     .meaning =
+         R"md(The Linear modules that get adapters, comma-separated, matched as PEFT's `target_modules` (a module's name or its last parts: `q_proj` matches `model.layers.3.self_attn.q_proj`), or `all-linear` (every Linear of the blocks). Llama, Qwen2, Mistral: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`; GPT-2: `c_attn`, `c_proj` (both the attention's and the MLP's), `c_fc`. A name that matches no module is an error.)md",
+     .default_text = "`\"\"` (PEFT's default: `q_proj,v_proj`; GPT-2 `c_attn`)"},
     // -----------------------------------------------------------------------------------------------
     // Data
     {

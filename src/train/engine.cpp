@@ -74,6 +74,7 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   if (o.zero_stage >= 2 && rc.backward_grad_dtype != rc.grad_dtype())
     o.unit_grad_dtype = rc.backward_grad_dtype;
   o.freeze = split_patterns(cfg.freeze_parameters);
+  o.lora = lora_config(cfg);
   return o;
 }
 
@@ -112,6 +113,16 @@ std::optional<ParamRange> zero_shard(const EngineOptions& o, const ParamLayout& 
   if (o.zero_rank >= 0) return p.shard(o.zero_rank);
   const std::vector<size_t> counts = p.counts();
   return p.shard(int(std::max_element(counts.begin(), counts.end()) - counts.begin()));
+}
+
+LoraConfig lora_config(const TrainConfig& c) {
+  LoraConfig l;
+  l.r = c.lora_r;
+  l.alpha = c.lora_alpha;
+  l.dropout = c.lora_dropout;
+  l.rslora = c.use_rslora;
+  l.target_modules = split_patterns(c.lora_target_modules);
+  return l;
 }
 
 OptimizerHyper optimizer_hyper(const TrainConfig& c) {
@@ -208,7 +219,7 @@ void ensure_plan_fits(const MemoryPlan& plan, const Device& dev) {
 
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o) {
   const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
-                                                  ops_precision(o), o.share_grad_memory);
+                                                  ops_precision(o), o.share_grad_memory, o.lora);
   std::unique_ptr<Optimizer> opt;
   apply_parameter_options(o, *model);
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
@@ -228,7 +239,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     : device_(std::move(device)) {
   ANVIL_ASSERT(device_ && device_->kind() == o.device, "Engine: the device is not of the planned kind");
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
-                      o.share_grad_memory);
+                      o.share_grad_memory, o.lora);
   apply_parameter_options(o, *model_);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
   apply_data_parallel(o, *model_);

@@ -63,6 +63,8 @@ struct EngineOptions {
   std::vector<std::string> freeze;
   // Inference: the block Linear weights kept quantized (int8 / NF4; quantize_model); Compute: none.
   WeightStorage weight_storage = WeightStorage::Compute;
+  // LoRA adapters (lora_r > 0): the model is made with them and only they train (peft/lora_config.hpp).
+  LoraConfig lora;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the
@@ -79,6 +81,9 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
 
 // The optimizer hyper-parameters of a config (optim and its keys).
 OptimizerHyper optimizer_hyper(const TrainConfig& cfg);
+// The LoRA settings of a training config (lora_r, lora_alpha, lora_dropout, use_rslora,
+// lora_target_modules).
+LoraConfig lora_config(const TrainConfig& cfg);
 
 // Resolves "auto" | "cpu" | "cuda" to a device kind ("auto": CUDA when a GPU is visible).
 DeviceKind resolve_device(const std::string& name);

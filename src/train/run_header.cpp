@@ -1,5 +1,7 @@
 #include "train/run_header.hpp"
 
+#include <fmt/ranges.h>
+
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_dir.hpp"
@@ -7,6 +9,7 @@
 #include "train/deepspeed_config.hpp"
 
 namespace anvil {
+
 namespace {
 
 std::string precision_description(const RunHeader& h, DeviceKind device) {
@@ -71,9 +74,20 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
     fmt::print("  dropout: hidden {}, attention probabilities {}, classifier {}\n", m.hidden_dropout_prob,
                m.attention_probs_dropout_prob, m.classifier_dropout_prob());
   if (dev.kind() == DeviceKind::CUDA) print_cuda_paths(h, e);
-  if (e.model().param_store().has_frozen()) {
-    const FrozenCount f = count_frozen(e.model().layout());
-    const size_t all = e.model().layout().total_numel();
+  const ParamLayout& layout = e.model().layout();
+  if (layout.lora().enabled()) {
+    const LoraConfig& l = layout.lora();
+    const FrozenCount f = count_frozen(layout);
+    const size_t all = layout.total_numel();
+    // PEFT's print_trainable_parameters: the adapters against every parameter, adapters included.
+    fmt::print(
+        "  LoRA: r {}, lora_alpha {} (scale {:.4g}), {} modules ({}); trainable {} of {} parameters "
+        "({:.4f}%)\n",
+        l.r, l.alpha, l.scale(), layout.lora_modules().size(), fmt::join(lora_targets(l, m.family), ", "),
+        all - f.numel, all, 100.0 * double(all - f.numel) / double(all));
+  } else if (e.model().param_store().has_frozen()) {
+    const FrozenCount f = count_frozen(layout);
+    const size_t all = layout.total_numel();
     fmt::print("  frozen (freeze_parameters): {} tensors, {} of {} parameters; {} train\n", f.tensors,
                f.numel, all, all - f.numel);
   }

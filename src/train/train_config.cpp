@@ -227,6 +227,11 @@ const std::map<std::string, Setter>& setters() {
     };
     str_field("init_from", &TrainConfig::init_from);
     str_field("freeze_parameters", &TrainConfig::freeze_parameters);
+    int_field("lora_r", &TrainConfig::lora_r);
+    num_field("lora_alpha", &TrainConfig::lora_alpha);
+    num_field("lora_dropout", &TrainConfig::lora_dropout);
+    bool_field("use_rslora", &TrainConfig::use_rslora);
+    str_field("lora_target_modules", &TrainConfig::lora_target_modules);
     str_field("tokenizer", &TrainConfig::tokenizer);
     str_field("train_data", &TrainConfig::train_data);
     str_field("val_data", &TrainConfig::val_data);
@@ -603,6 +608,24 @@ void TrainConfig::validate(const std::string& s) const {
                 "re-rounds every bf16 weight from its master weight at each step, so frozen weights would "
                 "move; remove one of them",
                 blame({"stochastic_rounding", "freeze_parameters"}));
+  ANVIL_REQUIRE(lora_r >= 0, "{} must be >= 0 (0: no LoRA), got {}", subject("lora_r"), lora_r);
+  if (lora_r > 0) {
+    ANVIL_REQUIRE(std::isfinite(lora_alpha) && lora_alpha > 0, "{} must be > 0, got {}",
+                  subject("lora_alpha"), lora_alpha);
+    ANVIL_REQUIRE(lora_dropout == 0,
+                  "{} {} is not supported yet (the adapters train without dropout on their input); set it to "
+                  "0",
+                  subject("lora_dropout"), lora_dropout);
+    ANVIL_REQUIRE(!model.is_bert(),
+                  "{}: LoRA is for the decoder families (gpt2, llama, qwen2, mistral) for now, not bert; "
+                  "fine-tune the classifier whole, or freeze its encoder (freeze_parameters)",
+                  blame({"lora_r", "model"}));
+    ANVIL_REQUIRE(!stochastic_rounding,
+                  "{}: stochastic_rounding and LoRA cannot be combined: stochastic rounding re-rounds every "
+                  "bf16 weight from its master weight at each step, so the frozen base would move; remove "
+                  "stochastic_rounding",
+                  blame({"stochastic_rounding", "lora_r"}));
+  }
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
   ANVIL_REQUIRE(communication_data_type.empty() || communication_data_type == "fp32" ||
@@ -684,6 +707,11 @@ json TrainConfig::to_json() const {
   return {{"model", m},
           {"init_from", init_from},
           {"freeze_parameters", freeze_parameters},
+          {"lora_r", lora_r},
+          {"lora_alpha", lora_alpha},
+          {"lora_dropout", lora_dropout},
+          {"use_rslora", use_rslora},
+          {"lora_target_modules", lora_target_modules},
           {"tokenizer", tokenizer},
           {"train_data", train_data},
           {"val_data", val_data},

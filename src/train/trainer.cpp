@@ -283,7 +283,9 @@ void Run::open_loaders() {
 
 void Run::load_weights() {
   Engine& e = *engine_;
-  if (weights_from_.empty() || task_->init_before_load()) e.model().init_weights(cfg_.seed, e.device());
+  // LoRA adapters start from their initialisation unless the directory holds them too.
+  if (weights_from_.empty() || task_->init_before_load() || e.model().layout().lora().enabled())
+    e.model().init_weights(cfg_.seed, e.device());
   if (weights_from_.empty()) return;
   const io::BertLoadReport report = io::load_model_weights(weights_from_, e.model(), e.device());
   if (!report.kept.empty())

@@ -163,6 +163,8 @@ void quantized_matmul_fwd(DType act, void* y, const void* x, const QuantizedMatr
                           int N);
 
 void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K, int OC);
+// Ops::gemm: C in `act`, or in `grad` with g.c_grad.
+void gemm(DType act, DType grad, const GemmSpec& g);
 // dw_overwrite: dw = dout^T inp instead of dw += dout^T inp (dbias always accumulates).
 void matmul_bwd(DType act, DType grad, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
                 const void* w, int N, int K, int OC, bool dw_overwrite = false);

@@ -70,6 +70,7 @@ class CpuOps final : public Ops {
     cpu::matmul_bwd(p_.compute, p_.grad, dinp, dw, dbias, dout, inp, w, N, K, OC,
                     dw_write == GradWrite::Overwrite);
   }
+  void gemm(const GemmSpec& g) override { cpu::gemm(p_.compute, p_.grad, g); }
   // The CPU composes the unfused ops (bit-identical to running them one after the other).
   void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int K,
                        int OC) override {

@@ -123,7 +123,60 @@ void matmul_bwd_t(void* dinp_, void* dw_, void* dbias_, const void* dout_, const
   }
 }
 
+// The [rows, cols] matrix at x with row stride ld (elements) as contiguous fp32 (x itself when it is fp32
+// and contiguous), in the calling thread's scratch `slot`.
+template <DType D>
+const float* widened_strided(const storage_t<D>* x, int rows, int cols, int64_t ld, ScratchSlot slot) {
+  if constexpr (D == DType::F32)
+    if (ld == cols) return x;
+  float* f = thread_scratch<float>(slot, size_t(rows) * cols);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) f[r * cols + c] = Storage<D>::load(x[r * ld + c]);
+  return f;
+}
+
+template <DType A, DType CT>
+void gemm_t(const GemmSpec& g) {
+  const int a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  const float* a = widened_strided<A>(static_cast<const storage_t<A>*>(g.a), a_rows, a_cols,
+                                      g.lda ? g.lda : a_cols, kScratchA);
+  const float* b = widened_strided<A>(static_cast<const storage_t<A>*>(g.b), b_rows, b_cols,
+                                      g.ldb ? g.ldb : b_cols, kScratchB);
+  auto* c = static_cast<storage_t<CT>*>(g.c);
+  const int64_t ldc = g.ldc ? g.ldc : g.n;
+  const auto ta = g.trans_a ? CblasTrans : CblasNoTrans, tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (CT == DType::F32) {
+    cblas_sgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, g.alpha, a, a_cols, b, b_cols, g.beta, c, int(ldc));
+  } else {
+    // C widened (when beta reads it), computed in fp32, rounded once into storage.
+    float* acc = thread_scratch<float>(kScratchC, size_t(g.m) * g.n);
+    if (g.beta != 0.0f) {
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < g.m; ++r)
+        for (int col = 0; col < g.n; ++col) acc[r * g.n + col] = Storage<CT>::load(c[r * ldc + col]);
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, g.m, g.n, g.k, g.alpha, a, a_cols, b, b_cols, g.beta, acc, g.n);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int col = 0; col < g.n; ++col) c[r * ldc + col] = Storage<CT>::store(acc[r * g.n + col]);
+  }
+}
+
 }  // namespace
+
+void gemm(DType act, DType grad, const GemmSpec& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0 && g.beta == 1.0f) return;
+  dispatch_float(act, [&](auto a) {
+    constexpr DType A = decltype(a)::value;
+    if (!g.c_grad || grad == A)
+      gemm_t<A, A>(g);
+    else
+      gemm_t<A, DType::F32>(g);
+  });
+}
 
 void matmul_fwd(DType act, void* out, const void* inp, const void* w, const void* bias, int N, int K,
                 int OC) {

@@ -169,6 +169,15 @@ class CudaOps final : public Ops {
                   int K, int OC, GradWrite dw_write) override {
     matmul_bwd_impl(dinp, dw, dbias, dout, inp, w, nullptr, N, K, OC, dw_write);
   }
+  void gemm(const GemmSpec& s) override {
+    if (s.m == 0 || s.n == 0) return;
+    cuda::GemmArgs g;
+    g.a = s.a, g.trans_a = s.trans_a, g.b = s.b, g.trans_b = s.trans_b, g.c = s.c;
+    g.m = s.m, g.n = s.n, g.k = s.k, g.alpha = s.alpha, g.beta = s.beta;
+    g.lda = s.lda, g.ldb = s.ldb, g.ldc = s.ldc;
+    g.ab_type = act_, g.c_type = s.c_grad ? grad_ : act_;
+    gemm_.run(stream_, g);
+  }
   void matmul_gelu_fwd(void* out, void* pre, const void* inp, const void* w, const void* bias, int N, int K,
                        int OC) override {
     cuda::GemmArgs g;

@@ -1,17 +1,36 @@
 // Linear ops: the GEMM of a Linear layer (out = inp @ w^T + bias) and its backward, and the MLP's fused
 // GELU forms (matmul_gelu_fwd, matmul_bwd_dgelu: on CUDA the GELU runs in the GEMM's epilogue; the CPU
-// reference composes matmul and gelu).
+// reference composes matmul and gelu), and a general strided GEMM (gemm) for adapters.
 //
 // Part of the Ops contract (kernels/ops.hpp: memory, storage types, the `[grad]` pointer marks, and the
 // gradient convention: parameter gradients accumulate, activation gradients are overwritten unless a
 // comment says otherwise). Ops inherits this interface; CpuOps and CudaOps implement it.
 #pragma once
+#include <cstdint>
 
 namespace anvil {
 
 // How a weight gradient is written: added to what the buffer holds (gradient accumulation over
 // micro-batches), or written over it (its one write of the step, when the buffer was not zeroed).
 enum class GradWrite { Accumulate, Overwrite };
+
+// A plain GEMM over row-major matrices: C[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C, where op(A) is A
+// [m,k] or, with trans_a, the transpose of A stored [k,m] (B likewise: [k,n] or, with trans_b, [n,k]).
+// lda, ldb, ldc are the row strides as stored, in elements (0: the rows are contiguous), so an operand may be
+// a column block of a wider matrix. A and B are in the compute type; C in the compute type, or [grad] in the
+// gradient type with c_grad. With beta == 0, C is not read (it may hold anything, NaN included). C must not
+// overlap A or B.
+struct GemmSpec {
+  const void* a = nullptr;
+  bool trans_a = false;
+  const void* b = nullptr;
+  bool trans_b = false;
+  void* c = nullptr;
+  bool c_grad = false;
+  int m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.f, beta = 0.f;
+};
 
 class LinearOps {
  public:
@@ -34,6 +53,10 @@ class LinearOps {
   virtual void matmul_bwd_dgelu(void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
                                 const void* w, const void* gelu_pre, int N, int K, int OC,
                                 GradWrite dw_write = GradWrite::Accumulate) = 0;
+  // The GEMM of `g` (GemmSpec), for the products the fixed-shape ops above do not cover: a LoRA adapter's
+  // low-rank factors (peft/lora_adapter.hpp), which write into column blocks of a fused output and add into
+  // outputs and gradients that hold values already.
+  virtual void gemm(const GemmSpec& g) = 0;
 };
 
 }  // namespace anvil

@@ -1,0 +1,555 @@
+// LoRA (peft/lora_config.hpp, peft/lora_adapter.hpp, io/peft_adapter.hpp) on the CPU: the strided GEMM op the
+// adapters run on, the configuration and PEFT's adapter_config.json, the layout's adapter tensors, the
+// decoder with adapters against the same decoder with the update merged into its weights (outputs, and
+// gradients by the chain rule through W + s B A), training runs whose base stays put and whose checkpoints
+// hold PEFT's files, and the errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "anvil/rng.hpp"
+#include "anvil/trainer.hpp"
+#include "core/half.hpp"
+#include "io/checkpoint.hpp"
+#include "io/peft_adapter.hpp"
+#include "io/safetensors.hpp"
+#include "peft/lora_adapter.hpp"
+#include "test_util.hpp"
+#include "train/engine.hpp"
+
+namespace anvil {
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<float> randn(Rng& rng, size_t n, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (float& x : v) x = scale * rng.normal();
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Ops::gemm against a plain triple loop: transposes, row strides (column blocks of wider matrices), alpha and
+// beta, 16-bit storage and fp32 gradient outputs.
+
+struct GemmCase {
+  bool ta, tb;
+  int64_t lda_pad, ldb_pad, ldc_pad;  // extra columns of the stored matrices
+  float alpha, beta;
+  DType act;
+  bool c_grad;
+};
+
+float rounded(float v, DType t) {
+  if (t == DType::BF16) return bf16_to_float(float_to_bf16(v));
+  if (t == DType::F16) return fp16_to_float(float_to_fp16(v));
+  return v;
+}
+
+std::vector<uint16_t> to_half(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = t == DType::BF16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+  return h;
+}
+
+class GemmOp : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmOp, MatchesTheDefinition) {
+  const GemmCase c = GetParam();
+  const int m = 5, n = 7, k = 6;
+  const int64_t a_rows = c.ta ? k : m, a_cols = c.ta ? m : k, b_rows = c.tb ? n : k, b_cols = c.tb ? k : n;
+  const int64_t lda = a_cols + c.lda_pad, ldb = b_cols + c.ldb_pad, ldc = n + c.ldc_pad;
+  Rng rng(3);
+  // Values exactly representable in the storage type, so the reference sees what the op sees.
+  auto stored = [&](size_t count, DType t) {
+    std::vector<float> v = randn(rng, count);
+    for (float& x : v) x = rounded(x, t);
+    return v;
+  };
+  const DType ct = c.c_grad ? DType::F32 : c.act;
+  const std::vector<float> a = stored(size_t(a_rows * lda), c.act), b = stored(size_t(b_rows * ldb), c.act);
+  const std::vector<float> c0 = stored(size_t(m * ldc), ct);
+  std::vector<float> want = c0;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int p = 0; p < k; ++p)
+        s += double(c.ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
+             double(c.tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
+      want[size_t(i * ldc + j)] = float(c.alpha * s + c.beta * c0[size_t(i * ldc + j)]);
+    }
+  auto dev = make_cpu_device();
+  auto ops = make_cpu_ops(*dev, {c.act, c.c_grad ? DType::F32 : c.act});
+  std::vector<float> got(c0.size());
+  GemmSpec g{.trans_a = c.ta,
+             .trans_b = c.tb,
+             .c_grad = c.c_grad,
+             .m = m,
+             .n = n,
+             .k = k,
+             .lda = lda,
+             .ldb = ldb,
+             .ldc = ldc,
+             .alpha = c.alpha,
+             .beta = c.beta};
+  if (c.act == DType::F32) {
+    got = c0;
+    g.a = a.data(), g.b = b.data(), g.c = got.data();
+    ops->gemm(g);
+  } else {
+    const std::vector<uint16_t> ha = to_half(a, c.act), hb = to_half(b, c.act);
+    std::vector<uint16_t> hc = to_half(c0, c.act);
+    g.a = ha.data(), g.b = hb.data();
+    if (c.c_grad) {
+      got = c0;
+      g.c = got.data();
+      ops->gemm(g);
+    } else {
+      g.c = hc.data();
+      ops->gemm(g);
+      for (size_t i = 0; i < hc.size(); ++i)
+        got[i] = c.act == DType::BF16 ? bf16_to_float(hc[i]) : fp16_to_float(hc[i]);
+    }
+  }
+  for (int i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const size_t at = size_t(i * ldc + j);
+      if (j >= n) {
+        EXPECT_EQ(got[at], c0[at]) << "a padding column was written at " << i << "," << j;
+        continue;
+      }
+      const float tol = ct == DType::F32 ? 1e-5f : (ct == DType::BF16 ? 1e-2f : 2e-3f);
+      EXPECT_NEAR(got[at], want[at], tol * (1 + std::abs(want[at]))) << i << "," << j;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GemmOp,
+                         ::testing::Values(GemmCase{false, false, 0, 0, 0, 1.f, 0.f, DType::F32, false},
+                                           GemmCase{false, true, 3, 2, 5, 0.5f, 1.f, DType::F32, false},
+                                           GemmCase{true, false, 1, 0, 2, 2.f, 1.f, DType::F32, true},
+                                           GemmCase{true, true, 2, 3, 0, -1.f, 0.25f, DType::F32, false},
+                                           GemmCase{false, true, 4, 0, 3, 0.5f, 1.f, DType::BF16, false},
+                                           GemmCase{true, false, 0, 2, 1, 1.f, 1.f, DType::BF16, true},
+                                           GemmCase{false, false, 1, 1, 1, 1.5f, 0.f, DType::F16, false},
+                                           GemmCase{true, false, 0, 0, 0, 1.f, 1.f, DType::F16, true}));
+
+// ---------------------------------------------------------------------------------------------------------
+// Configuration, layout, PEFT's adapter_config.json.
+
+TEST(LoraConfig, TargetsMatchAsPeftDoes) {
+  EXPECT_TRUE(lora_targets_module({"q_proj"}, "model.layers.0.self_attn.q_proj"));
+  EXPECT_TRUE(lora_targets_module({"self_attn.q_proj"}, "model.layers.0.self_attn.q_proj"));
+  EXPECT_FALSE(lora_targets_module({"proj"}, "model.layers.0.self_attn.q_proj"));  // whole name parts only
+  EXPECT_TRUE(lora_targets_module({"c_proj"}, "transformer.h.1.mlp.c_proj"));
+  EXPECT_TRUE(lora_targets_module({"all-linear"}, "transformer.h.1.mlp.c_fc"));
+  EXPECT_EQ(default_lora_targets("llama"), (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(default_lora_targets("gpt2"), std::vector<std::string>{"c_attn"});
+  LoraConfig c;
+  c.r = 4, c.alpha = 8;
+  EXPECT_FLOAT_EQ(c.scale(), 2.0f);
+  c.rslora = true;
+  EXPECT_FLOAT_EQ(c.scale(), 4.0f);
+}
+
+TEST(LoraConfig, PeftJsonRoundTripAndErrors) {
+  LoraConfig c;
+  c.r = 16, c.alpha = 32, c.rslora = true;
+  const json j = peft_adapter_config(
+      c,
+      {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj"},
+      "");
+  EXPECT_EQ(j["peft_type"], "LORA");
+  EXPECT_EQ(j["task_type"], "CAUSAL_LM");
+  EXPECT_EQ(j["target_modules"], json({"q_proj", "down_proj"}));
+  const LoraConfig back = lora_config_from_peft(j, "a.json");
+  EXPECT_EQ(back.r, 16);
+  EXPECT_EQ(back.alpha, 32);
+  EXPECT_TRUE(back.rslora);
+  EXPECT_EQ(back.target_modules, (std::vector<std::string>{"q_proj", "down_proj"}));
+  auto with = [&](const char* key, json v) {
+    json k = j;
+    k[key] = std::move(v);
+    return k;
+  };
+  test::expect_error([&] { lora_config_from_peft(with("peft_type", "IA3"), "a.json"); }, {"a.json", "IA3"});
+  test::expect_error([&] { lora_config_from_peft(with("r", 0), "a.json"); }, {"a.json", "'r'"});
+  test::expect_error([&] { lora_config_from_peft(with("bias", "all"), "a.json"); }, {"a.json", "bias"});
+  test::expect_error([&] { lora_config_from_peft(with("use_dora", true), "a.json"); }, {"use_dora"});
+  test::expect_error([&] { lora_config_from_peft(with("modules_to_save", {"lm_head"}), "a.json"); },
+                     {"modules_to_save", "lm_head"});
+  test::expect_error(
+      [&] {
+        lora_config_from_peft(with("rank_pattern", {{"q_proj", 4}}), "a.json");
+      },
+      {"rank_pattern"});
+  test::expect_error([&] { lora_config_from_peft(with("lora_dropout", 0.1), "a.json"); },
+                     {"lora_dropout 0.1", "not supported"});
+}
+
+LoraConfig lora(int r, std::vector<std::string> targets = {}, double alpha = 8) {
+  LoraConfig c;
+  c.r = r, c.alpha = alpha, c.target_modules = std::move(targets);
+  return c;
+}
+
+TEST(LoraLayout, FactorsBesideTheirWeightsTheRestFrozen) {
+  const TransformerConfig cfg = TransformerConfig::preset("llama-tiny");
+  const ParamLayout plain = ParamLayout::decoder(cfg);
+  const ParamLayout l = ParamLayout::decoder(cfg, lora(4));
+  size_t adapters = 0, adapter_numel = 0;
+  for (const ParamTensor& t : l.tensors()) {
+    SCOPED_TRACE(t.name);
+    EXPECT_EQ(t.trainable, t.is_adapter());
+    if (!t.is_adapter()) {
+      const ParamTensor* p = plain.find(t.name);
+      ASSERT_NE(p, nullptr);
+      EXPECT_EQ(p->numel(), t.numel());
+      continue;
+    }
+    ++adapters, adapter_numel += t.numel();
+    const ParamTensor& w = l.tensors()[size_t(t.adapts)];
+    const std::string module = w.name.substr(0, w.name.size() - 7);
+    EXPECT_TRUE(module.ends_with("q_proj") || module.ends_with("v_proj")) << module;
+    EXPECT_TRUE(t.decay);
+    EXPECT_EQ(t.layer, w.layer);
+    if (t.role == TensorRole::LoraA) {
+      EXPECT_EQ(t.name, "base_model.model." + module + ".lora_A.weight");
+      EXPECT_EQ(t.shape[0], 4);
+      EXPECT_EQ(t.shape[1], w.shape[1]);
+    } else {
+      EXPECT_EQ(t.name, "base_model.model." + module + ".lora_B.weight");
+      EXPECT_EQ(t.shape[0], w.shape[0]);
+      EXPECT_EQ(t.shape[1], 4);
+    }
+    // In its block's unit, among the weight-decayed tensors.
+    const ParamUnit& u = l.units()[size_t(l.unit_of(t.offset))];
+    EXPECT_EQ(u.name, "block." + std::to_string(t.layer));
+    EXPECT_LE(t.offset + t.numel(), u.offset + u.decay_numel);
+  }
+  EXPECT_EQ(adapters, size_t(4 * cfg.n_layer));
+  EXPECT_EQ(l.total_numel(), plain.total_numel() + adapter_numel);
+  EXPECT_EQ(l.lora_modules().size(), size_t(2 * cfg.n_layer));
+  EXPECT_EQ(l.first_trainable_unit(), 1);  // the embedding needs no gradient
+
+  EXPECT_EQ(ParamLayout::decoder(cfg, lora(2, {"all-linear"})).lora_modules().size(),
+            size_t(7 * cfg.n_layer));
+  const TransformerConfig gpt2 = TransformerConfig::preset("tiny");
+  EXPECT_EQ(ParamLayout::decoder(gpt2, lora(2, {"c_proj"})).lora_modules().size(), size_t(2 * gpt2.n_layer));
+  test::expect_error(
+      [&] {
+        ParamLayout::decoder(cfg, lora(2, {"q_proj", "c_attn"}));
+      },
+      {"'c_attn' names no Linear module", "llama", "q_proj"});
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The decoder with adapters against the decoder given W + s B A.
+
+struct Fixture {
+  TransformerConfig cfg;
+  LoraConfig lc;
+  int B = 2, T = 8;
+  std::vector<int32_t> tokens, targets;
+};
+
+Fixture fixture(const std::string& preset, LoraConfig lc) {
+  Fixture f;
+  f.cfg = TransformerConfig::preset(preset);
+  f.lc = std::move(lc);
+  Rng rng(11);
+  for (int i = 0; i < f.B * f.T; ++i) {
+    f.tokens.push_back(int32_t(rng.next_u64() % uint64_t(f.cfg.vocab_size)));
+    f.targets.push_back(int32_t(rng.next_u64() % uint64_t(f.cfg.vocab_size)));
+  }
+  return f;
+}
+
+EngineOptions options(const Fixture& f, bool training, Precision p = Precision::FP32) {
+  EngineOptions o;
+  o.batch_size = f.B, o.seq_len = f.T, o.training = training, o.precision = p;
+  return o;
+}
+
+// Weights of the adapted model: its base from a seed, random (nonzero) factors.
+std::vector<float> adapted_weights(Engine& e, uint64_t seed) {
+  e.model().init_weights(seed, e.device());
+  std::vector<float> w(e.model().layout().total_numel());
+  e.model().download_weights(e.device(), w.data());
+  Rng rng(seed + 1);
+  for (const ParamTensor& t : e.model().layout().tensors())
+    if (t.role == TensorRole::LoraB)
+      for (size_t i = 0; i < t.numel(); ++i) w[t.offset + i] = 0.05f * rng.normal();
+  return w;
+}
+
+// The adapted model's weights as the plain model's flat layout, with s B A merged in (or not).
+std::vector<float> merged(const ParamLayout& adapted, const ParamLayout& plain, const std::vector<float>& w,
+                          float s, bool merge) {
+  std::vector<float> out(plain.total_numel());
+  for (const ParamTensor& t : plain.tensors()) {
+    const ParamTensor& a = adapted.get(t.name);
+    std::copy_n(w.begin() + long(a.offset), t.numel(), out.begin() + long(t.offset));
+  }
+  if (!merge) return out;
+  for (const ParamTensor& a : adapted.tensors()) {
+    if (a.role != TensorRole::LoraA) continue;
+    const ParamTensor& b = adapted.tensors()[size_t(&a - adapted.tensors().data()) + 1];
+    const ParamTensor& wt = plain.get(adapted.tensors()[size_t(a.adapts)].name);
+    const int64_t rows = wt.shape[0], in = wt.shape[1], r = a.shape[0];
+    for (int64_t o = 0; o < rows; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k)
+          d += double(w[b.offset + size_t(o * r + k)]) * w[a.offset + size_t(k * in + i)];
+        out[wt.offset + size_t(o * in + i)] += float(s * d);
+      }
+  }
+  return out;
+}
+
+std::vector<float> logits(Engine& e, const Fixture& f) {
+  e.device().copy_to_device(e.tokens(0), f.tokens.data(), f.tokens.size() * sizeof(int32_t));
+  e.decoder().forward(e.ops(), e.tokens(0), nullptr, f.B, f.T, 0, false);
+  std::vector<float> out(f.tokens.size() * size_t(f.cfg.padded_vocab_size()));
+  e.decoder().copy_logits_to_host(e.device(), out.data(), 0, f.tokens.size());
+  return out;
+}
+
+class LoraDecoder : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LoraDecoder, StartsAsTheBaseAndEqualsTheMergedModel) {
+  const Fixture f = fixture(GetParam(), lora(4, {"all-linear"}, 16));
+  EngineOptions o = options(f, false);
+  o.lora = f.lc;
+  Engine adapted(f.cfg, o);
+  Engine plain(f.cfg, options(f, false));
+  const ParamLayout &la = adapted.model().layout(), &lp = plain.model().layout();
+  // Initialised: B = 0, so the outputs are the base model's exactly.
+  adapted.model().init_weights(5, adapted.device());
+  std::vector<float> w(la.total_numel());
+  adapted.model().download_weights(adapted.device(), w.data());
+  for (const ParamTensor& t : la.tensors()) {
+    if (t.role == TensorRole::LoraB) {
+      EXPECT_TRUE(std::all_of(w.begin() + long(t.offset), w.begin() + long(t.offset + t.numel()),
+                              [](float v) { return v == 0; }))
+          << t.name;
+    }
+    if (t.role == TensorRole::LoraA) {
+      const float bound = 1.0f / std::sqrt(float(t.shape[1]));
+      float most = 0;
+      for (size_t i = 0; i < t.numel(); ++i) most = std::max(most, std::abs(w[t.offset + i]));
+      EXPECT_LE(most, bound) << t.name;
+      EXPECT_GT(most, 0.8f * bound) << t.name;  // spread over the interval, not a constant
+    }
+  }
+  plain.model().upload_weights(plain.device(), merged(la, lp, w, f.lc.scale(), false).data());
+  EXPECT_EQ(logits(adapted, f), logits(plain, f));
+  // The base tensors draw the same values as without adapters.
+  plain.model().init_weights(5, plain.device());
+  std::vector<float> pw(lp.total_numel());
+  plain.model().download_weights(plain.device(), pw.data());
+  EXPECT_EQ(pw, merged(la, lp, w, 1.0f, false));
+
+  // Trained-looking factors: the adapted model equals the plain one with W + s B A.
+  w = adapted_weights(adapted, 5);
+  adapted.model().upload_weights(adapted.device(), w.data());
+  plain.model().upload_weights(plain.device(), merged(la, lp, w, f.lc.scale(), true).data());
+  const std::vector<float> a = logits(adapted, f), p = logits(plain, f);
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff = std::max(diff, double(std::abs(a[i] - p[i]))), ref = std::max(ref, double(std::abs(p[i])));
+  EXPECT_LT(diff, 1e-5 * ref) << "adapted vs merged logits";
+  const std::vector<float> base_only = logits(plain, f);
+  plain.model().upload_weights(plain.device(), merged(la, lp, w, f.lc.scale(), false).data());
+  EXPECT_NE(logits(plain, f), base_only) << "the factors change nothing: the test would not see them";
+}
+
+// Gradients: with W' = W + s B A, dL/dB = s dL/dW' A^T and dL/dA = s B^T dL/dW', where dL/dW' is the plain
+// model's weight gradient at W'.
+TEST_P(LoraDecoder, FactorGradientsFollowTheChainRule) {
+  const Fixture f = fixture(GetParam(), lora(3, {"all-linear"}, 6));
+  EngineOptions o = options(f, true);
+  o.lora = f.lc;
+  Engine adapted(f.cfg, o);
+  Engine plain(f.cfg, options(f, true));
+  const ParamLayout &la = adapted.model().layout(), &lp = plain.model().layout();
+  const std::vector<float> w = adapted_weights(adapted, 9);
+  adapted.model().upload_weights(adapted.device(), w.data());
+  plain.model().upload_weights(plain.device(), merged(la, lp, w, f.lc.scale(), true).data());
+  auto grads = [&](Engine& e) {
+    Model& m = e.model();
+    e.device().fill_zero(m.grad_buffer(), m.grad_bytes());
+    e.device().copy_to_device(e.tokens(0), f.tokens.data(), f.tokens.size() * sizeof(int32_t));
+    e.device().copy_to_device(e.targets(0), f.targets.data(), f.targets.size() * sizeof(int32_t));
+    m.forward(e.ops(), e.inputs(0, f.B, f.T), 1.0f, true);
+    m.backward(e.ops(), e.inputs(0, f.B, f.T));
+    std::vector<float> g(m.layout().total_numel());
+    e.device().copy_to_host(g.data(), m.grads(), g.size() * sizeof(float));
+    return g;
+  };
+  const std::vector<float> ga = grads(adapted), gp = grads(plain);
+  const float s = f.lc.scale();
+  size_t checked = 0;
+  for (const ParamTensor& a : la.tensors()) {
+    if (a.role != TensorRole::LoraA) continue;
+    SCOPED_TRACE(a.name);
+    const ParamTensor& b = la.tensors()[size_t(&a - la.tensors().data()) + 1];
+    const ParamTensor& wt = lp.get(la.tensors()[size_t(a.adapts)].name);
+    const int64_t rows = wt.shape[0], in = wt.shape[1], r = a.shape[0];
+    const float* gw = gp.data() + wt.offset;
+    double scale = 0, err = 0;
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t i = 0; i < in; ++i) {  // dA[k, i] = s sum_o B[o, k] dW[o, i]
+        double want = 0;
+        for (int64_t o2 = 0; o2 < rows; ++o2)
+          want += double(w[b.offset + size_t(o2 * r + k)]) * gw[o2 * in + i];
+        want *= s;
+        err = std::max(err, std::abs(want - ga[a.offset + size_t(k * in + i)])),
+        scale = std::max(scale, std::abs(want));
+      }
+    EXPECT_LT(err, 1e-4 * scale + 1e-9) << "dA";
+    scale = err = 0;
+    for (int64_t o2 = 0; o2 < rows; ++o2)
+      for (int64_t k = 0; k < r; ++k) {  // dB[o, k] = s sum_i dW[o, i] A[k, i]
+        double want = 0;
+        for (int64_t i = 0; i < in; ++i) want += double(gw[o2 * in + i]) * w[a.offset + size_t(k * in + i)];
+        want *= s;
+        err = std::max(err, std::abs(want - ga[b.offset + size_t(o2 * r + k)])),
+        scale = std::max(scale, std::abs(want));
+      }
+    EXPECT_LT(err, 1e-4 * scale + 1e-9) << "dB";
+    ++checked;
+  }
+  EXPECT_EQ(checked, la.lora_modules().size());
+  // No weight gradient of the frozen base is written.
+  for (const ParamTensor& t : la.tensors()) {
+    if (t.trainable || (t.role != TensorRole::QkvWeight && t.role != TensorRole::MlpOutWeight)) continue;
+    for (size_t i = 0; i < t.numel(); ++i) ASSERT_EQ(ga[t.offset + i], 0.0f) << t.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraDecoder, ::testing::Values("llama-tiny", "tiny"));
+
+// ---------------------------------------------------------------------------------------------------------
+// Training runs.
+
+TrainConfig lora_run(const test::ByteCorpus& c, const std::string& out, int steps,
+                     const std::string& extra = "{}") {
+  json j = {{"model", "llama-tiny"},
+            {"train_data", c.dir / "data/train.bin"},
+            {"per_device_train_batch_size", 4},
+            {"max_seq_length", 32},
+            {"max_steps", steps},
+            {"learning_rate", 1e-2},
+            {"logging_steps", 1},
+            {"save_steps", steps},
+            {"device", "cpu"},
+            {"seed", 7},
+            {"lora_r", 8},
+            {"lora_alpha", 16},
+            {"lora_target_modules", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},
+            {"output_dir", out}};
+  j.update(json::parse(extra));
+  return TrainConfig::from_json(j, "test");
+}
+
+TEST(LoraTrain, BaseStaysAdaptersTrainCheckpointIsPeft) {
+  test::ByteCorpus c;
+  const std::string dir = c.dir / "run";
+  const TrainConfig cfg = lora_run(c, dir, 40, R"({"save_steps": 30})");
+  test::quietly([&] { return train(cfg); });
+  const std::vector<double> losses = test::metrics_losses(dir + "/metrics.jsonl");
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_LT(losses.back(), losses.front() - 0.3) << "the adapters do not learn";
+
+  // The base in model.safetensors is the initial one, bit for bit; no adapter tensor is in it.
+  Engine init(cfg.model, training_engine_options(cfg, DeviceKind::CPU));
+  init.model().init_weights(cfg.seed, init.device());
+  std::vector<float> w0(init.model().layout().total_numel());
+  init.model().download_weights(init.device(), w0.data());
+  const ParamLayout& layout = init.model().layout();
+  const std::string ckpt = dir + "/checkpoint-30";
+  const io::SafeTensorsReader base(ckpt + "/model.safetensors");
+  size_t base_tensors = 0;
+  for (const ParamTensor& t : layout.tensors()) {
+    if (t.is_adapter()) {
+      EXPECT_EQ(base.find(t.name), nullptr) << t.name;
+      continue;
+    }
+    ++base_tensors;
+    const io::SafeTensorInfo& info = base.at(t.name);
+    std::vector<float> v(size_t(info.numel()));
+    std::memcpy(v.data(), base.data(info), info.nbytes);
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), w0.begin() + long(t.offset))) << t.name << " moved";
+  }
+  EXPECT_EQ(base.tensors().size(), base_tensors);
+  // PEFT's files: every factor, with the config PEFT reads.
+  const io::SafeTensorsReader adapter(ckpt + "/adapter_model.safetensors");
+  EXPECT_EQ(adapter.tensors().size(), size_t(14 * cfg.model.n_layer));
+  const json ac = json::parse(test::read_file(ckpt + "/adapter_config.json"));
+  EXPECT_EQ(ac["r"], 8);
+  EXPECT_EQ(ac["lora_alpha"], 16);
+  EXPECT_EQ(ac["target_modules"].size(), 7u);
+  const io::SafeTensorInfo& b0 = adapter.at("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
+  std::vector<float> bv(size_t(b0.numel()));
+  std::memcpy(bv.data(), adapter.data(b0), b0.nbytes);
+  EXPECT_TRUE(std::any_of(bv.begin(), bv.end(), [](float v) { return v != 0; })) << "B did not train";
+
+  // Resume continues the same run: 30 + 10 steps equal the 40 steps in one go.
+  TrainConfig resumed = lora_run(c, c.dir / "resumed", 40);
+  resumed.resume_from_checkpoint = ckpt;
+  test::quietly([&] { return train(resumed); });
+  const std::vector<double> r = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(r.size(), 10u);
+  for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(r[i], losses[30 + i]) << "step " << 31 + i;
+
+  // A model without adapters reading the checkpoint merges them (anvil logits, generate, convert): its
+  // logits equal the adapted model's.
+  Fixture f = fixture("llama-tiny", lora(8, {"all-linear"}, 16));
+  f.cfg = cfg.model;
+  EngineOptions o = options(f, false);
+  o.lora = lora_config(cfg);
+  Engine with(f.cfg, o), without(f.cfg, options(f, false));
+  io::load_model_weights(ckpt, with.decoder(), with.device());
+  io::load_model_weights(ckpt, without.decoder(), without.device());
+  const std::vector<float> la = logits(with, f), lm = logits(without, f);
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < la.size(); ++i)
+    diff = std::max(diff, double(std::abs(la[i] - lm[i]))), ref = std::max(ref, double(std::abs(la[i])));
+  EXPECT_LT(diff, 1e-5 * ref);
+  // anvil convert writes the merged model: a plain Hugging Face directory.
+  const test::CommandResult conv =
+      test::run_anvil("convert --input " + ckpt + " --output " + std::string(c.dir / "merged"));
+  ASSERT_EQ(conv.exit_code, 0) << conv.output;
+  EXPECT_FALSE(io::has_peft_adapter(c.dir / "merged"));
+  Engine again(f.cfg, options(f, false));
+  io::load_model_weights(c.dir / "merged", again.decoder(), again.device());
+  EXPECT_EQ(logits(again, f), lm);
+}
+
+TEST(LoraTrain, Errors) {
+  test::ByteCorpus c;
+  const std::string dir = c.dir / "e";
+  test::expect_error([&] { lora_run(c, dir, 1, R"({"lora_dropout": 0.05})"); },
+                     {"lora_dropout", "not supported yet"});
+  test::expect_error([&] { lora_run(c, dir, 1, R"({"lora_r": -1})"); }, {"lora_r", ">= 0"});
+  test::expect_error([&] { lora_run(c, dir, 1, R"({"lora_alpha": 0})"); }, {"lora_alpha", "> 0"});
+  test::expect_error([&] { lora_run(c, dir, 1, R"({"model": "bert-tiny"})"); }, {"LoRA", "bert"});
+  test::expect_error([&] { lora_run(c, dir, 1, R"({"bf16": true, "stochastic_rounding": true})"); },
+                     {"stochastic_rounding and LoRA"});
+  const TrainConfig bad = lora_run(c, dir, 1, R"({"lora_target_modules": "q_proj,c_fc"})");
+  test::expect_error([&] { test::quietly([&] { return train(bad); }); }, {"'c_fc' names no Linear module"});
+  // An adapter that does not fit the run is named.
+  test::quietly([&] { return train(lora_run(c, c.dir / "r8", 1)); });
+  TrainConfig r4 = lora_run(c, c.dir / "r4", 2, R"({"lora_r": 4})");
+  r4.init_from = c.dir / "r8/checkpoint-1";
+  test::expect_error([&] { test::quietly([&] { return train(r4); }); },
+                     {"adapter_config.json", "r 8", "lora_r 4"});
+}
+
+}  // namespace
+}  // namespace anvil
