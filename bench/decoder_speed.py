@@ -19,6 +19,11 @@ Three systems:
            before the first step, one synchronisation before and one after the timed steps
   eager    the same reference without torch.compile
 
+With --lora R, the same as LoRA fine-tuning: Anvil `--lora_r R --lora_alpha 2R --lora_target_modules
+all-linear` against PEFT's LoraConfig(r=R, lora_alpha=2R, target_modules="all-linear") on the reference model
+loaded in bf16 (as PEFT users load a base), adapters in fp32 (PEFT's autocast_adapter_dtype), bf16 autocast,
+fused AdamW over the adapters; results go to decoder_speed_lora<R>_*.
+
 Each system runs each micro-batch it tries in a fresh process (--batches, largest first: the per-model
 defaults bracket the earlier best batches). `--search largest` (default) keeps the largest that fits, which
 was the fastest (or within 0.2% of it) for every system and GPT-2 model in earlier runs; `--search best` also
@@ -143,11 +148,13 @@ GIB = 1 << 30
 
 # --- running -------------------------------------------------------------------------------------------
 
-def anvil_flags(m, batch, seq, steps, peak_flops, workdir):
+def anvil_flags(m, batch, seq, steps, peak_flops, workdir, lora=0):
     """`anvil train`'s flags for Model `m` at micro-batch `batch` (per GPU) on a random-token shard (written
-    into `workdir` once): bf16, constant learning rate, no checkpoints, Anvil's defaults otherwise."""
+    into `workdir` once): bf16, constant learning rate, no checkpoints, Anvil's defaults otherwise; with
+    `lora` > 0, LoRA of that rank on every block Linear (lora_alpha 2 r)."""
     shard = write_random_shard(Path(workdir) / f"random_tokens_{m.vocab}.bin", 8_000_000, m.vocab)
-    return ["--model", m.anvil_preset, "--device", "cuda", "--train_data", shard,
+    extra = ["--lora_r", lora, "--lora_alpha", 2 * lora, "--lora_target_modules", "all-linear"] if lora else []
+    return extra + ["--model", m.anvil_preset, "--device", "cuda", "--train_data", shard,
             "--per_device_train_batch_size", batch, "--max_seq_length", seq, "--max_steps", steps,
             "--learning_rate", "3e-4", "--warmup_steps", 0, "--lr_scheduler_type", "constant",
             "--save_strategy", "no", "--bf16", "true", "--sample_prompt", "", "--peak_flops", peak_flops,
@@ -160,14 +167,16 @@ def run_one(args, meter, model, system, batch):
     work = Path(args.workdir) / f"{model}_{system}_{batch}"
     steps = args.warmup + args.steps
     if system == "anvil":
-        flags = anvil_flags(m, batch, seq, steps, args.peak_flops, args.workdir)
+        flags = anvil_flags(m, batch, seq, steps, args.peak_flops, args.workdir, args.lora)
         r = anvil_train.run(args.anvil, flags, work, meter, warmup=args.warmup, timeout=args.timeout)
         r["own_peak_bytes"] = r.get("self_reported_peak_bytes")
         r.pop("losses", None)
         r.pop("summary", None)
     else:
         spec = torch_reference.make_spec(m.family, m.ref_config, batch, seq, compile=system == "compile",
-                                         precision="bf16", steps=args.steps, warmup=args.warmup)
+                                         precision="bf16", steps=args.steps, warmup=args.warmup,
+                                         lora={"r": args.lora, "alpha": 2 * args.lora,
+                                               "target_modules": "all-linear"} if args.lora else None)
         r = torch_reference.run(spec, work, meter, timeout=args.timeout)
         r["own_peak_bytes"] = r.get("torch_max_memory_reserved")
     r["batch"], r["seq"] = batch, seq
@@ -220,9 +229,10 @@ def report(parts, args):
     for p in parts[1:]:
         if p["meta"]["device"] != first["meta"]["device"]:
             sys.exit(f"parts from different devices: {first['meta']['device']} and {p['meta']['device']}")
-        for k in ("steps", "warmup", "peak_flops"):
-            if p["settings"][k] != first["settings"][k]:
-                sys.exit(f"parts with different settings: {k} {first['settings'][k]} and {p['settings'][k]}")
+        for k in ("steps", "warmup", "peak_flops", "lora"):
+            if p["settings"].get(k) != first["settings"].get(k):
+                sys.exit(f"parts with different settings: {k} {first['settings'].get(k)} and "
+                         f"{p['settings'].get(k)}")
     commits = sorted({p["meta"]["commit"] for p in parts})
     runs, done, not_run = {}, set(), []
     for p in parts:
@@ -230,7 +240,9 @@ def report(parts, args):
         done.update(p["done"])
         not_run += p["not_run"]
     st, meta = first["settings"], first["meta"]
-    lines = [f"Decoder training speed, bf16, random tokens; {meta['device']}, commit(s) "
+    what = (f"LoRA fine-tuning (r {st['lora']}, lora_alpha {2 * st['lora']}, every block Linear; Anvil --lora_r "
+            f"against PEFT on a bf16 base)" if st.get("lora") else "Decoder training")
+    lines = [f"{what} speed, bf16, random tokens; {meta['device']}, commit(s) "
              f"{', '.join(c[:7] for c in commits)}, {meta['date'][:10]}; {st['warmup']} warm-up + {st['steps']} "
              f"timed steps; MFU against {st['peak_flops'] / 1e12:.1f} TFLOP/s; memory: NVML peak of the "
              f"process (own figure: Anvil's summary peak, torch max_memory_reserved)"]
@@ -291,11 +303,12 @@ def report(parts, args):
         lines.append(f"\nnot run (time budget): {', '.join(not_run)}")
     text = "\n".join(lines)
     print(text)
-    record = {"benchmark": "decoder_speed", "device": meta["device"], "driver": meta.get("driver"),
+    record = {"benchmark": "decoder_speed", "lora_r": st.get("lora", 0), "device": meta["device"], "driver": meta.get("driver"),
               "commit": commits[0] if len(commits) == 1 else commits, "date": meta["date"], "settings": st,
               "memory_method": meta["memory_method"], "torch": meta.get("torch"),
               "results": results, "ratios": ratios, "runs": runs, "search_done": sorted(done), "not_run": not_run}
-    path = result_path("decoder_speed", meta["device"], meta["date"], commits[0], directory=args.out)
+    name = f"decoder_speed_lora{st['lora']}" if st.get("lora") else "decoder_speed"
+    path = result_path(name, meta["device"], meta["date"], commits[0], directory=args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     path.with_suffix(".txt").write_text(text + "\n")
@@ -315,6 +328,9 @@ def main():
                          + "; ".join(f"{m} {','.join(map(str, v.batches))}" for m, v in MODELS.items()) + ")")
     ap.add_argument("--search", choices=("largest", "best"), default="largest")
     ap.add_argument("--seq", type=int, default=0, help="sequence length of every model (default: the model's)")
+    ap.add_argument("--lora", type=int, default=0,
+                    help="LoRA fine-tuning of this rank on every block Linear (lora_alpha 2 r): Anvil's --lora_r "
+                         "against PEFT's LoraConfig on a bf16 base; 0: full training")
     ap.add_argument("--steps", type=int, default=15, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     ap.add_argument("--peak_flops", type=float, default=H100_BF16_PEAK)
@@ -351,7 +367,7 @@ def main():
                        "memory_method": meter.describe()},
               "settings": {"seq": {m: args.seq_of(m) for m in models}, "steps": args.steps, "warmup": args.warmup,
                            "peak_flops": args.peak_flops, "search": args.search, "anvil": args.anvil,
-                           "batches": {m: args.batch_list(m) for m in models}},
+                           "batches": {m: args.batch_list(m) for m in models}, "lora": args.lora},
               "runs": {}, "done": [], "not_run": []}
     parts = Path(args.parts)
     parts.parent.mkdir(parents=True, exist_ok=True)

@@ -73,11 +73,14 @@ def padded(vocab_size, multiple):
 
 def make_spec(family, config, batch, seq, *, compile, precision, steps=10, warmup=3, data=None, lr=3e-4,
               weight_decay=0.0, optimizer="adamw", schedule=None, max_grad_norm=1.0,
-              gradient_checkpointing=False, record_losses=False, pad_vocab_to=64, seed=1):
+              gradient_checkpointing=False, record_losses=False, pad_vocab_to=64, seed=1, lora=None):
     """A reference run. `config`: keyword arguments of the family's config class (vocab_size unpadded);
     `data`: {"kind": "random", "seed": S} (default) or {"kind": "shard", "path": P, "seed": S};
     `schedule`: None (constant learning rate) or {"kind": "cosine", "warmup_steps": W, "total_steps": N}
-    (linear warm-up, then cosine to 0 at N); `optimizer`: "adamw" (fused) or "adamw_8bit" (bitsandbytes)."""
+    (linear warm-up, then cosine to 0 at N); `optimizer`: "adamw" (fused) or "adamw_8bit" (bitsandbytes);
+    `lora`: None, or {"r": R, "alpha": A, "target_modules": ...}: PEFT's LoRA on a base held in the 16-bit
+    type of `precision` (as PEFT users load it: torch_dtype=bfloat16), adapters in fp32 (PEFT's
+    autocast_adapter_dtype), only they train."""
     assert family in FAMILIES, f"unknown family {family}; known: {sorted(FAMILIES)}"
     assert precision in PRECISIONS, f"precision must be one of {PRECISIONS}"
     assert optimizer in ("adamw", "adamw_8bit")
@@ -87,7 +90,7 @@ def make_spec(family, config, batch, seq, *, compile, precision, steps=10, warmu
             "data": data or {"kind": "random", "seed": seed}, "optimizer": optimizer, "lr": lr,
             "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": weight_decay, "schedule": schedule,
             "max_grad_norm": max_grad_norm, "gradient_checkpointing": gradient_checkpointing,
-            "record_losses": record_losses, "attn_implementation": "sdpa", "seed": seed}
+            "record_losses": record_losses, "attn_implementation": "sdpa", "seed": seed, "lora": lora}
 
 
 def system_name(spec):
@@ -205,6 +208,17 @@ def train(spec, result):
     model = build_model(spec["family"], spec["config"], spec["pad_vocab_to"], spec["attn_implementation"])
     if spec["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
+    if spec.get("lora"):
+        import peft
+
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        if half is not None:
+            model = model.to(half)
+        lc = spec["lora"]
+        model = peft.get_peft_model(model, peft.LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=0.0,
+                                                           target_modules=lc["target_modules"], bias="none",
+                                                           task_type="CAUSAL_LM"))
+        result["peft"] = peft.__version__
     ids, labels = _batches(spec, family.task, spec["config"]["vocab_size"], model.config.num_labels)
     opt, opt_name = _optimizer(spec, model)
     sched = _schedule(spec, opt)

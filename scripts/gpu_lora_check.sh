@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# On a GPU machine: LoRA (docs/lora.md) on CUDA and against PEFT. Prints one PASS/FAIL line per check and exits
+# non-zero on any failure:
+#   parity: Ops::gemm on cuBLASLt equals the CPU reference (transposes, strides, alpha/beta; fp32/bf16/fp16),
+#     and a Llama-shaped model with adapters on every Linear trains two steps on CUDA as on the CPU (loss,
+#     every factor's gradient, the factors after AdamW; the frozen base bit for bit)
+#   golden: PEFT makes the LoRA fixtures (tests/golden/make_lora_golden.py) into $OUT/golden; the CPU unit test
+#     lora_golden_test then compares Anvil with them (run it where the fixtures are copied into tests/golden)
+#   peft_loads_anvil: an Anvil LoRA checkpoint trained on CUDA (bf16, the golden Llama as its base) loads with
+#     PeftModel.from_pretrained, whose logits equal `anvil logits` on the checkpoint (the adapter merged)
+# Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-runs/gpu_lora_check}
+mkdir -p "$out"
+source scripts/gpu_env.sh
+build=${ANVIL_BUILD_DIR:-build}
+[ -d .devcarry/bin ] && build=build-cuda
+failures=0
+check() {  # name, then the command's arguments
+  local name=$1; shift
+  if "$@" > "$out/$name.log" 2>&1; then
+    echo "PASS $name"
+  else
+    echo "FAIL $name (log: $out/$name.log)"; tail -15 "$out/$name.log"; failures=$((failures + 1))
+  fi
+}
+check parity "$build/anvil_parity_tests" --gtest_filter='*GemmParity*:*LoraModelParity*'
+mkdir -p "$out/golden"
+cp -r tests/golden/llama_tiny tests/golden/gpt2_tiny "$out/golden/"
+check golden python3 tests/golden/make_lora_golden.py "$out/golden"
+peft_loads_anvil() {
+  local w=$out/peft_check
+  rm -rf "$w" && mkdir -p "$w"
+  python3 - "$w" <<'PY' || return 1
+import sys, numpy as np
+from pathlib import Path
+sys.path.insert(0, "bench")
+from benchlib.shards import write_random_shard
+from safetensors.numpy import save_file
+w = Path(sys.argv[1])
+write_random_shard(w / "tokens.bin", 200_000, 100)
+save_file({"input_ids": np.random.default_rng(3).integers(0, 100, (2, 24)).astype(np.int32)}, str(w / "ids.safetensors"))
+PY
+  "$build/anvil" train --init_from tests/golden/llama_tiny --train_data "$w/tokens.bin" --device cuda --bf16 \
+    --lora_r 8 --lora_alpha 16 --lora_target_modules all-linear --per_device_train_batch_size 8 \
+    --max_seq_length 32 --max_steps 40 --learning_rate 1e-2 --save_steps 40 --sample_prompt "" \
+    --output_dir "$w/run" || return 1
+  "$build/anvil" logits --checkpoint "$w/run/checkpoint-40" --input_ids "$w/ids.safetensors" \
+    --output "$w/logits.safetensors" || return 1
+  python3 tests/golden/make_lora_golden.py --check "$w/run/checkpoint-40" "$w/logits.safetensors" "$w/ids.safetensors"
+}
+check peft_loads_anvil peft_loads_anvil
+grep '"check"' "$out/peft_loads_anvil.log"
+echo "$failures failure(s)"
+exit $((failures > 0))
