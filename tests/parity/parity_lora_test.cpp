@@ -130,7 +130,10 @@ TEST(LoraModelParity, TrainingStepsFp32) {
       if (!t.is_adapter()) continue;
       const std::vector<float> a(gc.begin() + long(t.offset), gc.begin() + long(t.offset + t.numel()));
       const std::vector<float> b(gg.begin() + long(t.offset), gg.begin() + long(t.offset + t.numel()));
-      EXPECT_LT(rel_error(a, b), 1e-4) << "gradient of " << t.name << ", step " << step << ", seed " << seed;
+      // Step 1 from the same weights: the ops' rounding alone. Step 2 after AdamW, whose first update is about
+      // lr * sign(g) where g is within rounding of 0, so a few factor entries differ by an lr (as ParityModel).
+      EXPECT_LT(rel_error(a, b), step == 1 ? 1e-4 : 2e-3)
+          << "gradient of " << t.name << ", step " << step << ", seed " << seed;
     }
     for (Engine* e : engines) {
       e->optimizer().step(e->ops(), e->model().params(), e->model().grads(), 1e-3f, step, 1.0f);
