@@ -101,12 +101,14 @@ class Model:
         block = C * H * D + 2 * C * KV * D + H * D * C + qkv_bias + 3 * C * F + 2 * C
         return V * C * (1 if c.get("tie_word_embeddings") else 2) + L * block + C
 
-    def flops_per_token(self, seq):
-        """6N + 12LCT, the same for every system (Anvil's MFU convention, src/train/mfu.cpp)."""
+    def flops_per_token(self, seq, lora=False):
+        """6N + 12LCT, the same for every system (Anvil's MFU convention, src/train/mfu.cpp); LoRA: 4N + 12LCT
+        (a frozen base needs no weight gradients; the adapters' own work is left out, under 1% at these
+        ranks)."""
         c = self.ref_config
         L = c.get("n_layer", c.get("num_hidden_layers"))
         C = c.get("n_embd", c.get("hidden_size"))
-        return 6 * self.parameters() + 12 * L * C * seq
+        return (4 if lora else 6) * self.parameters() + 12 * L * C * seq
 
 
 def _llama_like(layers, heads, kv_heads, hidden, inter, vocab, theta, tied, positions, **extra):
@@ -263,7 +265,8 @@ def report(parts, args):
                 errs = "; ".join(f"b{a['batch']}: {a['error'][:60]}" for a in runs[key])
                 lines.append(f"  {s:8} no batch ran: {errs}")
                 continue
-            r["mfu"] = r["tokens_per_second"] * MODELS[model].flops_per_token(r["seq"]) / st["peak_flops"]
+            r["mfu"] = (r["tokens_per_second"] * MODELS[model].flops_per_token(r["seq"], bool(st.get("lora"))) /
+                        st["peak_flops"])
             results[key] = r
             nv, own = r.get("nvml_peak_bytes"), r.get("own_peak_bytes")
             lines.append(f"  {s:8} {r['batch']:5d} {r['tokens_per_second']:9.0f} {r['ms_per_step']:8.1f} "
