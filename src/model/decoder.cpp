@@ -120,6 +120,12 @@ void Decoder::plan_memory(MemoryPlan& plan, DeviceKind backend) {
   if (store_.layout().lora().enabled())
     i_lora_scratch_ = plan.add("LoRA scratch", M::Workspace,
                                LoraAdapter::scratch_elements(int(BT), store_.layout().lora().r) * a);
+  if (training_ && store_.layout().lora().enabled() && store_.layout().lora().dropout > 0) {
+    // The widest input of a block Linear: C, the attention's q width (o_proj), or the MLP width (down_proj).
+    const size_t widest = std::max({C, size_t(spec_.q_width()), F});
+    i_lora_dropout_scratch_ = plan.add("LoRA dropout scratch", M::Workspace, BT * widest * a);
+    i_lora_dropout_state_ = plan.add("dropout state", M::Workspace, sizeof(DropoutState));
+  }
   if (training_) {
     i_dres_ = plan.add("residual gradient", M::Workspace, BT * C * a);
     i_d4c_ = plan.add("mlp gradient", M::Workspace, BT * FI * a);
@@ -150,6 +156,10 @@ void Decoder::bind(const Arena& ar) {
   tmp_c_ = ar.get<void>(i_tmp_c_), attn_scratch_ = ar.get<void>(i_attn_scratch_);
   if (i_inv_freq_ != SIZE_MAX) inv_freq_ = ar.get<float>(i_inv_freq_);
   if (i_lora_scratch_ != SIZE_MAX) lora_scratch_ = ar.get<void>(i_lora_scratch_);
+  if (i_lora_dropout_state_ != SIZE_MAX) {
+    lora_dropout_state_ = ar.get<DropoutState>(i_lora_dropout_state_);
+    lora_dropout_scratch_ = ar.get<void>(i_lora_dropout_scratch_);
+  }
   if (training_) {
     dres_ = ar.get<void>(i_dres_), d4c_ = ar.get<void>(i_d4c_), dqkv_ = ar.get<void>(i_dqkv_);
     if (i_dact_ != SIZE_MAX) dact_ = ar.get<void>(i_dact_);
@@ -269,8 +279,13 @@ Decoder::BlockLinears Decoder::block_linears(int l, bool with_grads) const {
     }
     if (parts.empty()) continue;
     Linear& base = *linears[k];
+    // Dropout sites: four per Linear (q, k, v at most), four Linears per block.
+    LoraDropout drop;
+    if (lora_dropping_)
+      drop = {float(lora.dropout), lora_dropout_state_, uint32_t((size_t(l) * 4 + k) * 4),
+              lora_dropout_scratch_};
     adapters_[k] =
-        LoraAdapter(std::move(parts), base.in(), base.out(), lora.r, lora.scale(), lora_scratch_, pr);
+        LoraAdapter(std::move(parts), base.in(), base.out(), lora.r, lora.scale(), lora_scratch_, pr, drop);
     base = base.with_adapter(&adapters_[k]);
   }
   return out;
@@ -427,6 +442,9 @@ void Decoder::forward(Ops& ops, const int32_t* tokens, const int32_t* targets, i
   const int C = spec_.C, L = spec_.n_layer, V = spec_.vocab, Vp = spec_.padded_vocab;
   const int N = B * T;
   const size_t sBTC = size_t(B_) * T_ * C, sBT = size_t(B_) * T_;
+  // LoRA dropout in a training forward only (and its backward); each draws the next micro-batch's masks.
+  lora_dropping_ = write_grad && lora_dropout_state_;
+  if (lora_dropping_) ops.dropout_next_micro(lora_dropout_state_);
   trace_phase("forward", -1);
   store_.acquire(0);
   if (L > 0) store_.prefetch(1);

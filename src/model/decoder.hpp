@@ -61,6 +61,8 @@ class Decoder final : public Model {
   float* params() const override { return store_.master(); }
   void* weights() const override { return store_.weights(); }
   void* grad_buffer() const override { return store_.grads(); }
+  // LoRA with lora_dropout while training: the state its masks are drawn from; else null.
+  DropoutState* dropout_state() const override { return lora_dropout_state_; }
   float* grads() const override { return store_.grads_f32(); }
   size_t grad_bytes() const override { return store_.grad_bytes(); }
   bool grads_by_unit() const override { return true; }
@@ -173,6 +175,12 @@ class Decoder final : public Model {
   mutable std::array<LoraAdapter, 4> adapters_;
   void* lora_scratch_ = nullptr;
   size_t i_lora_scratch_ = SIZE_MAX;
+  // lora_dropout (training): the masks' state (dropout_state()), the dropped inputs' scratch, and whether the
+  // last forward was a training one (its backward then drops too).
+  DropoutState* lora_dropout_state_ = nullptr;
+  void* lora_dropout_scratch_ = nullptr;
+  size_t i_lora_dropout_state_ = SIZE_MAX, i_lora_dropout_scratch_ = SIZE_MAX;
+  bool lora_dropping_ = false;
   // The LM head [padded vocab, C] (the token embedding when tied), with its gradient when `with_grads`.
   Linear head_linear(bool with_grads) const;
 

@@ -49,6 +49,7 @@ void Decoder::forward_cached(Ops& ops, const KvCache& cache, const int32_t* toke
   ANVIL_ASSERT(ops.precision().compute == precision().compute,
                "the ops' precision does not match the model's");
   const int C = spec_.C;
+  lora_dropping_ = false;  // generation: no dropout
   store_.acquire(0);
   if (spec_.n_layer > 0) store_.prefetch(1);
   ops.embedding_fwd_at(encoded_, tokens, store_.weight_at(wte_off_), weight_or_null(wpe_off_), pos, B, Tn, C);

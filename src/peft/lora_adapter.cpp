@@ -13,23 +13,34 @@ void* at(void* p, size_t bytes) {
 }  // namespace
 
 LoraAdapter::LoraAdapter(std::vector<LoraPart> parts, int in, int out, int r, float scale, void* scratch,
-                         OpsPrecision precision)
+                         OpsPrecision precision, LoraDropout dropout)
     : parts_(std::move(parts)),
       in_(in),
       out_(out),
       r_(r),
       scale_(scale),
       scratch_(scratch),
-      elem_(dtype_bits(precision.compute) / 8) {
+      elem_(dtype_bits(precision.compute) / 8),
+      drop_(dropout) {
   ANVIL_ASSERT(r >= 1 && (parts_.empty() || scratch), "LoRA adapter of rank {} without scratch", r);
+  ANVIL_ASSERT(drop_.p == 0 || (drop_.p > 0 && drop_.p < 1 && drop_.state && drop_.scratch),
+               "LoRA dropout {} without its state and scratch", drop_.p);
   for (const LoraPart& p : parts_)
     ANVIL_ASSERT(p.first >= 0 && p.rows >= 1 && p.first + p.rows <= out && p.a && p.b,
                  "LoRA part [{}, {}) of a Linear with {} outputs", p.first, p.first + p.rows, out);
 }
 
-void LoraAdapter::forward(Ops& ops, void* y, const void* x, int N) const {
+const void* LoraAdapter::part_input(Ops& ops, const void* x, int N, size_t i) const {
+  if (drop_.p == 0) return x;
+  ops.dropout(drop_.scratch, x, size_t(N) * in_, drop_.p, drop_.state, drop_.first_site + uint32_t(i));
+  return drop_.scratch;
+}
+
+void LoraAdapter::forward(Ops& ops, void* y, const void* x_in, int N) const {
   void* t = scratch_;
-  for (const LoraPart& p : parts_) {
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const LoraPart& p = parts_[i];
+    const void* x = part_input(ops, x_in, N, i);
     // t [N, r] = x A^T
     ops.gemm({.a = x, .b = p.a, .trans_b = true, .c = t, .m = N, .n = r_, .k = in_});
     // y[:, part] += s t B^T
@@ -46,10 +57,12 @@ void LoraAdapter::forward(Ops& ops, void* y, const void* x, int N) const {
   }
 }
 
-void LoraAdapter::backward(Ops& ops, void* dx, const void* dy, const void* x, int N) const {
+void LoraAdapter::backward(Ops& ops, void* dx, const void* dy, const void* x_in, int N) const {
   void* t = scratch_;
   void* u = at(scratch_, size_t(N) * r_ * elem_);
-  for (const LoraPart& p : parts_) {
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const LoraPart& p = parts_[i];
+    const void* x = part_input(ops, x_in, N, i);
     const void* dy_part = at(dy, size_t(p.first) * elem_);
     // u [N, r] = s dy[:, part] B
     ops.gemm({.a = dy_part, .b = p.b, .c = u, .m = N, .n = r_, .k = p.rows, .lda = out_, .alpha = scale_});
@@ -79,8 +92,17 @@ void LoraAdapter::backward(Ops& ops, void* dx, const void* dy, const void* x, in
                 .n = in_,
                 .k = N,
                 .beta = 1.f});
-    // dx [N, in] += u A
-    if (dx) ops.gemm({.a = u, .b = p.a, .c = dx, .m = N, .n = in_, .k = r_, .beta = 1.f});
+    // dx [N, in] += u A; with dropout, through the part's mask: dx += dropout(u A) (the dropped input is no
+    // longer needed, so its scratch takes u A).
+    if (!dx) continue;
+    if (drop_.p == 0) {
+      ops.gemm({.a = u, .b = p.a, .c = dx, .m = N, .n = in_, .k = r_, .beta = 1.f});
+      continue;
+    }
+    ops.gemm({.a = u, .b = p.a, .c = drop_.scratch, .m = N, .n = in_, .k = r_});
+    ops.dropout(drop_.scratch, drop_.scratch, size_t(N) * in_, drop_.p, drop_.state,
+                drop_.first_site + uint32_t(i));
+    ops.residual_fwd(dx, dx, drop_.scratch, size_t(N) * in_);
   }
 }
 

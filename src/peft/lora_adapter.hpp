@@ -5,6 +5,11 @@
 // Backward, per part (t = x A^T is recomputed, [N, r]: cheaper than keeping it): u = s dy[:, part] B;
 // dB += s dy[:, part]^T t; dA += u^T x; dx += u A. Everything runs through Ops::gemm, on whatever backend
 // the ops are: no kernel of its own.
+//
+// With dropout (lora_dropout, training forwards only), x is replaced by dropout(x) in each part's term, with
+// a mask of its own per part (PEFT's nn.Dropout per module): drawn from the DropoutState by site
+// (kernels/dropout.hpp), so backward and recomputation draw the forward's mask again, and the part's input
+// gradient passes through the same mask (dx += dropout(u A)).
 #pragma once
 #include <vector>
 
@@ -20,13 +25,22 @@ struct LoraPart {
   void* db = nullptr;
 };
 
+// Dropout on the adapters' input: probability p (0: none), the state its masks are drawn from, the site of
+// the first part (part i uses first_site + i), and a [N, in] compute-type scratch for the dropped input.
+struct LoraDropout {
+  float p = 0.f;
+  const DropoutState* state = nullptr;
+  uint32_t first_site = 0;
+  void* scratch = nullptr;
+};
+
 class LoraAdapter final : public LinearAdapter {
  public:
   LoraAdapter() = default;
   // `scratch` holds two [N, r] matrices of the compute type for the largest N the Linear sees
   // (scratch_elements).
   LoraAdapter(std::vector<LoraPart> parts, int in, int out, int r, float scale, void* scratch,
-              OpsPrecision precision);
+              OpsPrecision precision, LoraDropout dropout = {});
   static size_t scratch_elements(int max_rows, int r) { return 2 * size_t(max_rows) * size_t(r); }
 
   bool empty() const { return parts_.empty(); }
@@ -39,6 +53,9 @@ class LoraAdapter final : public LinearAdapter {
   float scale_ = 1;
   void* scratch_ = nullptr;
   size_t elem_ = 4;  // bytes per compute-type element
+  LoraDropout drop_;
+  // Part i's input: x, or dropout(x) written into the dropout scratch.
+  const void* part_input(Ops& ops, const void* x, int N, size_t i) const;
 };
 
 }  // namespace anvil

@@ -32,10 +32,7 @@ void validate_lora_config(const LoraConfig& cfg) {
   ANVIL_REQUIRE(cfg.r >= 0, "lora_r must be >= 0 (0: no LoRA), got {}", cfg.r);
   if (!cfg.enabled()) return;
   ANVIL_REQUIRE(std::isfinite(cfg.alpha) && cfg.alpha > 0, "lora_alpha must be > 0, got {}", cfg.alpha);
-  ANVIL_REQUIRE(
-      cfg.dropout == 0,
-      "lora_dropout {} is not supported yet (the adapters train without dropout); set lora_dropout 0",
-      cfg.dropout);
+  ANVIL_REQUIRE(cfg.dropout >= 0 && cfg.dropout < 1, "lora_dropout must be in [0, 1), got {}", cfg.dropout);
   for (const std::string& t : cfg.target_modules)
     ANVIL_REQUIRE(!t.empty() && t.find_first_of(" *?[") == std::string::npos,
                   "lora_target_modules: '{}' is not a module name (give names such as q_proj,v_proj, "

@@ -17,7 +17,7 @@ namespace anvil {
 struct LoraConfig {
   int r = 0;            // the rank; 0: no adapters
   double alpha = 8;     // lora_alpha
-  double dropout = 0;   // lora_dropout (only 0 is supported)
+  double dropout = 0;   // lora_dropout: on the adapters' input, training forwards only
   bool rslora = false;  // use_rslora: s = alpha / sqrt(r)
   // Module names or suffixes (PEFT's target_modules: "q_proj" matches "model.layers.3.self_attn.q_proj"),
   // or "all-linear" (every Linear of the blocks). Empty: PEFT's default for the family.

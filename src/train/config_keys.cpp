@@ -62,27 +62,33 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .section = "Model",
      .type = "float",
      .meaning =
-         R"md(LoRA's `lora_dropout`. Only 0 is supported so far (the adapters train without dropout on their input); another value is an error.)md"},
+         R"md(LoRA's `lora_dropout`, in [0, 1): dropout on each adapter's input in training forwards (a mask of its own per adapted module, as PEFT's `nn.Dropout` per module; the base weight's product sees the input undropped). Evaluation, samples and generation run without it.)md",
+     .summary =
+         "LoRA's dropout on each adapter's input in [0, 1), training forwards only (a mask per adapted "
+         "module, as PEFT's)."},
     {.key = "use_rslora",
      .section = "Model",
      .type = "bool",
-     .meaning = R"md(Rank-stabilised LoRA: scale by `lora_alpha / sqrt(lora_r)` instead of `lora_alpha / lora_r`.)md"},
+     .meaning =
+         R"md(Rank-stabilised LoRA: scale by `lora_alpha / sqrt(lora_r)` instead of `lora_alpha / lora_r`.)md"},
     {.key = "lora_target_modules",
      .section = "Model",
      .type = "string",
      .meaning =
          R"md(The Linear modules that get adapters, comma-separated, matched as PEFT's `target_modules` (a module's name or its last parts: `q_proj` matches `model.layers.3.self_attn.q_proj`), or `all-linear` (every Linear of the blocks). Llama, Qwen2, Mistral: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`, `down_proj`; GPT-2: `c_attn`, `c_proj` (both the attention's and the MLP's), `c_fc`. A name that matches no module is an error.)md",
-     .default_text = "`\"\"` (PEFT's default: `q_proj,v_proj`; GPT-2 `c_attn`)"},
+     .default_text = "`\"\"` (PEFT's default: `q_proj,v_proj`; GPT-2 `c_attn`)",
+     .summary =
+         "Comma-separated modules that get adapters, matched as PEFT's target_modules (q_proj, v_proj, "
+         "...), or all-linear."},
     // -----------------------------------------------------------------------------------------------
     // Data
-    {
-        .key = "tokenizer",
-        .section = "Data",
-        .type = "string",
-        .meaning =
-            R"md(`bytes`, or a Hugging Face `tokenizer.json` (byte-level BPE, WordPiece) or BERT `vocab.txt`. When given and the model is a preset or a shape without `vocab_size`, the model's vocabulary is the tokenizer's (and its eos token). Used to encode `sample_prompt` and decode the sample; copied into every checkpoint (as `tokenizer.json` / `vocab.txt`, with the `tokenizer_config.json` and `special_tokens_map.json` beside it, which say which special tokens the model's tokenizer adds). `""`: the tokenizer the `init_from` / resumed checkpoint carries, else `bytes`.)md",
-        .default_text = "`\"\"` (the checkpoint's, else `bytes`)",
-        .summary = "bytes, or a Hugging Face tokenizer.json or BERT vocab.txt."},
+    {.key = "tokenizer",
+     .section = "Data",
+     .type = "string",
+     .meaning =
+         R"md(`bytes`, or a Hugging Face `tokenizer.json` (byte-level BPE, WordPiece) or BERT `vocab.txt`. When given and the model is a preset or a shape without `vocab_size`, the model's vocabulary is the tokenizer's (and its eos token). Used to encode `sample_prompt` and decode the sample; copied into every checkpoint (as `tokenizer.json` / `vocab.txt`, with the `tokenizer_config.json` and `special_tokens_map.json` beside it, which say which special tokens the model's tokenizer adds). `""`: the tokenizer the `init_from` / resumed checkpoint carries, else `bytes`.)md",
+     .default_text = "`\"\"` (the checkpoint's, else `bytes`)",
+     .summary = "bytes, or a Hugging Face tokenizer.json or BERT vocab.txt."},
     {.key = "train_data",
      .section = "Data",
      .type = "path",
@@ -201,7 +207,11 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .type = "number",
      .meaning =
          R"md(Clip the global gradient norm to this value (HF semantics: coefficient max_norm / (norm + 1e-6)); 0 disables.)md"},
-    {.key = "optim", .section = "Optimizer and schedule", .type = "string", .meaning = R"md(`adamw_torch_fused` (also `adamw_torch`, `adamw_hf`, `adamw`), `adafactor`, `adamw_8bit` (also `adamw_bnb_8bit`), `sgd`. See [optimizers.md](optimizers.md).)md"},
+    {.key = "optim",
+     .section = "Optimizer and schedule",
+     .type = "string",
+     .meaning =
+         R"md(`adamw_torch_fused` (also `adamw_torch`, `adamw_hf`, `adamw`), `adafactor`, `adamw_8bit` (also `adamw_bnb_8bit`), `sgd`. See [optimizers.md](optimizers.md).)md"},
     {.key = "no_decay_lr_multiplier",
      .section = "Optimizer and schedule",
      .type = "number",
@@ -320,12 +330,7 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .section = "Run",
      .type = "int",
      .meaning = R"md(Evaluate on `val_data` every N steps; always at the end when `val_data` is set.)md"},
-    {.key = "max_eval_batches",
-     .section = "Run",
-     .type = "int",
-     .meaning =
-         R"md(Batches per evaluation, from the start of `val_data`. 0 (the default): 20 batches for language modelling, every example for classification (in file order, the last batch partial; as HF Trainer evaluates the whole set).)md",
-     .summary = "Batches per evaluation (0: 20 for language modelling, every example for classification)."},
+    {.key = "max_eval_batches", .section = "Run", .type = "int", .meaning = R"md(Batches per evaluation, from the start of `val_data`. 0 (the default): 20 batches for language modelling, every example for classification (in file order, the last batch partial; as HF Trainer evaluates the whole set).)md", .summary = "Batches per evaluation (0: 20 for language modelling, every example for classification)."},
     {.key = "memory_trace",
      .section = "Run",
      .type = "path",
@@ -339,11 +344,7 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .meaning =
          R"md(`A:B`: write a Chrome trace of global steps A..B (phases per block on the device, the step on the host, and on CUDA every kernel, memcpy and memset with its GPU times, one row per stream, recorded with CUPTI; NVTX ranges on CUDA) to `output_dir/profile_steps_A-B.json`, and print the top kernels by GPU time at the end of the run ([performance.md](performance.md#profiling---profile_steps-ab)).)md",
      .summary = "A:B: write a Chrome trace of global steps A..B to output_dir/profile_steps_A-B.json."},
-    {.key = "cuda_graphs",
-     .section = "Run",
-     .type = "bool",
-     .meaning =
-         R"md(CUDA: record the step's device work into CUDA graphs and replay them with one launch each. One micro-batch per step without the fp16 loss scaler: the whole step (zeroing, forward, backward, norm, clip, optimizer, weight cast) is one graph per input slot and batch shape; with gradient accumulation, one graph per micro-batch and one for the step's tail; with the fp16 loss scaler, micro-batch, norm and update graphs around its overflow decision. Each graph is recorded the second time its key is used (classification batches vary in padded length: one graph per shape, never replayed for another), and reads the step's learning rate, step count, seeds and unscale factor from device memory, so replays follow the schedule. Profiled (`profile_steps`) and memory-traced steps run without graphs; a changed fp16 loss scale records the micro-batch graphs again. `summary.json` counts them (`cuda_graphs`). `--cuda_graphs false` launches every kernel each time. Ignored on the CPU ([performance.md](performance.md)).)md"},
+    {.key = "cuda_graphs", .section = "Run", .type = "bool", .meaning = R"md(CUDA: record the step's device work into CUDA graphs and replay them with one launch each. One micro-batch per step without the fp16 loss scaler: the whole step (zeroing, forward, backward, norm, clip, optimizer, weight cast) is one graph per input slot and batch shape; with gradient accumulation, one graph per micro-batch and one for the step's tail; with the fp16 loss scaler, micro-batch, norm and update graphs around its overflow decision. Each graph is recorded the second time its key is used (classification batches vary in padded length: one graph per shape, never replayed for another), and reads the step's learning rate, step count, seeds and unscale factor from device memory, so replays follow the schedule. Profiled (`profile_steps`) and memory-traced steps run without graphs; a changed fp16 loss scale records the micro-batch graphs again. `summary.json` counts them (`cuda_graphs`). `--cuda_graphs false` launches every kernel each time. Ignored on the CPU ([performance.md](performance.md)).)md"},
     {.key = "gemm_tuning",
      .section = "Run",
      .type = "bool",
@@ -393,11 +394,7 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .type = "bool",
      .meaning =
          R"md(bf16 mixed precision (HF `bf16`): as `fp16` with bfloat16, which has fp32's exponent range, so no loss scaling. Cannot be combined with `fp16`.)md"},
-    {.key = "tf32",
-     .section = "Precision",
-     .type = "bool",
-     .meaning =
-         R"md(On CUDA, let fp32 matmuls use TF32 tensor cores (faster, ~1e-3 relative precision). Combines with any of the above (it affects what stays fp32). The same as `fp32_matmul: "tf32"`.)md"},
+    {.key = "tf32", .section = "Precision", .type = "bool", .meaning = R"md(On CUDA, let fp32 matmuls use TF32 tensor cores (faster, ~1e-3 relative precision). Combines with any of the above (it affects what stays fp32). The same as `fp32_matmul: "tf32"`.)md"},
     {.key = "fp32_matmul",
      .section = "Precision",
      .type = "string",

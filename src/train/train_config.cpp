@@ -612,9 +612,7 @@ void TrainConfig::validate(const std::string& s) const {
   if (lora_r > 0) {
     ANVIL_REQUIRE(std::isfinite(lora_alpha) && lora_alpha > 0, "{} must be > 0, got {}",
                   subject("lora_alpha"), lora_alpha);
-    ANVIL_REQUIRE(lora_dropout == 0,
-                  "{} {} is not supported yet (the adapters train without dropout on their input); set it to "
-                  "0",
+    ANVIL_REQUIRE(lora_dropout >= 0 && lora_dropout < 1, "{} must be in [0, 1), got {}",
                   subject("lora_dropout"), lora_dropout);
     ANVIL_REQUIRE(!model.is_bert(),
                   "{}: LoRA is for the decoder families (gpt2, llama, qwen2, mistral) for now, not bert; "

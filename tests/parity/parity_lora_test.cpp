@@ -78,7 +78,11 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
   return max_ref > 0 ? max_diff / max_ref : max_diff;
 }
 
-TEST(LoraModelParity, TrainingStepsFp32) {
+// With lora_dropout both backends draw the same masks from the same state (kernels/dropout.hpp), so the
+// comparison is the same.
+class LoraModelParity : public ::testing::TestWithParam<float> {};
+
+TEST_P(LoraModelParity, TrainingStepsFp32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
   const char* env = std::getenv("ANVIL_PARITY_SEED");
   const uint32_t seed = env ? uint32_t(std::stoul(env)) : std::random_device{}();
@@ -88,7 +92,7 @@ TEST(LoraModelParity, TrainingStepsFp32) {
   EngineOptions o;
   o.batch_size = 4, o.seq_len = 48, o.training = true;
   o.optim = adamw_hyper({0.9f, 0.95f, 1e-8f, 0.1f});
-  o.lora.r = 8, o.lora.alpha = 16, o.lora.target_modules = {"all-linear"};
+  o.lora.r = 8, o.lora.alpha = 16, o.lora.target_modules = {"all-linear"}, o.lora.dropout = GetParam();
   o.device = DeviceKind::CPU;
   Engine cpu(cfg, o);
   o.device = DeviceKind::CUDA;
@@ -115,6 +119,10 @@ TEST(LoraModelParity, TrainingStepsFp32) {
     double loss[2];
     for (int k = 0; k < 2; ++k) {
       Engine& e = *engines[k];
+      if (e.has_dropout()) {
+        e.dropout_state_host() = DropoutState{seed + uint64_t(step), 0, 0};
+        e.upload_dropout_state();
+      }
       e.device().copy_to_device(e.tokens(0), ids.data(), N * sizeof(int32_t));
       e.device().copy_to_device(e.targets(0), targets.data(), N * sizeof(int32_t));
       e.device().fill_zero(e.model().grads(), n * sizeof(float));
@@ -130,8 +138,9 @@ TEST(LoraModelParity, TrainingStepsFp32) {
       if (!t.is_adapter()) continue;
       const std::vector<float> a(gc.begin() + long(t.offset), gc.begin() + long(t.offset + t.numel()));
       const std::vector<float> b(gg.begin() + long(t.offset), gg.begin() + long(t.offset + t.numel()));
-      // Step 1 from the same weights: the ops' rounding alone. Step 2 after AdamW, whose first update is about
-      // lr * sign(g) where g is within rounding of 0, so a few factor entries differ by an lr (as ParityModel).
+      // Step 1 from the same weights: the ops' rounding alone. Step 2 after AdamW, whose first update is
+      // about lr * sign(g) where g is within rounding of 0, so a few factor entries differ by an lr (as
+      // ParityModel).
       EXPECT_LT(rel_error(a, b), step == 1 ? 1e-4 : 2e-3)
           << "gradient of " << t.name << ", step " << step << ", seed " << seed;
     }
@@ -154,6 +163,10 @@ TEST(LoraModelParity, TrainingStepsFp32) {
     EXPECT_LE(off, n / 1000) << "factors differ after step " << step << ", seed " << seed;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Dropout, LoraModelParity, ::testing::Values(0.0f, 0.2f), [](const auto& info) {
+  return info.param > 0 ? std::string("dropout") : std::string("none");
+});
 
 }  // namespace
 }  // namespace anvil

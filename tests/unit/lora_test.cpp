@@ -186,8 +186,9 @@ TEST(LoraConfig, PeftJsonRoundTripAndErrors) {
         lora_config_from_peft(with("rank_pattern", {{"q_proj", 4}}), "a.json");
       },
       {"rank_pattern"});
-  test::expect_error([&] { lora_config_from_peft(with("lora_dropout", 0.1), "a.json"); },
-                     {"lora_dropout 0.1", "not supported"});
+  EXPECT_EQ(lora_config_from_peft(with("lora_dropout", 0.1), "a.json").dropout, 0.1);
+  test::expect_error([&] { lora_config_from_peft(with("lora_dropout", 1.0), "a.json"); },
+                     {"lora_dropout must be in [0, 1)"});
 }
 
 LoraConfig lora(int r, std::vector<std::string> targets = {}, double alpha = 8) {
@@ -435,6 +436,99 @@ TEST_P(LoraDecoder, FactorGradientsFollowTheChainRule) {
 INSTANTIATE_TEST_SUITE_P(Families, LoraDecoder, ::testing::Values("llama-tiny", "tiny"));
 
 // ---------------------------------------------------------------------------------------------------------
+// lora_dropout: training forwards drop each adapter's input (evaluation does not); the masks are fixed by the
+// dropout state, and the factors' gradients are those of the loss with that mask (finite differences).
+
+struct DropoutRun {
+  Engine& e;
+  const Fixture& f;
+  // The loss of a training forward with the masks of (seed, micro-batch 1), and optionally its backward.
+  double loss(uint64_t seed, bool backward) {
+    Model& m = e.model();
+    if (e.has_dropout()) {
+      e.dropout_state_host() = DropoutState{seed, 0, 0};
+      e.upload_dropout_state();
+    }
+    e.device().fill_zero(m.grad_buffer(), m.grad_bytes());
+    e.device().copy_to_device(e.tokens(0), f.tokens.data(), f.tokens.size() * sizeof(int32_t));
+    e.device().copy_to_device(e.targets(0), f.targets.data(), f.targets.size() * sizeof(int32_t));
+    const int n = f.B * f.T;
+    m.forward(e.ops(), e.inputs(0, f.B, f.T), 1.0f / float(n), true);
+    const double l = e.ops().sum(m.losses(), size_t(n)) / n;
+    if (backward) m.backward(e.ops(), e.inputs(0, f.B, f.T));
+    return l;
+  }
+};
+
+TEST(LoraDropout, TrainingForwardsDropEvaluationDoesNot) {
+  const Fixture f = fixture("llama-tiny", lora(4, {"all-linear"}, 8));
+  EngineOptions o = options(f, true);
+  o.lora = f.lc;
+  o.lora.dropout = 0.3;
+  Engine e(f.cfg, o);
+  ASSERT_TRUE(e.has_dropout());
+  EngineOptions plain = options(f, true);
+  plain.lora = f.lc;
+  Engine nodrop(f.cfg, plain);
+  EXPECT_FALSE(nodrop.has_dropout());
+  const std::vector<float> w = adapted_weights(e, 3);
+  e.model().upload_weights(e.device(), w.data());
+  nodrop.model().upload_weights(nodrop.device(), w.data());
+  DropoutRun run{e, f};
+  const double a = run.loss(11, false), again = run.loss(11, false), other = run.loss(12, false);
+  EXPECT_EQ(a, again) << "the same state must draw the same masks";
+  EXPECT_NE(a, other) << "another seed must draw other masks";
+  DropoutRun plain_run{nodrop, f};
+  EXPECT_NE(a, plain_run.loss(0, false));
+  // Evaluation (no gradients) runs without dropout: the logits of the model without it.
+  EXPECT_EQ(logits(e, f), logits(nodrop, f));
+}
+
+TEST(LoraDropout, FactorGradientsMatchFiniteDifferences) {
+  const Fixture f = fixture("tiny", lora(4, {"all-linear"}, 8));
+  EngineOptions o = options(f, true);
+  o.lora = f.lc;
+  o.lora.dropout = 0.25;
+  Engine e(f.cfg, o);
+  std::vector<float> w = adapted_weights(e, 4);
+  e.model().upload_weights(e.device(), w.data());
+  DropoutRun run{e, f};
+  run.loss(21, true);
+  const size_t n = w.size();
+  std::vector<float> g(n);
+  e.device().copy_to_host(g.data(), e.model().grads(), n * sizeof(float));
+  // The largest factor gradients of each kind (A, B), where finite differences resolve them best.
+  std::vector<size_t> picks;
+  for (TensorRole role : {TensorRole::LoraA, TensorRole::LoraB}) {
+    std::vector<size_t> idx;
+    for (const ParamTensor& t : e.model().layout().tensors())
+      if (t.role == role)
+        for (size_t i = t.offset; i < t.offset + t.numel(); ++i) idx.push_back(i);
+    std::partial_sort(idx.begin(), idx.begin() + 4, idx.end(),
+                      [&](size_t x, size_t y) { return std::abs(g[x]) > std::abs(g[y]); });
+    picks.insert(picks.end(), idx.begin(), idx.begin() + 4);
+  }
+  const float h = 1e-2f;
+  for (size_t i : picks) {
+    std::vector<float> p = w;
+    p[i] = w[i] + h;
+    e.model().upload_weights(e.device(), p.data());
+    const double up = run.loss(21, false);
+    p[i] = w[i] - h;
+    e.model().upload_weights(e.device(), p.data());
+    const double down = run.loss(21, false);
+    const double fd = (up - down) / (2 * h);
+    EXPECT_NEAR(g[i], fd, 0.03 * std::abs(fd) + 1e-4) << "element " << i;
+  }
+  // Without the mask (another seed) the gradient differs: the test sees the dropout.
+  e.model().upload_weights(e.device(), w.data());
+  run.loss(22, true);
+  std::vector<float> g2(n);
+  e.device().copy_to_host(g2.data(), e.model().grads(), n * sizeof(float));
+  EXPECT_NE(g[picks[0]], g2[picks[0]]);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Training runs.
 
 TrainConfig lora_run(const test::ByteCorpus& c, const std::string& out, int steps,
@@ -531,11 +625,32 @@ TEST(LoraTrain, BaseStaysAdaptersTrainCheckpointIsPeft) {
   EXPECT_EQ(logits(again, f), lm);
 }
 
+// With lora_dropout the masks follow the step and micro-batch, so a resumed run draws what the uninterrupted
+// one drew.
+TEST(LoraTrain, DropoutRunResumesExactly) {
+  test::ByteCorpus c;
+  const TrainConfig full = lora_run(
+      c, c.dir / "full", 8, R"({"lora_dropout": 0.1, "save_steps": 5, "gradient_accumulation_steps": 2})");
+  test::quietly([&] { return train(full); });
+  TrainConfig resumed =
+      lora_run(c, c.dir / "resumed", 8, R"({"lora_dropout": 0.1, "gradient_accumulation_steps": 2})");
+  resumed.resume_from_checkpoint = c.dir / "full/checkpoint-5";
+  test::quietly([&] { return train(resumed); });
+  const std::vector<double> a = test::metrics_losses(c.dir / "full/metrics.jsonl"),
+                            b = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i], a[5 + i]) << "step " << 6 + i;
+  // And the dropout is there: a run without it differs.
+  test::quietly(
+      [&] { return train(lora_run(c, c.dir / "nodrop", 8, R"({"gradient_accumulation_steps": 2})")); });
+  EXPECT_NE(test::metrics_losses(c.dir / "nodrop/metrics.jsonl"), a);
+}
+
 TEST(LoraTrain, Errors) {
   test::ByteCorpus c;
   const std::string dir = c.dir / "e";
-  test::expect_error([&] { lora_run(c, dir, 1, R"({"lora_dropout": 0.05})"); },
-                     {"lora_dropout", "not supported yet"});
+  test::expect_error([&] { lora_run(c, dir, 1, R"({"lora_dropout": 1.5})"); }, {"lora_dropout", "[0, 1)"});
   test::expect_error([&] { lora_run(c, dir, 1, R"({"lora_r": -1})"); }, {"lora_r", ">= 0"});
   test::expect_error([&] { lora_run(c, dir, 1, R"({"lora_alpha": 0})"); }, {"lora_alpha", "> 0"});
   test::expect_error([&] { lora_run(c, dir, 1, R"({"model": "bert-tiny"})"); }, {"LoRA", "bert"});
