@@ -6,7 +6,9 @@
 #     every factor's gradient, the factors after AdamW; the frozen base bit for bit)
 #   golden: PEFT makes the LoRA fixtures (tests/golden/make_lora_golden.py) into $OUT/golden; the CPU unit test
 #     lora_golden_test then compares Anvil with them (run it where the fixtures are copied into tests/golden)
-#   peft_loads_anvil: an Anvil LoRA checkpoint trained on CUDA (bf16, the golden Llama as its base) loads with
+#   dropout_resume: a bf16 LoRA run with lora_dropout and CUDA graphs (the masks' micro-batch counter in the
+#     graph) resumed from its step-5 checkpoint gives the uninterrupted run's losses for steps 6-8 exactly
+#   peft_loads_anvil: an Anvil LoRA checkpoint trained on CUDA (bf16, a random transformers Llama as its base) loads with
 #     PeftModel.from_pretrained, whose logits equal `anvil logits` on the checkpoint (the adapter merged)
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
@@ -33,16 +35,22 @@ peft_loads_anvil() {
   local w=$out/peft_check
   rm -rf "$w" && mkdir -p "$w"
   python3 - "$w" <<'PY' || return 1
-import sys, numpy as np
+import sys, numpy as np, torch
 from pathlib import Path
+from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, "bench")
 from benchlib.shards import write_random_shard
 from safetensors.numpy import save_file
 w = Path(sys.argv[1])
-write_random_shard(w / "tokens.bin", 200_000, 100)
-save_file({"input_ids": np.random.default_rng(3).integers(0, 100, (2, 24)).astype(np.int32)}, str(w / "ids.safetensors"))
+# A random base with a byte-sized vocabulary (the byte tokenizer's 256), grouped-query attention.
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+LlamaForCausalLM(cfg).save_pretrained(w / "base")
+write_random_shard(w / "tokens.bin", 200_000, 256)
+save_file({"input_ids": np.random.default_rng(3).integers(0, 256, (2, 24)).astype(np.int32)}, str(w / "ids.safetensors"))
 PY
-  "$build/anvil" train --init_from tests/golden/llama_tiny --train_data "$w/tokens.bin" --device cuda --bf16 \
+  "$build/anvil" train --init_from "$w/base" --train_data "$w/tokens.bin" --device cuda --bf16 \
     --lora_r 8 --lora_alpha 16 --lora_target_modules all-linear --per_device_train_batch_size 8 \
     --max_seq_length 32 --max_steps 40 --learning_rate 1e-2 --save_steps 40 --sample_prompt "" \
     --output_dir "$w/run" || return 1
@@ -50,6 +58,28 @@ PY
     --output "$w/logits.safetensors" || return 1
   python3 tests/golden/make_lora_golden.py --check "$w/run/checkpoint-40" "$w/logits.safetensors" "$w/ids.safetensors"
 }
+dropout_resume() {
+  local w=$out/dropout_resume
+  rm -rf "$w" && mkdir -p "$w"
+  "$build/anvil" prepare-data --input data/shakespeare/shakespeare.txt --output "$w/data" --tokenizer bytes \
+    > /dev/null || return 1
+  local common=(--model llama-tiny --train_data "$w/data/train.bin" --device cuda --bf16 --lora_r 8
+    --lora_alpha 16 --lora_dropout 0.1 --lora_target_modules all-linear --per_device_train_batch_size 8
+    --gradient_accumulation_steps 2 --max_seq_length 64 --max_steps 8 --learning_rate 1e-2 --logging_steps 1
+    --sample_prompt "")
+  "$build/anvil" train "${common[@]}" --save_steps 5 --output_dir "$w/full" || return 1
+  "$build/anvil" train "${common[@]}" --resume_from_checkpoint "$w/full/checkpoint-5" --output_dir "$w/resumed" || return 1
+  python3 - "$w" <<'PY'
+import json, sys
+w = sys.argv[1]
+def losses(run):
+    return [j["loss"] for j in map(json.loads, open(f"{w}/{run}/metrics.jsonl")) if "loss" in j and "eval_loss" not in j]
+full, resumed = losses("full"), losses("resumed")
+print("full", full, "resumed", resumed)
+assert len(full) == 8 and resumed == full[5:], (full, resumed)
+PY
+}
+check dropout_resume dropout_resume
 check peft_loads_anvil peft_loads_anvil
 grep '"check"' "$out/peft_loads_anvil.log"
 echo "$failures failure(s)"

@@ -167,12 +167,14 @@ std::vector<CheckpointPolicy> sweep_policies(const CheckpointPolicy& configured)
   return out;
 }
 
-// What freeze_parameters freezes in `model` (none: nothing frozen); errors as training gives them.
+// What freeze_parameters (or LoRA: everything but the adapters) freezes in `model` (none: nothing frozen);
+// errors as training gives them.
 std::optional<FrozenCount> frozen_count(const TrainConfig& cfg, const TransformerConfig& model) {
   const std::vector<std::string> patterns = split_patterns(cfg.freeze_parameters);
-  if (patterns.empty()) return std::nullopt;
-  ParamLayout layout = model.is_bert() ? ParamLayout::bert(model) : ParamLayout::decoder(model);
-  return freeze_parameters(layout, patterns);
+  const LoraConfig lora = lora_config(cfg);
+  if (patterns.empty() && !lora.enabled()) return std::nullopt;
+  ParamLayout layout = model.is_bert() ? ParamLayout::bert(model) : ParamLayout::decoder(model, lora);
+  return patterns.empty() ? count_frozen(layout) : freeze_parameters(layout, patterns);
 }
 
 std::string model_line(const TransformerConfig& m) {
@@ -485,9 +487,10 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
   fmt::print("Memory estimate for training {}\n", model_line(model));
   if (const std::optional<FrozenCount> fz = frozen_count(cfg, model))
     fmt::print(
-        "  frozen (freeze_parameters): {} tensors, {:.2f}M parameters (no optimizer state; their gradients "
-        "and "
-        "master weights are still planned)\n",
+        "  frozen ({}): {} tensors, {:.2f}M parameters (no optimizer state; their gradients and master "
+        "weights "
+        "are still planned)\n",
+        cfg.lora_r > 0 ? fmt::format("LoRA r {}: all but the adapters", cfg.lora_r) : "freeze_parameters",
         fz->tensors, double(fz->numel) / 1e6);
   fmt::print(
       "  micro-batch {} x {} tokens, {} accumulation (effective batch {}), checkpointing {}, {}, {}, on "

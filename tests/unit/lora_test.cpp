@@ -435,6 +435,22 @@ TEST_P(LoraDecoder, FactorGradientsFollowTheChainRule) {
 
 INSTANTIATE_TEST_SUITE_P(Families, LoraDecoder, ::testing::Values("llama-tiny", "tiny"));
 
+// anvil estimate plans the adapters: every base parameter frozen, optimizer state for the factors only
+// (AdamW: two fp32 moments), and says so.
+TEST(LoraEstimate, PlansTheFactorsAndSaysWhatIsFrozen) {
+  const test::CommandResult r = test::run_anvil("estimate --model llama-tiny --device cpu --lora_r 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = json::parse(r.output);
+  const ParamLayout l = ParamLayout::decoder(TransformerConfig::preset("llama-tiny"), lora(8));
+  size_t factors = 0;
+  for (const ParamTensor& t : l.tensors()) factors += t.is_adapter() ? t.numel() : 0;
+  EXPECT_EQ(j["frozen_parameters"].get<size_t>(), l.total_numel() - factors);
+  EXPECT_GE(j["optimizer_states"].get<size_t>(), 8 * factors);
+  EXPECT_LT(j["optimizer_states"].get<size_t>(), 8 * factors + 4096);  // + the range table
+  const test::CommandResult text = test::run_anvil("estimate --model llama-tiny --device cpu --lora_r 8");
+  EXPECT_NE(text.output.find("frozen (LoRA r 8: all but the adapters)"), std::string::npos) << text.output;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // lora_dropout: training forwards drop each adapter's input (evaluation does not); the masks are fixed by the
 // dropout state, and the factors' gradients are those of the loss with that mask (finite differences).
