@@ -663,6 +663,17 @@ TEST(LoraTrain, DropoutRunResumesExactly) {
   EXPECT_NE(test::metrics_losses(c.dir / "nodrop/metrics.jsonl"), a);
 }
 
+// examples/lora_llama_tiny.json reads as the LoRA run its README describes.
+TEST(LoraTrain, ExampleConfigReads) {
+  const std::string path = std::string(ANVIL_SOURCE_DIR) + "/examples/lora_llama_tiny.json";
+  const TrainConfig cfg = TrainConfig::from_json(json::parse(test::read_file(path)), path);
+  const LoraConfig l = lora_config(cfg);
+  EXPECT_EQ(l.r, 8);
+  EXPECT_EQ(l.scale(), 2.0f);
+  EXPECT_EQ(l.target_modules, std::vector<std::string>{"all-linear"});
+  EXPECT_EQ(cfg.init_from, "runs/llama_tiny/checkpoint-240");
+}
+
 TEST(LoraTrain, Errors) {
   test::ByteCorpus c;
   const std::string dir = c.dir / "e";
