@@ -12,19 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-runs/gpu_quant_check}
-mkdir -p "$out"
-source scripts/gpu_env.sh
-build=${ANVIL_BUILD_DIR:-build}
-[ -d .devcarry/bin ] && build=build-cuda
-failures=0
-check() {  # name, then the command's arguments
-  local name=$1; shift
-  if "$@" > "$out/$name.log" 2>&1; then
-    echo "PASS $name"
-  else
-    echo "FAIL $name (log: $out/$name.log)"; tail -15 "$out/$name.log"; failures=$((failures + 1))
-  fi
-}
+source scripts/gpu_check_lib.sh  # build, check, failures
 check parity "$build/anvil_parity_tests" --gtest_filter='*Dequantize*:*QuantizedGeneration*'
 check bitsandbytes python3 tests/golden/check_bnb_quantized.py --anvil "$build/anvil"
 grep "relative max difference" "$out/bitsandbytes.log"

@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "golden_util.hpp"
 #include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
 #include "safetensors_util.hpp"
@@ -25,15 +26,7 @@ std::string fixture_dir(const std::string& name) {
 
 using test::read_f32;
 
-// Max absolute difference relative to the reference's max magnitude; `skip` masks ill-conditioned entries.
-double rel_error(const std::vector<float>& got, const std::vector<float>& want,
-                 const std::vector<bool>* skip = nullptr) {
-  double max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < want.size(); ++i) max_ref = std::max(max_ref, double(std::fabs(want[i])));
-  for (size_t i = 0; i < want.size(); ++i)
-    if (!skip || !(*skip)[i]) max_diff = std::max(max_diff, double(std::fabs(got[i] - want[i])));
-  return max_ref > 0 ? max_diff / max_ref : max_diff;
-}
+using test::rel_error;
 
 // A tensor of the flat buffer in Hugging Face's shape (Conv1D weights transposed, real vocabulary rows).
 std::vector<float> hf_view(const std::vector<float>& flat, const ParamTensor& t) {
@@ -55,13 +48,9 @@ TEST_P(GoldenDecoder, MatchesTransformers) {
   ASSERT_TRUE(std::filesystem::exists(kDir + "/golden.safetensors")) << "fixture missing: " << kDir;
   const io::SafeTensorsReader golden(kDir + "/golden.safetensors");
   const TransformerConfig cfg = io::read_model_config(kDir);
-  const io::SafeTensorInfo& ids_info = golden.at("input_ids");
-  const int B = int(ids_info.shape[0]), T = int(ids_info.shape[1]);
-  std::vector<int32_t> ids(size_t(B) * T), targets(ids.size());
-  std::memcpy(ids.data(), golden.data(ids_info), ids.size() * sizeof(int32_t));
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) targets[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : kIgnoreIndex;
-  const int valid = B * (T - 1);
+  const test::GoldenBatch batch = test::golden_batch(golden);
+  const int B = batch.B, T = batch.T, valid = batch.valid;
+  const std::vector<int32_t>&ids = batch.ids, &targets = batch.targets;
 
   EngineOptions o;
   o.device = DeviceKind::CPU;

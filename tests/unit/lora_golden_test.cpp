@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "golden_util.hpp"
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
 #include "io/peft_adapter.hpp"
@@ -24,12 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using test::read_f32;
 
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < want.size(); ++i) max_ref = std::max(max_ref, double(std::fabs(want[i])));
-  for (size_t i = 0; i < want.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(got[i] - want[i])));
-  return max_ref > 0 ? max_diff / max_ref : max_diff;
-}
+using test::rel_error;
 
 std::vector<float> part(const std::vector<float>& flat, const ParamTensor& t) {
   return {flat.begin() + long(t.offset), flat.begin() + long(t.offset + t.numel())};
@@ -51,13 +47,9 @@ TEST_P(GoldenLora, MatchesPeft) {
     fs::copy_file(lora_dir + "/" + f, dir / f);
 
   const TransformerConfig cfg = io::read_model_config(dir.str());
-  const io::SafeTensorInfo& ids_info = golden.at("input_ids");
-  const int B = int(ids_info.shape[0]), T = int(ids_info.shape[1]);
-  std::vector<int32_t> ids(size_t(B) * T), targets(ids.size());
-  std::memcpy(ids.data(), golden.data(ids_info), ids.size() * sizeof(int32_t));
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) targets[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : kIgnoreIndex;
-  const int valid = B * (T - 1);
+  const test::GoldenBatch batch = test::golden_batch(golden);
+  const int B = batch.B, T = batch.T, valid = batch.valid;
+  const std::vector<int32_t>&ids = batch.ids, &targets = batch.targets;
 
   EngineOptions o;
   o.batch_size = B, o.seq_len = T, o.training = true;
