@@ -35,6 +35,13 @@ GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, c
   }
   ANVIL_ASSERT(!staged_ || ops_,
                "gradient sync: a communication type other than the gradients' needs the ops");
+  // The runs of trainable tensors (the gaps between the frozen ones), which the buckets reduce.
+  size_t at = 0;
+  for (const ParamRange& f : store.layout().frozen_ranges()) {
+    if (f.begin > at) trainable_.push_back({at, f.begin});
+    at = f.end;
+  }
+  if (at < store.numel()) trainable_.push_back({at, store.numel()});
   store_.set_grads_ready_hook([this](int unit) { unit_ready(unit); });
 }
 
@@ -127,14 +134,20 @@ void GradSync::finish() {
 }
 
 void GradSync::queue(size_t begin, size_t end) {
-  void* data = store_.comm_grad_at(begin);
-  if (staged_)
-    ops_->convert_grads(data, comm_type_, store_.grad_at(begin), written_type_, end - begin, false);
-  if (scatter_)
-    comm_.reduce_scatter_v(data, scatter_->counts_in(begin, end), comm_type_);
-  else
-    comm_.all_reduce(data, end - begin, comm_type_);
-  ++buckets_;
+  // The trainable tensors' gradients in [begin, end) only: a frozen tensor's gradient is zeroed before the
+  // norm whatever it holds (LoRA: a block's factors are reduced, not its base matrices). One collective per
+  // run of trainable tensors: without frozen tensors, one per bucket.
+  for (const ParamRange& r : trainable_) {
+    const size_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+    if (lo >= hi) continue;
+    void* data = store_.comm_grad_at(lo);
+    if (staged_) ops_->convert_grads(data, comm_type_, store_.grad_at(lo), written_type_, hi - lo, false);
+    if (scatter_)
+      comm_.reduce_scatter_v(data, scatter_->counts_in(lo, hi), comm_type_);
+    else
+      comm_.all_reduce(data, hi - lo, comm_type_);
+    ++buckets_;
+  }
 }
 
 // After the step's last collective. Reduce-scattered buckets (stage 2 of a model with whole gradients) hold
@@ -145,9 +158,12 @@ void GradSync::convert_back() {
     const ParamRange mine = scatter_->shard(comm_.rank());
     begin = std::max(begin, mine.begin), end = std::min(end, mine.end);
   }
-  if (begin < end)
-    ops_->convert_grads(store_.grad_at(begin), kept_type_, store_.comm_grad_at(begin), comm_type_,
-                        end - begin, false);
+  for (const ParamRange& r : trainable_) {  // what queue() reduced
+    const size_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+    if (lo < hi)
+      ops_->convert_grads(store_.grad_at(lo), kept_type_, store_.comm_grad_at(lo), comm_type_, hi - lo,
+                          false);
+  }
 }
 
 }  // namespace anvil::dist

@@ -9,7 +9,8 @@
 // `bucket_bytes` (DeepSpeed's reduce_bucket_size, in bytes of the gradient type) and at the step's last
 // unit. One collective per bucket. `bucket_bytes` 0: one bucket after the whole backward (no overlap).
 // Units whose tensors are all frozen (freeze_parameters) are not reduced: a bucket ends above such a unit
-// and the next starts below it (by unit: the unit is passed over).
+// and the next starts below it (by unit: the unit is passed over). Inside a bucket only the runs of trainable
+// tensors are reduced, one collective each (LoRA: each block's factors, not its frozen matrices).
 // Gradient accumulation: only the step's last micro-batch reduces (the sums of the earlier ones are in the
 // buffer by then), so a step makes one reduction whatever its accumulation.
 //
@@ -81,7 +82,8 @@ class GradSync {
   // What backward writes (the unit slots' type under ZeRO-2/3), what the optimizer's gradients are kept in,
   // and what the collectives run in.
   const DType written_type_, kept_type_, comm_type_;
-  const bool staged_;  // the reduction runs in the store's staging buffer of comm_type_
+  const bool staged_;                  // the reduction runs in the store's staging buffer of comm_type_
+  std::vector<ParamRange> trainable_;  // the trainable runs of the layout (one without frozen tensors)
   bool armed_ = false;
   size_t pending_begin_, pending_end_;  // completed, not yet queued: [begin, end) in floats of the layout
   int64_t buckets_ = 0;

@@ -107,6 +107,39 @@ TEST(GradSyncCommType, WholeGradientsComeBackRoundedOnce) {
   }
 }
 
+// Frozen tensors' gradients are not reduced: with LoRA (every base tensor frozen) one bucket of the whole
+// step makes one collective per block (its factors are one run), and only the factors come back through the
+// bf16 communication type; the frozen gradients keep what backward wrote (the step zeroes them).
+TEST(GradSyncCommType, OnlyTrainableRunsAreReduced) {
+  auto dev = make_cpu_device();
+  LoraConfig lora;
+  lora.r = 4, lora.target_modules = {"all-linear"};
+  ParamStore store(ParamLayout::decoder(TransformerConfig::preset("llama-tiny"), lora),
+                   {DType::F32, DType::F32}, true);
+  store.set_comm_type(DType::BF16);
+  MemoryPlan plan;
+  store.plan_memory(plan);
+  Arena arena(*dev, plan);
+  store.bind(arena);
+  auto ops = make_cpu_ops(*dev, store.precision());
+  auto one = dist::make_single_process_communicator(*dev);
+  const std::vector<float> g = random_values(store.numel(), 12);
+  std::copy(g.begin(), g.end(), store.grads_f32());
+  dist::GradSync sync(*one, store, 0, nullptr, ops.get());  // one bucket after the whole backward
+  sync.set_last_micro_batch(true);
+  for (int u = int(store.layout().units().size()) - 1; u >= 0; --u) store.grads_ready(u);
+  sync.finish();
+  EXPECT_EQ(sync.buckets_queued(), TransformerConfig::preset("llama-tiny").n_layer);
+  const float* got = store.grads_f32();
+  size_t rounded_count = 0;
+  for (const ParamTensor& t : store.layout().tensors())
+    for (size_t i = t.offset; i < t.offset + t.numel(); ++i) {
+      ASSERT_EQ(got[i], t.trainable ? rounded(DType::BF16, g[i]) : g[i]) << t.name;
+      rounded_count += t.trainable && got[i] != g[i];
+    }
+  EXPECT_GT(rounded_count, 0u);
+}
+
 // Gradients by unit (ZeRO-2 with one rank: the shard is everything): each unit's slot converted into its
 // staging slot, reduce-scattered there, added into the shard's fp32 gradients over two micro-batches.
 TEST(GradSyncCommType, GradientsByUnitAddRoundedPiecesInFp32) {

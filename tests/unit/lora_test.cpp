@@ -14,6 +14,7 @@
 #include "anvil/rng.hpp"
 #include "anvil/trainer.hpp"
 #include "core/half.hpp"
+#include "dist/communicator.hpp"
 #include "io/checkpoint.hpp"
 #include "io/peft_adapter.hpp"
 #include "io/safetensors.hpp"
@@ -661,6 +662,58 @@ TEST(LoraTrain, DropoutRunResumesExactly) {
   test::quietly(
       [&] { return train(lora_run(c, c.dir / "nodrop", 8, R"({"gradient_accumulation_steps": 2})")); });
   EXPECT_NE(test::metrics_losses(c.dir / "nodrop/metrics.jsonl"), a);
+}
+
+// LoRA on two processes (Gloo): data parallelism (only the factors reduced), with bf16 communication, and
+// ZeRO stages 2 and 3 give the loss curve of one process with the same global batch; every run's adapter is a
+// PEFT adapter and its base is the initial one.
+TEST(LoraTrain, TwoProcessesEqualOne) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  test::ByteCorpus c;
+  std::vector<std::vector<double>> curves;
+  for (const std::string name : {"one", "stage0", "comm", "stage2", "stage3"}) {
+    json j = {{"model", "llama-tiny"},
+              {"train_data", c.dir / "data/train.bin"},
+              {"per_device_train_batch_size", name == "one" ? 4 : 2},
+              {"max_seq_length", 32},
+              {"max_steps", 6},
+              {"learning_rate", 1e-2},
+              {"logging_steps", 1},
+              {"device", "cpu"},
+              {"seed", 5},
+              {"dataloader_pin_memory", false},
+              {"lora_r", 4},
+              {"lora_target_modules", "all-linear"},
+              {"zero_stage", name == "stage2"   ? 2
+                             : name == "stage3" ? 3
+                                                : 0},
+              {"output_dir", c.dir / name}};
+    if (name == "comm") j.update({{"communication_data_type", "bf16"}, {"ddp_bucket_cap_mb", 0.001}});
+    test::write_file(c.dir / (name + ".json"), j.dump());
+    const std::string cmd = name == "one"
+                                ? "train --config " + c.dir / (name + ".json")
+                                : fmt::format("launch --nproc_per_node 2 --master_port 0 train --config {}",
+                                              c.dir / (name + ".json"));
+    const test::CommandResult r = test::run_anvil(cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    curves.push_back(test::metrics_losses(c.dir / (name + "/metrics.jsonl")));
+    EXPECT_TRUE(io::has_peft_adapter(c.dir / (name + "/checkpoint-6"))) << name;
+  }
+  ASSERT_EQ(curves[0].size(), 6u);
+  for (size_t s = 1; s < curves.size(); ++s)
+    for (size_t i = 0; i < curves[0].size(); ++i)
+      EXPECT_NEAR(curves[s][i], curves[0][i], (s == 2 ? 1e-3 : 1e-5) * curves[0][i])
+          << "run " << s << " step " << i + 1;
+  // The base did not move in any run.
+  const io::SafeTensorsReader one(c.dir / "one/checkpoint-6/model.safetensors");
+  for (const char* run : {"stage0", "stage2", "stage3"}) {
+    const io::SafeTensorsReader r(c.dir / fmt::format("{}/checkpoint-6/model.safetensors", run));
+    for (const io::SafeTensorInfo& t : one.tensors()) {
+      const io::SafeTensorInfo& u = r.at(t.name);
+      ASSERT_EQ(u.nbytes, t.nbytes);
+      EXPECT_EQ(std::memcmp(one.data(t), r.data(u), t.nbytes), 0) << run << ": " << t.name;
+    }
+  }
 }
 
 // examples/lora_llama_tiny.json reads as the LoRA run its README describes.
