@@ -59,8 +59,13 @@ void write_peft_adapter(const std::string& dir, const ParamLayout& layout, const
   for (const ParamTensor& t : layout.tensors())
     if (t.is_adapter()) w.add(t.name, DType::F32, t.hf_shape(), host + t.offset);
   w.write(dir + "/" + kAdapterWeightsFile);
-  write_text_file_synced(dir + "/" + kAdapterConfigFile,
-                         peft_adapter_config(layout.lora(), layout.lora_modules(), "").dump(2) + "\n");
+  nlohmann::json config = peft_adapter_config(layout.lora(), layout.lora_modules(), "");
+  // GPT-2's Conv1D weights are stored [in, out]: PEFT calls that fan_in_fan_out (it sets it itself, warning,
+  // when a config says otherwise). The factors' shapes do not depend on it.
+  for (const ParamTensor& t : layout.tensors())
+    if (t.role == TensorRole::LoraA && layout.tensors()[size_t(t.adapts)].hf_transposed)
+      config["fan_in_fan_out"] = true;
+  write_text_file_synced(dir + "/" + kAdapterConfigFile, config.dump(2) + "\n");
 }
 
 void read_peft_adapter(const std::string& dir, const ParamLayout& layout, float* host) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -246,6 +247,77 @@ TEST(LoraLayout, FactorsBesideTheirWeightsTheRestFrozen) {
         ParamLayout::decoder(cfg, lora(2, {"q_proj", "c_attn"}));
       },
       {"'c_attn' names no Linear module", "llama", "q_proj"});
+}
+
+// PEFT's adapter files: written and read back exactly; GPT-2's Conv1D marked fan_in_fan_out; malformed or
+// mismatched files are errors naming the file and what is wrong, for reading into adapters and for merging.
+TEST(LoraFiles, RoundTripAndMalformedInput) {
+  test::TempDir dir;
+  for (const char* preset : {"llama-tiny", "tiny"}) {
+    const ParamLayout l = ParamLayout::decoder(TransformerConfig::preset(preset), lora(4, {"all-linear"}, 8));
+    Rng rng(9);
+    const std::vector<float> host = randn(rng, l.total_numel());
+    io::write_peft_adapter(dir.str(), l, host.data());
+    const json config = json::parse(test::read_file(dir / io::kAdapterConfigFile));
+    EXPECT_EQ(config["fan_in_fan_out"], std::string(preset) == "tiny") << preset;
+    std::vector<float> back(l.total_numel(), 0.0f);
+    io::read_peft_adapter(dir.str(), l, back.data());
+    for (const ParamTensor& t : l.tensors())
+      for (size_t i = t.offset; i < t.offset + t.numel(); ++i)
+        ASSERT_EQ(back[i], t.is_adapter() ? host[i] : 0.0f) << preset << " " << t.name;
+  }
+  const ParamLayout l = ParamLayout::decoder(TransformerConfig::preset("llama-tiny"), lora(4, {"q_proj"}, 8));
+  std::vector<float> host(l.total_numel(), 0.5f);
+  const std::string weights = dir / io::kAdapterWeightsFile, config = dir / io::kAdapterConfigFile;
+  auto rewrite = [&](const std::function<void(io::SafeTensorsWriter&, const ParamTensor&)>& each) {
+    io::SafeTensorsWriter w;
+    for (const ParamTensor& t : l.tensors())
+      if (t.is_adapter()) each(w, t);
+    w.write(weights);
+  };
+  io::write_peft_adapter(dir.str(), l, host.data());
+  // Another rank than the run's.
+  const ParamLayout r8 =
+      ParamLayout::decoder(TransformerConfig::preset("llama-tiny"), lora(8, {"q_proj"}, 8));
+  std::vector<float> h8(r8.total_numel());
+  test::expect_error([&] { io::read_peft_adapter(dir.str(), r8, h8.data()); }, {config, "r 4", "lora_r 8"});
+  // A missing factor, a factor of the wrong shape, a tensor that is no factor of the run.
+  rewrite([&](io::SafeTensorsWriter& w, const ParamTensor& t) {
+    if (t.role == TensorRole::LoraA) w.add(t.name, DType::F32, t.hf_shape(), host.data() + t.offset);
+  });
+  test::expect_error([&] { io::read_peft_adapter(dir.str(), l, host.data()); },
+                     {weights, "lora_B.weight", "missing"});
+  rewrite([&](io::SafeTensorsWriter& w, const ParamTensor& t) {
+    std::vector<int64_t> shape = t.hf_shape();
+    if (t.role == TensorRole::LoraB) shape = {shape[0] / 2, shape[1]};
+    w.add(t.name, DType::F32, shape, host.data() + t.offset);
+  });
+  test::expect_error([&] { io::read_peft_adapter(dir.str(), l, host.data()); },
+                     {weights, "has shape", "needs"});
+  test::expect_error(
+      [&] {
+        io::merge_peft_adapter(dir.str(), ParamLayout::decoder(TransformerConfig::preset("llama-tiny")),
+                               host.data());
+      },
+      {weights, "has shape"});
+  rewrite([&](io::SafeTensorsWriter& w, const ParamTensor& t) {
+    w.add(t.name, DType::F32, t.hf_shape(), host.data() + t.offset);
+    if (t.role == TensorRole::LoraA && t.layer == 0)
+      w.add("base_model.model.model.layers.0.mlp.c_fc.lora_A.weight", DType::F32, t.hf_shape(), host.data());
+  });
+  test::expect_error([&] { io::read_peft_adapter(dir.str(), l, host.data()); },
+                     {weights, "mlp.c_fc", "not an adapter"});
+  test::expect_error(
+      [&] {
+        io::merge_peft_adapter(dir.str(), ParamLayout::decoder(TransformerConfig::preset("llama-tiny")),
+                               host.data());
+      },
+      {weights, "mlp.c_fc.weight", "does not have"});
+  // A config that is not JSON, or not a LoRA.
+  test::write_file(config, "{not json");
+  test::expect_error([&] { io::read_peft_adapter(dir.str(), l, host.data()); }, {config, "not valid JSON"});
+  test::write_file(config, R"({"peft_type": "PREFIX_TUNING", "r": 4})");
+  test::expect_error([&] { io::merge_peft_adapter(dir.str(), l, host.data()); }, {config, "PREFIX_TUNING"});
 }
 
 // ---------------------------------------------------------------------------------------------------------
