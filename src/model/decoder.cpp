@@ -68,6 +68,8 @@ Decoder::Decoder(TransformerConfig cfg, int max_batch, int max_seq, bool trainin
     const size_t in = size_t(w.shape[1]);
     lora_slots_[size_t(t.layer)][size_t(k)].push_back(
         {t.offset, b->offset, int((w.offset - starts[k]) / in), int(w.shape[0])});
+    ANVIL_ASSERT(lora_slots_[size_t(t.layer)][size_t(k)].size() <= lora_parts_[0].size(),
+                 "block {}: more LoRA parts in one Linear than q, k and v", t.layer);
   }
   ANVIL_REQUIRE(max_batch >= 1, "batch size must be >= 1, got {}", max_batch);
   ANVIL_REQUIRE(max_seq >= 1 && max_seq <= cfg_.block_size,
@@ -271,21 +273,27 @@ Decoder::BlockLinears Decoder::block_linears(int l, bool with_grads) const {
   Linear* linears[4] = {&out.qkv, &out.out, &out.mlp_in, &out.mlp_out};
   const LoraConfig& lora = store_.layout().lora();
   for (size_t k = 0; k < 4; ++k) {
-    std::vector<LoraPart> parts;
-    for (const LoraSlot& s : lora_slots_[size_t(l)][k]) {
+    const std::vector<LoraSlot>& slots = lora_slots_[size_t(l)][k];
+    if (slots.empty()) continue;
+    std::array<LoraPart, 3>& parts = lora_parts_[k];
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const LoraSlot& s = slots[i];
       const bool grads = with_grads && store_.layout().any_trainable({s.a, s.a + 1});
-      parts.push_back({s.first, s.rows, store_.weight_at(s.a), store_.weight_at(s.b),
-                       grads ? store_.grad_at(s.a) : nullptr, grads ? store_.grad_at(s.b) : nullptr});
+      parts[i] = {s.first,
+                  s.rows,
+                  store_.weight_at(s.a),
+                  store_.weight_at(s.b),
+                  grads ? store_.grad_at(s.a) : nullptr,
+                  grads ? store_.grad_at(s.b) : nullptr};
     }
-    if (parts.empty()) continue;
     Linear& base = *linears[k];
     // Dropout sites: four per Linear (q, k, v at most), four Linears per block.
     LoraDropout drop;
     if (lora_dropping_)
       drop = {float(lora.dropout), lora_dropout_state_, uint32_t((size_t(l) * 4 + k) * 4),
               lora_dropout_scratch_};
-    adapters_[k] =
-        LoraAdapter(std::move(parts), base.in(), base.out(), lora.r, lora.scale(), lora_scratch_, pr, drop);
+    adapters_[k] = LoraAdapter(std::span<const LoraPart>(parts.data(), slots.size()), base.in(), base.out(),
+                               lora.r, lora.scale(), lora_scratch_, pr, drop);
     base = base.with_adapter(&adapters_[k]);
   }
   return out;

@@ -173,6 +173,7 @@ class Decoder final : public Model {
   };
   std::vector<std::array<std::vector<LoraSlot>, 4>> lora_slots_;
   mutable std::array<LoraAdapter, 4> adapters_;
+  mutable std::array<std::array<LoraPart, 3>, 4> lora_parts_;  // the adapters' parts (q, k, v at most)
   void* lora_scratch_ = nullptr;
   size_t i_lora_scratch_ = SIZE_MAX;
   // lora_dropout (training): the masks' state (dropout_state()), the dropped inputs' scratch, and whether the

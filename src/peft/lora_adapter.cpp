@@ -12,9 +12,9 @@ void* at(void* p, size_t bytes) {
 }
 }  // namespace
 
-LoraAdapter::LoraAdapter(std::vector<LoraPart> parts, int in, int out, int r, float scale, void* scratch,
+LoraAdapter::LoraAdapter(std::span<const LoraPart> parts, int in, int out, int r, float scale, void* scratch,
                          OpsPrecision precision, LoraDropout dropout)
-    : parts_(std::move(parts)),
+    : parts_(parts),
       in_(in),
       out_(out),
       r_(r),

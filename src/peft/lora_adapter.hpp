@@ -11,7 +11,7 @@
 // (kernels/dropout.hpp), so backward and recomputation draw the forward's mask again, and the part's input
 // gradient passes through the same mask (dx += dropout(u A)).
 #pragma once
-#include <vector>
+#include <span>
 
 #include "model/linear.hpp"
 
@@ -37,9 +37,10 @@ struct LoraDropout {
 class LoraAdapter final : public LinearAdapter {
  public:
   LoraAdapter() = default;
+  // `parts` (kept by view: they must outlive the adapter's uses) are the Linear's adapted output blocks.
   // `scratch` holds two [N, r] matrices of the compute type for the largest N the Linear sees
   // (scratch_elements).
-  LoraAdapter(std::vector<LoraPart> parts, int in, int out, int r, float scale, void* scratch,
+  LoraAdapter(std::span<const LoraPart> parts, int in, int out, int r, float scale, void* scratch,
               OpsPrecision precision, LoraDropout dropout = {});
   static size_t scratch_elements(int max_rows, int r) { return 2 * size_t(max_rows) * size_t(r); }
 
@@ -48,7 +49,7 @@ class LoraAdapter final : public LinearAdapter {
   void backward(Ops& ops, void* dx, const void* dy, const void* x, int N) const override;
 
  private:
-  std::vector<LoraPart> parts_;
+  std::span<const LoraPart> parts_;
   int in_ = 0, out_ = 0, r_ = 0;
   float scale_ = 1;
   void* scratch_ = nullptr;

@@ -8,6 +8,7 @@
 
 #include "io/safetensors.hpp"
 #include "kernels/ops/loss_ops.hpp"
+#include "model/decoder.hpp"
 
 namespace anvil::test {
 
@@ -29,6 +30,16 @@ inline GoldenBatch golden_batch(const io::SafeTensorsReader& golden) {
       g.targets[b * g.T + t] = t + 1 < g.T ? g.ids[b * g.T + t + 1] : kIgnoreIndex;
   g.valid = g.B * (g.T - 1);
   return g;
+}
+
+// The logits of `m`'s last forward (without targets) for `rows` rows, cut to the real vocabulary: what
+// transformers' logits hold.
+inline std::vector<float> real_vocab_logits(Device& dev, const Decoder& m, size_t rows) {
+  const size_t V = size_t(m.config().vocab_size), Vp = size_t(m.config().padded_vocab_size());
+  std::vector<float> padded(rows * Vp), out(rows * V);
+  m.copy_logits_to_host(dev, padded.data(), 0, rows);
+  for (size_t r = 0; r < rows; ++r) std::copy_n(padded.begin() + long(r * Vp), V, out.begin() + long(r * V));
+  return out;
 }
 
 // Max absolute difference relative to the reference's max magnitude; `skip` masks ill-conditioned entries.

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -33,6 +34,31 @@ std::vector<float> random_values(size_t n, uint64_t seed) {
 
 ParamLayout layout() {
   return ParamLayout::decoder(TransformerConfig::preset("llama-tiny"));
+}
+
+// One step's reduction of whole gradients `g` (fp32) on one process: `store` (unplanned) set to reduce in
+// `comm`, planned and bound on `dev`, its units completed last to first. Returns the store's memory (read
+// the gradients while it lives) and the collectives queued.
+struct Reduced {
+  std::unique_ptr<Arena> arena;
+  int64_t collectives = 0;
+};
+Reduced reduce_whole_gradients(Device& dev, ParamStore& store, DType comm, size_t bucket_bytes,
+                               const std::vector<float>& g) {
+  store.set_comm_type(comm);
+  MemoryPlan plan;
+  store.plan_memory(plan);
+  Reduced r{std::make_unique<Arena>(dev, plan)};
+  store.bind(*r.arena);
+  auto ops = make_cpu_ops(dev, store.precision());
+  auto one = dist::make_single_process_communicator(dev);
+  std::copy(g.begin(), g.end(), store.grads_f32());
+  dist::GradSync sync(*one, store, bucket_bytes, nullptr, ops.get());
+  sync.set_last_micro_batch(true);
+  for (int u = int(store.layout().units().size()) - 1; u >= 0; --u) store.grads_ready(u);
+  sync.finish();
+  r.collectives = sync.buckets_queued();
+  return r;
 }
 
 // The staging buffer (a communication buffer of the plan): the whole gradients' size in the communication
@@ -87,20 +113,9 @@ TEST(GradSyncCommType, WholeGradientsComeBackRoundedOnce) {
   auto dev = make_cpu_device();
   for (const DType comm : {DType::F32, DType::BF16, DType::F16}) {
     ParamStore store(layout(), {DType::F32, DType::F32}, true);
-    store.set_comm_type(comm);
-    MemoryPlan plan;
-    store.plan_memory(plan);
-    Arena arena(*dev, plan);
-    store.bind(arena);
-    auto ops = make_cpu_ops(*dev, store.precision());
-    auto one = dist::make_single_process_communicator(*dev);
     const std::vector<float> g = random_values(store.numel(), 11);
-    std::copy(g.begin(), g.end(), store.grads_f32());
-    dist::GradSync sync(*one, store, 4096, nullptr, ops.get());  // small buckets: several per step
-    sync.set_last_micro_batch(true);
-    for (int u = int(store.layout().units().size()) - 1; u >= 0; --u) store.grads_ready(u);
-    sync.finish();
-    EXPECT_GT(sync.buckets_queued(), 1);
+    const Reduced r = reduce_whole_gradients(*dev, store, comm, 4096, g);  // small buckets
+    EXPECT_GT(r.collectives, 1);
     const float* got = store.grads_f32();
     for (size_t i = 0; i < g.size(); ++i)
       ASSERT_EQ(got[i], rounded(comm, g[i])) << dtype_name(comm) << " " << i;
@@ -116,20 +131,9 @@ TEST(GradSyncCommType, OnlyTrainableRunsAreReduced) {
   lora.r = 4, lora.target_modules = {"all-linear"};
   ParamStore store(ParamLayout::decoder(TransformerConfig::preset("llama-tiny"), lora),
                    {DType::F32, DType::F32}, true);
-  store.set_comm_type(DType::BF16);
-  MemoryPlan plan;
-  store.plan_memory(plan);
-  Arena arena(*dev, plan);
-  store.bind(arena);
-  auto ops = make_cpu_ops(*dev, store.precision());
-  auto one = dist::make_single_process_communicator(*dev);
   const std::vector<float> g = random_values(store.numel(), 12);
-  std::copy(g.begin(), g.end(), store.grads_f32());
-  dist::GradSync sync(*one, store, 0, nullptr, ops.get());  // one bucket after the whole backward
-  sync.set_last_micro_batch(true);
-  for (int u = int(store.layout().units().size()) - 1; u >= 0; --u) store.grads_ready(u);
-  sync.finish();
-  EXPECT_EQ(sync.buckets_queued(), TransformerConfig::preset("llama-tiny").n_layer);
+  const Reduced r = reduce_whole_gradients(*dev, store, DType::BF16, 0, g);  // one bucket after backward
+  EXPECT_EQ(r.collectives, TransformerConfig::preset("llama-tiny").n_layer);
   const float* got = store.grads_f32();
   size_t rounded_count = 0;
   for (const ParamTensor& t : store.layout().tensors())
