@@ -177,6 +177,15 @@ std::optional<FrozenCount> frozen_count(const TrainConfig& cfg, const Transforme
   return patterns.empty() ? count_frozen(layout) : freeze_parameters(layout, patterns);
 }
 
+// Whether the plan keeps master weights and gradients for the trainable tensors only (LoRA without ZeRO).
+bool plans_trainable_only(const TrainConfig& cfg, const TransformerConfig& model, DeviceKind device) {
+  const EngineOptions o = training_engine_options(cfg, device);
+  if (model.is_bert() || !o.lora.enabled()) return false;
+  ParamLayout layout = ParamLayout::decoder(model, o.lora);
+  if (!o.freeze.empty()) freeze_parameters(layout, o.freeze);
+  return keeps_trainable_only(o, layout);
+}
+
 std::string model_line(const TransformerConfig& m) {
   if (m.is_bert())
     return fmt::format(
@@ -486,12 +495,12 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
   }
   fmt::print("Memory estimate for training {}\n", model_line(model));
   if (const std::optional<FrozenCount> fz = frozen_count(cfg, model))
-    fmt::print(
-        "  frozen ({}): {} tensors, {:.2f}M parameters (no optimizer state; their gradients and master "
-        "weights "
-        "are still planned)\n",
-        cfg.lora_r > 0 ? fmt::format("LoRA r {}: all but the adapters", cfg.lora_r) : "freeze_parameters",
-        fz->tensors, double(fz->numel) / 1e6);
+    fmt::print("  frozen ({}): {} tensors, {:.2f}M parameters ({})\n",
+               cfg.lora_r > 0 ? fmt::format("LoRA r {}: all but the adapters", cfg.lora_r) : "freeze_parameters",
+               fz->tensors, double(fz->numel) / 1e6,
+               plans_trainable_only(cfg, model, t.kind)
+                   ? "in the weights only: no master weights, gradients or optimizer state"
+                   : "no optimizer state; their gradients and master weights are still planned");
   fmt::print(
       "  micro-batch {} x {} tokens, {} accumulation (effective batch {}), checkpointing {}, {}, {}, on "
       "{}\n\n",

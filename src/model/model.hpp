@@ -52,13 +52,15 @@ class Model {
   virtual OpsPrecision precision() const = 0;
   virtual int max_batch() const = 0;
   virtual int max_seq() const = 0;
-  // The fp32 (master) weights in the flat layout (the weights themselves for an fp32 compute type); null
-  // for a model planned without training in a 16-bit type, which keeps its compute-type weights only
-  // (download_weights reads either).
+  // The fp32 (master) weights the optimizer updates, in the flat layout of param_store().optimizer_layout()
+  // (the whole layout, or its trainable tensors: ParamStore::keep_trainable_only; the weights themselves for
+  // an fp32 compute type over the whole layout); null for a model planned without training in a 16-bit
+  // type, which keeps its compute-type weights only (download_weights reads either).
   virtual float* params() const = 0;
   // The weights the ops read, in the compute type.
   virtual void* weights() const = 0;
-  // Parameter gradients in the gradient type; grads() is for fp32 gradients only.
+  // Parameter gradients in the gradient type, in the same layout as params(); grads() is for fp32 gradients
+  // only.
   virtual void* grad_buffer() const = 0;
   virtual float* grads() const = 0;
   virtual size_t grad_bytes() const = 0;

@@ -251,6 +251,27 @@ int ParamLayout::first_trainable_unit() const {
   return int(units_.size());
 }
 
+ParamLayout ParamLayout::trainable_part() const {
+  ParamLayout out;
+  out.hf_ignored_suffixes_ = hf_ignored_suffixes_;
+  out.lora_ = lora_;
+  for (const ParamUnit& u : units_) {
+    bool begun = false;
+    for (size_t i : u.tensors) {
+      const ParamTensor& t = tensors_[i];
+      if (!t.trainable) continue;
+      if (!begun) out.begin_unit(u.name);
+      begun = true;
+      ParamTensor& c = out.add(t.name, t.shape, t.decay, t.init, t.hf_transposed);
+      const size_t offset = c.offset;
+      c = t;
+      c.offset = offset;
+      c.adapts = -1;
+    }
+  }
+  return out;
+}
+
 int ParamLayout::unit_of(size_t offset) const {
   ANVIL_ASSERT(offset < total_, "element {} outside the {} parameters", offset, total_);
   const auto it = std::upper_bound(units_.begin(), units_.end(), offset,

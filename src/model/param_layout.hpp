@@ -169,6 +169,11 @@ class ParamLayout {
   // The first unit holding a trainable tensor (the unit count when none does): a model's backward may stop
   // above it, no gradient being needed below.
   int first_trainable_unit() const;
+  // The trainable tensors alone, renumbered in layout order (units without one dropped; each tensor as here
+  // but its offset, and `adapts` cleared: the weight an adapter adapts is not in it): the space in which a
+  // store that keeps master weights and gradients for the trainable tensors only (ParamStore::
+  // keep_trainable_only) and its optimizer index them.
+  ParamLayout trainable_part() const;
   // The LoRA configuration the layout was built with (r == 0: none), and the modules it adapts (Hugging
   // Face module names, in layout order).
   const LoraConfig& lora() const { return lora_; }

@@ -25,6 +25,9 @@ ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training
 }
 
 void ParamStore::set_master_range(ParamRange r) {
+  ANVIL_ASSERT(!trainable_,
+               "set_master_range: the store keeps its trainable tensors only (ZeRO shards cut the "
+               "whole layout)");
   ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "master range [{}, {}) outside the {} parameters",
                r.begin, r.end, numel());
   master_range_ = r;
@@ -69,6 +72,7 @@ void ParamStore::set_grad_shard(ParamRange r, std::optional<DType> slot_type) {
   ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "gradient shard [{}, {}) outside the {} parameters",
                r.begin, r.end, numel());
   ANVIL_ASSERT(training_, "set_grad_shard: a store planned without training has no gradients");
+  ANVIL_ASSERT(!trainable_, "set_grad_shard: the store keeps its trainable tensors only");
   grads_sharded_ = true;
   grad_range_ = r;
   slot_type_ = slot_type.value_or(precision_.grad);
@@ -92,6 +96,72 @@ void ParamStore::set_weight_shard(ParamRange r) {
   in_use_.assign(layout_.units().size(), false);
 }
 
+void ParamStore::keep_trainable_only() {
+  ANVIL_ASSERT(training_,
+               "keep_trainable_only: a store planned without training has no master weights or "
+               "gradients");
+  ANVIL_ASSERT(!master_sharded() && !grads_sharded_ && !weights_sharded_ && !quant_,
+               "keep_trainable_only: with ZeRO shards or quantized weights");
+  ANVIL_ASSERT(i_weights_ == SIZE_MAX, "keep_trainable_only after plan_memory");
+  ANVIL_ASSERT(!trainable_, "keep_trainable_only: called twice");
+  trainable_.emplace(layout_.trainable_part());
+  size_t packed = 0;
+  for (const ParamUnit& u : layout_.units()) {
+    size_t sink_at = 0;  // each unit's frozen 1-D tensors from the sink's start
+    for (size_t i : u.tensors) {
+      const ParamTensor& t = layout_.tensors()[i];
+      const size_t n = t.numel();
+      if (t.trainable) {
+        if (!runs_.empty() && runs_.back().end == t.offset)
+          runs_.back().end += n;
+        else
+          runs_.push_back({t.offset, t.offset + n, packed});
+        tensor_grads_.push_back({t.offset, GradPlace::Packed, packed});
+        packed += n;
+      } else if (t.shape.ndim == 1) {
+        tensor_grads_.push_back({t.offset, GradPlace::Sink, sink_at});
+        sink_at += n;
+      } else {
+        tensor_grads_.push_back({t.offset, GradPlace::None, 0});
+      }
+    }
+    sink_numel_ = std::max(sink_numel_, sink_at);
+  }
+  ANVIL_ASSERT(packed == trainable_->total_numel(), "keep_trainable_only: {} trainable elements, {} packed",
+               trainable_->total_numel(), packed);
+  master_range_ = grad_range_ = trainable_->all();
+}
+
+void ParamStore::clear_grad_sink(Device& dev) const {
+  if (sink_) dev.fill_zero(sink_, sink_numel_ * grad_elem_);
+}
+
+void* ParamStore::packed_grad_at(size_t offset) const {
+  ANVIL_ASSERT(offset < numel(), "gradient view of element {} outside the {} parameters", offset, numel());
+  auto it = std::upper_bound(tensor_grads_.begin(), tensor_grads_.end(), offset,
+                             [](size_t o, const TensorGrad& t) { return o < t.begin; });
+  --it;  // tensor_grads_[0].begin is 0
+  const size_t i = it->at + (offset - it->begin);
+  switch (it->place) {
+    case GradPlace::Packed:
+      return static_cast<char*>(grads_) + i * grad_elem_;
+    case GradPlace::Sink:
+      return sink_ + i * grad_elem_;
+    case GradPlace::None:
+      break;
+  }
+  return nullptr;
+}
+
+size_t ParamStore::packed_index(size_t offset) const {
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), offset,
+                             [](size_t o, const TrainableRun& r) { return o < r.begin; });
+  ANVIL_ASSERT(it != runs_.begin() && offset < std::prev(it)->end,
+               "element {} of the layout is frozen: the store keeps no gradient for it", offset);
+  --it;
+  return it->packed + (offset - it->begin);
+}
+
 void ParamStore::set_comm_type(DType t) {
   ANVIL_ASSERT(training_, "set_comm_type: a store planned without training has no gradients");
   ANVIL_ASSERT(t == DType::F32 || t == DType::BF16 || t == DType::F16,
@@ -106,7 +176,7 @@ DType ParamStore::comm_type() const {
 void* ParamStore::comm_grad_at(size_t offset) const {
   if (!comm_staged()) return grad_at(offset);
   const size_t elem = dtype_bytes(comm_type(), 1);
-  if (!grads_sharded_) return comm_ + offset * elem;
+  if (!grads_sharded_) return comm_ + (trainable_ ? packed_index(offset) : offset) * elem;
   const auto [s, i] = slot_place(offset);
   return comm_ + comm_slot_offset_[s] + i * elem;
 }
@@ -120,9 +190,13 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   using M = MemoryCategory;
   // The weights buffer holds every tensor but the quantized ones.
   const size_t P = quant_ ? quant_->dense_numel() : numel();
+  // Trainable tensors only: fp32 master weights of those, beside the weights of any type.
+  if (trainable_)
+    i_master_ = plan.add("master weights (fp32, the trainable tensors)", M::MasterWeights,
+                         master_range_.numel() * sizeof(float));
   if (precision_.compute != DType::F32) {
     // Only an optimizer step needs fp32 weights beside the 16-bit ones.
-    if (training_)
+    if (training_ && !trainable_)
       i_master_ =
           plan.add(master_sharded() ? "master weights (fp32, this rank's shard)" : "master weights (fp32)",
                    M::MasterWeights, master_range_.numel() * sizeof(float));
@@ -147,8 +221,12 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
     i_slots_ = plan.add(fmt::format("gradient slots ({} units in backward)", slot_offset_.size()),
                         M::Gradients, slot_bytes_);
   } else if (training_ && !grads_elsewhere) {
-    i_grads_ = plan.add("gradients", M::Gradients, grad_bytes());
+    i_grads_ =
+        plan.add(trainable_ ? "gradients (the trainable tensors)" : "gradients", M::Gradients, grad_bytes());
   }
+  if (training_ && sink_numel_ > 0)
+    i_sink_ = plan.add("gradient sink (frozen norms' gradients, discarded)", M::Gradients,
+                       sink_numel_ * grad_elem_);
   if (training_ && comm_staged()) {
     // As communication_data_type spells it.
     const DType t = comm_type();
@@ -159,7 +237,7 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
                          bytes);
     } else {
       i_comm_ = plan.add(fmt::format("gradients in the communication type ({})", type), M::Communication,
-                         dtype_bytes(comm_type(), P));
+                         dtype_bytes(comm_type(), trainable_ ? grad_range_.numel() : P));
     }
   }
 }
@@ -168,13 +246,15 @@ void ParamStore::bind(const Arena& arena) {
   weights_ = arena.get<void>(i_weights_);
   if (quant_) quant_->bind(arena);
   if (i_wslots_ != SIZE_MAX) wslot_mem_ = arena.get<char>(i_wslots_);
-  master_ = precision_.compute == DType::F32
+  master_ = trainable_ ? arena.get<float>(i_master_)
+            : precision_.compute == DType::F32
                 ? static_cast<float*>(weights_) + (weights_sharded_ ? 0 : master_range_.begin)
             : i_master_ != SIZE_MAX ? arena.get<float>(i_master_)
                                     : nullptr;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
   if (i_slots_ != SIZE_MAX) slots_ = arena.get<char>(i_slots_);
   if (i_comm_ != SIZE_MAX) comm_ = arena.get<char>(i_comm_);
+  if (i_sink_ != SIZE_MAX) sink_ = arena.get<char>(i_sink_);
 }
 
 std::pair<size_t, size_t> ParamStore::slot_place(size_t offset) const {
@@ -195,7 +275,8 @@ void* ParamStore::slot_grad_at(size_t offset) const {
 }
 
 void* ParamStore::reduced_grad_at(size_t offset) const {
-  if (!grads_sharded_) return grad_at(offset);
+  // (Whole gradients: the buffer backward writes, in the optimizer layout's numbering.)
+  if (!grads_sharded_) return static_cast<char*>(grads_) + offset * grad_elem_;
   ANVIL_ASSERT(offset >= grad_range_.begin && offset <= grad_range_.end,
                "reduced gradient {} outside this rank's shard [{}, {})", offset, grad_range_.begin,
                grad_range_.end);
@@ -209,6 +290,7 @@ FrozenCount ParamStore::freeze(const std::vector<std::string>& patterns) {
 }
 
 void ParamStore::zero_frozen_grads(Device& dev) const {
+  if (trainable_) return;  // no gradient is kept for a frozen tensor
   for (const ParamRange& f : frozen_) {
     const size_t b = std::max(f.begin, grad_range_.begin), e = std::min(f.end, grad_range_.end);
     if (b < e) dev.fill_zero(reduced_grad_at(b), (e - b) * grad_elem_);
@@ -304,6 +386,7 @@ float* ParamStore::grads_f32() const {
 
 void ParamStore::quantize(WeightStorage s) {
   ANVIL_ASSERT(!training_, "quantized weights are for inference: this store plans training");
+  ANVIL_ASSERT(!trainable_, "quantize: the store keeps its trainable tensors only");
   ANVIL_ASSERT(!weights_sharded_ && !grads_sharded_ && !master_sharded(),
                "quantized weights with a sharded store");
   ANVIL_ASSERT(i_weights_ == SIZE_MAX, "quantize after plan_memory");
@@ -340,9 +423,15 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
                "upload of [{}, {}): the store keeps weights [{}, {})", w.begin, w.end,
                weights_sharded_ ? master_range_.begin : 0, weights_sharded_ ? master_range_.end : numel());
   forget_gathered();
-  if (master_ && precision_.compute != DType::F32)
+  if (trainable_) {
+    std::vector<float> packed(master_range_.numel());
+    for (const TrainableRun& run : runs_)
+      std::copy_n(values + run.begin, run.end - run.begin, packed.data() + run.packed);
+    dev.copy_to_device(master_, packed.data(), packed.size() * sizeof(float));
+  } else if (master_ && precision_.compute != DType::F32) {
     dev.copy_to_device(master_, values + (master_range_.begin - w.begin),
                        master_range_.numel() * sizeof(float));
+  }
   write_weights(dev, values, w.numel());
 }
 
@@ -372,6 +461,15 @@ void ParamStore::download(Device& dev, float* host) const {
     return;
   }
   const size_t n = numel();
+  if (trainable_) {  // the frozen tensors as the weights hold them, the trainable ones from the master
+                     // weights
+    read_weights(dev, host, n);
+    std::vector<float> packed(master_range_.numel());
+    dev.copy_to_host(packed.data(), master_, packed.size() * sizeof(float));
+    for (const TrainableRun& run : runs_)
+      std::copy_n(packed.data() + run.packed, run.end - run.begin, host + run.begin);
+    return;
+  }
   if (precision_.compute == DType::F32 && !weights_sharded_) {
     read_weights(dev, host, n);
     return;
@@ -454,6 +552,19 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
 
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
   forget_gathered();  // the slots hold the weights before this update
+  if (trainable_) {   // each run of trainable elements into its place in the weights
+    ANVIL_ASSERT(
+        rounding_seed == 0,
+        "sync: stochastic rounding draws by layout position; the store keeps its trainable tensors only");
+    for (const TrainableRun& run : runs_) {
+      const size_t n = run.end - run.begin;
+      if (precision_.compute == DType::F32)
+        ops.device().copy_on_device(weight_at(run.begin), master_ + run.packed, n * sizeof(float));
+      else
+        ops.cast_weights(weight_at(run.begin), master_ + run.packed, n, 0, step_values);
+    }
+    return;
+  }
   if (precision_.compute == DType::F32) return;
   ANVIL_ASSERT(master_, "sync: a store planned without training has no master weights to cast");
   if (master_range_.numel() == 0) return;  // an empty ZeRO shard

@@ -60,7 +60,7 @@ class ParamStore {
   void set_master_range(ParamRange r);
   // The range the master weights cover (the whole buffer unless set_master_range was called).
   ParamRange master_range() const { return master_range_; }
-  bool master_sharded() const { return master_range_ != layout_.all(); }
+  bool master_sharded() const { return master_range_ != optimizer_layout().all(); }
   // Sharded 16-bit master weights: how download() obtains the other ranks' master weights (a collective:
   // every rank must download at the same time). Without it, download() of a sharded store throws.
   void set_master_gather(std::function<void(Device&, float* host)> gather) { gather_ = std::move(gather); }
@@ -111,6 +111,24 @@ class ParamStore {
   // matrix frozen in part) count in neither the norm nor the update. No-op without frozen tensors.
   void zero_frozen_grads(Device& dev) const;
 
+  // Trainable tensors only (before plan_memory; training; no ZeRO shard): the fp32 master weights, the
+  // gradients and so the optimizer cover the trainable tensors alone, packed in layout order
+  // (optimizer_layout(): master_range(), grad_range(), grads(), reduced_grad_at() and the optimizer index
+  // that space); the frozen tensors live in the compute-type weights only. A LoRA base then costs its weights
+  // and nothing else. The gradient views (grad_at) of trainable tensors point into the packed gradients;
+  // those of frozen 1-D tensors (norm weights and biases, whose gradients the norm kernels compute anyway)
+  // into a sink whose values are discarded (laid out per unit, so a unit's views do not overlap); other
+  // frozen tensors have none (null). For a model that asks for no other frozen gradient and writes no
+  // gradient across a trainable tensor's end: the decoders under LoRA (Linear weight gradients skipped,
+  // blocks below the first adapter not differentiated, every adapter trainable).
+  void keep_trainable_only();
+  bool trainable_only() const { return trainable_.has_value(); }
+  // The layout the optimizer updates: layout(), or its trainable part (keep_trainable_only).
+  const ParamLayout& optimizer_layout() const { return trainable_ ? *trainable_ : layout_; }
+  // Zeroes the gradient sink (keep_trainable_only; else nothing), queued on `dev`: once, before the first
+  // step, so that what the kernels add into it stays finite.
+  void clear_grad_sink(Device& dev) const;
+
   // Quantized storage (before plan_memory; a store without training, one process): keeps the Linear
   // weights of the blocks as `s` (Int8 or NF4; model/quantized_weights.hpp) and the rest in the compute type.
   // Views of the quantized tensors are taken with linear_weight only.
@@ -155,12 +173,14 @@ class ParamStore {
                                   (quant_ ? quant_->dense_index(offset) : offset) * weight_elem_;
   }
   void* grad_at(size_t offset) const {
-    return grads_sharded_ ? slot_grad_at(offset) : static_cast<char*>(grads_) + offset * grad_elem_;
+    return grads_sharded_ ? slot_grad_at(offset)
+           : trainable_   ? packed_grad_at(offset)
+                          : static_cast<char*>(grads_) + offset * grad_elem_;
   }
   void* weight(const ParamTensor& t) const { return weight_at(t.offset); }
   void* grad(const ParamTensor& t) const { return grad_at(t.offset); }
   // The gradients the optimizer reads (after the reduction): element `offset` of grads() (inside
-  // grad_range(); its end allowed).
+  // grad_range(), in optimizer_layout()'s numbering; its end allowed).
   void* reduced_grad_at(size_t offset) const;
   // Gradient memory free between steps, for staging (the whole buffer, or the slots when sharded).
   std::pair<void*, size_t> gradient_scratch() const;
@@ -247,6 +267,26 @@ class ParamStore {
   // The compute-type weights from n fp32 values (rounded to nearest), and back (widened).
   void write_weights(Device& dev, const float* values, size_t n) const;
   void read_weights(Device& dev, float* values, size_t n) const;
+  // Trainable tensors only (keep_trainable_only): the trainable part's layout; the runs of trainable
+  // elements (layout range -> packed index of its begin); per tensor, where its gradient view points.
+  struct TrainableRun {
+    size_t begin, end, packed;
+  };
+  enum class GradPlace : uint8_t { Packed, Sink, None };
+  struct TensorGrad {
+    size_t begin;  // the tensor's offset
+    GradPlace place;
+    size_t at;  // Packed: packed index of begin; Sink: element of the sink
+  };
+  void* packed_grad_at(size_t offset) const;
+  // The packed index of trainable element `offset`.
+  size_t packed_index(size_t offset) const;
+  std::optional<ParamLayout> trainable_;
+  std::vector<TrainableRun> runs_;
+  std::vector<TensorGrad> tensor_grads_;
+  size_t sink_numel_ = 0, i_sink_ = SIZE_MAX;
+  char* sink_ = nullptr;
+
   // Quantized storage: the tensors kept in the compute type (dense_ranges), then the quantized matrices.
   std::optional<QuantizedWeights> quant_;
   void gather_into(size_t slot, int unit) const;

@@ -86,6 +86,17 @@ static void apply_parameter_options(const EngineOptions& o, Model& model) {
   quantize_model(model, o.weight_storage);
 }
 
+bool keeps_trainable_only(const EngineOptions& o, const ParamLayout& layout) {
+  if (!o.training || !o.lora.enabled() || o.zero_stage > 0 || !o.trainable_only_store) return false;
+  for (const ParamTensor& t : layout.tensors())
+    if (t.trainable != t.is_adapter()) return false;
+  return true;
+}
+
+static void apply_trainable_only(const EngineOptions& o, Model& model) {
+  if (keeps_trainable_only(o, model.layout())) model.param_store().keep_trainable_only();
+}
+
 // Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
 static void apply_data_parallel(const EngineOptions& o, Model& model) {
   if (o.training && o.comm_dtype) model.param_store().set_comm_type(*o.comm_dtype);
@@ -222,9 +233,12 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
                                                   ops_precision(o), o.share_grad_memory, o.lora);
   std::unique_ptr<Optimizer> opt;
   apply_parameter_options(o, *model);
+  apply_trainable_only(o, *model);
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
   apply_data_parallel(o, *model);
-  if (o.training) opt = make_optimizer(o.optimizer, model->layout(), with_vocab(o.optim, cfg), shard);
+  if (o.training)
+    opt =
+        make_optimizer(o.optimizer, model->param_store().optimizer_layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   InputIndices inputs;
   size_t ws = 0, split = 0, scalars = 0, values = 0;
@@ -241,9 +255,12 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
                       o.share_grad_memory, o.lora);
   apply_parameter_options(o, *model_);
+  apply_trainable_only(o, *model_);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
   apply_data_parallel(o, *model_);
-  if (o.training) optimizer_ = make_optimizer(o.optimizer, model_->layout(), with_vocab(o.optim, cfg), shard);
+  if (o.training)
+    optimizer_ = make_optimizer(o.optimizer, model_->param_store().optimizer_layout(),
+                                with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
   size_t i_ws = 0, i_split = 0;
   InputIndices in;
@@ -276,6 +293,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     optimizer_->bind(*arena_);
     optimizer_->reset(*device_);
     device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
+    model_->param_store().clear_grad_sink(*device_);
     device_->fill_zero(step_scalars(), sizeof(StepScalars));
     step_values_host_ = std::make_unique<PinnedBuffer>(*device_, sizeof(StepValues));
     new (step_values_host_->get()) StepValues{};

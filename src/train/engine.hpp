@@ -65,11 +65,19 @@ struct EngineOptions {
   WeightStorage weight_storage = WeightStorage::Compute;
   // LoRA adapters (lora_r > 0): the model is made with them and only they train (peft/lora_config.hpp).
   LoraConfig lora;
+  // LoRA where nothing shards the layout (no ZeRO stage) and every adapter trains: the store keeps master
+  // weights and gradients for the adapters alone (ParamStore::keep_trainable_only). False keeps them for
+  // every tensor, as ZeRO stages 1-3 do (tests compare the two).
+  bool trainable_only_store = true;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the
 // whole buffer).
 std::optional<ParamRange> zero_shard(const EngineOptions& o, const ParamLayout& layout);
+// Whether the store of a model with `layout` (its freezing applied) keeps master weights and gradients for
+// the trainable tensors only (EngineOptions::trainable_only_store): LoRA without ZeRO shards, every adapter
+// trainable and nothing else (freeze_parameters that froze an adapter keeps the whole layout's).
+bool keeps_trainable_only(const EngineOptions& o, const ParamLayout& layout);
 
 // The engine a training run of `cfg` uses (also what `anvil estimate` plans, so the two agree exactly):
 // the device, the larger of the train and (with val_data) eval batch, the sequence length (cfg.seq_len():

@@ -85,6 +85,16 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
         "({:.4f}%)\n",
         l.r, l.alpha, l.scale(), layout.lora_modules().size(), fmt::join(lora_targets(l, m.family), ", "),
         all - f.numel, all, 100.0 * double(all - f.numel) / double(all));
+    const ParamStore& store = e.model().param_store();
+    if (store.trainable_only())
+      fmt::print(
+          "  frozen base: in the {} weights only (master weights, gradients and optimizer state for the "
+          "adapters)\n",
+          dtype_name(store.precision().compute));
+    else
+      fmt::print(
+          "  frozen base: master weights and gradients planned for every tensor (ZeRO partitions the "
+          "whole layout)\n");
   } else if (e.model().param_store().has_frozen()) {
     const FrozenCount f = count_frozen(layout);
     const size_t all = layout.total_numel();

@@ -115,7 +115,8 @@ class TrainStep {
   const int accum_;
   const double nominal_rows_;
   const bool use_graphs_;
-  const size_t nparams_;
+  const size_t
+      nparams_;  // what the optimizer updates (the trainable tensors only, where the store keeps those)
   const DType grad_dtype_;
   StepScalars* const scalars_;  // device memory
   dist::ProcessGroup& group_;

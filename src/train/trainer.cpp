@@ -266,7 +266,11 @@ void Run::share_weights() {
     group_->comm().check();
     return;
   }
-  group_->comm().broadcast(m.params(), m.layout().total_numel(), DType::F32, 0);
+  const ParamStore& store = m.param_store();
+  group_->comm().broadcast(m.params(), store.optimizer_layout().total_numel(), DType::F32, 0);
+  // A store of the trainable tensors only: the frozen tensors are in the compute-type weights alone.
+  if (store.trainable_only())
+    group_->comm().broadcast(m.weights(), store.numel(), store.precision().compute, 0);
   group_->comm().join();
   m.sync_weights(engine_->ops(), cast_seed);
   engine_->device().synchronize();

@@ -385,6 +385,21 @@ std::vector<float> merged(const ParamLayout& adapted, const ParamLayout& plain, 
   return out;
 }
 
+// The gradients of every tensor of the layout (zero for frozen ones without): a store of the trainable
+// tensors only (ParamStore::keep_trainable_only) keeps theirs packed.
+std::vector<float> layout_grads(Engine& e) {
+  Model& m = e.model();
+  const ParamStore& store = m.param_store();
+  const ParamLayout& kept = store.optimizer_layout();
+  std::vector<float> g(kept.total_numel());
+  e.device().copy_to_host(g.data(), m.grads(), g.size() * sizeof(float));
+  if (!store.trainable_only()) return g;
+  std::vector<float> out(m.layout().total_numel(), 0.0f);
+  for (const ParamTensor& t : kept.tensors())
+    std::copy_n(g.begin() + long(t.offset), t.numel(), out.begin() + long(m.layout().get(t.name).offset));
+  return out;
+}
+
 std::vector<float> logits(Engine& e, const Fixture& f) {
   e.device().copy_to_device(e.tokens(0), f.tokens.data(), f.tokens.size() * sizeof(int32_t));
   e.decoder().forward(e.ops(), e.tokens(0), nullptr, f.B, f.T, 0, false);
@@ -444,65 +459,72 @@ TEST_P(LoraDecoder, StartsAsTheBaseAndEqualsTheMergedModel) {
 
 // Gradients: with W' = W + s B A, dL/dB = s dL/dW' A^T and dL/dA = s B^T dL/dW', where dL/dW' is the plain
 // model's weight gradient at W'.
+// With master weights and gradients for the adapters only (the default) and for every tensor (as under ZeRO).
 TEST_P(LoraDecoder, FactorGradientsFollowTheChainRule) {
-  const Fixture f = fixture(GetParam(), lora(3, {"all-linear"}, 6));
-  EngineOptions o = options(f, true);
-  o.lora = f.lc;
-  Engine adapted(f.cfg, o);
-  Engine plain(f.cfg, options(f, true));
-  const ParamLayout &la = adapted.model().layout(), &lp = plain.model().layout();
-  const std::vector<float> w = adapted_weights(adapted, 9);
-  adapted.model().upload_weights(adapted.device(), w.data());
-  plain.model().upload_weights(plain.device(), merged(la, lp, w, f.lc.scale(), true).data());
-  auto grads = [&](Engine& e) {
-    Model& m = e.model();
-    e.device().fill_zero(m.grad_buffer(), m.grad_bytes());
-    e.device().copy_to_device(e.tokens(0), f.tokens.data(), f.tokens.size() * sizeof(int32_t));
-    e.device().copy_to_device(e.targets(0), f.targets.data(), f.targets.size() * sizeof(int32_t));
-    m.forward(e.ops(), e.inputs(0, f.B, f.T), 1.0f, true);
-    m.backward(e.ops(), e.inputs(0, f.B, f.T));
-    std::vector<float> g(m.layout().total_numel());
-    e.device().copy_to_host(g.data(), m.grads(), g.size() * sizeof(float));
-    return g;
-  };
-  const std::vector<float> ga = grads(adapted), gp = grads(plain);
-  const float s = f.lc.scale();
-  size_t checked = 0;
-  for (const ParamTensor& a : la.tensors()) {
-    if (a.role != TensorRole::LoraA) continue;
-    SCOPED_TRACE(a.name);
-    const ParamTensor& b = la.tensors()[size_t(&a - la.tensors().data()) + 1];
-    const ParamTensor& wt = lp.get(la.tensors()[size_t(a.adapts)].name);
-    const int64_t rows = wt.shape[0], in = wt.shape[1], r = a.shape[0];
-    const float* gw = gp.data() + wt.offset;
-    double scale = 0, err = 0;
-    for (int64_t k = 0; k < r; ++k)
-      for (int64_t i = 0; i < in; ++i) {  // dA[k, i] = s sum_o B[o, k] dW[o, i]
-        double want = 0;
-        for (int64_t o2 = 0; o2 < rows; ++o2)
-          want += double(w[b.offset + size_t(o2 * r + k)]) * gw[o2 * in + i];
-        want *= s;
-        err = std::max(err, std::abs(want - ga[a.offset + size_t(k * in + i)])),
-        scale = std::max(scale, std::abs(want));
+  for (const bool trainable_only : {true, false}) {
+    SCOPED_TRACE(trainable_only ? "adapters' gradients only" : "every tensor's gradients");
+    const Fixture f = fixture(GetParam(), lora(3, {"all-linear"}, 6));
+    EngineOptions o = options(f, true);
+    o.lora = f.lc;
+    o.trainable_only_store = trainable_only;
+    Engine adapted(f.cfg, o);
+    ASSERT_EQ(adapted.model().param_store().trainable_only(), trainable_only);
+    Engine plain(f.cfg, options(f, true));
+    const ParamLayout &la = adapted.model().layout(), &lp = plain.model().layout();
+    const std::vector<float> w = adapted_weights(adapted, 9);
+    adapted.model().upload_weights(adapted.device(), w.data());
+    plain.model().upload_weights(plain.device(), merged(la, lp, w, f.lc.scale(), true).data());
+    auto grads = [&](Engine& e) {
+      Model& m = e.model();
+      e.device().fill_zero(m.grad_buffer(), m.grad_bytes());
+      e.device().copy_to_device(e.tokens(0), f.tokens.data(), f.tokens.size() * sizeof(int32_t));
+      e.device().copy_to_device(e.targets(0), f.targets.data(), f.targets.size() * sizeof(int32_t));
+      m.forward(e.ops(), e.inputs(0, f.B, f.T), 1.0f, true);
+      m.backward(e.ops(), e.inputs(0, f.B, f.T));
+      return layout_grads(e);
+    };
+    const std::vector<float> ga = grads(adapted), gp = grads(plain);
+    const float s = f.lc.scale();
+    size_t checked = 0;
+    for (const ParamTensor& a : la.tensors()) {
+      if (a.role != TensorRole::LoraA) continue;
+      SCOPED_TRACE(a.name);
+      const ParamTensor& b = la.tensors()[size_t(&a - la.tensors().data()) + 1];
+      const ParamTensor& wt = lp.get(la.tensors()[size_t(a.adapts)].name);
+      const int64_t rows = wt.shape[0], in = wt.shape[1], r = a.shape[0];
+      const float* gw = gp.data() + wt.offset;
+      double scale = 0, err = 0;
+      for (int64_t k = 0; k < r; ++k)
+        for (int64_t i = 0; i < in; ++i) {  // dA[k, i] = s sum_o B[o, k] dW[o, i]
+          double want = 0;
+          for (int64_t o2 = 0; o2 < rows; ++o2)
+            want += double(w[b.offset + size_t(o2 * r + k)]) * gw[o2 * in + i];
+          want *= s;
+          err = std::max(err, std::abs(want - ga[a.offset + size_t(k * in + i)])),
+          scale = std::max(scale, std::abs(want));
+        }
+      EXPECT_LT(err, 1e-4 * scale + 1e-9) << "dA";
+      scale = err = 0;
+      for (int64_t o2 = 0; o2 < rows; ++o2)
+        for (int64_t k = 0; k < r; ++k) {  // dB[o, k] = s sum_i dW[o, i] A[k, i]
+          double want = 0;
+          for (int64_t i = 0; i < in; ++i) want += double(gw[o2 * in + i]) * w[a.offset + size_t(k * in + i)];
+          want *= s;
+          err = std::max(err, std::abs(want - ga[b.offset + size_t(o2 * r + k)])),
+          scale = std::max(scale, std::abs(want));
+        }
+      EXPECT_LT(err, 1e-4 * scale + 1e-9) << "dB";
+      ++checked;
+    }
+    EXPECT_EQ(checked, la.lora_modules().size());
+    // No weight gradient of the frozen base is written (there is none to write with the adapters' only).
+    for (const ParamTensor& t : la.tensors()) {
+      if (t.trainable || (t.role != TensorRole::QkvWeight && t.role != TensorRole::MlpOutWeight)) continue;
+      if (trainable_only) {
+        EXPECT_EQ(adapted.model().param_store().grad_at(t.offset), nullptr) << t.name;
       }
-    EXPECT_LT(err, 1e-4 * scale + 1e-9) << "dA";
-    scale = err = 0;
-    for (int64_t o2 = 0; o2 < rows; ++o2)
-      for (int64_t k = 0; k < r; ++k) {  // dB[o, k] = s sum_i dW[o, i] A[k, i]
-        double want = 0;
-        for (int64_t i = 0; i < in; ++i) want += double(gw[o2 * in + i]) * w[a.offset + size_t(k * in + i)];
-        want *= s;
-        err = std::max(err, std::abs(want - ga[b.offset + size_t(o2 * r + k)])),
-        scale = std::max(scale, std::abs(want));
-      }
-    EXPECT_LT(err, 1e-4 * scale + 1e-9) << "dB";
-    ++checked;
-  }
-  EXPECT_EQ(checked, la.lora_modules().size());
-  // No weight gradient of the frozen base is written.
-  for (const ParamTensor& t : la.tensors()) {
-    if (t.trainable || (t.role != TensorRole::QkvWeight && t.role != TensorRole::MlpOutWeight)) continue;
-    for (size_t i = 0; i < t.numel(); ++i) ASSERT_EQ(ga[t.offset + i], 0.0f) << t.name;
+      for (size_t i = 0; i < t.numel(); ++i) ASSERT_EQ(ga[t.offset + i], 0.0f) << t.name;
+    }
   }
 }
 
@@ -583,9 +605,7 @@ TEST(LoraDropout, FactorGradientsMatchFiniteDifferences) {
   e.model().upload_weights(e.device(), w.data());
   DropoutRun run{e, f};
   run.loss(21, true);
-  const size_t n = w.size();
-  std::vector<float> g(n);
-  e.device().copy_to_host(g.data(), e.model().grads(), n * sizeof(float));
+  const std::vector<float> g = layout_grads(e);
   // The largest factor gradients of each kind (A, B), where finite differences resolve them best.
   std::vector<size_t> picks;
   for (TensorRole role : {TensorRole::LoraA, TensorRole::LoraB}) {
@@ -612,8 +632,7 @@ TEST(LoraDropout, FactorGradientsMatchFiniteDifferences) {
   // Without the mask (another seed) the gradient differs: the test sees the dropout.
   e.model().upload_weights(e.device(), w.data());
   run.loss(22, true);
-  std::vector<float> g2(n);
-  e.device().copy_to_host(g2.data(), e.model().grads(), n * sizeof(float));
+  const std::vector<float> g2 = layout_grads(e);
   EXPECT_NE(g[picks[0]], g2[picks[0]]);
 }
 
