@@ -99,6 +99,10 @@ TEST_P(LoraModelParity, TrainingStepsFp32) {
   Engine gpu(cfg, o);
   const ParamLayout& layout = cpu.model().layout();
   const size_t n = layout.total_numel();
+  // Master weights and gradients of the adapters alone, packed (ParamStore::keep_trainable_only).
+  ASSERT_TRUE(cpu.model().param_store().trainable_only() && gpu.model().param_store().trainable_only());
+  const ParamLayout& kept = cpu.model().param_store().optimizer_layout();
+  const size_t nk = kept.total_numel();
   // B random too, so every gradient is non-trivial from the first step.
   cpu.model().init_weights(seed, cpu.device());
   std::vector<float> w(n);
@@ -125,19 +129,20 @@ TEST_P(LoraModelParity, TrainingStepsFp32) {
       }
       e.device().copy_to_device(e.tokens(0), ids.data(), N * sizeof(int32_t));
       e.device().copy_to_device(e.targets(0), targets.data(), N * sizeof(int32_t));
-      e.device().fill_zero(e.model().grads(), n * sizeof(float));
+      e.device().fill_zero(e.model().grads(), nk * sizeof(float));
       e.decoder().forward(e.ops(), e.tokens(0), e.targets(0), B, T, 1.0f / N, true);
       loss[k] = e.ops().sum(e.model().losses(), N) / N;
       e.decoder().backward(e.ops(), e.tokens(0), B, T);
       e.model().param_store().zero_frozen_grads(e.device());
     }
     EXPECT_NEAR(loss[0], loss[1], 1e-5 * loss[0]) << "step " << step << " seed " << seed;
-    const std::vector<float> gc = to_host(cpu, cpu.model().grads(), n),
-                             gg = to_host(gpu, gpu.model().grads(), n);
+    const std::vector<float> gc = to_host(cpu, cpu.model().grads(), nk),
+                             gg = to_host(gpu, gpu.model().grads(), nk);
     for (const ParamTensor& t : layout.tensors()) {
       if (!t.is_adapter()) continue;
-      const std::vector<float> a(gc.begin() + long(t.offset), gc.begin() + long(t.offset + t.numel()));
-      const std::vector<float> b(gg.begin() + long(t.offset), gg.begin() + long(t.offset + t.numel()));
+      const size_t at = kept.get(t.name).offset;
+      const std::vector<float> a(gc.begin() + long(at), gc.begin() + long(at + t.numel()));
+      const std::vector<float> b(gg.begin() + long(at), gg.begin() + long(at + t.numel()));
       // Step 1 from the same weights: the ops' rounding alone. Step 2 after AdamW, whose first update is
       // about lr * sign(g) where g is within rounding of 0, so a few factor entries differ by an lr (as
       // ParityModel).
@@ -148,8 +153,9 @@ TEST_P(LoraModelParity, TrainingStepsFp32) {
       e->optimizer().step(e->ops(), e->model().params(), e->model().grads(), 1e-3f, step, 1.0f);
       e->model().sync_weights(e->ops());
     }
-    const std::vector<float> pc = to_host(cpu, cpu.model().params(), n),
-                             pg = to_host(gpu, gpu.model().params(), n);
+    std::vector<float> pc(n), pg(n);
+    cpu.model().download_weights(cpu.device(), pc.data());
+    gpu.model().download_weights(gpu.device(), pg.data());
     size_t off = 0;
     for (const ParamTensor& t : layout.tensors())
       for (size_t i = t.offset; i < t.offset + t.numel(); ++i) {
