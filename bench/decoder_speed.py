@@ -22,7 +22,10 @@ Three systems:
 With --lora R, the same as LoRA fine-tuning: Anvil `--lora_r R --lora_alpha 2R --lora_target_modules
 all-linear` against PEFT's LoraConfig(r=R, lora_alpha=2R, target_modules="all-linear") on the reference model
 loaded in bf16 (as PEFT users load a base), adapters in fp32 (PEFT's autocast_adapter_dtype), bf16 autocast,
-fused AdamW over the adapters; results go to decoder_speed_lora<R>_*.
+fused AdamW over the adapters; results go to decoder_speed_lora<R>_*. With --quantization nf4 too, QLoRA: Anvil
+`--quantization nf4` against the same PEFT model whose decoder-layer Linears are bitsandbytes' Linear4bit
+(nf4, double quantization, bf16 compute: what from_pretrained with that BitsAndBytesConfig builds; the base
+made in bf16 on the GPU and quantized there); results go to decoder_speed_qlora<R>_nf4_*.
 
 Each system runs each micro-batch it tries in a fresh process (--batches, largest first: the per-model
 defaults bracket the earlier best batches). `--search largest` (default) keeps the largest that fits, which
@@ -150,12 +153,13 @@ GIB = 1 << 30
 
 # --- running -------------------------------------------------------------------------------------------
 
-def anvil_flags(m, batch, seq, steps, peak_flops, workdir, lora=0):
+def anvil_flags(m, batch, seq, steps, peak_flops, workdir, lora=0, quantization=""):
     """`anvil train`'s flags for Model `m` at micro-batch `batch` (per GPU) on a random-token shard (written
     into `workdir` once): bf16, constant learning rate, no checkpoints, Anvil's defaults otherwise; with
     `lora` > 0, LoRA of that rank on every block Linear (lora_alpha 2 r)."""
     shard = write_random_shard(Path(workdir) / f"random_tokens_{m.vocab}.bin", 8_000_000, m.vocab)
     extra = ["--lora_r", lora, "--lora_alpha", 2 * lora, "--lora_target_modules", "all-linear"] if lora else []
+    extra += ["--quantization", quantization] if quantization else []
     return extra + ["--model", m.anvil_preset, "--device", "cuda", "--train_data", shard,
             "--per_device_train_batch_size", batch, "--max_seq_length", seq, "--max_steps", steps,
             "--learning_rate", "3e-4", "--warmup_steps", 0, "--lr_scheduler_type", "constant",
@@ -169,7 +173,7 @@ def run_one(args, meter, model, system, batch):
     work = Path(args.workdir) / f"{model}_{system}_{batch}"
     steps = args.warmup + args.steps
     if system == "anvil":
-        flags = anvil_flags(m, batch, seq, steps, args.peak_flops, args.workdir, args.lora)
+        flags = anvil_flags(m, batch, seq, steps, args.peak_flops, args.workdir, args.lora, args.quantization)
         r = anvil_train.run(args.anvil, flags, work, meter, warmup=args.warmup, timeout=args.timeout)
         r["own_peak_bytes"] = r.get("self_reported_peak_bytes")
         r.pop("losses", None)
@@ -178,7 +182,8 @@ def run_one(args, meter, model, system, batch):
         spec = torch_reference.make_spec(m.family, m.ref_config, batch, seq, compile=system == "compile",
                                          precision="bf16", steps=args.steps, warmup=args.warmup,
                                          lora={"r": args.lora, "alpha": 2 * args.lora,
-                                               "target_modules": "all-linear"} if args.lora else None)
+                                               "target_modules": "all-linear",
+                                               "quantization": args.quantization} if args.lora else None)
         r = torch_reference.run(spec, work, meter, timeout=args.timeout)
         r["own_peak_bytes"] = r.get("torch_max_memory_reserved")
     r["batch"], r["seq"] = batch, seq
@@ -231,7 +236,7 @@ def report(parts, args):
     for p in parts[1:]:
         if p["meta"]["device"] != first["meta"]["device"]:
             sys.exit(f"parts from different devices: {first['meta']['device']} and {p['meta']['device']}")
-        for k in ("steps", "warmup", "peak_flops", "lora"):
+        for k in ("steps", "warmup", "peak_flops", "lora", "quantization"):
             if p["settings"].get(k) != first["settings"].get(k):
                 sys.exit(f"parts with different settings: {k} {first['settings'].get(k)} and "
                          f"{p['settings'].get(k)}")
@@ -244,6 +249,10 @@ def report(parts, args):
     st, meta = first["settings"], first["meta"]
     what = (f"LoRA fine-tuning (r {st['lora']}, lora_alpha {2 * st['lora']}, every block Linear; Anvil --lora_r "
             f"against PEFT on a bf16 base)" if st.get("lora") else "Decoder training")
+    if st.get("quantization"):
+        what = (f"QLoRA fine-tuning (r {st['lora']}, lora_alpha {2 * st['lora']}, every block Linear, the base's "
+                f"block matrices in {st['quantization']}; Anvil --quantization against PEFT on bitsandbytes' "
+                f"Linear4bit, double quantization, bf16 compute)")
     lines = [f"{what} speed, bf16, random tokens; {meta['device']}, commit(s) "
              f"{', '.join(c[:7] for c in commits)}, {meta['date'][:10]}; {st['warmup']} warm-up + {st['steps']} "
              f"timed steps; MFU against {st['peak_flops'] / 1e12:.1f} TFLOP/s; memory: NVML peak of the "
@@ -311,6 +320,8 @@ def report(parts, args):
               "memory_method": meta["memory_method"], "torch": meta.get("torch"),
               "results": results, "ratios": ratios, "runs": runs, "search_done": sorted(done), "not_run": not_run}
     name = f"decoder_speed_lora{st['lora']}" if st.get("lora") else "decoder_speed"
+    if st.get("quantization"):
+        name = f"decoder_speed_qlora{st['lora']}_{st['quantization']}"
     path = result_path(name, meta["device"], meta["date"], commits[0], directory=args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
@@ -334,6 +345,11 @@ def main():
     ap.add_argument("--lora", type=int, default=0,
                     help="LoRA fine-tuning of this rank on every block Linear (lora_alpha 2 r): Anvil's --lora_r "
                          "against PEFT's LoraConfig on a bf16 base; 0: full training")
+    ap.add_argument("--quantization", default="", choices=("", "nf4"),
+                    help="with --lora: QLoRA, the base's block matrices in nf4 (Anvil --quantization nf4; the "
+                         "reference: bitsandbytes' Linear4bit, as transformers loads a load_in_4bit model; "
+                         "the bitsandbytes package must be importable); results go to "
+                         "decoder_speed_qlora<R>_nf4_*")
     ap.add_argument("--steps", type=int, default=15, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     ap.add_argument("--peak_flops", type=float, default=H100_BF16_PEAK)
@@ -370,7 +386,8 @@ def main():
                        "memory_method": meter.describe()},
               "settings": {"seq": {m: args.seq_of(m) for m in models}, "steps": args.steps, "warmup": args.warmup,
                            "peak_flops": args.peak_flops, "search": args.search, "anvil": args.anvil,
-                           "batches": {m: args.batch_list(m) for m in models}, "lora": args.lora},
+                           "batches": {m: args.batch_list(m) for m in models}, "lora": args.lora,
+                           "quantization": args.quantization},
               "runs": {}, "done": [], "not_run": []}
     parts = Path(args.parts)
     parts.parent.mkdir(parents=True, exist_ok=True)

@@ -80,7 +80,9 @@ def make_spec(family, config, batch, seq, *, compile, precision, steps=10, warmu
     (linear warm-up, then cosine to 0 at N); `optimizer`: "adamw" (fused) or "adamw_8bit" (bitsandbytes);
     `lora`: None, or {"r": R, "alpha": A, "target_modules": ...}: PEFT's LoRA on a base held in the 16-bit
     type of `precision` (as PEFT users load it: torch_dtype=bfloat16), adapters in fp32 (PEFT's
-    autocast_adapter_dtype), only they train."""
+    autocast_adapter_dtype), only they train; with "quantization": "nf4" too, QLoRA: the base as
+    transformers loads it with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=the 16-bit type) (quantize_linears)."""
     assert family in FAMILIES, f"unknown family {family}; known: {sorted(FAMILIES)}"
     assert precision in PRECISIONS, f"precision must be one of {PRECISIONS}"
     assert optimizer in ("adamw", "adamw_8bit")
@@ -121,18 +123,51 @@ def run(spec, work, meter, timeout=600, python=sys.executable, env=None):
 
 # --- the child --------------------------------------------------------------------------------------------
 
-def build_model(family, config, pad_vocab_to=64, attn_implementation="sdpa"):
+def build_model(family, config, pad_vocab_to=64, attn_implementation="sdpa", dtype=None):
     """The family's model from its config class and `config` (vocabulary padded), randomly initialised on the
-    CUDA device, in training mode."""
+    CUDA device (in `dtype`, default fp32), in training mode."""
     import torch
     import transformers
 
     f = FAMILIES[family]
     kwargs = dict(config, vocab_size=padded(config["vocab_size"], pad_vocab_to))
     cfg = getattr(transformers, f.config_class)(**kwargs)
-    with torch.device("cuda"):  # initialised on the device: not timed, but a shorter start-up
-        model = getattr(transformers, f.model_class)._from_config(cfg, attn_implementation=attn_implementation)
+    default = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cuda"):  # initialised on the device: not timed, but a shorter start-up
+            model = getattr(transformers, f.model_class)._from_config(cfg, attn_implementation=attn_implementation)
+    finally:
+        torch.set_default_dtype(default)
     return model.train()
+
+
+def quantize_linears(model, kind, compute_dtype):
+    """QLoRA's base as transformers loads it with BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype): every
+    Linear of the decoder layers becomes bitsandbytes' Linear4bit holding the weight's NF4 codes (the
+    embeddings, norms and LM head stay in the 16-bit type, as transformers keeps lm_head). Returns
+    bitsandbytes' version."""
+    import bitsandbytes as bnb
+    import torch
+
+    assert kind == "nf4", f"quantization {kind}: the reference quantizes nf4 only"
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, lin in list(parent.named_children()):
+                if not isinstance(lin, torch.nn.Linear):
+                    continue
+                q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                                      compute_dtype=compute_dtype, compress_statistics=True, quant_type="nf4",
+                                      device="meta")
+                q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, compress_statistics=True,
+                                             quant_type="nf4").to(lin.weight.device)
+                if lin.bias is not None:
+                    q.bias = torch.nn.Parameter(lin.bias.data, requires_grad=False)
+                setattr(parent, name, q)
+    torch.cuda.empty_cache()  # the 16-bit matrices are gone: as if loaded quantized
+    return bnb.__version__
 
 
 def _batches(spec, task, vocab, num_labels):
@@ -205,16 +240,21 @@ def train(spec, result):
     torch.manual_seed(spec["seed"])
     precision = spec["precision"]
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    model = build_model(spec["family"], spec["config"], spec["pad_vocab_to"], spec["attn_implementation"])
+    quantized = (spec.get("lora") or {}).get("quantization")
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    # A quantized base is built in its 16-bit type (its fp32 copy would be most of the process's peak).
+    model = build_model(spec["family"], spec["config"], spec["pad_vocab_to"], spec["attn_implementation"],
+                        dtype=half if quantized else None)
     if spec["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     if spec.get("lora"):
         import peft
 
-        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         if half is not None:
             model = model.to(half)
         lc = spec["lora"]
+        if quantized:
+            result["bitsandbytes"] = quantize_linears(model, quantized, half)
         model = peft.get_peft_model(model, peft.LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=0.0,
                                                            target_modules=lc["target_modules"], bias="none",
                                                            task_type="CAUSAL_LM"))

@@ -34,6 +34,9 @@ struct TrainConfig {
   double lora_dropout = 0;
   bool use_rslora = false;
   std::string lora_target_modules;
+  // QLoRA: the block Linear weights of the frozen base kept quantized ("none", "int8", "nf4":
+  // kernels/quantization.hpp), beside LoRA adapters (lora_r > 0) that alone train.
+  std::string quantization = "none";
   // "bytes" (vocab 256), or a tokenizer.json / vocab.txt. Used for the end-of-run sample and copied
   // into checkpoints; "" means "bytes" (or the tokenizer a checkpoint being resumed carries).
   std::string tokenizer;

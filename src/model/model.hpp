@@ -112,8 +112,9 @@ class Model {
 };
 
 // Keeps the model's block Linear weights quantized (`s`: Int8 or NF4; Compute: nothing changes), before
-// the model plans its memory: bitsandbytes' load_in_8bit / load_in_4bit, for inference. Throws an
-// anvil::Error for a model that trains or is not a decoder.
+// the model plans its memory: bitsandbytes' load_in_8bit / load_in_4bit, for inference, or as the frozen
+// base of LoRA adapters (QLoRA: a store of the trainable tensors only, ParamStore::keep_trainable_only).
+// Throws an anvil::Error for a model that trains otherwise or is not a decoder.
 void quantize_model(Model& model, WeightStorage s);
 
 // The model of cfg.family (the decoder families: Decoder; "bert": BertModel), planned for inputs up to

@@ -385,13 +385,16 @@ float* ParamStore::grads_f32() const {
 }
 
 void ParamStore::quantize(WeightStorage s) {
-  ANVIL_ASSERT(!training_, "quantized weights are for inference: this store plans training");
-  ANVIL_ASSERT(!trainable_, "quantize: the store keeps its trainable tensors only");
+  ANVIL_ASSERT(!training_ || trainable_,
+               "quantized weights train only as a frozen base beside a store of the trainable tensors only");
   ANVIL_ASSERT(!weights_sharded_ && !grads_sharded_ && !master_sharded(),
                "quantized weights with a sharded store");
   ANVIL_ASSERT(i_weights_ == SIZE_MAX, "quantize after plan_memory");
   ANVIL_ASSERT(!quant_, "the store is quantized already");
   quant_.emplace(layout_, s, precision_.compute);
+  for (const ParamTensor& t : layout_.tensors())
+    ANVIL_ASSERT(t.storage == WeightStorage::Compute || !t.trainable, "quantized tensor {} is trainable",
+                 t.name);
 }
 
 WeightView ParamStore::linear_weight(size_t offset) const {
@@ -411,6 +414,7 @@ void ParamStore::upload(Device& dev, const float* host) const {
     forget_gathered();
     write_weights(dev, dense.data(), dense.size());
     quant_->upload(dev, host);
+    if (trainable_) upload_master(dev, host);
     return;
   }
   // Sharded weights: the shard's only.
@@ -424,15 +428,26 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
                weights_sharded_ ? master_range_.begin : 0, weights_sharded_ ? master_range_.end : numel());
   forget_gathered();
   if (trainable_) {
-    std::vector<float> packed(master_range_.numel());
-    for (const TrainableRun& run : runs_)
-      std::copy_n(values + run.begin, run.end - run.begin, packed.data() + run.packed);
-    dev.copy_to_device(master_, packed.data(), packed.size() * sizeof(float));
+    upload_master(dev, values);
   } else if (master_ && precision_.compute != DType::F32) {
     dev.copy_to_device(master_, values + (master_range_.begin - w.begin),
                        master_range_.numel() * sizeof(float));
   }
   write_weights(dev, values, w.numel());
+}
+
+void ParamStore::upload_master(Device& dev, const float* host) const {
+  std::vector<float> packed(master_range_.numel());
+  for (const TrainableRun& run : runs_)
+    std::copy_n(host + run.begin, run.end - run.begin, packed.data() + run.packed);
+  dev.copy_to_device(master_, packed.data(), packed.size() * sizeof(float));
+}
+
+void ParamStore::download_master(Device& dev, float* host) const {
+  std::vector<float> packed(master_range_.numel());
+  dev.copy_to_host(packed.data(), master_, packed.size() * sizeof(float));
+  for (const TrainableRun& run : runs_)
+    std::copy_n(packed.data() + run.packed, run.end - run.begin, host + run.begin);
 }
 
 void ParamStore::write_weights(Device& dev, const float* values, size_t n) const {
@@ -458,16 +473,14 @@ void ParamStore::download(Device& dev, float* host) const {
       at += r.numel();
     }
     quant_->download(dev, host);
+    if (trainable_) download_master(dev, host);
     return;
   }
   const size_t n = numel();
   if (trainable_) {  // the frozen tensors as the weights hold them, the trainable ones from the master
                      // weights
     read_weights(dev, host, n);
-    std::vector<float> packed(master_range_.numel());
-    dev.copy_to_host(packed.data(), master_, packed.size() * sizeof(float));
-    for (const TrainableRun& run : runs_)
-      std::copy_n(packed.data() + run.packed, run.end - run.begin, host + run.begin);
+    download_master(dev, host);
     return;
   }
   if (precision_.compute == DType::F32 && !weights_sharded_) {

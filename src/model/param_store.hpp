@@ -129,9 +129,10 @@ class ParamStore {
   // step, so that what the kernels add into it stays finite.
   void clear_grad_sink(Device& dev) const;
 
-  // Quantized storage (before plan_memory; a store without training, one process): keeps the Linear
-  // weights of the blocks as `s` (Int8 or NF4; model/quantized_weights.hpp) and the rest in the compute type.
-  // Views of the quantized tensors are taken with linear_weight only.
+  // Quantized storage (before plan_memory; one process; a store without training, or one that keeps its
+  // trainable tensors only and whose block Linear weights are frozen: QLoRA): keeps the Linear weights of
+  // the blocks as `s` (Int8 or NF4; model/quantized_weights.hpp) and the rest in the compute type. Views of
+  // the quantized tensors are taken with linear_weight only.
   void quantize(WeightStorage s);
   // The quantized part, or null (everything in the compute type).
   const QuantizedWeights* quantized() const { return quant_ ? &*quant_ : nullptr; }
@@ -264,6 +265,9 @@ class ParamStore {
   void* slot_weight_at(size_t offset) const;
   // upload() of the values of range `w` (values[0] is element w.begin): the weights this store keeps.
   void upload_values(Device& dev, const float* values, ParamRange w) const;
+  // Trainable tensors only: the master weights from / into fp32 host values of the whole layout.
+  void upload_master(Device& dev, const float* host) const;
+  void download_master(Device& dev, float* host) const;
   // The compute-type weights from n fp32 values (rounded to nearest), and back (widened).
   void write_weights(Device& dev, const float* values, size_t n) const;
   void read_weights(Device& dev, float* values, size_t n) const;

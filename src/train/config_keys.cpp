@@ -80,6 +80,13 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .summary =
          "Comma-separated modules that get adapters, matched as PEFT's target_modules (q_proj, v_proj, "
          "...), or all-linear."},
+    {.key = "quantization",
+     .section = "Model",
+     .type = "string",
+     .meaning =
+         R"md(QLoRA: the frozen base's block Linear weights (q/k/v, attention output, MLP) kept quantized while the LoRA adapters train: `nf4` (bitsandbytes' `load_in_4bit` with `bnb_4bit_quant_type="nf4"`: 4-bit codes, an fp32 absmax per block of 64), `int8` (`load_in_8bit`'s storage: int8 codes, a row-wise absmax), or `none`. Each matrix is dequantized into the compute type (`bnb_4bit_compute_dtype`: `bf16` / `fp16` / fp32 as the run's precision) before each matmul that reads it, forward and backward; the embeddings, norms, biases and LM head stay in the compute type, as transformers keeps them. Needs `lora_r` > 0, `zero_stage` 0 and no `freeze_parameters`; decoder families only. Checkpoints hold the base dequantized (`model.safetensors`; quantizing it again on resume gives the same codes) and the adapters as PEFT writes them. See [lora.md](lora.md#qlora).)md",
+     .default_text = "`none`",
+     .summary = "QLoRA: keep the frozen base's block matrices as nf4 or int8 codes beside the LoRA adapters."},
     // -----------------------------------------------------------------------------------------------
     // Data
     {.key = "tokenizer",

@@ -75,15 +75,8 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
     o.unit_grad_dtype = rc.backward_grad_dtype;
   o.freeze = split_patterns(cfg.freeze_parameters);
   o.lora = lora_config(cfg);
+  o.weight_storage = parse_weight_storage(cfg.quantization, "quantization");
   return o;
-}
-
-// Freezing happens on the store's layout before an optimizer is made from it (the optimizers skip frozen
-// tensors from their range tables).
-// What the store keeps of each tensor: frozen ones (training), quantized ones (inference).
-static void apply_parameter_options(const EngineOptions& o, Model& model) {
-  if (o.training && !o.freeze.empty()) model.param_store().freeze(o.freeze);
-  quantize_model(model, o.weight_storage);
 }
 
 bool keeps_trainable_only(const EngineOptions& o, const ParamLayout& layout) {
@@ -95,6 +88,16 @@ bool keeps_trainable_only(const EngineOptions& o, const ParamLayout& layout) {
 
 static void apply_trainable_only(const EngineOptions& o, Model& model) {
   if (keeps_trainable_only(o, model.layout())) model.param_store().keep_trainable_only();
+}
+
+// Freezing happens on the store's layout before an optimizer is made from it (the optimizers skip frozen
+// tensors from their range tables).
+// What the store keeps of each tensor: frozen ones (training), master weights and gradients of the trainable
+// ones only (LoRA), quantized ones (inference; QLoRA's frozen base).
+static void apply_parameter_options(const EngineOptions& o, Model& model) {
+  if (o.training && !o.freeze.empty()) model.param_store().freeze(o.freeze);
+  apply_trainable_only(o, model);
+  quantize_model(model, o.weight_storage);
 }
 
 // Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
@@ -233,7 +236,6 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
                                                   ops_precision(o), o.share_grad_memory, o.lora);
   std::unique_ptr<Optimizer> opt;
   apply_parameter_options(o, *model);
-  apply_trainable_only(o, *model);
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
   apply_data_parallel(o, *model);
   if (o.training)
@@ -255,7 +257,6 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
                       o.share_grad_memory, o.lora);
   apply_parameter_options(o, *model_);
-  apply_trainable_only(o, *model_);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
   apply_data_parallel(o, *model_);
   if (o.training)

@@ -86,7 +86,13 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
         l.r, l.alpha, l.scale(), layout.lora_modules().size(), fmt::join(lora_targets(l, m.family), ", "),
         all - f.numel, all, 100.0 * double(all - f.numel) / double(all));
     const ParamStore& store = e.model().param_store();
-    if (store.trainable_only())
+    if (const QuantizedWeights* q = store.quantized())
+      fmt::print(
+          "  frozen base (QLoRA): {} block matrices as {} ({}), the rest in the {} weights; master "
+          "weights, gradients and optimizer state for the adapters\n",
+          q->matrices(), weight_storage_name(q->storage()), format_bytes(q->quantized_bytes()),
+          dtype_name(store.precision().compute));
+    else if (store.trainable_only())
       fmt::print(
           "  frozen base: in the {} weights only (master weights, gradients and optimizer state for the "
           "adapters)\n",

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "anvil/error.hpp"
+#include "kernels/quantization.hpp"
 #include "kernels/split_gemm_plan.hpp"
 #include "model/checkpointing.hpp"
 #include "optim/lr_schedule.hpp"
@@ -232,6 +233,7 @@ const std::map<std::string, Setter>& setters() {
     num_field("lora_dropout", &TrainConfig::lora_dropout);
     bool_field("use_rslora", &TrainConfig::use_rslora);
     str_field("lora_target_modules", &TrainConfig::lora_target_modules);
+    str_field("quantization", &TrainConfig::quantization);
     str_field("tokenizer", &TrainConfig::tokenizer);
     str_field("train_data", &TrainConfig::train_data);
     str_field("val_data", &TrainConfig::val_data);
@@ -624,6 +626,20 @@ void TrainConfig::validate(const std::string& s) const {
                   "stochastic_rounding",
                   blame({"stochastic_rounding", "lora_r"}));
   }
+  if (parse_weight_storage(quantization, subject("quantization").c_str()) != WeightStorage::Compute) {
+    ANVIL_REQUIRE(lora_r > 0,
+                  "{}: a quantized base trains through LoRA adapters only (QLoRA): set lora_r (e.g. 16), or "
+                  "quantization none to train the model itself",
+                  blame({"quantization", "lora_r"}));
+    ANVIL_REQUIRE(zero_stage == 0,
+                  "{}: QLoRA runs without ZeRO (every process keeps the quantized base whole; only the "
+                  "adapters' gradients are reduced): set zero_stage 0",
+                  blame({"quantization", "zero_stage"}));
+    ANVIL_REQUIRE(freeze_parameters.empty(),
+                  "{}: under QLoRA every adapter trains and the base is frozen already; remove "
+                  "freeze_parameters",
+                  blame({"quantization", "freeze_parameters"}));
+  }
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
   ANVIL_REQUIRE(communication_data_type.empty() || communication_data_type == "fp32" ||
@@ -710,6 +726,7 @@ json TrainConfig::to_json() const {
           {"lora_dropout", lora_dropout},
           {"use_rslora", use_rslora},
           {"lora_target_modules", lora_target_modules},
+          {"quantization", quantization},
           {"tokenizer", tokenizer},
           {"train_data", train_data},
           {"val_data", val_data},

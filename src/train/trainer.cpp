@@ -268,9 +268,12 @@ void Run::share_weights() {
   }
   const ParamStore& store = m.param_store();
   group_->comm().broadcast(m.params(), store.optimizer_layout().total_numel(), DType::F32, 0);
-  // A store of the trainable tensors only: the frozen tensors are in the compute-type weights alone.
+  // A store of the trainable tensors only: the frozen tensors are in the compute-type weights alone (QLoRA:
+  // those not quantized; the codes are quantized alike on every rank from the same values).
   if (store.trainable_only())
-    group_->comm().broadcast(m.weights(), store.numel(), store.precision().compute, 0);
+    group_->comm().broadcast(m.weights(),
+                             store.quantized() ? store.quantized()->dense_numel() : store.numel(),
+                             store.precision().compute, 0);
   group_->comm().join();
   m.sync_weights(engine_->ops(), cast_seed);
   engine_->device().synchronize();

@@ -79,8 +79,13 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // With lora_dropout both backends draw the same masks from the same state (kernels/dropout.hpp), so the
-// comparison is the same.
-class LoraModelParity : public ::testing::TestWithParam<float> {};
+// comparison is the same. QLoRA (an nf4 base): both quantize the same host values into the same codes, and
+// dequantize them before each matmul.
+struct LoraParityCase {
+  float dropout;
+  WeightStorage storage;
+};
+class LoraModelParity : public ::testing::TestWithParam<LoraParityCase> {};
 
 TEST_P(LoraModelParity, TrainingStepsFp32) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible";
@@ -92,7 +97,9 @@ TEST_P(LoraModelParity, TrainingStepsFp32) {
   EngineOptions o;
   o.batch_size = 4, o.seq_len = 48, o.training = true;
   o.optim = adamw_hyper({0.9f, 0.95f, 1e-8f, 0.1f});
-  o.lora.r = 8, o.lora.alpha = 16, o.lora.target_modules = {"all-linear"}, o.lora.dropout = GetParam();
+  o.lora.r = 8, o.lora.alpha = 16, o.lora.target_modules = {"all-linear"},
+  o.lora.dropout = GetParam().dropout;
+  o.weight_storage = GetParam().storage;
   o.device = DeviceKind::CPU;
   Engine cpu(cfg, o);
   o.device = DeviceKind::CUDA;
@@ -113,6 +120,7 @@ TEST_P(LoraModelParity, TrainingStepsFp32) {
       for (size_t i = 0; i < t.numel(); ++i) w[t.offset + i] = normal(rng);
   cpu.model().upload_weights(cpu.device(), w.data());
   gpu.model().upload_weights(gpu.device(), w.data());
+  cpu.model().download_weights(cpu.device(), w.data());  // the base as kept (nf4: its codes dequantized)
 
   const int B = o.batch_size, T = o.seq_len, N = B * T;
   std::uniform_int_distribution<int> tok(0, cfg.vocab_size - 1);
@@ -170,9 +178,14 @@ TEST_P(LoraModelParity, TrainingStepsFp32) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dropout, LoraModelParity, ::testing::Values(0.0f, 0.2f), [](const auto& info) {
-  return info.param > 0 ? std::string("dropout") : std::string("none");
-});
+INSTANTIATE_TEST_SUITE_P(Cases, LoraModelParity,
+                         ::testing::Values(LoraParityCase{0.0f, WeightStorage::Compute},
+                                           LoraParityCase{0.2f, WeightStorage::Compute},
+                                           LoraParityCase{0.0f, WeightStorage::NF4}),
+                         [](const auto& info) {
+                           return std::string(info.param.dropout > 0 ? "dropout" : "none") +
+                                  (info.param.storage == WeightStorage::NF4 ? "_nf4" : "");
+                         });
 
 }  // namespace
 }  // namespace anvil
