@@ -11,6 +11,11 @@
 namespace anvil {
 
 namespace {
+// A compute type as the config spells it (--bf16, --fp16, fp32).
+const char* type_name(DType t) {
+  return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32";
+}
+
 
 std::string precision_description(const RunHeader& h, DeviceKind device) {
   const ResolvedTrainConfig& rc = h.rc;
@@ -91,12 +96,12 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
           "  frozen base (QLoRA): {} block matrices as {} ({}), the rest in the {} weights; master "
           "weights, gradients and optimizer state for the adapters\n",
           q->matrices(), weight_storage_name(q->storage()), format_bytes(q->quantized_bytes()),
-          dtype_name(store.precision().compute));
+          type_name(store.precision().compute));
     else if (store.trainable_only())
       fmt::print(
           "  frozen base: in the {} weights only (master weights, gradients and optimizer state for the "
           "adapters)\n",
-          dtype_name(store.precision().compute));
+          type_name(store.precision().compute));
     else
       fmt::print(
           "  frozen base: master weights and gradients planned for every tensor (ZeRO partitions the "
