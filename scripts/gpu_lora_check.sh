@@ -8,6 +8,8 @@
 #     lora_golden_test then compares Anvil with them (run it where the fixtures are copied into tests/golden)
 #   dropout_resume: a bf16 LoRA run with lora_dropout and CUDA graphs (the masks' micro-batch counter in the
 #     graph) resumed from its step-5 checkpoint gives the uninterrupted run's losses for steps 6-8 exactly
+#   qlora_resume: the same with --quantization nf4 (QLoRA; no dropout): the resumed run quantizes the
+#     checkpoint's dequantized base into the same codes
 #   peft_loads_anvil: an Anvil LoRA checkpoint trained on CUDA (bf16, a random transformers Llama as its base) loads with
 #     PeftModel.from_pretrained, whose logits equal `anvil logits` on the checkpoint (the adapter merged)
 # Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
@@ -46,13 +48,14 @@ PY
     --output "$w/logits.safetensors" || return 1
   python3 tests/golden/make_lora_golden.py --check "$w/run/checkpoint-40" "$w/logits.safetensors" "$w/ids.safetensors"
 }
-dropout_resume() {
-  local w=$out/dropout_resume
+resume_check() {  # NAME FLAGS...: a run of 8 steps against one resumed from its step-5 checkpoint
+  local w=$out/$1
+  shift
   rm -rf "$w" && mkdir -p "$w"
   "$build/anvil" prepare-data --input data/shakespeare/shakespeare.txt --output "$w/data" --tokenizer bytes \
     > /dev/null || return 1
   local common=(--model llama-tiny --train_data "$w/data/train.bin" --device cuda --bf16 --lora_r 8
-    --lora_alpha 16 --lora_dropout 0.1 --lora_target_modules all-linear --per_device_train_batch_size 8
+    --lora_alpha 16 "$@" --lora_target_modules all-linear --per_device_train_batch_size 8
     --gradient_accumulation_steps 2 --max_seq_length 64 --max_steps 8 --learning_rate 1e-2 --logging_steps 1
     --sample_prompt "")
   "$build/anvil" train "${common[@]}" --save_steps 5 --output_dir "$w/full" || return 1
@@ -67,7 +70,8 @@ print("full", full, "resumed", resumed)
 assert len(full) == 8 and resumed == full[5:], (full, resumed)
 PY
 }
-check dropout_resume dropout_resume
+check dropout_resume resume_check dropout_resume --lora_dropout 0.1
+check qlora_resume resume_check qlora_resume --quantization nf4
 check peft_loads_anvil peft_loads_anvil
 grep '"check"' "$out/peft_loads_anvil.log"
 echo "$failures failure(s)"
