@@ -10,6 +10,7 @@
 
 #include "anvil/rng.hpp"
 #include "core/half.hpp"
+#include "lora_test_util.hpp"
 #include "model/param_layout.hpp"
 #include "model/param_store.hpp"
 #include "train/engine.hpp"
@@ -139,14 +140,8 @@ Trained train(const EngineOptions& o) {
   EXPECT_EQ(e.model().param_store().trainable_only(), o.trainable_only_store);
   Model& m = e.model();
   const ParamLayout& l = m.layout();
-  std::vector<float> w(l.total_numel());
   Rng rng(5);
-  for (const ParamTensor& t : l.tensors())
-    for (size_t i = 0; i < t.numel(); ++i)
-      w[t.offset + i] = t.role == TensorRole::Norm1Weight || t.role == TensorRole::Norm2Weight ||
-                                t.role == TensorRole::FinalNormWeight
-                            ? 1.0f
-                            : 0.05f * rng.normal();
+  const std::vector<float> w = test::random_weights(l, rng);
   m.upload_weights(e.device(), w.data());
   std::vector<int32_t> tokens, targets;
   for (int i = 0; i < o.batch_size * o.seq_len; ++i) {

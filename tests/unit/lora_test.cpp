@@ -19,6 +19,7 @@
 #include "io/checkpoint.hpp"
 #include "io/peft_adapter.hpp"
 #include "io/safetensors.hpp"
+#include "lora_test_util.hpp"
 #include "peft/lora_adapter.hpp"
 #include "test_util.hpp"
 #include "train/engine.hpp"
@@ -639,25 +640,7 @@ TEST(LoraDropout, FactorGradientsMatchFiniteDifferences) {
 // ---------------------------------------------------------------------------------------------------------
 // Training runs.
 
-TrainConfig lora_run(const test::ByteCorpus& c, const std::string& out, int steps,
-                     const std::string& extra = "{}") {
-  json j = {{"model", "llama-tiny"},
-            {"train_data", c.dir / "data/train.bin"},
-            {"per_device_train_batch_size", 4},
-            {"max_seq_length", 32},
-            {"max_steps", steps},
-            {"learning_rate", 1e-2},
-            {"logging_steps", 1},
-            {"save_steps", steps},
-            {"device", "cpu"},
-            {"seed", 7},
-            {"lora_r", 8},
-            {"lora_alpha", 16},
-            {"lora_target_modules", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},
-            {"output_dir", out}};
-  j.update(json::parse(extra));
-  return TrainConfig::from_json(j, "test");
-}
+using test::lora_run;
 
 TEST(LoraTrain, BaseStaysAdaptersTrainCheckpointIsPeft) {
   test::ByteCorpus c;

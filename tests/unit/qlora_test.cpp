@@ -15,6 +15,7 @@
 #include "io/checkpoint.hpp"
 #include "io/peft_adapter.hpp"
 #include "io/safetensors.hpp"
+#include "lora_test_util.hpp"
 #include "test_util.hpp"
 #include "train/engine.hpp"
 
@@ -68,14 +69,8 @@ TEST_P(QuantizedBase, ComputesWhatTheDequantizedDenseBaseComputes) {
   // Random base and factors (B too, so that every gradient is non-trivial); the quantized model's weights as
   // it keeps them (the matrices dequantized) go into the dense one.
   const ParamLayout& l = q.model().layout();
-  std::vector<float> w(l.total_numel());
   Rng rng(17);
-  for (const ParamTensor& t : l.tensors())
-    for (size_t i = 0; i < t.numel(); ++i)
-      w[t.offset + i] = t.role == TensorRole::Norm1Weight || t.role == TensorRole::Norm2Weight ||
-                                t.role == TensorRole::FinalNormWeight
-                            ? 1.0f
-                            : 0.05f * rng.normal();
+  const std::vector<float> w = test::random_weights(l, rng);
   q.model().upload_weights(q.device(), w.data());
   std::vector<float> kept(w.size());
   q.model().download_weights(q.device(), kept.data());
@@ -126,26 +121,12 @@ TEST(QLoraPlan, HoldsCodesAndTheAdapters) {
   EXPECT_EQ(bytes(q, MemoryCategory::Gradients), bytes(dense, MemoryCategory::Gradients));
 }
 
+// lora_run with every block Linear adapted beside an nf4 base.
 TrainConfig qlora_run(const test::ByteCorpus& c, const std::string& out, int steps,
                       const std::string& extra = "{}") {
-  json j = {{"model", "llama-tiny"},
-            {"train_data", c.dir / "data/train.bin"},
-            {"per_device_train_batch_size", 4},
-            {"max_seq_length", 32},
-            {"max_steps", steps},
-            {"learning_rate", 1e-2},
-            {"logging_steps", 1},
-            {"save_steps", steps},
-            {"device", "cpu"},
-            {"seed", 7},
-            {"lora_r", 8},
-            {"lora_alpha", 16},
-            {"lora_target_modules", "all-linear"},
-            {"quantization", "nf4"},
-            {"dataloader_pin_memory", false},
-            {"output_dir", out}};
+  json j = {{"lora_target_modules", "all-linear"}, {"quantization", "nf4"}, {"dataloader_pin_memory", false}};
   j.update(json::parse(extra));
-  return TrainConfig::from_json(j, "test");
+  return test::lora_run(c, out, steps, j.dump());
 }
 
 TEST(QLoraTrain, LearnsKeepsTheCodesResumesExactly) {

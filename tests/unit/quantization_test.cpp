@@ -369,6 +369,7 @@ TEST(QuantizedDecoderErrors, TrainingAndBertAreRefusedWithWhatToDo) {
     FAIL() << "training a quantized model was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("inference"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("QLoRA"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
   }
   TransformerConfig bert;
