@@ -88,6 +88,9 @@ struct TrainConfig {
   // fp32 master weights and optimizer state; 2 also of the reduced gradients; 3 also of the weights
   // (gathered unit by unit). DeepSpeed's zero_optimization.stage.
   int zero_stage = 0;
+  // Where the fp32 master weights and the optimizer state live and the update runs: "none" (the device) or
+  // "cpu" (host memory, updated by the CPU: DeepSpeed's offload_optimizer; src/offload/).
+  std::string offload_optimizer = "none";
   // ZeRO stages 1-2: elements per all-gather of the updated weights (DeepSpeed's allgather_bucket_size).
   int64_t zero_allgather_bucket_size = 500000000;
   // The optimizer (docs/optimizers.md): HF `optim` names adamw_torch_fused (default; also adamw_torch,

@@ -469,7 +469,10 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
                  std::optional<size_t> budget, const EstimateFlags& f) {
   const MemoryEstimate e = estimate_memory(model, cfg, t.kind, t.overhead);
   const MemoryScenario& s = e.scenario;
-  const HostStaging host = host_staging_per_process(cfg, model, e.plan);
+  // Optimizer offload: what the host holds for the master weights and the optimizer state.
+  const std::optional<MemoryPlan> offloaded =
+      host_optimizer_plan(model, training_engine_options(cfg, t.kind));
+  const HostStaging host = host_staging_per_process(cfg, model, e.plan, offloaded ? &*offloaded : nullptr);
   const bool fits = budget && e.total() <= *budget;
   std::vector<MemoryEstimate> alternatives;
   if (budget && !fits)
@@ -489,24 +492,39 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
       j["alternatives"].push_back({{"flags", a.scenario.flags_from(s)},
                                    {"total", a.total()},
                                    {"time_per_token_vs_configured", a.time_cost / e.time_cost}});
+    if (offloaded) {
+      j["host_optimizer"] = json::array();
+      for (const PlannedBuffer& b : offloaded->buffers())
+        j["host_optimizer"].push_back({{"name", b.name}, {"bytes", b.bytes}});
+    }
     if (f.job) j["data_parallel"] = job_json(s, &host, stage_estimates(cfg, model, t), model, f);
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
   fmt::print("Memory estimate for training {}\n", model_line(model));
   if (const std::optional<FrozenCount> fz = frozen_count(cfg, model))
-    fmt::print("  frozen ({}): {} tensors, {:.2f}M parameters ({})\n",
-               cfg.lora_r > 0 ? fmt::format("LoRA r {}: all but the adapters", cfg.lora_r) : "freeze_parameters",
-               fz->tensors, double(fz->numel) / 1e6,
-               plans_trainable_only(cfg, model, t.kind)
-                   ? "in the weights only: no master weights, gradients or optimizer state"
-                   : "no optimizer state; their gradients and master weights are still planned");
+    fmt::print(
+        "  frozen ({}): {} tensors, {:.2f}M parameters ({})\n",
+        cfg.lora_r > 0 ? fmt::format("LoRA r {}: all but the adapters", cfg.lora_r) : "freeze_parameters",
+        fz->tensors, double(fz->numel) / 1e6,
+        plans_trainable_only(cfg, model, t.kind)
+            ? "in the weights only: no master weights, gradients or optimizer state"
+            : "no optimizer state; their gradients and master weights are still planned");
   fmt::print(
       "  micro-batch {} x {} tokens, {} accumulation (effective batch {}), checkpointing {}, {}, {}, on "
       "{}\n\n",
       s.micro_batch, e.seq_len, s.accumulation, s.effective_batch(), s.checkpointing_name(),
       precision_name(s.precision), optimizer_name(s.optimizer), t.name);
   fmt::print("{}", estimate_table(e, overhead_note(t)));
+  if (offloaded) {
+    fmt::print("\nhost memory for the offloaded optimizer (offload_optimizer cpu; not on the device):\n");
+    size_t total = 0;
+    for (const PlannedBuffer& b : offloaded->buffers()) {
+      fmt::print("  {:<44} {:>10}\n", b.name, format_bytes(b.bytes));
+      total += b.bytes;
+    }
+    fmt::print("  {:<44} {:>10}\n", "total", format_bytes(total));
+  }
   if (budget) {
     fmt::print("\n{} in {} ({} bytes{})\n", fits ? "fits" : "does NOT fit", format_bytes(*budget), *budget,
                budget_note(t, f));

@@ -200,10 +200,10 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
 }
 
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& opt, const json& state,
-                     const std::string& tokenizer_file, Device& dev) {
+                     const std::string& tokenizer_file, Device& dev, Device* optimizer_dev) {
   AtomicDirectory out(dir);
   save_model(out.path(), model, dev);
-  save_optimizer(out.file("optimizer.safetensors"), opt, dev);
+  save_optimizer(out.file("optimizer.safetensors"), opt, optimizer_dev ? *optimizer_dev : dev);
   write_text_file_synced(out.file("trainer_state.json"), state.dump(2) + "\n");
   for (const auto& [source, name] : tokenizer_side_files(tokenizer_file))
     write_text_file_synced(out.file(name), read_text_file(source));

@@ -54,9 +54,11 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev);
 
 // Writes a whole checkpoint directory atomically. `tokenizer_file` (a tokenizer.json or vocab.txt, or
 // "" for none) is copied in under its Hugging Face name with the files beside it that belong to it
-// (tokenizer_side_files), so the checkpoint is self-contained.
+// (tokenizer_side_files), so the checkpoint is self-contained. The optimizer's state is read through
+// `optimizer_dev` (its host device under optimizer offload), else through `dev`.
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& opt,
-                     const nlohmann::json& state, const std::string& tokenizer_file, Device& dev);
+                     const nlohmann::json& state, const std::string& tokenizer_file, Device& dev,
+                     Device* optimizer_dev = nullptr);
 
 // The tokenizer file a model directory carries (tokenizer.json, else vocab.txt), or "".
 std::string find_tokenizer_file(const std::string& dir);

@@ -36,7 +36,7 @@ size_t HostStaging::total_bytes() const {
 }
 
 HostStaging host_staging_per_process(const TrainConfig& cfg, const TransformerConfig& model,
-                                     const MemoryPlan& plan) {
+                                     const MemoryPlan& plan, const MemoryPlan* host_optimizer) {
   HostStaging h;
   const bool pin = cfg.dataloader_pin_memory;
   const size_t T = size_t(cfg.seq_len());
@@ -55,6 +55,10 @@ HostStaging host_staging_per_process(const TrainConfig& cfg, const TransformerCo
   for (const PlannedBuffer& b : plan.buffers())
     if (b.name == "step values" || b.name == "dropout state")
       h.buffers.push_back({b.name + " (host copy)", b.bytes, true});
+  if (host_optimizer)
+    for (const PlannedBuffer& b : host_optimizer->buffers())
+      h.buffers.push_back(
+          {"optimizer offload: " + b.name, b.bytes, b.name.find("pinned") != std::string::npos});
   return h;
 }
 

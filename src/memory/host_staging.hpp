@@ -26,8 +26,9 @@ struct HostStaging {
 };
 
 // One process of a run of `cfg` (its batch as the memory fit settled it; a classifier's sequence length as
-// its data decides it), whose device plan is `plan` (the step's values and dropout state have host copies).
+// its data decides it), whose device plan is `plan` (the step's values and dropout state have host copies)
+// and, under optimizer offload, whose host optimizer holds `host_optimizer` (buffers named "pinned" are).
 HostStaging host_staging_per_process(const TrainConfig& cfg, const TransformerConfig& model,
-                                     const MemoryPlan& plan);
+                                     const MemoryPlan& plan, const MemoryPlan* host_optimizer = nullptr);
 
 }  // namespace anvil

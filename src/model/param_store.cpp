@@ -132,6 +132,19 @@ void ParamStore::keep_trainable_only() {
   master_range_ = grad_range_ = trainable_->all();
 }
 
+void ParamStore::set_master_on_host() {
+  ANVIL_ASSERT(training_, "set_master_on_host: a store planned without training has no master weights");
+  ANVIL_ASSERT(!trainable_ && !quant_ && !master_sharded() && !grads_sharded_ && !weights_sharded_,
+               "set_master_on_host: the master weights of the whole layout, unsharded");
+  ANVIL_ASSERT(i_weights_ == SIZE_MAX, "set_master_on_host after plan_memory");
+  master_on_host_ = true;
+}
+
+void ParamStore::bind_host_master(float* host) {
+  ANVIL_ASSERT(master_on_host_ && host, "bind_host_master: after set_master_on_host, with host memory");
+  host_master_ = master_ = host;
+}
+
 void ParamStore::clear_grad_sink(Device& dev) const {
   if (sink_) dev.fill_zero(sink_, sink_numel_ * grad_elem_);
 }
@@ -195,8 +208,8 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
     i_master_ = plan.add("master weights (fp32, the trainable tensors)", M::MasterWeights,
                          master_range_.numel() * sizeof(float));
   if (precision_.compute != DType::F32) {
-    // Only an optimizer step needs fp32 weights beside the 16-bit ones.
-    if (training_ && !trainable_)
+    // Only an optimizer step needs fp32 weights beside the 16-bit ones (offload: in host memory).
+    if (training_ && !trainable_ && !master_on_host_)
       i_master_ =
           plan.add(master_sharded() ? "master weights (fp32, this rank's shard)" : "master weights (fp32)",
                    M::MasterWeights, master_range_.numel() * sizeof(float));
@@ -246,7 +259,8 @@ void ParamStore::bind(const Arena& arena) {
   weights_ = arena.get<void>(i_weights_);
   if (quant_) quant_->bind(arena);
   if (i_wslots_ != SIZE_MAX) wslot_mem_ = arena.get<char>(i_wslots_);
-  master_ = trainable_ ? arena.get<float>(i_master_)
+  master_ = master_on_host_ ? host_master_
+            : trainable_    ? arena.get<float>(i_master_)
             : precision_.compute == DType::F32
                 ? static_cast<float*>(weights_) + (weights_sharded_ ? 0 : master_range_.begin)
             : i_master_ != SIZE_MAX ? arena.get<float>(i_master_)
@@ -427,7 +441,10 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
                "upload of [{}, {}): the store keeps weights [{}, {})", w.begin, w.end,
                weights_sharded_ ? master_range_.begin : 0, weights_sharded_ ? master_range_.end : numel());
   forget_gathered();
-  if (trainable_) {
+  if (master_on_host_) {
+    ANVIL_ASSERT(host_master_, "upload: the master weights' host memory is not bound (bind_host_master)");
+    std::copy_n(values, w.numel(), host_master_);
+  } else if (trainable_) {
     upload_master(dev, values);
   } else if (master_ && precision_.compute != DType::F32) {
     dev.copy_to_device(master_, values + (master_range_.begin - w.begin),
@@ -477,6 +494,11 @@ void ParamStore::download(Device& dev, float* host) const {
     return;
   }
   const size_t n = numel();
+  if (master_on_host_) {
+    ANVIL_ASSERT(host_master_, "download: the master weights' host memory is not bound (bind_host_master)");
+    std::copy_n(host_master_, n, host);
+    return;
+  }
   if (trainable_) {  // the frozen tensors as the weights hold them, the trainable ones from the master
                      // weights
     read_weights(dev, host, n);
@@ -565,7 +587,9 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
 
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
   forget_gathered();  // the slots hold the weights before this update
-  if (trainable_) {   // each run of trainable elements into its place in the weights
+  ANVIL_ASSERT(!master_on_host_,
+               "sync: the master weights are in host memory; the host optimizer casts them");
+  if (trainable_) {  // each run of trainable elements into its place in the weights
     ANVIL_ASSERT(
         rounding_seed == 0,
         "sync: stochastic rounding draws by layout position; the store keeps its trainable tensors only");

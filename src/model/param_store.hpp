@@ -125,6 +125,14 @@ class ParamStore {
   bool trainable_only() const { return trainable_.has_value(); }
   // The layout the optimizer updates: layout(), or its trainable part (keep_trainable_only).
   const ParamLayout& optimizer_layout() const { return trainable_ ? *trainable_ : layout_; }
+  // Optimizer offload (before plan_memory; training; the whole layout, no ZeRO shard): the fp32 master
+  // weights live in host memory, outside the device plan; bind_host_master gives it (numel() floats,
+  // offload::HostOptimizer's; before upload). upload and download read and write them there; the cast into
+  // the compute-type weights after an update is the host optimizer's (sync refuses).
+  void set_master_on_host();
+  void bind_host_master(float* host);
+  bool master_on_host() const { return master_on_host_; }
+
   // Zeroes the gradient sink (keep_trainable_only; else nothing), queued on `dev`: once, before the first
   // step, so that what the kernels add into it stays finite.
   void clear_grad_sink(Device& dev) const;
@@ -286,6 +294,8 @@ class ParamStore {
   // The packed index of trainable element `offset`.
   size_t packed_index(size_t offset) const;
   std::optional<ParamLayout> trainable_;
+  bool master_on_host_ = false;   // set_master_on_host
+  float* host_master_ = nullptr;  // bind_host_master
   std::vector<TrainableRun> runs_;
   std::vector<TensorGrad> tensor_grads_;
   size_t sink_numel_ = 0, i_sink_ = SIZE_MAX;

@@ -236,14 +236,19 @@ void Applier::zero(const json& v) {
     if (!v.contains(block)) continue;
     const json& o = v[block];
     object(std::string("zero_optimization.") + block, o);
-    const std::string device =
-        o.contains("device") ? string(std::string("zero_optimization.") + block + ".device", o["device"])
-                             : "none";
-    ANVIL_REQUIRE(
-        device == "none",
-        "{}: DeepSpeed key 'zero_optimization.{}.device' is \"{}\": offload is not supported yet; set it "
-        "to \"none\" or remove '{}'",
-        src_, block, device, block);
+    const std::string key = std::string("zero_optimization.") + block + ".device";
+    const std::string device = o.contains("device") ? string(key, o["device"]) : "none";
+    if (std::string(block) == "offload_optimizer" && (device == "cpu" || device == "none")) {
+      fill(key, o.contains("device") ? o["device"] : json("none"), "offload_optimizer", c_.offload_optimizer,
+           device);
+      continue;
+    }
+    ANVIL_REQUIRE(device == "none",
+                  "{}: DeepSpeed key '{}' is \"{}\": {} is not supported yet; set it to \"none\"{} or "
+                  "remove '{}'",
+                  src_, key, device,
+                  std::string(block) == "offload_param" ? "parameter offload" : "NVMe offload",
+                  std::string(block) == "offload_optimizer" ? " or \"cpu\"" : "", block);
   }
   // Bucket size: DeepSpeed counts elements; Anvil's ddp_bucket_cap_mb counts megabytes of fp32 gradients.
   if (v.contains("reduce_bucket_size") && !is_auto(v["reduce_bucket_size"])) {
@@ -435,7 +440,7 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.reduce_scatter", {}, "stage 2 always reduce-scatters"},
       {"zero_optimization.allgather_partitions", {}, "the updated shards are always all-gathered"},
       {"zero_optimization.round_robin_gradients", {}, "an ordering for CPU offload"},
-      {"zero_optimization.offload_optimizer", {}, "device none"},
+      {"zero_optimization.offload_optimizer", {"offload_optimizer"}},
       {"zero_optimization.offload_param", {}, "device none"},
       {"zero_optimization.sub_group_size", {}, "the optimizer steps over the whole shard at once"},
       {"zero_optimization.stage3_max_live_parameters",

@@ -76,6 +76,13 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.freeze = split_patterns(cfg.freeze_parameters);
   o.lora = lora_config(cfg);
   o.weight_storage = parse_weight_storage(cfg.quantization, "quantization");
+  o.offload_optimizer = cfg.offload_optimizer == "cpu";
+  ANVIL_REQUIRE(
+      !o.offload_optimizer || env.world_size == 1,
+      "offload_optimizer cpu with {} processes: optimizer offload runs in one process for now (each "
+      "rank would update the whole model on its CPU); run one process, or shard the optimizer "
+      "state over the GPUs with zero_stage 1-3",
+      env.world_size);
   return o;
 }
 
@@ -98,6 +105,11 @@ static void apply_parameter_options(const EngineOptions& o, Model& model) {
   if (o.training && !o.freeze.empty()) model.param_store().freeze(o.freeze);
   apply_trainable_only(o, model);
   quantize_model(model, o.weight_storage);
+  if (o.training && o.offload_optimizer) {
+    ANVIL_REQUIRE(o.zero_stage == 0 && !o.lora.enabled(),
+                  "offload_optimizer cpu: one process, full training (not LoRA, whose state is small)");
+    model.param_store().set_master_on_host();
+  }
 }
 
 // Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
@@ -213,9 +225,9 @@ void plan_all(MemoryPlan& plan, Model& model, Optimizer* opt, const EngineOption
     *i_split_scratch = plan.add("3xTF32 split scratch", MemoryCategory::Workspace,
                                 split_gemm_scratch_bytes(model.config(), o.batch_size, o.seq_len));
   // The step's loss, gradient norm and clip factor live on the device (no host read inside a step).
-  if (opt) *i_step_scalars = plan.add("step scalars", MemoryCategory::Workspace, sizeof(StepScalars));
+  if (o.training) *i_step_scalars = plan.add("step scalars", MemoryCategory::Workspace, sizeof(StepScalars));
   // The step's learning rates, seeds and unscale factor, read by the kernels (a graph-replayed step).
-  if (opt) *i_step_values = plan.add("step values", MemoryCategory::Workspace, sizeof(StepValues));
+  if (o.training) *i_step_values = plan.add("step values", MemoryCategory::Workspace, sizeof(StepValues));
 }
 
 // The last line of defence (the trainer checks first, and suggests configurations that fit): a plan
@@ -238,7 +250,7 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   apply_parameter_options(o, *model);
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
   apply_data_parallel(o, *model);
-  if (o.training)
+  if (o.training && !o.offload_optimizer)  // (offloaded: in host memory, offload::HostOptimizer)
     opt =
         make_optimizer(o.optimizer, model->param_store().optimizer_layout(), with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
@@ -246,6 +258,15 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   size_t ws = 0, split = 0, scalars = 0, values = 0;
   plan_all(plan, *model, opt.get(), o, inputs, &ws, &split, &scalars, &values);
   return plan;
+}
+
+std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, const EngineOptions& o) {
+  if (!o.training || !o.offload_optimizer) return std::nullopt;
+  const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
+                                                  ops_precision(o), o.share_grad_memory, o.lora);
+  apply_parameter_options(o, *model);
+  return offload::HostOptimizer::plan_host_memory(model->param_store().optimizer_layout(), o.optimizer,
+                                                  with_vocab(o.optim, cfg), ops_precision(o));
 }
 
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
@@ -259,7 +280,10 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   apply_parameter_options(o, *model_);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
   apply_data_parallel(o, *model_);
-  if (o.training)
+  if (o.training && o.offload_optimizer)
+    host_ = std::make_unique<offload::HostOptimizer>(*device_, model_->param_store(), o.optimizer,
+                                                     with_vocab(o.optim, cfg), ops_precision(o));
+  else if (o.training)
     optimizer_ = make_optimizer(o.optimizer, model_->param_store().optimizer_layout(),
                                 with_vocab(o.optim, cfg), shard);
   MemoryPlan plan;
@@ -290,9 +314,12 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   }
   model_->bind(*arena_);
   model_->upload_constants(*device_);
+  if (host_) host_->reset();
   if (optimizer_) {
     optimizer_->bind(*arena_);
     optimizer_->reset(*device_);
+  }
+  if (training()) {
     device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
     model_->param_store().clear_grad_sink(*device_);
     device_->fill_zero(step_scalars(), sizeof(StepScalars));
@@ -317,12 +344,12 @@ void Engine::upload_dropout_state() {
 }
 
 StepValues* Engine::step_values() const {
-  ANVIL_ASSERT(optimizer_, "step_values: the engine was not built for training");
+  ANVIL_ASSERT(training(), "step_values: the engine was not built for training");
   return arena_->get<StepValues>(i_step_values_);
 }
 
 StepValues& Engine::step_values_host() {
-  ANVIL_ASSERT(optimizer_, "step_values_host: the engine was not built for training");
+  ANVIL_ASSERT(training(), "step_values_host: the engine was not built for training");
   return *static_cast<StepValues*>(step_values_host_->get());
 }
 
@@ -378,7 +405,7 @@ ModelInputs Engine::inputs(int slot, int B, int T, bool with_loss) const {
 }
 
 StepScalars* Engine::step_scalars() const {
-  ANVIL_ASSERT(optimizer_, "step_scalars: the engine was not built for training");
+  ANVIL_ASSERT(training(), "step_scalars: the engine was not built for training");
   return arena_->get<StepScalars>(i_step_scalars_);
 }
 

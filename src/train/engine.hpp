@@ -13,6 +13,7 @@
 #include "model/bert_model.hpp"
 #include "model/decoder.hpp"
 #include "model/model.hpp"
+#include "offload/host_optimizer.hpp"
 #include "optim/adamw.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/arena.hpp"
@@ -69,6 +70,10 @@ struct EngineOptions {
   // weights and gradients for the adapters alone (ParamStore::keep_trainable_only). False keeps them for
   // every tensor, as ZeRO stages 1-3 do (tests compare the two).
   bool trainable_only_store = true;
+  // Optimizer offload (offload_optimizer cpu; one process, the whole layout): the fp32 master weights and the
+  // optimizer state in host memory, the update on the CPU (offload::HostOptimizer); none of them planned on
+  // the device.
+  bool offload_optimizer = false;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the
@@ -99,6 +104,9 @@ DeviceKind resolve_device(const std::string& name);
 // The memory plan of a run, without a device and without allocating anything (what `anvil estimate`
 // prints and what Engine allocates).
 MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions& o);
+// Optimizer offload: the host memory the run holds for it (offload::HostOptimizer::plan_host_memory);
+// none without offload.
+std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, const EngineOptions& o);
 
 // The scalars of one training step, kept in device memory so that the step needs no host read before its
 // end (the trainer reads the whole struct once, after the step's final synchronisation). Filled by the
@@ -138,8 +146,14 @@ class Engine {
   Decoder& decoder();
   BertModel& bert();
   bool is_bert() const { return model_->config().is_bert(); }
-  Optimizer& optimizer() { return *optimizer_; }
-  bool training() const { return optimizer_ != nullptr; }
+  // The optimizer: on the device, or the host optimizer's (offload_optimizer), whose state is host memory.
+  Optimizer& optimizer() { return host_ ? host_->optimizer() : *optimizer_; }
+  // The device the optimizer's state lives on: device(), or the host optimizer's CPU device (checkpoints
+  // copy the state through it).
+  Device& optimizer_device() { return host_ ? host_->host_device() : *device_; }
+  // The host optimizer (offload_optimizer), or null.
+  offload::HostOptimizer* host_optimizer() { return host_.get(); }
+  bool training() const { return optimizer_ != nullptr || host_ != nullptr; }
   const MemoryPlan& plan() const { return arena_->plan(); }
   // The input buffers of `slot` (see above); targets() is GPT-2's, lengths() and labels() BERT's.
   int32_t* tokens(int slot) const { return arena_->get<int32_t>(i_tokens_[slot]); }
@@ -171,6 +185,7 @@ class Engine {
   std::unique_ptr<Ops> ops_, update_ops_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<offload::HostOptimizer> host_;
   std::unique_ptr<Arena> arena_;
   // Plan indices of the input buffers (see above); SIZE_MAX where the family has none.
   size_t i_tokens_[2] = {0, 0}, i_targets_[2] = {SIZE_MAX, SIZE_MAX}, i_lengths_[2] = {SIZE_MAX, SIZE_MAX},

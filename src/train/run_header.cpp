@@ -16,7 +16,6 @@ const char* type_name(DType t) {
   return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32";
 }
 
-
 std::string precision_description(const RunHeader& h, DeviceKind device) {
   const ResolvedTrainConfig& rc = h.rc;
   if (rc.precision == Precision::FP32) {
@@ -112,8 +111,15 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
     fmt::print("  frozen (freeze_parameters): {} tensors, {} of {} parameters; {} train\n", f.tensors,
                f.numel, all, all - f.numel);
   }
-  fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
-             format_bytes(e.optimizer().state_bytes()));
+  if (offload::HostOptimizer* host = e.host_optimizer())
+    fmt::print(
+        "  optimizer: {} ({} of state), offloaded (offload_optimizer cpu): master weights and state in {} of "
+        "host memory, updated by the CPU\n",
+        optimizer_name(e.optimizer().kind()), format_bytes(e.optimizer().state_bytes()),
+        format_bytes(host->host_plan().total_bytes()));
+  else
+    fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
+               format_bytes(e.optimizer().state_bytes()));
   if (e.optimizer().kind() == OptimizerKind::Adafactor && cfg.adafactor_relative_step)
     fmt::print(
         "  adafactor_relative_step: Adafactor sets its own step size (HF semantics); the lr column shows the "

@@ -268,6 +268,7 @@ const std::map<std::string, Setter>& setters() {
     str_field("communication_data_type", &TrainConfig::communication_data_type);
     str_field("backward_grad_dtype", &TrainConfig::backward_grad_dtype);
     int_field("zero_stage", &TrainConfig::zero_stage);
+    str_field("offload_optimizer", &TrainConfig::offload_optimizer);
     int_field("zero_allgather_bucket_size", &TrainConfig::zero_allgather_bucket_size);
     str_field("optim", &TrainConfig::optim);
     num_field("no_decay_lr_multiplier", &TrainConfig::no_decay_lr_multiplier);
@@ -640,6 +641,18 @@ void TrainConfig::validate(const std::string& s) const {
                   "freeze_parameters",
                   blame({"quantization", "freeze_parameters"}));
   }
+  ANVIL_REQUIRE(offload_optimizer == "none" || offload_optimizer == "cpu",
+                "{} must be none or cpu (nvme is not supported yet), got '{}'", subject("offload_optimizer"),
+                offload_optimizer);
+  if (offload_optimizer == "cpu") {
+    ANVIL_REQUIRE(lora_r == 0,
+                  "{}: LoRA keeps master weights and optimizer state for the adapters only (a few MB); "
+                  "offloading them gains nothing: remove offload_optimizer",
+                  blame({"offload_optimizer", "lora_r"}));
+    ANVIL_REQUIRE(!stochastic_rounding,
+                  "{}: the host update rounds the master weights to nearest; remove stochastic_rounding",
+                  blame({"offload_optimizer", "stochastic_rounding"}));
+  }
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
   ANVIL_REQUIRE(communication_data_type.empty() || communication_data_type == "fp32" ||
@@ -755,6 +768,7 @@ json TrainConfig::to_json() const {
           {"communication_data_type", communication_data_type},
           {"backward_grad_dtype", backward_grad_dtype},
           {"zero_stage", zero_stage},
+          {"offload_optimizer", offload_optimizer},
           {"zero_allgather_bucket_size", zero_allgather_bucket_size},
           {"optim", optim},
           {"no_decay_lr_multiplier", no_decay_lr_multiplier},

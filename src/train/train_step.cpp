@@ -83,7 +83,8 @@ void TrainStep::begin(int64_t step, StepInstruments& instruments) {
   // host decides between the norm and the update (a skipped step must not touch the weights), so
   // micro-batches, the norm and the update are separate graphs.
   cur_.eager = !use_graphs_ || instruments.watching(step + 1) || cur_.inject;
-  cur_.whole = !cur_.eager && accum_ == 1 && !scaler_;
+  // (Optimizer offload: the update runs on the host, outside any graph.)
+  cur_.whole = !cur_.eager && accum_ == 1 && !scaler_ && !e_.host_optimizer();
   // The loss of a step is the mean over every row with a target of all its micro-batches. Gradients are
   // accumulated as sums and divided by the step's count in the optimizer, so N micro-batches of B give the
   // same update as one batch of N*B whatever the padding. The count is known on the host (counted when the
@@ -156,7 +157,14 @@ bool TrainStep::tail() {
       return true;
     }
     instruments_->phase("optimizer");  // the update and the compute-type weight copy
-    graphs_.run(cur_.eager, Part::Update, 0, 0, 0, 0, [&] { update_part(); });
+    if (e_.host_optimizer())
+      update_part();
+    else
+      graphs_.run(cur_.eager, Part::Update, 0, 0, 0, 0, [&] { update_part(); });
+  } else if (e_.host_optimizer()) {
+    graphs_.run(cur_.eager, Part::Norm, 0, 0, 0, 0, [&] { norm_part(); });
+    instruments_->phase("optimizer");  // on the host: gradients down, the update, the weights up
+    update_part();
   } else if (cur_.eager) {
     norm_part();
     instruments_->phase("optimizer");  // the update and the compute-type weight copy
@@ -250,6 +258,10 @@ void TrainStep::norm_part() {
 // The update and the weight cast. Host scale 1 times the device's clip x unscale: the very float the host
 // used to pass.
 void TrainStep::update_part() {
+  if (offload::HostOptimizer* host = e_.host_optimizer()) {
+    host->step(float(cur_.lr), cur_.opt_step, &scalars_->grad_scale);
+    return;
+  }
   const StepValues* values = e_.step_values();
   // ZeRO: params() is the shard's master weights; the gradients from the shard's first element.
   const size_t first = zero_ ? zero_->shard().begin : 0;

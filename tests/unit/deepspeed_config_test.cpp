@@ -262,9 +262,13 @@ TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
                            {"stage3_prefetch_bucket_size", "auto"},
                            {"stage3_gather_16bit_weights_on_model_save", true},
                            {"offload_optimizer", {{"device", "none"}}}}}}));
-  expect_error(
-      {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}}}}},
-      {"ds.json", "'zero_optimization.offload_optimizer.device' is \"cpu\"", "offload is not supported yet"});
+  // Optimizer offload to the CPU is offload_optimizer cpu; to NVMe, and parameter offload, are refused.
+  EXPECT_EQ(apply({{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}}}}})
+                .offload_optimizer,
+            "cpu");
+  expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}},
+               {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"",
+                "NVMe offload is not supported yet", "\"cpu\""});
   expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}}}}}},
                {"'zero_optimization.offload_param.device' is \"nvme\""});
   expect_error(

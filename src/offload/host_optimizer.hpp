@@ -1,0 +1,66 @@
+// Optimizer offload to the CPU (DeepSpeed's ZeRO-Offload, `offload_optimizer: cpu`; docs/memory.md): the fp32
+// master weights and the optimizer state live in host memory and the update runs on the CPU, with the CPU
+// backend's optimizer kernels (the same AdamW / 8-bit AdamW / Adafactor / SGD as a CPU run, OpenMP). The
+// device keeps the compute-type weights, the gradients and the activations.
+//
+// A step: backward and the gradient norm (with the clip factor) run on the device as always; then step()
+// copies the gradients into a pinned host buffer, reads the clip x unscale factor, updates the master
+// weights on the host, rounds them into the compute type there (fp32: as they are) and copies them into the
+// device's weights. The copies and the update are not overlapped with the device's work.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "anvil/memory_plan.hpp"
+#include "kernels/ops.hpp"
+#include "model/param_store.hpp"
+#include "optim/optimizer.hpp"
+#include "runtime/arena.hpp"
+#include "runtime/device.hpp"
+
+namespace anvil::offload {
+
+class HostOptimizer {
+ public:
+  // For `store` (after ParamStore::set_master_on_host) on `dev`: plans and allocates the host memory (the
+  // fp32 master weights and the optimizer's state, pageable; the gradients' and the compute-type weights'
+  // staging copies, pinned where `dev` pins) and hands the store its master weights
+  // (ParamStore::bind_host_master). `kept` is the store's precision (gradients in kept.grad).
+  HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind, const OptimizerHyper& h,
+                OpsPrecision kept);
+
+  Optimizer& optimizer() { return *opt_; }
+  const Optimizer& optimizer() const { return *opt_; }
+  // The device the optimizer's state belongs to (checkpoints copy it through this one).
+  Device& host_device() { return *host_; }
+  // The host memory it holds (master weights, optimizer state, staging copies).
+  const MemoryPlan& host_plan() const { return arena_->plan(); }
+
+  // Zeroes the state (before the first step).
+  void reset();
+  // One update with the scheduled `lr` at 1-based `step`: waits for the device's queued work, then as above.
+  // `grad_scale_device`: the step's clip x unscale factor (one fp32 in device memory: StepScalars).
+  void step(float lr, int64_t step, const float* grad_scale_device);
+
+  // The host memory a run with these settings holds: the master weights and the optimizer's state (what
+  // the constructor plans), then the two staging copies (pinned where the device pins).
+  static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
+                                     OpsPrecision kept);
+  static size_t staging_bytes(const ParamLayout& layout, OpsPrecision kept);
+
+ private:
+  Device& dev_;
+  ParamStore& store_;
+  OpsPrecision kept_;
+  std::unique_ptr<Device> host_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<Arena> arena_;
+  size_t i_master_ = 0;
+  // The gradients in kept.grad; the weights in kept.compute (16-bit compute only: fp32 weights are the master
+  // weights' copy).
+  std::optional<PinnedBuffer> grads_host_, weights_host_;
+};
+
+}  // namespace anvil::offload

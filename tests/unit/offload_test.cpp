@@ -1,0 +1,132 @@
+// Optimizer offload (offload_optimizer cpu, src/offload/): a run whose master weights and optimizer state
+// live in host memory, updated by the CPU, is the run without offload, bit for bit (every optimizer; fp32,
+// bf16, fp16 with its loss scaler; gradient accumulation), with the same checkpoints, so each resumes the
+// other; the device plan holds neither the master weights nor the state, and the estimate shows the host's
+// share.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "anvil/trainer.hpp"
+#include "io/safetensors.hpp"
+#include "test_util.hpp"
+#include "train/engine.hpp"
+
+namespace anvil {
+namespace {
+using json = nlohmann::json;
+
+TrainConfig run_config(const test::ByteCorpus& c, const std::string& out, const json& extra) {
+  json j = {{"model", "llama-tiny"},
+            {"train_data", c.dir / "data/train.bin"},
+            {"per_device_train_batch_size", 4},
+            {"max_seq_length", 32},
+            {"max_steps", 6},
+            {"learning_rate", 1e-3},
+            {"weight_decay", 0.1},
+            {"logging_steps", 1},
+            {"save_steps", 3},
+            {"device", "cpu"},
+            {"seed", 3},
+            {"dataloader_pin_memory", false},
+            {"output_dir", out}};
+  j.update(extra);
+  return TrainConfig::from_json(j, "test");
+}
+
+std::string file_bytes(const std::string& path) {
+  return test::read_file(path);
+}
+
+class Offload : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(Offload, EqualsTheRunWithoutIt) {
+  const auto [optim, precision] = GetParam();
+  test::ByteCorpus c;
+  json extra = {{"optim", optim}, {"gradient_accumulation_steps", 2}};
+  if (precision != "fp32") extra[precision] = true;
+  if (optim == "adamw_8bit") extra["optim_8bit_min_size"] = 64;
+  test::quietly([&] { return train(run_config(c, c.dir / "device", extra)); });
+  json off = extra;
+  off["offload_optimizer"] = "cpu";
+  test::quietly([&] { return train(run_config(c, c.dir / "host", off)); });
+  const std::vector<double> a = test::metrics_losses(c.dir / "device/metrics.jsonl"),
+                            b = test::metrics_losses(c.dir / "host/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+  // The same weights and the same optimizer state, file for file.
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/" + f), file_bytes(c.dir / "host/checkpoint-6/" + f))
+        << f;
+  // A checkpoint of either resumes the other: steps 4-6 again, from the run without offload's step 3.
+  json resumed = off;
+  resumed["resume_from_checkpoint"] = c.dir / "device/checkpoint-3";
+  test::quietly([&] { return train(run_config(c, c.dir / "resumed", resumed)); });
+  const std::vector<double> r = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(r.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i], a[3 + i]) << "step " << 4 + i;
+}
+
+// AdamW in every precision; the other optimizers in bf16 (the update is the optimizer's own CPU kernel either
+// way: the precision changes what is copied, not the update).
+using Case = std::tuple<std::string, std::string>;
+INSTANTIATE_TEST_SUITE_P(Optimizers, Offload,
+                         ::testing::Values(Case{"adamw_torch_fused", "fp32"},
+                                           Case{"adamw_torch_fused", "bf16"},
+                                           Case{"adamw_torch_fused", "fp16"}, Case{"adamw_8bit", "bf16"},
+                                           Case{"adafactor", "bf16"}, Case{"sgd", "bf16"}),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+// The device plan has no master weights or optimizer state; the host holds them (and the staging copies).
+TEST(OffloadPlan, MasterWeightsAndStateOnTheHost) {
+  test::ByteCorpus c;
+  const TrainConfig on = run_config(c, c.dir / "a", {{"bf16", true}, {"offload_optimizer", "cpu"}});
+  const TrainConfig off = run_config(c, c.dir / "b", {{"bf16", true}});
+  const EngineOptions o = training_engine_options(on, DeviceKind::CPU);
+  const MemoryPlan device = plan_engine_memory(on.model, o);
+  const MemoryPlan whole = plan_engine_memory(off.model, training_engine_options(off, DeviceKind::CPU));
+  EXPECT_EQ(device.bytes(MemoryCategory::MasterWeights), 0u);
+  EXPECT_EQ(device.bytes(MemoryCategory::OptimizerState), 0u);
+  EXPECT_GT(whole.bytes(MemoryCategory::MasterWeights), 0u);
+  EXPECT_EQ(device.bytes(MemoryCategory::Weights), whole.bytes(MemoryCategory::Weights));
+  EXPECT_EQ(device.bytes(MemoryCategory::Gradients), whole.bytes(MemoryCategory::Gradients));
+  const std::optional<MemoryPlan> host = host_optimizer_plan(on.model, o);
+  ASSERT_TRUE(host.has_value());
+  EXPECT_EQ(host->bytes(MemoryCategory::MasterWeights), whole.bytes(MemoryCategory::MasterWeights));
+  EXPECT_GE(host->bytes(MemoryCategory::OptimizerState), whole.bytes(MemoryCategory::OptimizerState) - 4096);
+  EXPECT_FALSE(host_optimizer_plan(off.model, training_engine_options(off, DeviceKind::CPU)).has_value());
+
+  const test::CommandResult r = test::run_anvil(
+      "estimate --model llama-tiny --device cpu --bf16 --offload_optimizer cpu --per_device_train_batch_size "
+      "4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("host memory for the offloaded optimizer"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("master weights (fp32, host)"), std::string::npos) << r.output;
+}
+
+TEST(OffloadErrors, SayWhatToDo) {
+  test::ByteCorpus c;
+  const std::string out = c.dir / "e";
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_optimizer", "nvme"}});
+      },
+      {"offload_optimizer", "none or cpu", "'nvme'"});
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_optimizer", "cpu"}, {"lora_r", 8}});
+      },
+      {"offload_optimizer", "LoRA"});
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_optimizer", "cpu"}, {"bf16", true}, {"stochastic_rounding", true}});
+      },
+      {"stochastic_rounding"});
+}
+
+}  // namespace
+}  // namespace anvil
