@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# On a GPU machine: optimizer offload (offload_optimizer cpu, docs/memory.md) on CUDA. Prints one PASS/FAIL line
+# per check and exits non-zero on any failure:
+#   equal: a bf16 llama-tiny run with CUDA graphs, offloaded, gives the losses of the same run without offload
+#     within 1e-3 relative over 20 steps (the CPU's AdamW against the GPU's: rounding apart, the same update)
+#   resume: the offloaded run resumed from its step-10 checkpoint gives steps 11-20 exactly
+#   big: the Llama-3.1-8B shape, full training with adamw_8bit, bf16, batch 1 x 2048 with checkpointing, which
+#     does not fit an 80 GB GPU without offload (`anvil estimate` says so first), trains 4 steps offloaded:
+#     its progress lines (step time, peak device memory) are the log
+# Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-runs/gpu_offload_check}
+source scripts/gpu_check_lib.sh  # build, check, failures
+w=$out/work
+mkdir -p "$w"
+"$build/anvil" prepare-data --input data/shakespeare/shakespeare.txt --output "$w/data" --tokenizer bytes > /dev/null
+common=(--model llama-tiny --train_data "$w/data/train.bin" --device cuda --bf16 --per_device_train_batch_size 8
+  --max_seq_length 64 --max_steps 20 --learning_rate 1e-3 --weight_decay 0.1 --logging_steps 1 --sample_prompt ""
+  --save_steps 10)
+losses() {  # RUN: the training losses of metrics.jsonl, one per line
+  python3 -c "import json,sys; [print(j['loss']) for j in map(json.loads, open(sys.argv[1])) if 'loss' in j and 'eval_loss' not in j]" "$1/metrics.jsonl"
+}
+equal() {
+  "$build/anvil" train "${common[@]}" --output_dir "$w/device" || return 1
+  "$build/anvil" train "${common[@]}" --offload_optimizer cpu --output_dir "$w/host" || return 1
+  paste <(losses "$w/device") <(losses "$w/host") | python3 -c "
+import sys
+rows = [tuple(map(float, l.split())) for l in sys.stdin]
+worst = max(abs(a - b) / a for a, b in rows)
+print('steps', len(rows), 'worst relative loss difference', worst)
+assert len(rows) == 20 and worst < 1e-3"
+}
+resume() {
+  "$build/anvil" train "${common[@]}" --offload_optimizer cpu --resume_from_checkpoint "$w/host/checkpoint-10" \
+    --output_dir "$w/resumed" || return 1
+  diff <(losses "$w/host" | tail -10) <(losses "$w/resumed") && echo "steps 11-20 equal"
+}
+big() {
+  local flags=(--model llama-8b --bf16 --optim adamw_8bit --per_device_train_batch_size 1 --max_seq_length 2048
+    --gradient_checkpointing true)
+  "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit"
+  "$build/anvil" estimate "${flags[@]}" --gpu h100 --offload_optimizer cpu | grep -E "^  total|fit|host|total "
+  python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from benchlib.shards import write_random_shard
+write_random_shard('$w/tokens_128256.bin', 200_000, 128256)"
+  "$build/anvil" train "${flags[@]}" --offload_optimizer cpu --device cuda --train_data "$w/tokens_128256.bin" \
+    --max_steps 4 --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" \
+    --output_dir "$w/big"
+}
+check equal equal
+check resume resume
+check big big
+tail -25 "$out/big.log"
+echo "$failures failure(s)"
+exit $((failures > 0))
