@@ -12,6 +12,12 @@
 
 namespace anvil {
 
+namespace {
+// Elements converted on the host at a time when the compute-type weights are written or read (128 MB of
+// 16-bit values).
+constexpr size_t kHostChunk = size_t(64) << 20;
+}  // namespace
+
 ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training)
     : layout_(std::move(layout)),
       frozen_(layout_.frozen_ranges()),  // a LoRA layout comes with its base frozen
@@ -443,7 +449,7 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
   forget_gathered();
   if (master_on_host_) {
     ANVIL_ASSERT(host_master_, "upload: the master weights' host memory is not bound (bind_host_master)");
-    std::copy_n(values, w.numel(), host_master_);
+    if (values != host_master_) std::copy_n(values, w.numel(), host_master_);
   } else if (trainable_) {
     upload_master(dev, values);
   } else if (master_ && precision_.compute != DType::F32) {
@@ -472,12 +478,17 @@ void ParamStore::write_weights(Device& dev, const float* values, size_t n) const
     dev.copy_to_device(weights_, values, n * sizeof(float));
     return;
   }
-  std::vector<uint16_t> half(n);
+  // In chunks, so that the host holds one chunk of 16-bit values at a time, not the model's.
   const bool bf16 = precision_.compute == DType::BF16;
+  std::vector<uint16_t> half(std::min(n, kHostChunk));
+  for (size_t at = 0; at < n; at += kHostChunk) {
+    const size_t m = std::min(kHostChunk, n - at);
+    const float* v = values + at;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < int64_t(n); ++i)
-    half[size_t(i)] = bf16 ? float_to_bf16(values[i]) : float_to_fp16(values[i]);
-  dev.copy_to_device(weights_, half.data(), half.size() * sizeof(uint16_t));
+    for (int64_t i = 0; i < int64_t(m); ++i)
+      half[size_t(i)] = bf16 ? float_to_bf16(v[i]) : float_to_fp16(v[i]);
+    dev.copy_to_device(static_cast<uint16_t*>(weights_) + at, half.data(), m * sizeof(uint16_t));
+  }
 }
 
 void ParamStore::download(Device& dev, float* host) const {
@@ -527,10 +538,13 @@ void ParamStore::read_weights(Device& dev, float* values, size_t n) const {
     dev.copy_to_host(values, weights_, n * sizeof(float));
     return;
   }
-  std::vector<uint16_t> half(n);
-  dev.copy_to_host(half.data(), weights_, n * sizeof(uint16_t));
   const bool bf16 = precision_.compute == DType::BF16;
-  for (size_t i = 0; i < n; ++i) values[i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+  std::vector<uint16_t> half(std::min(n, kHostChunk));
+  for (size_t at = 0; at < n; at += kHostChunk) {
+    const size_t m = std::min(kHostChunk, n - at);
+    dev.copy_to_host(half.data(), static_cast<const uint16_t*>(weights_) + at, m * sizeof(uint16_t));
+    for (size_t i = 0; i < m; ++i) values[at + i] = bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+  }
 }
 
 // The tensors draw normals from one splitmix64 stream in layout order, one per element of their first
@@ -542,7 +556,10 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
   constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // splitmix64's increment (anvil/rng.hpp)
   constexpr uint64_t kLoraStream = 0x4C6F52414C6F5241ull;
   const ParamRange r = weights_sharded_ ? master_range_ : layout_.all();
-  std::vector<float> values(r.numel(), 0.0f);
+  // Offloaded master weights: drawn where they stay (no second copy of the model on the host).
+  std::vector<float> own;
+  float* values = master_on_host_ && host_master_ ? host_master_ : (own.resize(r.numel()), own.data());
+  std::fill_n(values, r.numel(), 0.0f);
   uint64_t drawn = 0;  // normals drawn before the tensor
   for (const ParamTensor& t : layout_.tensors()) {
     const size_t row = t.shape.ndim > 1 ? size_t(t.shape[1]) : 1;
@@ -551,7 +568,7 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
     const float scale = t.init == ParamTensor::Init::Normal ? how.std : how.residual_std;
     const size_t lo = std::max(t.offset, r.begin), hi = std::min(t.offset + n, r.end);
     if (lo < hi) {
-      float* p = values.data() + (lo - r.begin);
+      float* p = values + (lo - r.begin);
       if (normal) {
         const uint64_t first = drawn + (lo - t.offset);
 #pragma omp parallel for schedule(static)
@@ -576,13 +593,13 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
     if (t.role == TensorRole::TokenEmbedding && how.zero_row >= 0) {
       const size_t z0 = std::max(t.offset + size_t(how.zero_row) * row, r.begin);
       const size_t z1 = std::min(t.offset + size_t(how.zero_row + 1) * row, r.end);
-      if (z0 < z1) std::fill_n(values.data() + (z0 - r.begin), z1 - z0, 0.0f);
+      if (z0 < z1) std::fill_n(values + (z0 - r.begin), z1 - z0, 0.0f);
     }
   }
   if (quant_)
-    upload(dev, values.data());
+    upload(dev, values);
   else
-    upload_values(dev, values.data(), r);
+    upload_values(dev, values, r);
 }
 
 void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_values) const {
