@@ -27,11 +27,6 @@ MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerK
   return plan;
 }
 
-size_t HostOptimizer::staging_bytes(const ParamLayout& layout, OpsPrecision kept) {
-  const size_t n = layout.total_numel();
-  return dtype_bytes(kept.grad, n) + (kept.compute != DType::F32 ? dtype_bytes(kept.compute, n) : 0);
-}
-
 HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind, const OptimizerHyper& h,
                              OpsPrecision kept)
     : dev_(dev), store_(store), kept_(kept), host_(make_cpu_device()) {

@@ -34,8 +34,10 @@ class HostOptimizer {
   const Optimizer& optimizer() const { return *opt_; }
   // The device the optimizer's state belongs to (checkpoints copy it through this one).
   Device& host_device() { return *host_; }
-  // The host memory it holds (master weights, optimizer state, staging copies).
+  // The host memory of its arena: the master weights and the optimizer state (the staging copies apart).
   const MemoryPlan& host_plan() const { return arena_->plan(); }
+  // Bytes of the two pinned staging copies.
+  size_t staging_bytes() const { return grads_host_->size() + (weights_host_ ? weights_host_->size() : 0); }
 
   // Zeroes the state (before the first step).
   void reset();
@@ -47,7 +49,6 @@ class HostOptimizer {
   // the constructor plans), then the two staging copies (pinned where the device pins).
   static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
                                      OpsPrecision kept);
-  static size_t staging_bytes(const ParamLayout& layout, OpsPrecision kept);
 
  private:
   Device& dev_;

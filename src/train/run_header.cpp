@@ -47,6 +47,9 @@ void print_cuda_paths(const RunHeader& h, Engine& e) {
              cuda_attention_path(e.ops().precision().compute, m.head_size(), attention_dropout));
   fmt::print("  cuda graphs: {}\n",
              !h.cfg.cuda_graphs ? "off (--cuda_graphs false)"
+             : e.host_optimizer()
+                 ? "on (micro-batches and the gradient norm replayed as graphs; the offloaded update runs on "
+                   "the host)"
              : h.cfg.gradient_accumulation_steps == 1 && !h.scaler
                  ? "on (each step replayed whole from one graph)"
              : h.scaler ? "on (micro-batches, gradient norm and update replayed as graphs; the fp16 loss "
@@ -114,9 +117,9 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
   if (offload::HostOptimizer* host = e.host_optimizer())
     fmt::print(
         "  optimizer: {} ({} of state), offloaded (offload_optimizer cpu): master weights and state in {} of "
-        "host memory, updated by the CPU\n",
+        "host memory, {} of pinned staging, updated by the CPU\n",
         optimizer_name(e.optimizer().kind()), format_bytes(e.optimizer().state_bytes()),
-        format_bytes(host->host_plan().total_bytes()));
+        format_bytes(host->host_plan().total_bytes()), format_bytes(host->staging_bytes()));
   else
     fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
                format_bytes(e.optimizer().state_bytes()));
