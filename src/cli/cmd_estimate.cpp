@@ -16,6 +16,7 @@
 
 #include "cli/config_flags.hpp"
 #include "cli/help.hpp"
+#include "dist/dist_env.hpp"
 #include "memory/deepspeed_estimate.hpp"
 #include "memory/host_staging.hpp"
 #include "model/freeze.hpp"
@@ -243,7 +244,9 @@ void require_job_size(const EstimateFlags& f) {
 std::vector<MemoryEstimate> stage_estimates(const TrainConfig& cfg, const TransformerConfig& model,
                                             const Target& t) {
   std::vector<MemoryEstimate> out;
-  for (int stage = 0; stage <= max_zero_stage(model); ++stage) {
+  // Optimizer offload with several processes runs under a ZeRO stage only (each rank offloads its shard).
+  const bool offload_job = cfg.offload_optimizer == "cpu" && dist::read_dist_env().world_size > 1;
+  for (int stage = offload_job ? 1 : 0; stage <= max_zero_stage(model); ++stage) {
     TrainConfig c = cfg;
     c.zero_stage = stage;
     out.push_back(estimate_memory(model, c, t.kind, t.overhead));

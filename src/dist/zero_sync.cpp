@@ -80,8 +80,15 @@ void ZeroSync::gather_master(Device& dev, float* host) {
   for (size_t b = 0; b < n; b += chunk) {
     const size_t e = std::min(n, b + chunk);
     const size_t lo = std::max(b, mine.begin), hi = std::min(e, mine.end);
-    if (lo < hi)
-      dev.copy_on_device(staging + (lo - b), store_.master() + (lo - mine.begin), (hi - lo) * sizeof(float));
+    if (lo < hi) {
+      // (Optimizer offload: the shard's master weights are in host memory.)
+      if (store_.master_on_host())
+        dev.copy_to_device(staging + (lo - b), store_.master() + (lo - mine.begin),
+                           (hi - lo) * sizeof(float));
+      else
+        dev.copy_on_device(staging + (lo - b), store_.master() + (lo - mine.begin),
+                           (hi - lo) * sizeof(float));
+    }
     comm_.all_gather_v(staging, partition_.counts_in(b, e), DType::F32);
     comm_.join();
     dev.copy_to_host(host + b, staging, (e - b) * sizeof(float));

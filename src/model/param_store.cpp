@@ -140,8 +140,8 @@ void ParamStore::keep_trainable_only() {
 
 void ParamStore::set_master_on_host() {
   ANVIL_ASSERT(training_, "set_master_on_host: a store planned without training has no master weights");
-  ANVIL_ASSERT(!trainable_ && !quant_ && !master_sharded() && !grads_sharded_ && !weights_sharded_,
-               "set_master_on_host: the master weights of the whole layout, unsharded");
+  ANVIL_ASSERT(!trainable_ && !quant_,
+               "set_master_on_host: with trainable tensors only or quantized weights");
   ANVIL_ASSERT(i_weights_ == SIZE_MAX, "set_master_on_host after plan_memory");
   master_on_host_ = true;
 }
@@ -449,7 +449,9 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
   forget_gathered();
   if (master_on_host_) {
     ANVIL_ASSERT(host_master_, "upload: the master weights' host memory is not bound (bind_host_master)");
-    if (values != host_master_) std::copy_n(values, w.numel(), host_master_);
+    // (ZeRO: the rank's shard of the master weights; values covers w.)
+    if (values != host_master_)
+      std::copy_n(values + (master_range_.begin - w.begin), master_range_.numel(), host_master_);
   } else if (trainable_) {
     upload_master(dev, values);
   } else if (master_ && precision_.compute != DType::F32) {
@@ -505,7 +507,7 @@ void ParamStore::download(Device& dev, float* host) const {
     return;
   }
   const size_t n = numel();
-  if (master_on_host_) {
+  if (master_on_host_ && !master_sharded()) {
     ANVIL_ASSERT(host_master_, "download: the master weights' host memory is not bound (bind_host_master)");
     std::copy_n(host_master_, n, host);
     return;
@@ -558,7 +560,8 @@ void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
   const ParamRange r = weights_sharded_ ? master_range_ : layout_.all();
   // Offloaded master weights: drawn where they stay (no second copy of the model on the host).
   std::vector<float> own;
-  float* values = master_on_host_ && host_master_ ? host_master_ : (own.resize(r.numel()), own.data());
+  float* values = master_on_host_ && host_master_ && master_range_ == r ? host_master_
+                                                                        : (own.resize(r.numel()), own.data());
   std::fill_n(values, r.numel(), 0.0f);
   uint64_t drawn = 0;  // normals drawn before the tensor
   for (const ParamTensor& t : layout_.tensors()) {

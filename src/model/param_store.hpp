@@ -125,10 +125,12 @@ class ParamStore {
   bool trainable_only() const { return trainable_.has_value(); }
   // The layout the optimizer updates: layout(), or its trainable part (keep_trainable_only).
   const ParamLayout& optimizer_layout() const { return trainable_ ? *trainable_ : layout_; }
-  // Optimizer offload (before plan_memory; training; the whole layout, no ZeRO shard): the fp32 master
-  // weights live in host memory, outside the device plan; bind_host_master gives it (numel() floats,
-  // offload::HostOptimizer's; before upload). upload and download read and write them there; the cast into
-  // the compute-type weights after an update is the host optimizer's (sync refuses).
+  // Optimizer offload (before plan_memory; training; not with keep_trainable_only or quantize): the fp32
+  // master weights of master_range() (the whole layout, or this rank's ZeRO shard) live in host memory,
+  // outside the device plan; bind_host_master gives it (master_range().numel() floats,
+  // offload::HostOptimizer's; before upload). upload and download read and write them there (a sharded
+  // store's download gathers through set_master_gather); the cast into the compute-type weights after an
+  // update is the host optimizer's (sync refuses).
   void set_master_on_host();
   void bind_host_master(float* host);
   bool master_on_host() const { return master_on_host_; }

@@ -1,12 +1,15 @@
 // Optimizer offload to the CPU (DeepSpeed's ZeRO-Offload, `offload_optimizer: cpu`; docs/memory.md): the fp32
 // master weights and the optimizer state live in host memory and the update runs on the CPU, with the CPU
 // backend's optimizer kernels (the same AdamW / 8-bit AdamW / Adafactor / SGD as a CPU run, OpenMP). The
-// device keeps the compute-type weights, the gradients and the activations.
+// device keeps the compute-type weights, the gradients and the activations. Under ZeRO each rank offloads
+// its shard (ParamStore::master_range): the master weights, the state and the staging copies cover it only,
+// and the step's updated shard goes into its place in the weights (stage 3: the weights are the shard),
+// from where dist::ZeroSync all-gathers it as after an update on the device.
 //
 // A step: backward and the gradient norm (with the clip factor) run on the device as always; then step()
-// copies the gradients into a pinned host buffer, reads the clip x unscale factor, updates the master
-// weights on the host, rounds them into the compute type there (fp32: as they are) and copies them into the
-// device's weights. The copies and the update are not overlapped with the device's work.
+// copies the gradients (the shard's, reduced) into a pinned host buffer, reads the clip x unscale factor,
+// updates the master weights on the host, rounds them into the compute type there (fp32: as they are) and
+// copies them into the device's weights. The copies and the update are not overlapped with the device's work.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -46,9 +49,10 @@ class HostOptimizer {
   void step(float lr, int64_t step, const float* grad_scale_device);
 
   // The host memory a run with these settings holds: the master weights and the optimizer's state (what
-  // the constructor plans), then the two staging copies (pinned where the device pins).
+  // the constructor plans), then the two staging copies (pinned where the device pins); of `shard` only
+  // under ZeRO.
   static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
-                                     OpsPrecision kept);
+                                     OpsPrecision kept, std::optional<ParamRange> shard = std::nullopt);
 
  private:
   Device& dev_;

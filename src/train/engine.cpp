@@ -77,12 +77,11 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.lora = lora_config(cfg);
   o.weight_storage = parse_weight_storage(cfg.quantization, "quantization");
   o.offload_optimizer = cfg.offload_optimizer == "cpu";
-  ANVIL_REQUIRE(
-      !o.offload_optimizer || env.world_size == 1,
-      "offload_optimizer cpu with {} processes: optimizer offload runs in one process for now (each "
-      "rank would update the whole model on its CPU); run one process, or shard the optimizer "
-      "state over the GPUs with zero_stage 1-3",
-      env.world_size);
+  ANVIL_REQUIRE(!o.offload_optimizer || env.world_size == 1 || cfg.zero_stage > 0,
+                "offload_optimizer cpu with {} processes and zero_stage 0: every rank would keep and update "
+                "the whole model on its CPU; set zero_stage 1, 2 or 3 so that each rank offloads its shard "
+                "(DeepSpeed's ZeRO-Offload runs with stage 1-3 too)",
+                env.world_size);
   return o;
 }
 
@@ -105,11 +104,13 @@ static void apply_parameter_options(const EngineOptions& o, Model& model) {
   if (o.training && !o.freeze.empty()) model.param_store().freeze(o.freeze);
   apply_trainable_only(o, model);
   quantize_model(model, o.weight_storage);
-  if (o.training && o.offload_optimizer) {
-    ANVIL_REQUIRE(o.zero_stage == 0 && !o.lora.enabled(),
-                  "offload_optimizer cpu: one process, full training (not LoRA, whose state is small)");
-    model.param_store().set_master_on_host();
-  }
+}
+
+// Optimizer offload, after the ZeRO shard is set: the store's master weights (the shard's) in host memory.
+static void apply_offload(const EngineOptions& o, Model& model) {
+  if (!o.training || !o.offload_optimizer) return;
+  ANVIL_REQUIRE(!o.lora.enabled(), "offload_optimizer cpu: full training (not LoRA, whose state is small)");
+  model.param_store().set_master_on_host();
 }
 
 // Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
@@ -250,6 +251,7 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   apply_parameter_options(o, *model);
   const std::optional<ParamRange> shard = zero_shard(o, model->layout());
   apply_data_parallel(o, *model);
+  apply_offload(o, *model);
   if (o.training && !o.offload_optimizer)  // (offloaded: in host memory, offload::HostOptimizer)
     opt =
         make_optimizer(o.optimizer, model->param_store().optimizer_layout(), with_vocab(o.optim, cfg), shard);
@@ -266,7 +268,8 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
                                                   ops_precision(o), o.share_grad_memory, o.lora);
   apply_parameter_options(o, *model);
   return offload::HostOptimizer::plan_host_memory(model->param_store().optimizer_layout(), o.optimizer,
-                                                  with_vocab(o.optim, cfg), ops_precision(o));
+                                                  with_vocab(o.optim, cfg), ops_precision(o),
+                                                  zero_shard(o, model->layout()));
 }
 
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
@@ -280,6 +283,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   apply_parameter_options(o, *model_);
   const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
   apply_data_parallel(o, *model_);
+  apply_offload(o, *model_);
   if (o.training && o.offload_optimizer)
     host_ = std::make_unique<offload::HostOptimizer>(*device_, model_->param_store(), o.optimizer,
                                                      with_vocab(o.optim, cfg), ops_precision(o));

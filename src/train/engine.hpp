@@ -70,9 +70,9 @@ struct EngineOptions {
   // weights and gradients for the adapters alone (ParamStore::keep_trainable_only). False keeps them for
   // every tensor, as ZeRO stages 1-3 do (tests compare the two).
   bool trainable_only_store = true;
-  // Optimizer offload (offload_optimizer cpu; one process, the whole layout): the fp32 master weights and the
-  // optimizer state in host memory, the update on the CPU (offload::HostOptimizer); none of them planned on
-  // the device.
+  // Optimizer offload (offload_optimizer cpu; full training; under ZeRO each rank its shard): the fp32 master
+  // weights and the optimizer state in host memory, the update on the CPU (offload::HostOptimizer); none of
+  // them planned on the device.
   bool offload_optimizer = false;
 };
 

@@ -280,7 +280,8 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   std::vector<int> stages = {configured.zero_stage};
   if (dist::read_dist_env().world_size > 1)
     for (int stage = 0; stage <= max_zero_stage(model); ++stage)
-      if (stage != configured.zero_stage) stages.push_back(stage);
+      if (stage != configured.zero_stage && (stage > 0 || cfg.offload_optimizer != "cpu"))
+        stages.push_back(stage);  // (offload with several processes needs a stage: each rank its shard)
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)
       for (int stage : stages)

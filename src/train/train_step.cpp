@@ -260,6 +260,7 @@ void TrainStep::norm_part() {
 void TrainStep::update_part() {
   if (offload::HostOptimizer* host = e_.host_optimizer()) {
     host->step(float(cur_.lr), cur_.opt_step, &scalars_->grad_scale);
+    if (zero_) zero_->gather_weights();
     return;
   }
   const StepValues* values = e_.step_values();

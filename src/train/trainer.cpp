@@ -260,7 +260,8 @@ void Run::share_weights() {
     return;
   }
   if (zero_sync_) {
-    m.sync_weights(engine_->ops(), cast_seed);
+    // (Offloaded master weights: the weights were written from them when they were set, to nearest.)
+    if (!m.param_store().master_on_host()) m.sync_weights(engine_->ops(), cast_seed);
     zero_sync_->gather_weights();
     engine_->device().synchronize();
     group_->comm().check();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "anvil/trainer.hpp"
+#include "dist/communicator.hpp"
 #include "io/safetensors.hpp"
 #include "test_util.hpp"
 #include "train/engine.hpp"
@@ -108,6 +109,101 @@ TEST(OffloadPlan, MasterWeightsAndStateOnTheHost) {
   EXPECT_NE(r.output.find("master weights (fp32, host)"), std::string::npos) << r.output;
 }
 
+// ZeRO with offload, 2 Gloo processes: each rank offloads its shard; the run equals the same stage without
+// offload (losses, the gathered weights and every rank's optimizer shard, file for file), and resumes from
+// its checkpoint.
+struct ZeroOffloadCase {
+  int stage;
+  std::string optim, precision;
+};
+class ZeroOffload : public ::testing::TestWithParam<ZeroOffloadCase> {
+ protected:
+  void SetUp() override {
+    if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  }
+};
+
+std::string launch_config(const test::ByteCorpus& c, const std::string& name, const json& extra) {
+  json j = run_config(c, c.dir / name, extra).to_json();
+  const std::string path = c.dir / (name + ".json");
+  test::write_file(path, j.dump());
+  return path;
+}
+
+test::CommandResult launch2(const std::string& config) {
+  return test::run_anvil("launch --nproc_per_node 2 --master_port 0 train --config " + config);
+}
+
+TEST_P(ZeroOffload, EqualsTheStageWithoutIt) {
+  const ZeroOffloadCase z = GetParam();
+  test::ByteCorpus c;
+  json extra = {{"optim", z.optim},
+                {"zero_stage", z.stage},
+                {"per_device_train_batch_size", 2},
+                {"gradient_accumulation_steps", 2},
+                {"optim_8bit_min_size", 64}};
+  if (z.precision != "fp32") extra[z.precision] = true;
+  const test::CommandResult device = launch2(launch_config(c, "device", extra));
+  ASSERT_EQ(device.exit_code, 0) << device.output;
+  json off = extra;
+  off["offload_optimizer"] = "cpu";
+  const test::CommandResult host = launch2(launch_config(c, "host", off));
+  ASSERT_EQ(host.exit_code, 0) << host.output;
+  EXPECT_NE(host.output.find("offloaded (offload_optimizer cpu)"), std::string::npos) << host.output;
+  const std::vector<double> a = test::metrics_losses(c.dir / "device/metrics.jsonl"),
+                            b = test::metrics_losses(c.dir / "host/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+  for (const std::string f : {"model.safetensors", "zero/optimizer-rank-00000-of-00002.safetensors",
+                              "zero/optimizer-rank-00001-of-00002.safetensors"})
+    EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/" + f), file_bytes(c.dir / "host/checkpoint-6/" + f))
+        << f;
+  // The offloaded run resumes from the run without offload's step 3: steps 4-6 again.
+  json resumed = off;
+  resumed["resume_from_checkpoint"] = c.dir / "device/checkpoint-3";
+  const test::CommandResult r = launch2(launch_config(c, "resumed", resumed));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> l = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(l.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(l[i], a[3 + i]) << "step " << 4 + i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroOffload,
+                         ::testing::Values(ZeroOffloadCase{1, "adamw_torch_fused", "bf16"},
+                                           ZeroOffloadCase{2, "adamw_8bit", "bf16"},
+                                           ZeroOffloadCase{2, "adamw_torch_fused", "fp16"},
+                                           ZeroOffloadCase{3, "adamw_torch_fused", "fp32"},
+                                           ZeroOffloadCase{3, "adafactor", "bf16"}),
+                         [](const auto& info) {
+                           return "stage" + std::to_string(info.param.stage) + "_" + info.param.optim + "_" +
+                                  info.param.precision;
+                         });
+
+// Under ZeRO the host holds the rank's shard: about half of one process's master weights with 2 ranks, and
+// the estimate counts it per node.
+TEST(OffloadPlan, ZeroShardOnTheHost) {
+  test::ByteCorpus c;
+  const TrainConfig on = run_config(c, c.dir / "a", {{"bf16", true}, {"offload_optimizer", "cpu"}});
+  const std::optional<MemoryPlan> whole =
+      host_optimizer_plan(on.model, training_engine_options(on, DeviceKind::CPU));
+  ASSERT_TRUE(whole.has_value());
+  EngineOptions o = training_engine_options(on, DeviceKind::CPU);
+  o.zero_stage = 2, o.zero_world = 2, o.zero_rank = 1;
+  const std::optional<MemoryPlan> shard = host_optimizer_plan(on.model, o);
+  ASSERT_TRUE(shard.has_value());
+  const double ratio = double(shard->bytes(MemoryCategory::MasterWeights)) /
+                       double(whole->bytes(MemoryCategory::MasterWeights));
+  EXPECT_NEAR(ratio, 0.5, 0.02);
+  EXPECT_LT(shard->bytes(MemoryCategory::Gradients), whole->bytes(MemoryCategory::Gradients));
+
+  const test::CommandResult r = test::run_anvil(
+      "estimate --model llama-tiny --device cpu --bf16 --offload_optimizer cpu --zero_stage 2 --num_gpus 2 "
+      "--per_device_train_batch_size 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("master weights (fp32, host, this rank's shard)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("per node"), std::string::npos) << r.output;
+}
+
 TEST(OffloadErrors, SayWhatToDo) {
   test::ByteCorpus c;
   const std::string out = c.dir / "e";
@@ -126,6 +222,13 @@ TEST(OffloadErrors, SayWhatToDo) {
         run_config(c, out, {{"offload_optimizer", "cpu"}, {"bf16", true}, {"stochastic_rounding", true}});
       },
       {"stochastic_rounding"});
+  // Several processes without a ZeRO stage: every rank would hold the whole model on its host.
+  if (dist::gloo_compiled()) {
+    const test::CommandResult r =
+        launch2(launch_config(c, "stage0", {{"offload_optimizer", "cpu"}, {"zero_stage", 0}}));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("set zero_stage 1, 2 or 3"), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace
