@@ -20,6 +20,9 @@ struct TrainSummary {
   // Several processes: rank 0's device collectives over the run, and the part compute waited for (-1: one
   // process).
   double comm_seconds = -1, comm_exposed_seconds = -1;
+  // Optimizer offload (offload_optimizer cpu): rank 0's seconds over the run copying gradients to the host,
+  // updating on the CPU and copying the weights back (-1: no offload).
+  double offload_grads_down_seconds = -1, offload_update_seconds = -1, offload_weights_up_seconds = -1;
   size_t peak_memory_bytes = 0;     // the arena (planned) plus, on CUDA, what the driver reports in use
   size_t planned_memory_bytes = 0;  // the memory plan's total (the arena)
   size_t allocator_peak_bytes = 0;  // the most device memory the device's allocator held at once

@@ -27,6 +27,12 @@ void print_summary(const TrainSummary& s) {
     fmt::print("  communication (rank 0): {:.3f} s, {:.3f} s of it not overlapped ({:.2f}% of the time)\n",
                s.comm_seconds, s.comm_exposed_seconds,
                s.train_runtime > 0 ? 100.0 * s.comm_exposed_seconds / s.train_runtime : 0.0);
+  if (s.offload_update_seconds >= 0)
+    fmt::print(
+        "  optimizer offload (rank 0): gradients to the host {:.3f} s, update on the CPU {:.3f} s, weights "
+        "to the "
+        "device {:.3f} s\n",
+        s.offload_grads_down_seconds, s.offload_update_seconds, s.offload_weights_up_seconds);
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
   if (s.eval_accuracy >= 0) fmt::print("  eval_accuracy: {:.4f}\n", s.eval_accuracy);
   fmt::print("  {} memory occupied: {:.0f} MiB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",

@@ -9,7 +9,8 @@
 // A step: backward and the gradient norm (with the clip factor) run on the device as always; then step()
 // copies the gradients (the shard's, reduced) into a pinned host buffer, reads the clip x unscale factor,
 // updates the master weights on the host, rounds them into the compute type there (fp32: as they are) and
-// copies them into the device's weights. The copies and the update are not overlapped with the device's work.
+// copies them into the device's weights (in chunks: each chunk's copy runs while the next one is cast). The
+// gradients' copy and the update are not overlapped with the device's work.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,14 @@ class HostOptimizer {
 
   // Zeroes the state (before the first step).
   void reset();
+
+  // Wall-clock seconds of the steps so far, by phase: the gradients' copy to the host (waiting first for the
+  // device's queued work), the update on the CPU, and the weights' cast and copy back to the device.
+  struct Seconds {
+    double grads_down = 0, update = 0, weights_up = 0;
+    int64_t steps = 0;
+  };
+  const Seconds& seconds() const { return seconds_; }
   // One update with the scheduled `lr` at 1-based `step`: waits for the device's queued work, then as above.
   // `grad_scale_device`: the step's clip x unscale factor (one fp32 in device memory: StepScalars).
   void step(float lr, int64_t step, const float* grad_scale_device);
@@ -66,6 +75,7 @@ class HostOptimizer {
   // The gradients in kept.grad; the weights in kept.compute (16-bit compute only: fp32 weights are the master
   // weights' copy).
   std::optional<PinnedBuffer> grads_host_, weights_host_;
+  Seconds seconds_;
 };
 
 }  // namespace anvil::offload

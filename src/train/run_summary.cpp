@@ -31,6 +31,11 @@ TrainSummary summarize_run(const RunRecord& r, const TrainConfig& cfg, const Tas
     s.comm_seconds = r.totals.comm_seconds;
     s.comm_exposed_seconds = r.totals.comm_exposed_seconds;
   }
+  if (const offload::HostOptimizer* host = e.host_optimizer()) {
+    s.offload_grads_down_seconds = host->seconds().grads_down;
+    s.offload_update_seconds = host->seconds().update;
+    s.offload_weights_up_seconds = host->seconds().weights_up;
+  }
   s.device = e.device().name();
   s.last_checkpoint = r.last_checkpoint;
   s.cuda_graphs_recorded = r.graphs_recorded;
@@ -57,6 +62,10 @@ json summary_json(const TrainSummary& s, const RunRecord& r, const Task& task, E
       {"data_wait_fraction", s.data_wait_seconds / r.runtime},
       {"comm_seconds", s.comm_seconds >= 0 ? json(s.comm_seconds) : json(nullptr)},
       {"comm_exposed_seconds", s.comm_exposed_seconds >= 0 ? json(s.comm_exposed_seconds) : json(nullptr)},
+      {"offload_seconds", s.offload_update_seconds >= 0 ? json{{"grads_down", s.offload_grads_down_seconds},
+                                                               {"update", s.offload_update_seconds},
+                                                               {"weights_up", s.offload_weights_up_seconds}}
+                                                        : json(nullptr)},
       {"planned_memory_bytes", e.plan().total_bytes()},
       {"planned_memory_by_category", by_category},
       // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's

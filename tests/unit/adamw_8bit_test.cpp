@@ -20,6 +20,7 @@
 #include "anvil/trainer.hpp"
 #include "core/half.hpp"
 #include "data/byte_corpus.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/ops.hpp"
 #include "model/param_layout.hpp"
 #include "optim/adamw.hpp"
@@ -63,6 +64,42 @@ TEST(DynamicMap, UnsignedHas256SortedValuesCoveringZeroToOne) {
     const float lo = std::pow(10.0f, float(k - 6)) * 0.1f, hi = std::pow(10.0f, float(k - 6));
     const auto n = std::count_if(m.begin(), m.end(), [&](float x) { return x > lo && x < hi; });
     EXPECT_EQ(n, 2 << k) << "decade " << k;
+  }
+}
+
+// The CPU kernel's bucket index gives the binary search's code for every float: at each bucket's edges and
+// inside it, at every map value, between neighbours (the ties and the floats beside them), at the signed
+// zeros, the infinities and NaN.
+TEST(DynamicMap, IndexedQuantizationEqualsTheBinarySearch) {
+  for (bool is_signed : {true, false}) {
+    const auto map = dynamic_quant_map(is_signed);
+    std::vector<float> xs = {0.0f,
+                             -0.0f,
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN(),
+                             std::numeric_limits<float>::denorm_min(),
+                             -std::numeric_limits<float>::denorm_min()};
+    for (uint32_t hi = 0; hi < (1u << 16); ++hi)
+      for (uint32_t lo : {0u, 1u, 0x7fffu, 0x8000u, 0xfffeu, 0xffffu}) {
+        const uint32_t u = hi << 16 | lo;
+        float x;
+        std::memcpy(&x, &u, sizeof(x));
+        xs.push_back(x);
+      }
+    for (size_t i = 0; i < 256; ++i) {
+      for (float d : {-1.0f, 0.0f, 1.0f}) xs.push_back(std::nextafter(map[i], map[i] + d));
+      if (i + 1 < 256) {
+        const float mid = 0.5f * (map[i] + map[i + 1]);
+        for (float x = std::nextafter(mid, -2.0f), k = 0; k < 3; ++k, x = std::nextafter(x, 2.0f))
+          xs.push_back(x);
+      }
+    }
+    Rng rng(5);
+    for (int i = 0; i < 200000; ++i) xs.push_back(float(rng.normal()) * std::pow(10.0f, float(i % 9 - 7)));
+    for (float x : xs)
+      ASSERT_EQ(cpu::quantize_to_map_indexed(map.data(), x), cpu::quantize_to_map(map.data(), x))
+          << (is_signed ? "signed" : "unsigned") << " map, x = " << x;
   }
 }
 

@@ -248,5 +248,8 @@ void adamw8bit_step(DType grad_type, float* param, const void* grad, uint8_t* m_
 // The code of the value of a sorted 256-entry map nearest x (ties to the lower code): what the 8-bit AdamW
 // kernels requantise with.
 uint8_t quantize_to_map(const float* map, float x);
+// The same code through a bucket index of the map (built once per map; what the CPU 8-bit AdamW kernel
+// uses): equal to quantize_to_map for every float.
+uint8_t quantize_to_map_indexed(const float* map, float x);
 
 }  // namespace anvil::cpu
