@@ -1,9 +1,15 @@
 #include "offload/host_optimizer.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 #include "anvil/error.hpp"
 
 namespace anvil::offload {
 namespace {
+
+// Elements cast per copy of the weights to the device (64 MB of 16-bit weights).
+constexpr size_t kCastChunk = size_t(32) << 20;
 
 // The master weights first, then the optimizer's state and range table; returns the master's index.
 size_t plan_master_and_state(MemoryPlan& plan, Optimizer& opt) {
@@ -53,22 +59,44 @@ void HostOptimizer::reset() {
 }
 
 void HostOptimizer::step(float lr, int64_t step, const float* grad_scale_device) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   const ParamRange shard = store_.master_range();
   const size_t n = shard.numel();
   // Both copies wait for the work queued before them (backward, the norm and its clip factor).
+  Clock::time_point t = Clock::now();
   float scale = 0;
   dev_.copy_to_host(&scale, grad_scale_device, sizeof(float));
+  if (n > 0)
+    dev_.copy_to_host(grads_host_->get(), store_.reduced_grad_at(shard.begin), dtype_bytes(kept_.grad, n));
+  seconds_.grads_down += seconds_since(t);
+  ++seconds_.steps;
   if (n == 0) return;  // an empty ZeRO shard
-  dev_.copy_to_host(grads_host_->get(), store_.reduced_grad_at(shard.begin), dtype_bytes(kept_.grad, n));
+  t = Clock::now();
   opt_->step(*ops_, store_.master(), grads_host_->get(), lr, step, scale);
+  seconds_.update += seconds_since(t);
+  t = Clock::now();
   // The shard's place in the compute-type weights: all of them (ZeRO stage 3: the shard is all they hold).
-  void* weights = store_.weights_sharded() ? store_.weights() : store_.weight_at(shard.begin);
+  char* weights =
+      static_cast<char*>(store_.weights_sharded() ? store_.weights() : store_.weight_at(shard.begin));
   if (kept_.compute == DType::F32) {
     dev_.copy_to_device(weights, store_.master(), n * sizeof(float));
-    return;
+  } else {
+    // Each chunk's copy (on the copy stream, from pinned memory) runs while the next chunk is cast.
+    char* staged = static_cast<char*>(weights_host_->get());
+    const DType t16 = kept_.compute;
+    for (size_t at = 0; at < n; at += kCastChunk) {
+      const size_t m = std::min(kCastChunk, n - at);
+      ops_->cast_weights(staged + dtype_bytes(t16, at), store_.master() + at, m, 0, nullptr);
+      dev_.copy_to_device_async(weights + dtype_bytes(t16, at), staged + dtype_bytes(t16, at),
+                                dtype_bytes(t16, m));
+    }
+    dev_.wait_for_copies();  // the next step's compute reads the weights after the copies
+    dev_.sync_copies();
   }
-  ops_->cast_weights(weights_host_->get(), store_.master(), n, 0, nullptr);
-  dev_.copy_to_device(weights, weights_host_->get(), dtype_bytes(kept_.compute, n));
+  seconds_.weights_up += seconds_since(t);
 }
 
 }  // namespace anvil::offload
