@@ -91,6 +91,10 @@ struct TrainConfig {
   // Where the fp32 master weights and the optimizer state live and the update runs: "none" (the device) or
   // "cpu" (host memory, updated by the CPU: DeepSpeed's offload_optimizer; src/offload/).
   std::string offload_optimizer = "none";
+  // Where each rank's shard of the compute-type weights lives under ZeRO stage 3: "none" (the device) or
+  // "cpu" (pinned host memory, copied in as each unit is gathered: DeepSpeed's offload_param). Needs
+  // offload_optimizer cpu; with one process it runs stage 3 on that one rank.
+  std::string offload_param = "none";
   // ZeRO stages 1-2: elements per all-gather of the updated weights (DeepSpeed's allgather_bucket_size).
   int64_t zero_allgather_bucket_size = 500000000;
   // The optimizer (docs/optimizers.md): HF `optim` names adamw_torch_fused (default; also adamw_torch,

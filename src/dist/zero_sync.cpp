@@ -38,11 +38,16 @@ uint64_t ZeroSync::gather(int unit, void* slot) {
   const ParamRange mine = shard();
   const DType t = store_.precision().compute;
   const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
-  // The copy is queued on compute, so the collective (queued after it) sends it.
-  if (lo < hi)
-    dev_.copy_on_device(static_cast<char*>(slot) + dtype_bytes(t, lo - u.offset),
-                        static_cast<const char*>(store_.weights()) + dtype_bytes(t, lo - mine.begin),
-                        dtype_bytes(t, hi - lo));
+  // The copy is queued on compute, so the collective (queued after it) sends it. Parameter offload: from
+  // pinned host memory (a graph replaying the gather copies what the host holds then).
+  if (lo < hi) {
+    void* dst = static_cast<char*>(slot) + dtype_bytes(t, lo - u.offset);
+    const void* src = static_cast<const char*>(store_.weights()) + dtype_bytes(t, lo - mine.begin);
+    if (store_.weights_on_host())
+      dev_.upload_on_compute(dst, src, dtype_bytes(t, hi - lo));
+    else
+      dev_.copy_on_device(dst, src, dtype_bytes(t, hi - lo));
+  }
   comm_.all_gather_v(slot, partition_.counts_in(u.offset, u.offset + u.numel), t);
   return comm_.mark();
 }

@@ -146,6 +146,19 @@ void ParamStore::set_master_on_host() {
   master_on_host_ = true;
 }
 
+void ParamStore::set_weights_on_host() {
+  ANVIL_ASSERT(
+      weights_sharded_ && master_on_host_,
+      "set_weights_on_host: a store with sharded weights (ZeRO-3) and its master weights on the host");
+  ANVIL_ASSERT(i_weights_ == SIZE_MAX, "set_weights_on_host after plan_memory");
+  weights_on_host_ = true;
+}
+
+void ParamStore::bind_host_weights(void* host) {
+  ANVIL_ASSERT(weights_on_host_ && host, "bind_host_weights: after set_weights_on_host, with host memory");
+  host_weights_ = weights_ = host;
+}
+
 void ParamStore::bind_host_master(float* host) {
   ANVIL_ASSERT(master_on_host_ && host, "bind_host_master: after set_master_on_host, with host memory");
   host_master_ = master_ = host;
@@ -219,12 +232,13 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
       i_master_ =
           plan.add(master_sharded() ? "master weights (fp32, this rank's shard)" : "master weights (fp32)",
                    M::MasterWeights, master_range_.numel() * sizeof(float));
-    i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) +
-                              (weights_sharded_ ? ", this rank's shard)"
-                               : quant_         ? ", the tensors not quantized)"
-                                                : ")"),
-                          M::Weights, (weights_sharded_ ? master_range_.numel() : P) * weight_elem_);
-  } else {
+    if (!weights_on_host_)
+      i_weights_ = plan.add(std::string("weights (") + std::string(dtype_name(precision_.compute)) +
+                                (weights_sharded_ ? ", this rank's shard)"
+                                 : quant_         ? ", the tensors not quantized)"
+                                                  : ")"),
+                            M::Weights, (weights_sharded_ ? master_range_.numel() : P) * weight_elem_);
+  } else if (!weights_on_host_) {
     i_weights_ = plan.add(weights_sharded_ ? "parameters (this rank's shard)"
                           : quant_         ? "parameters (the tensors not quantized)"
                                            : "parameters",
@@ -262,7 +276,7 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
 }
 
 void ParamStore::bind(const Arena& arena) {
-  weights_ = arena.get<void>(i_weights_);
+  weights_ = weights_on_host_ ? host_weights_ : arena.get<void>(i_weights_);
   if (quant_) quant_->bind(arena);
   if (i_wslots_ != SIZE_MAX) wslot_mem_ = arena.get<char>(i_wslots_);
   master_ = master_on_host_ ? host_master_
@@ -476,6 +490,19 @@ void ParamStore::download_master(Device& dev, float* host) const {
 }
 
 void ParamStore::write_weights(Device& dev, const float* values, size_t n) const {
+  if (weights_on_host_) {  // parameter offload: the host holds them
+    ANVIL_ASSERT(host_weights_, "upload: the weights' host memory is not bound (bind_host_weights)");
+    if (precision_.compute == DType::F32) {
+      std::copy_n(values, n, static_cast<float*>(weights_));
+      return;
+    }
+    const bool bf16 = precision_.compute == DType::BF16;
+    auto* out = static_cast<uint16_t*>(weights_);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < int64_t(n); ++i)
+      out[i] = bf16 ? float_to_bf16(values[i]) : float_to_fp16(values[i]);
+    return;
+  }
   if (precision_.compute == DType::F32) {
     dev.copy_to_device(weights_, values, n * sizeof(float));
     return;
@@ -536,6 +563,16 @@ void ParamStore::download(Device& dev, float* host) const {
 }
 
 void ParamStore::read_weights(Device& dev, float* values, size_t n) const {
+  if (weights_on_host_) {  // parameter offload: the host holds them
+    const bool bf16 = precision_.compute == DType::BF16, f32 = precision_.compute == DType::F32;
+    const auto* in = static_cast<const uint16_t*>(weights_);
+    if (f32) {
+      std::copy_n(static_cast<const float*>(weights_), n, values);
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) values[i] = bf16 ? bf16_to_float(in[i]) : fp16_to_float(in[i]);
+    return;
+  }
   if (precision_.compute == DType::F32) {
     dev.copy_to_host(values, weights_, n * sizeof(float));
     return;

@@ -134,6 +134,14 @@ class ParamStore {
   void set_master_on_host();
   void bind_host_master(float* host);
   bool master_on_host() const { return master_on_host_; }
+  // Parameter offload (before plan_memory; after set_weight_shard and set_master_on_host): the shard of the
+  // compute-type weights lives in pinned host memory, outside the device plan; bind_host_weights gives it
+  // (master_range().numel() elements of the compute type; before upload). Gathers copy from there
+  // (dist::ZeroSync), upload and download write and read it directly, the host optimizer writes the update
+  // there.
+  void set_weights_on_host();
+  void bind_host_weights(void* host);
+  bool weights_on_host() const { return weights_on_host_; }
 
   // Zeroes the gradient sink (keep_trainable_only; else nothing), queued on `dev`: once, before the first
   // step, so that what the kernels add into it stays finite.
@@ -298,6 +306,8 @@ class ParamStore {
   std::optional<ParamLayout> trainable_;
   bool master_on_host_ = false;   // set_master_on_host
   float* host_master_ = nullptr;  // bind_host_master
+  bool weights_on_host_ = false;  // set_weights_on_host
+  void* host_weights_ = nullptr;  // bind_host_weights
   std::vector<TrainableRun> runs_;
   std::vector<TensorGrad> tensor_grads_;
   size_t sink_numel_ = 0, i_sink_ = SIZE_MAX;

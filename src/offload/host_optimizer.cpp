@@ -25,13 +25,15 @@ size_t plan_master_and_state(MemoryPlan& plan, Optimizer& opt) {
 
 MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerKind kind,
                                            const OptimizerHyper& h, OpsPrecision kept,
-                                           std::optional<ParamRange> shard) {
+                                           std::optional<ParamRange> shard, bool weights_on_host) {
   MemoryPlan plan;
   const std::unique_ptr<Optimizer> opt = make_optimizer(kind, layout, h, shard);
   plan_master_and_state(plan, *opt);
   const size_t n = opt->numel();
   plan.add("gradients (host staging, pinned)", MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
-  if (kept.compute != DType::F32)
+  if (weights_on_host)
+    plan.add("weights (offload_param, pinned)", MemoryCategory::Weights, dtype_bytes(kept.compute, n));
+  else if (kept.compute != DType::F32)
     plan.add("weights (host staging, pinned)", MemoryCategory::Weights, dtype_bytes(kept.compute, n));
   return plan;
 }
@@ -50,8 +52,11 @@ HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind,
   ops_ = make_cpu_ops(*host_, kept);
   const size_t n = opt_->numel();
   grads_host_.emplace(dev, dtype_bytes(kept.grad, n));
-  if (kept.compute != DType::F32) weights_host_.emplace(dev, dtype_bytes(kept.compute, n));
+  // Parameter offload: this buffer is the store's weights (the gathers read it); else a staging copy.
+  if (kept.compute != DType::F32 || store.weights_on_host())
+    weights_host_.emplace(dev, dtype_bytes(kept.compute, n));
   store.bind_host_master(arena_->get<float>(i_master_));
+  if (store.weights_on_host()) store.bind_host_weights(weights_host_->get());
 }
 
 void HostOptimizer::reset() {
@@ -78,6 +83,14 @@ void HostOptimizer::step(float lr, int64_t step, const float* grad_scale_device)
   opt_->step(*ops_, store_.master(), grads_host_->get(), lr, step, scale);
   seconds_.update += seconds_since(t);
   t = Clock::now();
+  if (store_.weights_on_host()) {  // parameter offload: the weights are host memory; nothing to copy
+    if (kept_.compute == DType::F32)
+      std::copy_n(store_.master(), n, static_cast<float*>(store_.weights()));
+    else
+      ops_->cast_weights(store_.weights(), store_.master(), n, 0, nullptr);
+    seconds_.weights_up += seconds_since(t);
+    return;
+  }
   // The shard's place in the compute-type weights: all of them (ZeRO stage 3: the shard is all they hold).
   char* weights =
       static_cast<char*>(store_.weights_sharded() ? store_.weights() : store_.weight_at(shard.begin));

@@ -4,7 +4,9 @@
 // device keeps the compute-type weights, the gradients and the activations. Under ZeRO each rank offloads
 // its shard (ParamStore::master_range): the master weights, the state and the staging copies cover it only,
 // and the step's updated shard goes into its place in the weights (stage 3: the weights are the shard),
-// from where dist::ZeroSync all-gathers it as after an update on the device.
+// from where dist::ZeroSync all-gathers it as after an update on the device. Under parameter offload
+// (ParamStore::weights_on_host) the pinned weights buffer is the store's shard of the weights: the update
+// is cast into it and nothing goes back to the device (the gathers copy from it).
 //
 // A step: backward and the gradient norm (with the clip factor) run on the device as always; then step()
 // copies the gradients (the shard's, reduced) into a pinned host buffer, reads the clip x unscale factor,
@@ -59,9 +61,11 @@ class HostOptimizer {
 
   // The host memory a run with these settings holds: the master weights and the optimizer's state (what
   // the constructor plans), then the two staging copies (pinned where the device pins); of `shard` only
-  // under ZeRO.
+  // under ZeRO. `weights_on_host` (parameter offload): the weights' copy is the store's weights, in the
+  // compute type whatever it is.
   static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
-                                     OpsPrecision kept, std::optional<ParamRange> shard = std::nullopt);
+                                     OpsPrecision kept, std::optional<ParamRange> shard = std::nullopt,
+                                     bool weights_on_host = false);
 
  private:
   Device& dev_;

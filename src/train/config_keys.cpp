@@ -531,16 +531,23 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .section = "Distributed",
      .type = "int",
      .meaning =
-         R"md(ZeRO stage with several processes (DeepSpeed's `zero_optimization.stage`; default 0). 0: every rank keeps the whole fp32 master weights, optimizer state and gradients. 1: each rank keeps only its shard of the fp32 master weights and of the optimizer state, updates that shard and all-gathers the updated weights. 2: also reduce-scatters the gradients and keeps only its shard's sums. 3: also keeps only its shard of the weights, gathering each unit (embedding, block, final) as forward and backward reach it (decoders only). The shards are balanced ranges of the parameter buffer (whole tensors for Adafactor, 8-bit blocks for adamw_8bit). With one process every stage is stage 0. See docs/distributed.md.)md",
+         R"md(ZeRO stage with several processes (DeepSpeed's `zero_optimization.stage`; default 0). 0: every rank keeps the whole fp32 master weights, optimizer state and gradients. 1: each rank keeps only its shard of the fp32 master weights and of the optimizer state, updates that shard and all-gathers the updated weights. 2: also reduce-scatters the gradients and keeps only its shard's sums. 3: also keeps only its shard of the weights, gathering each unit (embedding, block, final) as forward and backward reach it (decoders only). The shards are balanced ranges of the parameter buffer (whole tensors for Adafactor, 8-bit blocks for adamw_8bit). With one process every stage is stage 0, except stage 3 with offload_param cpu. See docs/distributed.md.)md",
      .summary = "ZeRO stage: 0 replicas; 1 shards master weights, optimizer state; 2 gradients; 3 weights."},
     {.key = "offload_optimizer",
              .section = "Distributed",
              .type = "string",
              .meaning =
-                 R"md(Optimizer offload (ZeRO-Offload; DeepSpeed's `zero_optimization.offload_optimizer.device`): `cpu` keeps the fp32 master weights and the optimizer state in host memory and runs the update on the CPU (Anvil's CPU optimizer kernels, OpenMP): after backward and the gradient norm on the GPU, the gradients are copied to the host (pinned memory), updated there, and the new weights copied back in the compute type. The GPU then holds the weights, gradients and activations only (AdamW mixed precision: 2 + 4 bytes a parameter instead of 18). One process, full training (not LoRA, whose state is small anyway), no stochastic rounding; CUDA graphs cover forward and backward but not the update. `none` (default): everything on the device. `nvme` is not supported yet. See docs/memory.md.)md",
+                 R"md(Optimizer offload (ZeRO-Offload; DeepSpeed's `zero_optimization.offload_optimizer.device`): `cpu` keeps the fp32 master weights and the optimizer state in host memory and runs the update on the CPU (Anvil's CPU optimizer kernels, OpenMP): after backward and the gradient norm on the GPU, the gradients are copied to the host (pinned memory), updated there, and the new weights copied back in the compute type. The GPU then holds the weights, gradients and activations only (AdamW mixed precision: 2 + 4 bytes a parameter instead of 18). With several processes it needs zero_stage 1-3: each rank offloads its shard. Full training (not LoRA, whose state is small anyway), no stochastic rounding; CUDA graphs cover forward and backward but not the update. `none` (default): everything on the device. `nvme` is not supported yet. See docs/memory.md.)md",
              .default_text = "`none`",
              .summary = "cpu: master weights and optimizer state in host memory, updated by the CPU "
                         "(ZeRO-Offload)."},
+    {.key = "offload_param",
+     .section = "Distributed",
+     .type = "string",
+     .meaning =
+         R"md(Parameter offload (DeepSpeed's `zero_optimization.offload_param.device`; ZeRO-Infinity's CPU part): `cpu` keeps each rank's ZeRO stage 3 shard of the compute-type weights in pinned host memory; each unit (embedding, block, final) is copied in from there as it is gathered, in forward and in backward, and the offloaded optimizer writes the updated shard there directly (nothing copied back). Needs zero_stage 3 and offload_optimizer cpu; with one process it runs stage 3 on that one rank (the gathers are copies). The GPU then holds the gathered units' slots, the gradients of the shard and the activations. `none` (default): the shard on the device. `nvme` is not supported yet. See docs/memory.md.)md",
+     .default_text = "`none`",
+     .summary = "cpu: ZeRO-3 weight shard in host memory, copied in unit by unit (ZeRO-Infinity)."},
             {.key = "zero_allgather_bucket_size",
      .section = "Distributed",
      .type = "int",

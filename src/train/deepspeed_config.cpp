@@ -205,8 +205,8 @@ void Applier::optimizer(const json& v) {
 // allgather_partitions (the updated shards are always all-gathered), round_robin_gradients (a CPU-offload
 // ordering). Stage 3's sizes are accepted with what Anvil does instead (deepspeed_resolution says it): one
 // unit (a block) is gathered ahead, at most the first and last units and two others are gathered at once
-// (planned memory), every unit is partitioned, and checkpoints always hold the whole model. Offload is
-// refused.
+// (planned memory), every unit is partitioned, and checkpoints always hold the whole model. Offload to the
+// CPU maps to offload_optimizer / offload_param; NVMe is refused.
 void Applier::zero(const json& v) {
   int stage = 0;
   if (v.is_boolean()) {  // DeepSpeed's legacy form: true is stage 1
@@ -238,17 +238,19 @@ void Applier::zero(const json& v) {
     object(std::string("zero_optimization.") + block, o);
     const std::string key = std::string("zero_optimization.") + block + ".device";
     const std::string device = o.contains("device") ? string(key, o["device"]) : "none";
-    if (std::string(block) == "offload_optimizer" && (device == "cpu" || device == "none")) {
-      fill(key, o.contains("device") ? o["device"] : json("none"), "offload_optimizer", c_.offload_optimizer,
-           device);
+    if (device == "cpu" || device == "none") {
+      if (std::string(block) == "offload_optimizer")
+        fill(key, o.contains("device") ? o["device"] : json("none"), "offload_optimizer",
+             c_.offload_optimizer, device);
+      else
+        fill(key, o.contains("device") ? o["device"] : json("none"), "offload_param", c_.offload_param,
+             device);
       continue;
     }
     ANVIL_REQUIRE(device == "none",
-                  "{}: DeepSpeed key '{}' is \"{}\": {} is not supported yet; set it to \"none\"{} or "
-                  "remove '{}'",
-                  src_, key, device,
-                  std::string(block) == "offload_param" ? "parameter offload" : "NVMe offload",
-                  std::string(block) == "offload_optimizer" ? " or \"cpu\"" : "", block);
+                  "{}: DeepSpeed key '{}' is \"{}\": NVMe offload is not supported yet; set it to \"cpu\" or "
+                  "\"none\", or remove '{}'",
+                  src_, key, device, block);
   }
   // Bucket size: DeepSpeed counts elements; Anvil's ddp_bucket_cap_mb counts megabytes of fp32 gradients.
   if (v.contains("reduce_bucket_size") && !is_auto(v["reduce_bucket_size"])) {
@@ -441,7 +443,7 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.allgather_partitions", {}, "the updated shards are always all-gathered"},
       {"zero_optimization.round_robin_gradients", {}, "an ordering for CPU offload"},
       {"zero_optimization.offload_optimizer", {"offload_optimizer"}},
-      {"zero_optimization.offload_param", {}, "device none"},
+      {"zero_optimization.offload_param", {"offload_param"}},
       {"zero_optimization.sub_group_size", {}, "the optimizer steps over the whole shard at once"},
       {"zero_optimization.stage3_max_live_parameters",
        {},

@@ -65,7 +65,9 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   // ZeRO: the launcher's world (anvil estimate --num_gpus plans one). The plan is the largest shard's, so
   // that every rank fits the same configuration; the trainer then binds its own rank's shard.
   const dist::DistEnv env = dist::read_dist_env();
-  if (cfg.zero_stage > 0 && env.world_size > 1) {
+  o.offload_param = cfg.offload_param == "cpu";
+  // (Parameter offload runs stage 3 with one process too: the shard is the whole buffer, gathered by copies.)
+  if (cfg.zero_stage > 0 && (env.world_size > 1 || o.offload_param)) {
     o.zero_stage = cfg.zero_stage;
     o.zero_world = env.world_size;
     o.zero_rank = -1;
@@ -111,6 +113,11 @@ static void apply_offload(const EngineOptions& o, Model& model) {
   if (!o.training || !o.offload_optimizer) return;
   ANVIL_REQUIRE(!o.lora.enabled(), "offload_optimizer cpu: full training (not LoRA, whose state is small)");
   model.param_store().set_master_on_host();
+  if (o.offload_param) {
+    ANVIL_REQUIRE(model.param_store().weights_sharded(),
+                  "offload_param cpu: the weights are not sharded (ZeRO stage 3 with a decoder model)");
+    model.param_store().set_weights_on_host();
+  }
 }
 
 // Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
@@ -269,7 +276,7 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
   apply_parameter_options(o, *model);
   return offload::HostOptimizer::plan_host_memory(model->param_store().optimizer_layout(), o.optimizer,
                                                   with_vocab(o.optim, cfg), ops_precision(o),
-                                                  zero_shard(o, model->layout()));
+                                                  zero_shard(o, model->layout()), o.offload_param);
 }
 
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)

@@ -74,6 +74,9 @@ struct EngineOptions {
   // weights and the optimizer state in host memory, the update on the CPU (offload::HostOptimizer); none of
   // them planned on the device.
   bool offload_optimizer = false;
+  // Parameter offload (offload_param cpu; ZeRO stage 3 with offload_optimizer): the shard of the compute-type
+  // weights in pinned host memory (ParamStore::set_weights_on_host), gathered from there.
+  bool offload_param = false;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the

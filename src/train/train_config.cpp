@@ -269,6 +269,7 @@ const std::map<std::string, Setter>& setters() {
     str_field("backward_grad_dtype", &TrainConfig::backward_grad_dtype);
     int_field("zero_stage", &TrainConfig::zero_stage);
     str_field("offload_optimizer", &TrainConfig::offload_optimizer);
+    str_field("offload_param", &TrainConfig::offload_param);
     int_field("zero_allgather_bucket_size", &TrainConfig::zero_allgather_bucket_size);
     str_field("optim", &TrainConfig::optim);
     num_field("no_decay_lr_multiplier", &TrainConfig::no_decay_lr_multiplier);
@@ -653,6 +654,19 @@ void TrainConfig::validate(const std::string& s) const {
                   "{}: the host update rounds the master weights to nearest; remove stochastic_rounding",
                   blame({"offload_optimizer", "stochastic_rounding"}));
   }
+  ANVIL_REQUIRE(offload_param == "none" || offload_param == "cpu",
+                "{} must be none or cpu (nvme is not supported yet), got '{}'", subject("offload_param"),
+                offload_param);
+  if (offload_param == "cpu") {
+    ANVIL_REQUIRE(zero_stage == 3,
+                  "{}: offload_param cpu keeps each rank's shard of the weights on the host, and only ZeRO "
+                  "stage 3 shards the weights: set zero_stage 3 (with one process too)",
+                  blame({"offload_param", "zero_stage"}));
+    ANVIL_REQUIRE(offload_optimizer == "cpu",
+                  "{}: with offload_param cpu the weights on the host are updated there by the offloaded "
+                  "optimizer: set offload_optimizer cpu too (DeepSpeed's ZeRO-Infinity offloads both)",
+                  blame({"offload_param", "offload_optimizer"}));
+  }
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
   ANVIL_REQUIRE(communication_data_type.empty() || communication_data_type == "fp32" ||
@@ -769,6 +783,7 @@ json TrainConfig::to_json() const {
           {"backward_grad_dtype", backward_grad_dtype},
           {"zero_stage", zero_stage},
           {"offload_optimizer", offload_optimizer},
+          {"offload_param", offload_param},
           {"zero_allgather_bucket_size", zero_allgather_bucket_size},
           {"optim", optim},
           {"no_decay_lr_multiplier", no_decay_lr_multiplier},

@@ -115,8 +115,8 @@ class Run {
   std::unique_ptr<Task> task_;  // after the engine: its loaders use the device
   // After the engine (they use its device and model), so they go first.
   std::unique_ptr<dist::ProcessGroup> group_;
-  std::unique_ptr<dist::ZeroSync> zero_sync_;  // ZeRO stages 1-2 with several processes
-  std::unique_ptr<dist::GradSync> grad_sync_;  // several processes only
+  std::unique_ptr<dist::ZeroSync> zero_sync_;  // ZeRO stages 1-3 (one process: stage 3 with offload_param)
+  std::unique_ptr<dist::GradSync> grad_sync_;  // several processes, or one under ZeRO
   std::unique_ptr<dist::Watchdog> watchdog_;
   std::unique_ptr<TrainStep> step_;
   std::optional<MetricsLog> metrics_;
@@ -214,7 +214,8 @@ void Run::make_engine() {
   EngineOptions options = training_engine_options(cfg_);
   options.zero_rank = env_.rank;  // the plan fitted the largest shard; this rank binds its own
   engine_ = std::make_unique<Engine>(model_cfg_, options, std::move(device));
-  if (!env_.distributed()) return;
+  // (One process runs a ZeRO stage only under parameter offload: stage 3 on one rank.)
+  if (!env_.distributed() && options.zero_stage == 0) return;
   ParamStore& store = engine_->model().param_store();
   if (options.zero_stage > 0) {
     static const char* const kept[] = {"", "master weights and optimizer state",

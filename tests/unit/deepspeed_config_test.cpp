@@ -262,15 +262,21 @@ TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
                            {"stage3_prefetch_bucket_size", "auto"},
                            {"stage3_gather_16bit_weights_on_model_save", true},
                            {"offload_optimizer", {{"device", "none"}}}}}}));
-  // Optimizer offload to the CPU is offload_optimizer cpu; to NVMe, and parameter offload, are refused.
+  // Offload to the CPU is offload_optimizer / offload_param cpu; to NVMe it is refused.
   EXPECT_EQ(apply({{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}}}}})
                 .offload_optimizer,
             "cpu");
+  const TrainConfig both = apply({{"zero_optimization",
+                                   {{"stage", 3},
+                                    {"offload_optimizer", {{"device", "cpu"}}},
+                                    {"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}}}});
+  EXPECT_EQ(both.offload_param, "cpu");
+  EXPECT_EQ(both.offload_optimizer, "cpu");
   expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}},
                {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"",
                 "NVMe offload is not supported yet", "\"cpu\""});
   expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}}}}}},
-               {"'zero_optimization.offload_param.device' is \"nvme\""});
+               {"'zero_optimization.offload_param.device' is \"nvme\"", "NVMe offload is not supported yet"});
   expect_error(
       {{"zero_optimization", {{"reduce_bucket_sise", 1}}}},
       {"'zero_optimization.reduce_bucket_sise'", "did you mean 'zero_optimization.reduce_bucket_size'"});
@@ -399,7 +405,7 @@ TEST(DeepSpeedConfig, CommandLine) {
       R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})");
   auto r = test::run_anvil("estimate --device cpu --deepspeed " + (dir / "ds.json"));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("offload is not supported yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("set offload_optimizer cpu too"), std::string::npos) << r.output;
   test::write_file(dir / "ok.json", R"({"fp16": {"enabled": true}, "gradient_clipping": "auto"})");
   r = test::run_anvil("estimate --device cpu --deepspeed " + (dir / "ok.json") + " --bf16");
   EXPECT_NE(r.exit_code, 0);

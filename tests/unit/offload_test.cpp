@@ -5,6 +5,7 @@
 // share.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 namespace anvil {
 namespace {
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 TrainConfig run_config(const test::ByteCorpus& c, const std::string& out, const json& extra) {
   json j = {{"model", "llama-tiny"},
@@ -204,6 +206,83 @@ TEST(OffloadPlan, ZeroShardOnTheHost) {
   EXPECT_NE(r.output.find("per node"), std::string::npos) << r.output;
 }
 
+// Parameter offload (offload_param cpu: ZeRO-3's weight shard in host memory, gathered from there). One
+// process runs stage 3 on one rank; it trains as the run without any offload, and resumes from its
+// checkpoint.
+TEST(OffloadParam, OneProcessEqualsTheRunWithoutOffload) {
+  test::ByteCorpus c;
+  const json extra = {{"bf16", true}, {"gradient_accumulation_steps", 2}};
+  test::quietly([&] { return train(run_config(c, c.dir / "device", extra)); });
+  json off = extra;
+  off.update({{"zero_stage", 3}, {"offload_optimizer", "cpu"}, {"offload_param", "cpu"}});
+  test::quietly([&] { return train(run_config(c, c.dir / "host", off)); });
+  const std::vector<double> a = test::metrics_losses(c.dir / "device/metrics.jsonl"),
+                            b = test::metrics_losses(c.dir / "host/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/model.safetensors"),
+            file_bytes(c.dir / "host/checkpoint-6/model.safetensors"));
+  EXPECT_TRUE(fs::exists(c.dir / "host/checkpoint-6/zero/optimizer-rank-00000-of-00001.safetensors"));
+  json resumed = off;
+  resumed["resume_from_checkpoint"] = c.dir / "device/checkpoint-3";
+  test::quietly([&] { return train(run_config(c, c.dir / "resumed", resumed)); });
+  const std::vector<double> r = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(r.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i], a[3 + i]) << "step " << 4 + i;
+}
+
+// With 2 processes each rank's weight shard is on its host: the run is stage 3 with optimizer offload,
+// file for file.
+TEST(OffloadParam, TwoProcessesEqualStageThree) {
+  if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+  for (const char* precision : {"bf16", "fp32"}) {
+    SCOPED_TRACE(precision);
+    test::ByteCorpus c;
+    json extra = {{"zero_stage", 3}, {"offload_optimizer", "cpu"}, {"per_device_train_batch_size", 2}};
+    if (std::string(precision) == "bf16") extra["bf16"] = true;
+    const test::CommandResult device = launch2(launch_config(c, "device", extra));
+    ASSERT_EQ(device.exit_code, 0) << device.output;
+    extra["offload_param"] = "cpu";
+    const test::CommandResult host = launch2(launch_config(c, "host", extra));
+    ASSERT_EQ(host.exit_code, 0) << host.output;
+    EXPECT_EQ(test::metrics_losses(c.dir / "device/metrics.jsonl"),
+              test::metrics_losses(c.dir / "host/metrics.jsonl"));
+    for (const std::string f : {"model.safetensors", "zero/optimizer-rank-00001-of-00002.safetensors"})
+      EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/" + f), file_bytes(c.dir / "host/checkpoint-6/" + f))
+          << f;
+  }
+}
+
+// The device plan holds the gathered units' slots, not the shard; the host plan holds the shard.
+TEST(OffloadParam, ShardOnTheHostInThePlans) {
+  test::ByteCorpus c;
+  const TrainConfig on =
+      run_config(c, c.dir / "a",
+                 {{"bf16", true}, {"zero_stage", 3}, {"offload_optimizer", "cpu"}, {"offload_param", "cpu"}});
+  const TrainConfig off =
+      run_config(c, c.dir / "b", {{"bf16", true}, {"zero_stage", 3}, {"offload_optimizer", "cpu"}});
+  const EngineOptions o = training_engine_options(on, DeviceKind::CPU);
+  EXPECT_EQ(o.zero_stage, 3);
+  EXPECT_EQ(o.zero_world, 1);
+  const MemoryPlan device = plan_engine_memory(on.model, o);
+  for (const PlannedBuffer& b : device.buffers())
+    EXPECT_EQ(b.name.find("this rank's shard)"), std::string::npos) << b.name;
+  EXPECT_NE(device.bytes(MemoryCategory::Weights), 0u);  // the slots
+  const size_t whole_weights = plan_engine_memory(off.model, training_engine_options(off, DeviceKind::CPU))
+                                   .bytes(MemoryCategory::Weights);
+  EXPECT_LT(device.bytes(MemoryCategory::Weights), whole_weights);
+  const std::optional<MemoryPlan> host = host_optimizer_plan(on.model, o);
+  ASSERT_TRUE(host.has_value());
+  bool listed = false;
+  for (const PlannedBuffer& b : host->buffers()) listed |= b.name == "weights (offload_param, pinned)";
+  EXPECT_TRUE(listed);
+  const test::CommandResult r = test::run_anvil(
+      "estimate --model llama-tiny --device cpu --bf16 --zero_stage 3 --offload_optimizer cpu "
+      "--offload_param cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("weights (offload_param, pinned)"), std::string::npos) << r.output;
+}
+
 TEST(OffloadErrors, SayWhatToDo) {
   test::ByteCorpus c;
   const std::string out = c.dir / "e";
@@ -222,6 +301,17 @@ TEST(OffloadErrors, SayWhatToDo) {
         run_config(c, out, {{"offload_optimizer", "cpu"}, {"bf16", true}, {"stochastic_rounding", true}});
       },
       {"stochastic_rounding"});
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_optimizer", "cpu"}, {"offload_param", "cpu"}, {"zero_stage", 2}});
+      },
+      {"offload_param", "set zero_stage 3"});
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_param", "cpu"}, {"zero_stage", 3}});
+      },
+      {"offload_param", "set offload_optimizer cpu too"});
+  test::expect_error([&] { run_config(c, out, {{"offload_param", "nvme"}}); }, {"offload_param", "'nvme'"});
   // Several processes without a ZeRO stage: every rank would hold the whole model on its host.
   if (dist::gloo_compiled()) {
     const test::CommandResult r =
