@@ -11,6 +11,10 @@
 #     shard) and not: the losses within 1e-3 relative over 20 steps
 #   speed: the Llama-3.2-1B shape, bf16, AdamW, batch 4 x 2048, 8 steps: without offload, offloaded on one GPU,
 #     and (2 GPUs) ZeRO-2 offloaded on two; the summaries (tokens/s, offload seconds by phase) are the log
+#   param: offload_param cpu (ZeRO-3 weight shard on the host) with offload_optimizer, on one GPU and on 2
+#     (anvil launch): the losses of the run without offload within 1e-3 relative over 20 steps
+#   big3: the Llama-3.1-8B shape, full training with fp32 AdamW, on one GPU with zero_stage 3, offload_param
+#     and offload_optimizer cpu (DeepSpeed's ZeRO-Infinity CPU configuration), 3 steps
 #   big8: the big run again with the faster 8-bit requantisation, 3 steps
 # CHECKS="equal resume" runs those only (resume needs equal's run). Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
@@ -78,8 +82,31 @@ write_random_shard('$w/tokens_128256.bin', 400_000, 128256)"
   echo "== one GPU, no offload"; "$build/anvil" train "${flags[@]}" --output_dir "$w/s0" | grep -E "step +8/|Tokens|offload|memory occupied" || return 1
   echo "== one GPU, offload"; "$build/anvil" train "${flags[@]}" --offload_optimizer cpu --output_dir "$w/s1" | grep -E "step +8/|Tokens|offload|memory occupied" || return 1
   echo "== two GPUs, ZeRO-2"; "$build/anvil" launch --nproc_per_node 2 train "${flags[@]}" --zero_stage 2 --output_dir "$w/s2" | grep -E "step +8/|Tokens|offload|memory occupied" || return 1
+  echo "== one GPU, ZeRO-3 offload_param + offload_optimizer"; "$build/anvil" train "${flags[@]}" --zero_stage 3 --offload_optimizer cpu --offload_param cpu --output_dir "$w/s4" | grep -E "step +8/|Tokens|offload|memory occupied" || return 1
   echo "== two GPUs, ZeRO-2 offload"; "$build/anvil" launch --nproc_per_node 2 train "${flags[@]}" --zero_stage 2 --offload_optimizer cpu --output_dir "$w/s3" | grep -E "step +8/|Tokens|offload|memory occupied" || return 1
   nproc; grep -m1 "model name" /proc/cpuinfo
+}
+param() {
+  local off=(--zero_stage 3 --offload_optimizer cpu --offload_param cpu)
+  "$build/anvil" train "${common[@]}" --output_dir "$w/p0" || return 1
+  "$build/anvil" train "${common[@]}" "${off[@]}" --output_dir "$w/p1" || return 1
+  "$build/anvil" launch --nproc_per_node 2 train "${common[@]}" "${off[@]}" --per_device_train_batch_size 4 \
+    --output_dir "$w/p2" || return 1
+  for run in p1 p2; do
+    paste <(losses "$w/p0") <(losses "$w/$run") | python3 -c "
+import sys
+rows = [tuple(map(float, l.split())) for l in sys.stdin]
+worst = max(abs(a - b) / a for a, b in rows)
+print('$run: steps', len(rows), 'worst relative loss difference', worst)
+assert len(rows) == 20 and worst < 1e-3" || return 1
+  done
+}
+big3() {
+  local flags=(--model llama-8b --bf16 --per_device_train_batch_size 1 --max_seq_length 2048
+    --gradient_checkpointing true --zero_stage 3 --offload_optimizer cpu --offload_param cpu)
+  "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit|host|offload"
+  "$build/anvil" train "${flags[@]}" --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 \
+    --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/big3"
 }
 big8() {
   "$build/anvil" train --model llama-8b --bf16 --optim adamw_8bit --per_device_train_batch_size 1 --max_seq_length 2048 \
