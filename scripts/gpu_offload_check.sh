@@ -90,8 +90,9 @@ param() {
   local off=(--zero_stage 3 --offload_optimizer cpu --offload_param cpu)
   "$build/anvil" train "${common[@]}" --output_dir "$w/p0" || return 1
   "$build/anvil" train "${common[@]}" "${off[@]}" --output_dir "$w/p1" || return 1
-  "$build/anvil" launch --nproc_per_node 2 train "${common[@]}" "${off[@]}" --per_device_train_batch_size 4 \
-    --output_dir "$w/p2" || return 1
+  local half=("${common[@]}")  # 2 GPUs x 4 sequences: the global batch of one GPU's 8
+  for i in "${!half[@]}"; do [ "${half[$i]}" = --per_device_train_batch_size ] && half[$((i + 1))]=4; done
+  "$build/anvil" launch --nproc_per_node 2 train "${half[@]}" "${off[@]}" --output_dir "$w/p2" || return 1
   for run in p1 p2; do
     paste <(losses "$w/p0") <(losses "$w/$run") | python3 -c "
 import sys
