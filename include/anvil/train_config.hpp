@@ -34,6 +34,10 @@ struct TrainConfig {
   double lora_dropout = 0;
   bool use_rslora = false;
   std::string lora_target_modules;
+  // A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) kept apart from init_from, its
+  // base: the run's adapters start from its factors (PEFT's PeftModel.from_pretrained(...,
+  // is_trainable=True)).
+  std::string lora_adapter;
   // QLoRA: the block Linear weights of the frozen base kept quantized ("none", "int8", "nf4":
   // kernels/quantization.hpp), beside LoRA adapters (lora_r > 0) that alone train.
   std::string quantization = "none";

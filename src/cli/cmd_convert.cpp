@@ -27,7 +27,7 @@ constexpr const char* kSideFiles[] = {
     "vocab.txt",      "generation_config.json"};
 
 struct ConvertArgs {
-  std::string input, output, dtype = "fp32";
+  std::string input, adapter, output, dtype = "fp32";
 };
 
 DType parse_weight_dtype(const std::string& name) {
@@ -45,7 +45,8 @@ int run_convert(const ConvertArgs& a) {
   Engine engine(cfg, o);
   // BERT heads a BertModel checkpoint lacks keep the initialisation (seeded: the output is reproducible).
   if (cfg.is_bert()) engine.model().init_weights(42, engine.device());
-  const io::BertLoadReport report = io::load_model_weights(a.input, engine.model(), engine.device());
+  const io::BertLoadReport report =
+      io::load_model_weights(a.input, engine.model(), engine.device(), a.adapter);
   io::AtomicDirectory out(a.output);
   io::save_model(out.path(), engine.model(), engine.device(), dtype);
   std::vector<std::string> copied;
@@ -56,8 +57,9 @@ int run_convert(const ConvertArgs& a) {
     copied.push_back(f);
   }
   out.commit();
-  fmt::print("converted {} ({} {:.2f}M parameters) -> {}/model.safetensors ({}) + config.json{}{}\n", a.input,
-             cfg.family, cfg.num_parameters() / 1e6, a.output, a.dtype, copied.empty() ? "" : " + ",
+  fmt::print("converted {}{} ({} {:.2f}M parameters) -> {}/model.safetensors ({}) + config.json{}{}\n",
+             a.input, a.adapter.empty() ? "" : " with the adapter " + a.adapter + " merged", cfg.family,
+             cfg.num_parameters() / 1e6, a.output, a.dtype, copied.empty() ? "" : " + ",
              fmt::join(copied, ", "));
   if (!report.kept.empty())
     fmt::print("  not in {}, newly initialised (seed 42): {}\n", a.input, fmt::join(report.kept, ", "));
@@ -73,6 +75,9 @@ Command make_convert(CLI::App& parent) {
                                         "sharded/fp16/bf16, or Anvil checkpoint) -> HF "
                                         "directory with one model.safetensors");
   app->add_option("--input", a->input, "model or checkpoint directory")->required();
+  app->add_option("--adapter", a->adapter,
+                  "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) kept apart "
+                  "from --input, its base: merged into the written weights");
   app->add_option("--output", a->output, "output directory (replaced atomically)")->required();
   app->add_option("--dtype", a->dtype,
                   "fp32 | bf16 | fp16: the written weights' type (round to nearest even)")

@@ -25,7 +25,7 @@ namespace anvil::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string checkpoint, device = "auto", tokenizer, precision = "fp32", quantization = "none";
+  std::string checkpoint, adapter, device = "auto", tokenizer, precision = "fp32", quantization = "none";
   std::vector<std::string> prompts, prompt_ids;
   int max_new_tokens = 200, top_k = 40;
   double temperature = 0.8, top_p = 1.0;
@@ -124,7 +124,7 @@ int run_generate(const GenerateArgs& a) {
   o.max_batch = int(prompts.size());
   o.max_len = int(std::min<int64_t>(cfg.block_size, int64_t(longest) + std::max(a.max_new_tokens - 1, 0)));
   Generator gen(cfg, o);
-  io::load_model_weights(a.checkpoint, gen.decoder(), gen.device());
+  io::load_model_weights(a.checkpoint, gen.decoder(), gen.device(), a.adapter);
   if (const QuantizedWeights* q = gen.decoder().param_store().quantized())
     fmt::print(stderr, "weights: {} block matrices in {} ({}), {} other parameters in {} ({})\n",
                q->matrices(), weight_storage_name(q->storage()), format_bytes(q->quantized_bytes()),
@@ -170,6 +170,9 @@ Command make_generate(CLI::App& parent) {
       "generate",
       "continue prompts with a causal LM (gpt2, llama, qwen2, mistral): checkpoint or HF directory");
   app->add_option("--checkpoint", a->checkpoint, "checkpoint or HF model directory")->required();
+  app->add_option("--adapter", a->adapter,
+                  "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) kept apart "
+                  "from --checkpoint, its base: merged into the base's weights");
   // allow_extra_args(false): each flag takes one prompt, repeat the flag for a batch.
   app->add_option("--prompt", a->prompts, "text to continue; repeat for a batch decoded together")
       ->allow_extra_args(false)

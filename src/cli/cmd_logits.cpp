@@ -27,7 +27,7 @@ namespace anvil::cli {
 namespace {
 
 struct LogitsArgs {
-  std::string checkpoint, input_ids, output, device = "cpu", quantization = "none";
+  std::string checkpoint, adapter, input_ids, output, device = "cpu", quantization = "none";
 };
 
 // An integer tensor of the input file, widened to int64.
@@ -173,7 +173,7 @@ int run_logits(const LogitsArgs& a) {
   if (cfg.is_bert()) {
     BertModel& model = e.bert();
     e.model().init_weights(0, e.device());
-    const io::BertLoadReport report = io::load_model_weights(a.checkpoint, e.model(), e.device());
+    const io::BertLoadReport report = io::load_model_weights(a.checkpoint, e.model(), e.device(), a.adapter);
     ANVIL_REQUIRE(
         report.kept.empty(),
         "{}: the weights have no {} (a BertModel checkpoint, not a trained classifier), so there are no "
@@ -197,7 +197,7 @@ int run_logits(const LogitsArgs& a) {
     return 0;
   }
   Decoder& model = e.decoder();
-  io::load_model_weights(a.checkpoint, model, e.device());
+  io::load_model_weights(a.checkpoint, model, e.device(), a.adapter);
   e.device().copy_to_device(e.tokens(0), tokens.data(), tokens.size() * sizeof(int32_t));
   model.forward(e.ops(), e.tokens(0), nullptr, B, T, 0.0f, false);
   const int V = cfg.vocab_size, Vp = cfg.padded_vocab_size();
@@ -221,6 +221,9 @@ Command make_logits(CLI::App& parent) {
       "write a model's logits for token ids (safetensors in and out): per-token logits of a GPT-2 / Llama / "
       "Qwen2 / Mistral decoder, class logits of a BERT classifier");
   app->add_option("--checkpoint", a->checkpoint, "checkpoint or HF model directory")->required();
+  app->add_option("--adapter", a->adapter,
+                  "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) kept apart "
+                  "from --checkpoint, its base: merged into the base's weights (decoders)");
   app->add_option("--input_ids", a->input_ids,
                   "safetensors file with 'input_ids' [batch, seq] (I32 or I64), optionally 'attention_mask' "
                   "[batch, seq] (0/1, right-padded) and, for BERT, 'token_type_ids'")

@@ -20,6 +20,11 @@ using json = nlohmann::json;
 TransformerConfig read_model_config(const std::string& dir) {
   require_not_interrupted_save(dir);
   const std::string path = dir + "/config.json";
+  if (!fs::exists(path) && has_peft_adapter(dir))
+    ANVIL_THROW(
+        "{}: holds a PEFT adapter only (adapter_config.json; its base: {}): give the base model's directory "
+        "as the model and this one as the adapter (--adapter {}; training: lora_adapter)",
+        dir, adapter_base_model(dir), dir);
   ANVIL_REQUIRE(fs::exists(path), "{}: no config.json (is '{}' a model or checkpoint directory?)", path, dir);
   json j;
   try {
@@ -105,8 +110,16 @@ void save_model(const std::string& dir, const Decoder& model, Device& dev, DType
   write_hf_model(dir, model, dev, dtype);
 }
 
-void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
+void load_model_weights(const std::string& dir, Decoder& model, Device& dev, const std::string& adapter_dir) {
   require_not_interrupted_save(dir);
+  if (!adapter_dir.empty()) {
+    ANVIL_REQUIRE(has_peft_adapter(adapter_dir), "{}: no {} (a PEFT adapter directory holds it and {})",
+                  adapter_dir, kAdapterConfigFile, kAdapterWeightsFile);
+    ANVIL_REQUIRE(!has_peft_adapter(dir),
+                  "{} holds an adapter of its own ({}) and {} was given too: give one of them", dir,
+                  kAdapterConfigFile, adapter_dir);
+  }
+  const std::string adapter = !adapter_dir.empty() ? adapter_dir : has_peft_adapter(dir) ? dir : "";
   const WeightFiles files(dir);
   const ParamLayout& layout = model.layout();
   const TransformerConfig& cfg = model.config();
@@ -150,11 +163,11 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev) {
   for (size_t i = 0; i < found.size(); ++i)
     ANVIL_REQUIRE(found[i] || layout.tensors()[i].is_adapter(),
                   "{}: tensor '{}' is missing from the model weights", dir, layout.tensors()[i].name);
-  if (has_peft_adapter(dir)) {
+  if (!adapter.empty()) {
     if (adapters)
-      read_peft_adapter(dir, layout, host.data());
+      read_peft_adapter(adapter, layout, host.data());
     else
-      merge_peft_adapter(dir, layout, host.data());
+      merge_peft_adapter(adapter, layout, host.data());
   }
   model.upload_weights(dev, host.data());
 }
@@ -165,9 +178,14 @@ void save_model(const std::string& dir, const Model& model, Device& dev, DType d
   write_hf_model(dir, model, dev, dtype);
 }
 
-BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev) {
-  if (model.config().is_bert()) return load_bert_weights(dir, static_cast<BertModel&>(model), dev);
-  load_model_weights(dir, static_cast<Decoder&>(model), dev);
+BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev,
+                                  const std::string& adapter_dir) {
+  if (model.config().is_bert()) {
+    ANVIL_REQUIRE(adapter_dir.empty(), "{}: LoRA adapters are for the decoder families; {} is BERT",
+                  adapter_dir, dir);
+    return load_bert_weights(dir, static_cast<BertModel&>(model), dev);
+  }
+  load_model_weights(dir, static_cast<Decoder&>(model), dev, adapter_dir);
   return {};
 }
 

@@ -40,13 +40,18 @@ void save_model(const std::string& dir, const Decoder& model, Device& dev, DType
 // and aliases (GPT-2 with or without the "transformer." prefix), F32/F16/BF16 tensors; tensors the table
 // marks as ignorable (a tied head, attention-mask and rotary buffers) are skipped. A missing, duplicated
 // or unexpected tensor, or a shape that disagrees with the config, is an error naming both.
-void load_model_weights(const std::string& dir, Decoder& model, Device& dev);
+// A PEFT adapter (adapter_config.json + adapter_model.safetensors) in `dir`, or in `adapter_dir` when one is
+// given (an adapter kept apart from its base, as PEFT saves and the Hub serves them; `dir` must then hold
+// none), is read into the model's adapters when it has LoRA, else merged into the weights it adapts.
+void load_model_weights(const std::string& dir, Decoder& model, Device& dev,
+                        const std::string& adapter_dir = "");
 
 // Either family: the Decoder's functions above, or (BERT) save_bert_model's output in `dtype` /
 // load_bert_weights. The BERT loader's report (head tensors the directory lacks, which keep their values;
 // tensors skipped) is returned; it is empty for decoders.
 void save_model(const std::string& dir, const Model& model, Device& dev, DType dtype = DType::F32);
-BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev);
+BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev,
+                                  const std::string& adapter_dir = "");
 void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev);
 // Restores every state buffer; a checkpoint of another optimizer, or a buffer whose name, type or size
 // differs, is an error naming the file and what differs.

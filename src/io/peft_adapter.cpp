@@ -52,6 +52,16 @@ bool has_peft_adapter(const std::string& dir) {
   return fs::exists(dir + "/" + kAdapterConfigFile);
 }
 
+std::string adapter_base_model(const std::string& dir) {
+  try {
+    const json j = json::parse(read_text_file(dir + "/" + kAdapterConfigFile));
+    if (j.is_object() && j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
+      return "'" + j["base_model_name_or_path"].get<std::string>() + "'";
+  } catch (const json::exception&) {
+  }
+  return "not named";
+}
+
 void write_peft_adapter(const std::string& dir, const ParamLayout& layout, const float* host) {
   if (!layout.lora().enabled()) return;
   SafeTensorsWriter w;

@@ -19,6 +19,8 @@ inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
 
 // Whether `dir` holds an adapter (adapter_config.json).
 bool has_peft_adapter(const std::string& dir);
+// Its adapter_config.json's base_model_name_or_path, quoted, or "not named" (for messages).
+std::string adapter_base_model(const std::string& dir);
 
 // Writes the adapter tensors of `layout` (read from `host`, fp32 in the flat layout) and the adapter config
 // into `dir`; nothing when the layout has no adapters.

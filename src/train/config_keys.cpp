@@ -71,6 +71,13 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .type = "bool",
      .meaning =
          R"md(Rank-stabilised LoRA: scale by `lora_alpha / sqrt(lora_r)` instead of `lora_alpha / lora_r`.)md"},
+    {.key = "lora_adapter",
+     .section = "Model",
+     .type = "string",
+     .meaning =
+         R"md(A PEFT LoRA adapter directory (`adapter_config.json`, `adapter_model.safetensors`) kept apart from its base (`model_name_or_path`), as PEFT saves adapters and the Hub serves them: the run's adapters start from its factors instead of their initialisation (PEFT's `PeftModel.from_pretrained(base, dir, is_trainable=True)`). `lora_r`, `lora_alpha`, `use_rslora` and `lora_target_modules` must be the adapter's (a difference is an error naming both). A resumed run takes its adapters from the checkpoint. `anvil generate`, `logits` and `convert` take such a directory as `--adapter`, merged into the base. See [lora.md](lora.md).)md",
+     .default_text = "`\"\"` (adapters start from their initialisation)",
+     .summary = "A PEFT adapter directory apart from its base: the run's adapters start from it."},
     {.key = "lora_target_modules",
      .section = "Model",
      .type = "string",

@@ -233,6 +233,7 @@ const std::map<std::string, Setter>& setters() {
     num_field("lora_dropout", &TrainConfig::lora_dropout);
     bool_field("use_rslora", &TrainConfig::use_rslora);
     str_field("lora_target_modules", &TrainConfig::lora_target_modules);
+    str_field("lora_adapter", &TrainConfig::lora_adapter);
     str_field("quantization", &TrainConfig::quantization);
     str_field("tokenizer", &TrainConfig::tokenizer);
     str_field("train_data", &TrainConfig::train_data);
@@ -628,6 +629,15 @@ void TrainConfig::validate(const std::string& s) const {
                   "stochastic_rounding",
                   blame({"stochastic_rounding", "lora_r"}));
   }
+  if (!lora_adapter.empty()) {
+    ANVIL_REQUIRE(lora_r > 0,
+                  "{}: lora_adapter's factors start the run's LoRA adapters: set lora_r, lora_alpha and "
+                  "lora_target_modules as its adapter_config.json has them",
+                  blame({"lora_adapter", "lora_r"}));
+    ANVIL_REQUIRE(!init_from.empty(),
+                  "{}: lora_adapter needs its base model: set model_name_or_path to the base's directory",
+                  blame({"lora_adapter", "model_name_or_path"}));
+  }
   if (parse_weight_storage(quantization, subject("quantization").c_str()) != WeightStorage::Compute) {
     ANVIL_REQUIRE(lora_r > 0,
                   "{}: a quantized base trains through LoRA adapters only (QLoRA): set lora_r (e.g. 16), or "
@@ -753,6 +763,7 @@ json TrainConfig::to_json() const {
           {"lora_dropout", lora_dropout},
           {"use_rslora", use_rslora},
           {"lora_target_modules", lora_target_modules},
+          {"lora_adapter", lora_adapter},
           {"quantization", quantization},
           {"tokenizer", tokenizer},
           {"train_data", train_data},

@@ -296,7 +296,9 @@ void Run::load_weights() {
   if (weights_from_.empty() || task_->init_before_load() || e.model().layout().lora().enabled())
     e.model().init_weights(cfg_.seed, e.device());
   if (weights_from_.empty()) return;
-  const io::BertLoadReport report = io::load_model_weights(weights_from_, e.model(), e.device());
+  // A run's starting adapter kept apart from its base (lora_adapter); a resumed run's are in the checkpoint.
+  const io::BertLoadReport report =
+      io::load_model_weights(weights_from_, e.model(), e.device(), resume_state_ ? "" : cfg_.lora_adapter);
   if (!report.kept.empty())
     fmt::print("  newly initialised (not in {}): {}\n", weights_from_, join_names(report.kept));
   if (!report.ignored.empty())

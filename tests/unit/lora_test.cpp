@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -799,6 +800,78 @@ TEST(LoraTrain, ExampleConfigReads) {
   EXPECT_EQ(l.scale(), 2.0f);
   EXPECT_EQ(l.target_modules, std::vector<std::string>{"all-linear"});
   EXPECT_EQ(cfg.init_from, "runs/llama_tiny/checkpoint-240");
+}
+
+// A PEFT adapter kept apart from its base (as PEFT saves adapters and the Hub serves them): a run started
+// from the base with lora_adapter trains as the run started from the directory holding both, and logits /
+// convert with --adapter give what they give for that directory.
+TEST(LoraAdapterApart, AsTheDirectoryHoldingBoth) {
+  namespace fs = std::filesystem;
+  test::ByteCorpus c;
+  test::quietly([&] { return train(lora_run(c, c.dir / "first", 3)); });
+  const fs::path ckpt = c.dir / "first/checkpoint-3", base = c.dir / "base", adapter = c.dir / "adapter";
+  fs::create_directories(base);
+  fs::create_directories(adapter);
+  for (const char* f : {"model.safetensors", "config.json"}) fs::copy_file(ckpt / f, base / f);
+  for (const char* f : {"adapter_model.safetensors", "adapter_config.json"})
+    fs::copy_file(ckpt / f, adapter / f);
+
+  TrainConfig both = lora_run(c, c.dir / "both", 3);
+  both.init_from = ckpt.string();
+  TrainConfig apart = lora_run(c, c.dir / "apart", 3);
+  apart.init_from = base.string();
+  apart.lora_adapter = adapter.string();
+  apart.validate("test");
+  test::quietly([&] { return train(both); });
+  test::quietly([&] { return train(apart); });
+  const std::vector<double> lb = test::metrics_losses(c.dir / "both/metrics.jsonl"),
+                            la = test::metrics_losses(c.dir / "apart/metrics.jsonl");
+  ASSERT_EQ(lb.size(), 3u);
+  EXPECT_EQ(la, lb);
+  // (Not the adapter's initialisation: a run from the base alone starts elsewhere.)
+  TrainConfig fresh = lora_run(c, c.dir / "fresh", 1);
+  fresh.init_from = base.string();
+  test::quietly([&] { return train(fresh); });
+  EXPECT_NE(test::metrics_losses(c.dir / "fresh/metrics.jsonl")[0], lb[0]);
+
+  const std::string ids = c.dir / "ids.safetensors";
+  {
+    io::SafeTensorsWriter w;
+    const std::vector<int32_t> v = {72, 101, 108, 108, 111, 32, 119, 111};
+    w.add("input_ids", DType::I32, {1, 8}, v.data());
+    w.write(ids);
+  }
+  auto logits_of = [&](const std::string& flags, const std::string& out) {
+    const test::CommandResult r =
+        test::run_anvil("logits --input_ids " + ids + " --output " + out + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return test::read_file(out);
+  };
+  EXPECT_EQ(logits_of("--checkpoint " + base.string() + " --adapter " + adapter.string(), c.dir / "a.st"),
+            logits_of("--checkpoint " + ckpt.string(), c.dir / "b.st"));
+  for (const auto& [flags, out] :
+       {std::pair{"--input " + base.string() + " --adapter " + adapter.string(), std::string(c.dir / "m1")},
+        std::pair{"--input " + ckpt.string(), std::string(c.dir / "m2")}}) {
+    const test::CommandResult r = test::run_anvil("convert " + flags + " --output " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  EXPECT_EQ(test::read_file(c.dir / "m1/model.safetensors"), test::read_file(c.dir / "m2/model.safetensors"));
+
+  // What is refused, and what to do instead.
+  auto fails_with = [&](const std::string& flags, const std::string& needle) {
+    const test::CommandResult r = test::run_anvil("logits --input_ids " + ids + " --output " +
+                                                  std::string(c.dir / "x.st") + " " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  };
+  fails_with("--checkpoint " + ckpt.string() + " --adapter " + adapter.string(),
+             "holds an adapter of its own");
+  fails_with("--checkpoint " + base.string() + " --adapter " + base.string(), "no adapter_config.json");
+  fails_with("--checkpoint " + adapter.string(), "holds a PEFT adapter only");
+  test::expect_error([&] { lora_run(c, c.dir / "e", 1, R"({"lora_r": 0, "lora_adapter": "x"})"); },
+                     {"lora_adapter", "set lora_r"});
+  test::expect_error([&] { lora_run(c, c.dir / "e", 1, R"({"lora_adapter": "x"})"); },
+                     {"lora_adapter", "model_name_or_path"});
 }
 
 TEST(LoraTrain, Errors) {
