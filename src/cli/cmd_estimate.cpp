@@ -534,8 +534,9 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
     if (!fits) {
       if (alternatives.empty()) fmt::print("no micro-batch / checkpointing combination fits\n");
       for (const MemoryEstimate& a : alternatives)
-        fmt::print("  {}    # total {}, ~{:.2f}x time per token\n", a.scenario.flags_from(s),
-                   format_bytes(a.total()), a.time_cost / e.time_cost);
+        fmt::print("  {}    # total {}{}, ~{:.2f}x time per token\n", a.scenario.flags_from(s),
+                   format_bytes(a.total()), offload_host_note(model, cfg, a.scenario, t.kind),
+                   a.time_cost / e.time_cost);
     }
   } else {
     print_no_budget_hint(t);

@@ -79,6 +79,11 @@ std::string MemoryScenario::flags_from(const MemoryScenario& base) const {
   }
   if (optimizer != base.optimizer) f.push_back(fmt::format("--optim {}", optimizer_name(optimizer)));
   if (zero_stage != base.zero_stage) f.push_back(fmt::format("--zero_stage {}", zero_stage));
+  if (offload != base.offload) {
+    f.push_back(fmt::format("--offload_optimizer {}", offload >= 1 ? "cpu" : "none"));
+    if (offload == 2 || base.offload == 2)
+      f.push_back(fmt::format("--offload_param {}", offload == 2 ? "cpu" : "none"));
+  }
   std::string out;
   for (const std::string& s : f) out += (out.empty() ? "" : " ") + s;
   return out;
@@ -87,7 +92,7 @@ std::string MemoryScenario::flags_from(const MemoryScenario& base) const {
 bool MemoryScenario::operator==(const MemoryScenario& o) const {
   return micro_batch == o.micro_batch && accumulation == o.accumulation &&
          same_policy(checkpointing, o.checkpointing) && precision == o.precision &&
-         optimizer == o.optimizer && zero_stage == o.zero_stage;
+         optimizer == o.optimizer && zero_stage == o.zero_stage && offload == o.offload;
 }
 
 MemoryScenario scenario_of(const TrainConfig& cfg) {
@@ -99,6 +104,7 @@ MemoryScenario scenario_of(const TrainConfig& cfg) {
   s.precision = rc.precision;
   s.optimizer = rc.optimizer;
   s.zero_stage = cfg.zero_stage;
+  s.offload = cfg.offload_param == "cpu" ? 2 : cfg.offload_optimizer == "cpu" ? 1 : 0;
   return s;
 }
 
@@ -107,6 +113,8 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
   cfg.per_device_train_batch_size = s.micro_batch;
   cfg.gradient_accumulation_steps = s.accumulation;
   cfg.zero_stage = s.zero_stage;
+  cfg.offload_optimizer = s.offload >= 1 ? "cpu" : "none";
+  cfg.offload_param = s.offload == 2 ? "cpu" : "none";
   cfg.gradient_checkpointing = s.checkpointing.mode != CheckpointMode::None;
   if (cfg.gradient_checkpointing) {
     cfg.gradient_checkpointing_mode = checkpoint_mode_name(s.checkpointing.mode);
@@ -162,7 +170,8 @@ double relative_time_per_token(const TransformerConfig& m, int seq_len, const Me
   }
   const double tokens = double(s.micro_batch) * seq_len;
   return (step + recompute) / step * (1 + kMicroBatchFixedTokens / tokens) *
-         kZeroStageTimeFactor[std::clamp(s.zero_stage, 0, 3)];
+         kZeroStageTimeFactor[std::clamp(s.zero_stage, 0, 3)] *
+         kOffloadTimeFactor[std::clamp(s.offload, 0, 2)];
 }
 
 int max_zero_stage(const TransformerConfig& model) {
@@ -282,27 +291,55 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
     for (int stage = 0; stage <= max_zero_stage(model); ++stage)
       if (stage != configured.zero_stage && (stage > 0 || cfg.offload_optimizer != "cpu"))
         stages.push_back(stage);  // (offload with several processes needs a stage: each rank its shard)
+  // Offload (full training, where the config allows it: no LoRA, no stochastic rounding): the optimizer; the
+  // optimizer and ZeRO-3's weight shard (decoders). Several processes offload under a ZeRO stage only.
+  std::vector<std::pair<int, int>> offloads;  // (offload, the stage it needs or -1)
+  if (cfg.lora_r == 0 && !cfg.stochastic_rounding) {
+    if (configured.offload < 1) offloads.push_back({1, -1});
+    if (configured.offload < 2 && max_zero_stage(model) >= 3) offloads.push_back({2, 3});
+  }
+  const bool many = dist::read_dist_env().world_size > 1;
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)
       for (int stage : stages)
-        for (int micro : halving_chain(configured.micro_batch)) {
-          MemoryScenario s = with_micro_batch(configured, micro, effective);
-          if (micro == configured.micro_batch) s.accumulation = configured.accumulation;
-          s.checkpointing = policy;
-          s.precision = precision;
-          s.zero_stage = stage;
-          if (s == configured) continue;
-          MemoryEstimate e = estimate_memory(model, with_scenario(cfg, s), device, overhead);
-          if (e.arena <= arena_budget) {  // the largest micro-batch of this combination that fits
-            found.push_back(std::move(e));
-            break;
+        for (int offload = configured.offload; offload <= 2; ++offload)
+          for (int micro : halving_chain(configured.micro_batch)) {
+            MemoryScenario s = with_micro_batch(configured, micro, effective);
+            if (micro == configured.micro_batch) s.accumulation = configured.accumulation;
+            s.checkpointing = policy;
+            s.precision = precision;
+            s.zero_stage = stage;
+            if (offload != configured.offload) {
+              const auto it = std::find_if(offloads.begin(), offloads.end(),
+                                           [&](const auto& o) { return o.first == offload; });
+              if (it == offloads.end()) break;
+              if (it->second >= 0) {  // parameter offload: stage 3 (once, whatever the stage axis holds)
+                if (stage != configured.zero_stage) break;
+                s.zero_stage = it->second;
+              }
+              if (many && s.zero_stage == 0) break;
+              s.offload = offload;
+            }
+            if (s == configured) continue;
+            MemoryEstimate e = estimate_memory(model, with_scenario(cfg, s), device, overhead);
+            if (e.arena <= arena_budget) {  // the largest micro-batch of this combination that fits
+              found.push_back(std::move(e));
+              break;
+            }
           }
-        }
   std::stable_sort(found.begin(), found.end(), [](const MemoryEstimate& a, const MemoryEstimate& b) {
     return a.time_cost != b.time_cost ? a.time_cost < b.time_cost : a.arena < b.arena;
   });
   if (found.size() > size_t(max_results)) found.resize(size_t(max_results));
   return found;
+}
+
+std::string offload_host_note(const TransformerConfig& model, const TrainConfig& cfg, const MemoryScenario& s,
+                              DeviceKind device) {
+  if (s.offload == 0) return "";
+  const std::optional<MemoryPlan> h =
+      host_optimizer_plan(model, training_engine_options(with_scenario(cfg, s), device));
+  return h ? fmt::format(" and {} of host memory", format_bytes(h->total_bytes())) : "";
 }
 
 std::optional<MemoryScenario> find_batch_size(const TransformerConfig& model, const TrainConfig& cfg,
@@ -366,8 +403,9 @@ MemoryFit fit_to_memory(const TrainConfig& cfg, const TransformerConfig& model, 
     msg +=
         "configurations that fit, cheapest first (time per token estimated relative to the configured run):";
     for (const MemoryEstimate& a : alternatives)
-      msg += fmt::format("\n  {}    # plan {}, ~{:.2f}x time per token", a.scenario.flags_from(configured),
-                         format_bytes(a.arena), a.time_cost / e.time_cost);
+      msg += fmt::format("\n  {}    # plan {}{}, ~{:.2f}x time per token", a.scenario.flags_from(configured),
+                         format_bytes(a.arena), offload_host_note(model, cfg, a.scenario, device),
+                         a.time_cost / e.time_cost);
   }
   throw Error(msg);
 }

@@ -23,6 +23,9 @@ struct MemoryScenario {
   Precision precision = Precision::FP32;
   OptimizerKind optimizer = OptimizerKind::AdamW;
   int zero_stage = 0;  // zero_stage (it changes memory with several processes only)
+  // Offload to the host: 0 none, 1 the optimizer (offload_optimizer cpu), 2 the optimizer and ZeRO-3's weight
+  // shard (offload_param cpu; zero_stage 3, with one process too).
+  int offload = 0;
 
   int64_t effective_batch() const { return int64_t(micro_batch) * accumulation; }
   std::string checkpointing_name() const;  // none | full | selective, with " every N" when N > 1
@@ -32,6 +35,9 @@ struct MemoryScenario {
 };
 
 MemoryScenario scenario_of(const TrainConfig& cfg);
+// " and <bytes> of host memory" for a scenario that offloads (its host share, per process), else "".
+std::string offload_host_note(const TransformerConfig& model, const TrainConfig& cfg, const MemoryScenario& s,
+                              DeviceKind device);
 TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s);
 // `s` with micro-batch `micro` and the accumulation that keeps `effective_batch`: ceil(effective / micro)
 // (so the effective batch is kept exactly when `micro` divides it, else rounded up to a multiple of it).
@@ -50,6 +56,10 @@ std::vector<OptimizerKind> plannable_optimizers();
 // measurement (docs/memory.md).
 constexpr double kMicroBatchFixedTokens = 256;
 constexpr double kZeroStageTimeFactor[4] = {1.0, 1.02, 1.01, 1.10};
+// Offload's factor (offload none / optimizer / optimizer and weights): the update on the CPU, bound by the
+// host's memory bandwidth, made the Llama-1B step about 4x longer on an H200 (docs/memory.md), and the
+// weights' copies add to it.
+constexpr double kOffloadTimeFactor[3] = {1.0, 4.0, 4.3};
 // The ZeRO stages a model runs: 0-3 for decoders, 0-2 for BERT (whose weights stay whole).
 int max_zero_stage(const TransformerConfig& model);
 double relative_time_per_token(const TransformerConfig& model, int seq_len, const MemoryScenario& s);

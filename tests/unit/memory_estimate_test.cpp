@@ -309,6 +309,34 @@ TEST(MemoryFit, OutOfMemoryListsTheCheapestConfigurationsThatFit) {
       {"out of memory at start-up", "not even micro-batch 1 fits", "gradient_checkpointing"});
 }
 
+// When only the model states stand in the way, offload is proposed (with the host memory it takes), and
+// the flags give that plan.
+TEST(MemoryFit, OffloadIsProposedWhenTheModelStatesDoNotFit) {
+  const TrainConfig cfg = small_config(1);
+  TrainConfig off = cfg;
+  off.offload_optimizer = "cpu";
+  const size_t budget = arena_of(off);
+  ASSERT_LT(budget, arena_of(cfg));
+  const std::vector<MemoryEstimate> alternatives =
+      cheapest_fitting(cfg.model, cfg, DeviceKind::CPU, budget, 0);
+  ASSERT_FALSE(alternatives.empty());
+  bool offloads = false;
+  for (const MemoryEstimate& a : alternatives) {
+    EXPECT_LE(a.arena, budget);
+    EXPECT_GT(a.scenario.offload, 0) << a.scenario.flags_from(scenario_of(cfg));  // nothing else fits
+    offloads |= a.scenario.flags_from(scenario_of(cfg)) == "--offload_optimizer cpu";
+  }
+  EXPECT_TRUE(offloads);
+  EXPECT_EQ(arena_of(with_scenario(cfg, alternatives.front().scenario)), alternatives.front().arena);
+  test::expect_error([&] { fit_to_memory(cfg, cfg.model, DeviceKind::CPU, budget, 0, "test device"); },
+                     {"--offload_optimizer cpu", "of host memory"});
+  // Not under LoRA (its state is small) or stochastic rounding (the host rounds to nearest).
+  TrainConfig sr = cfg;
+  sr.bf16 = true, sr.stochastic_rounding = true;
+  for (const MemoryEstimate& a : cheapest_fitting(sr.model, sr, DeviceKind::CPU, budget, 0))
+    EXPECT_EQ(a.scenario.offload, 0);
+}
+
 TEST(MemoryFit, FlagsOfAScenario) {
   MemoryScenario base = scenario_of(small_config(8));
   MemoryScenario s = with_micro_batch(base, 2, 8);
@@ -320,6 +348,10 @@ TEST(MemoryFit, FlagsOfAScenario) {
   base.checkpointing = {CheckpointMode::Full, 2};
   EXPECT_EQ(back.flags_from(base), "--gradient_checkpointing false");
   EXPECT_EQ(base.checkpointing_name(), "full every 2");
+  MemoryScenario both = back;
+  both.zero_stage = 3, both.offload = 2;
+  EXPECT_EQ(both.flags_from(back), "--zero_stage 3 --offload_optimizer cpu --offload_param cpu");
+  EXPECT_EQ(back.flags_from(both), "--zero_stage 0 --offload_optimizer none --offload_param none");
 }
 
 // --- the command ----------------------------------------------------------------------------------
