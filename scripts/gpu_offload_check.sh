@@ -15,6 +15,8 @@
 #     (anvil launch): the losses of the run without offload within 1e-3 relative over 20 steps
 #   big3: the Llama-3.1-8B shape, full training with fp32 AdamW, on one GPU with zero_stage 3, offload_param
 #     and offload_optimizer cpu (DeepSpeed's ZeRO-Infinity CPU configuration), 3 steps
+#   big3x2 (2 GPUs): big3 on two GPUs (anvil launch), each rank offloading its shard
+#   bandwidth: bench/probes/host_memory_bandwidth.cpp (the host's copy / triad / AdamW-shaped GB/s)
 #   big8: the big run again with the faster 8-bit requantisation, 3 steps
 # CHECKS="equal resume" runs those only (resume needs equal's run). Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
@@ -108,6 +110,19 @@ big3() {
   "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit|host|offload"
   "$build/anvil" train "${flags[@]}" --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 \
     --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/big3"
+}
+big3x2() {
+  [ -s "$w/tokens_128256.bin" ] || python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from benchlib.shards import write_random_shard
+write_random_shard('$w/tokens_128256.bin', 400_000, 128256)"
+  "$build/anvil" launch --nproc_per_node 2 train --model llama-8b --bf16 --per_device_train_batch_size 1 \
+    --max_seq_length 2048 --gradient_checkpointing true --zero_stage 3 --offload_optimizer cpu --offload_param cpu \
+    --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 --logging_steps 1 --learning_rate 1e-5 \
+    --save_strategy no --sample_prompt "" --output_dir "$w/big3x2"
+}
+bandwidth() {
+  g++ -O3 -march=native -fopenmp bench/probes/host_memory_bandwidth.cpp -o "$w/hmb" && "$w/hmb"
 }
 big8() {
   "$build/anvil" train --model llama-8b --bf16 --optim adamw_8bit --per_device_train_batch_size 1 --max_seq_length 2048 \

@@ -283,6 +283,17 @@ TEST(OffloadParam, ShardOnTheHostInThePlans) {
   EXPECT_NE(r.output.find("weights (offload_param, pinned)"), std::string::npos) << r.output;
 }
 
+// The example DeepSpeed config (the DeepSpeed guide's ZeRO-3 with both offloads) plans stage 3 with the
+// weights and the optimizer on the host, with one process.
+TEST(OffloadParam, ExampleDeepSpeedConfigPlans) {
+  const std::string path = std::string(ANVIL_SOURCE_DIR) + "/examples/deepspeed_zero3_offload.json";
+  const test::CommandResult r = test::run_anvil(
+      "estimate --model llama-tiny --device cpu --bf16 --per_device_train_batch_size 2 --deepspeed " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"weights (offload_param, pinned)", "master weights (fp32, host)", "weight slots"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+}
+
 TEST(OffloadErrors, SayWhatToDo) {
   test::ByteCorpus c;
   const std::string out = c.dir / "e";
