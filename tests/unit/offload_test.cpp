@@ -290,7 +290,8 @@ TEST(OffloadParam, ExampleDeepSpeedConfigPlans) {
   const test::CommandResult r = test::run_anvil(
       "estimate --model llama-tiny --device cpu --bf16 --per_device_train_batch_size 2 --deepspeed " + path);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* needle : {"weights (offload_param, pinned)", "master weights (fp32, host)", "weight slots"})
+  for (const char* needle :
+       {"weights (offload_param, pinned)", "master weights (fp32, host)", "weight slots"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }
 
