@@ -28,10 +28,30 @@ void adamw_fused_t(float* param, const void* grad_, void* m_, void* v_, size_t n
   const float bc2_sqrt = float(std::sqrt(sv.bias2));
   const uint64_t seed = sv.moment_seed;
   const float grad_scale = effective_grad_scale(a);
+  const float beta1 = a.beta1, beta2 = a.beta2, eps = a.eps;
   for_each_range(t, n, [&](size_t begin, size_t end, int g, size_t state_begin) {
     // PyTorch's arithmetic, with the group's lr and weight decay.
     const float step_size = float(sv.lr[g] / bc1);
     const float decay = 1.0f - sv.lr[g] * a.weight_decay[g];
+    if constexpr (!kBf16Moments) {
+      // fp32 moments: the same arithmetic over restrict pointers and local constants, so that the compiler
+      // vectorises it (the offloaded optimizer's update of a whole model runs here).
+      float* __restrict p = param + begin;
+      const storage_t<G>* __restrict gp = grad + begin;
+      float* __restrict m = static_cast<float*>(m_) + state_begin;
+      float* __restrict v = static_cast<float*>(v_) + state_begin;
+      const int64_t count = int64_t(end - begin);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        const float gr = Storage<G>::load(gp[i]) * grad_scale;
+        const float mi = beta1 * m[i] + (1.0f - beta1) * gr;
+        const float vi = beta2 * v[i] + (1.0f - beta2) * gr * gr;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+      }
+      return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = int64_t(begin); i < int64_t(end); ++i) {
       const size_t s = state_begin + size_t(i) - begin;
