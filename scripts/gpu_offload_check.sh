@@ -32,15 +32,24 @@ common=(--model llama-tiny --train_data "$w/data/train.bin" --device cuda --bf16
 losses() {  # RUN: the training losses of metrics.jsonl, one per line
   python3 -c "import json,sys; [print(j['loss']) for j in map(json.loads, open(sys.argv[1])) if 'loss' in j and 'eval_loss' not in j]" "$1/metrics.jsonl"
 }
-equal() {
-  "$build/anvil" train "${common[@]}" --output_dir "$w/device" || return 1
-  "$build/anvil" train "${common[@]}" --offload_optimizer cpu --output_dir "$w/host" || return 1
-  paste <(losses "$w/device") <(losses "$w/host") | python3 -c "
+close() {  # RUN_A RUN_B LABEL: the two runs' 20 losses within 1e-3 relative
+  paste <(losses "$1") <(losses "$2") | python3 -c "
 import sys
 rows = [tuple(map(float, l.split())) for l in sys.stdin]
 worst = max(abs(a - b) / a for a, b in rows)
-print('steps', len(rows), 'worst relative loss difference', worst)
+print('$3' + ('' if '$3' == '' else ': ') + 'steps', len(rows), 'worst relative loss difference', worst)
 assert len(rows) == 20 and worst < 1e-3"
+}
+random_tokens() {  # the 128256-token shard of the big runs, once
+  [ -s "$w/tokens_128256.bin" ] || python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from benchlib.shards import write_random_shard
+write_random_shard('$w/tokens_128256.bin', 400_000, 128256)"
+}
+equal() {
+  "$build/anvil" train "${common[@]}" --output_dir "$w/device" || return 1
+  "$build/anvil" train "${common[@]}" --offload_optimizer cpu --output_dir "$w/host" || return 1
+  close "$w/device" "$w/host" ""
 }
 resume() {
   "$build/anvil" train "${common[@]}" --offload_optimizer cpu --resume_from_checkpoint "$w/host/checkpoint-10" \
@@ -52,10 +61,7 @@ big() {
     --gradient_checkpointing true)
   "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit"
   "$build/anvil" estimate "${flags[@]}" --gpu h100 --offload_optimizer cpu | grep -E "^  total|fit|host|total "
-  python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from benchlib.shards import write_random_shard
-write_random_shard('$w/tokens_128256.bin', 200_000, 128256)"
+  random_tokens
   "$build/anvil" train "${flags[@]}" --offload_optimizer cpu --device cuda --train_data "$w/tokens_128256.bin" \
     --max_steps 4 --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" \
     --output_dir "$w/big"
@@ -65,19 +71,11 @@ zero() {
     "$build/anvil" launch --nproc_per_node 2 train "${common[@]}" --zero_stage $stage --output_dir "$w/z$stage" || return 1
     "$build/anvil" launch --nproc_per_node 2 train "${common[@]}" --zero_stage $stage --offload_optimizer cpu \
       --output_dir "$w/z${stage}off" || return 1
-    paste <(losses "$w/z$stage") <(losses "$w/z${stage}off") | python3 -c "
-import sys
-rows = [tuple(map(float, l.split())) for l in sys.stdin]
-worst = max(abs(a - b) / a for a, b in rows)
-print('stage $stage: steps', len(rows), 'worst relative loss difference', worst)
-assert len(rows) == 20 and worst < 1e-3" || return 1
+    close "$w/z$stage" "$w/z${stage}off" "stage $stage" || return 1
   done
 }
 speed() {
-  python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from benchlib.shards import write_random_shard
-write_random_shard('$w/tokens_128256.bin', 400_000, 128256)"
+  random_tokens
   local flags=(--model llama-1b --bf16 --per_device_train_batch_size 4 --max_seq_length 2048 --device cuda
     --train_data "$w/tokens_128256.bin" --max_steps 8 --logging_steps 1 --learning_rate 1e-5 --save_strategy no
     --sample_prompt "")
@@ -96,12 +94,7 @@ param() {
   for i in "${!half[@]}"; do [ "${half[$i]}" = --per_device_train_batch_size ] && half[$((i + 1))]=4; done
   "$build/anvil" launch --nproc_per_node 2 train "${half[@]}" "${off[@]}" --output_dir "$w/p2" || return 1
   for run in p1 p2; do
-    paste <(losses "$w/p0") <(losses "$w/$run") | python3 -c "
-import sys
-rows = [tuple(map(float, l.split())) for l in sys.stdin]
-worst = max(abs(a - b) / a for a, b in rows)
-print('$run: steps', len(rows), 'worst relative loss difference', worst)
-assert len(rows) == 20 and worst < 1e-3" || return 1
+    close "$w/p0" "$w/$run" "$run" || return 1
   done
 }
 big3() {
@@ -112,10 +105,7 @@ big3() {
     --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/big3"
 }
 big3x2() {
-  [ -s "$w/tokens_128256.bin" ] || python3 -c "
-import sys; sys.path.insert(0, 'bench')
-from benchlib.shards import write_random_shard
-write_random_shard('$w/tokens_128256.bin', 400_000, 128256)"
+  random_tokens
   "$build/anvil" launch --nproc_per_node 2 train --model llama-8b --bf16 --per_device_train_batch_size 1 \
     --max_seq_length 2048 --gradient_checkpointing true --zero_stage 3 --offload_optimizer cpu --offload_param cpu \
     --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 --logging_steps 1 --learning_rate 1e-5 \
