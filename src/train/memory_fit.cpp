@@ -291,13 +291,10 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
     for (int stage = 0; stage <= max_zero_stage(model); ++stage)
       if (stage != configured.zero_stage && (stage > 0 || cfg.offload_optimizer != "cpu"))
         stages.push_back(stage);  // (offload with several processes needs a stage: each rank its shard)
-  // Offload (full training, where the config allows it: no LoRA, no stochastic rounding): the optimizer; the
-  // optimizer and ZeRO-3's weight shard (decoders). Several processes offload under a ZeRO stage only.
-  std::vector<std::pair<int, int>> offloads;  // (offload, the stage it needs or -1)
-  if (cfg.lora_r == 0 && !cfg.stochastic_rounding) {
-    if (configured.offload < 1) offloads.push_back({1, -1});
-    if (configured.offload < 2 && max_zero_stage(model) >= 3) offloads.push_back({2, 3});
-  }
+  // Offload (full training, where the config allows it: no LoRA, no stochastic rounding): 1 the optimizer;
+  // 2 the optimizer and ZeRO-3's weight shard (decoders; stage 3 whatever the stage axis holds, taken once).
+  // Several processes offload under a ZeRO stage only.
+  const bool can_offload = cfg.lora_r == 0 && !cfg.stochastic_rounding;
   const bool many = dist::read_dist_env().world_size > 1;
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)
@@ -310,12 +307,10 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
             s.precision = precision;
             s.zero_stage = stage;
             if (offload != configured.offload) {
-              const auto it = std::find_if(offloads.begin(), offloads.end(),
-                                           [&](const auto& o) { return o.first == offload; });
-              if (it == offloads.end()) break;
-              if (it->second >= 0) {  // parameter offload: stage 3 (once, whatever the stage axis holds)
+              if (!can_offload || (offload == 2 && max_zero_stage(model) < 3)) break;
+              if (offload == 2) {
                 if (stage != configured.zero_stage) break;
-                s.zero_stage = it->second;
+                s.zero_stage = 3;
               }
               if (many && s.zero_stage == 0) break;
               s.offload = offload;

@@ -43,6 +43,16 @@ std::string file_bytes(const std::string& path) {
   return test::read_file(path);
 }
 
+// `cfg` resumed from the run without offload's step-3 checkpoint (c.dir/device) gives `uninterrupted`'s
+// steps 4-6 exactly.
+void expect_resume_continues(const test::ByteCorpus& c, json cfg, const std::vector<double>& uninterrupted) {
+  cfg["resume_from_checkpoint"] = c.dir / "device/checkpoint-3";
+  test::quietly([&] { return train(run_config(c, c.dir / "resumed", cfg)); });
+  const std::vector<double> r = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(r.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i], uninterrupted[3 + i]) << "step " << 4 + i;
+}
+
 class Offload : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(Offload, EqualsTheRunWithoutIt) {
@@ -64,12 +74,7 @@ TEST_P(Offload, EqualsTheRunWithoutIt) {
     EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/" + f), file_bytes(c.dir / "host/checkpoint-6/" + f))
         << f;
   // A checkpoint of either resumes the other: steps 4-6 again, from the run without offload's step 3.
-  json resumed = off;
-  resumed["resume_from_checkpoint"] = c.dir / "device/checkpoint-3";
-  test::quietly([&] { return train(run_config(c, c.dir / "resumed", resumed)); });
-  const std::vector<double> r = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
-  ASSERT_EQ(r.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i], a[3 + i]) << "step " << 4 + i;
+  expect_resume_continues(c, off, a);
 }
 
 // AdamW in every precision; the other optimizers in bf16 (the update is the optimizer's own CPU kernel either
@@ -223,12 +228,7 @@ TEST(OffloadParam, OneProcessEqualsTheRunWithoutOffload) {
   EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/model.safetensors"),
             file_bytes(c.dir / "host/checkpoint-6/model.safetensors"));
   EXPECT_TRUE(fs::exists(c.dir / "host/checkpoint-6/zero/optimizer-rank-00000-of-00001.safetensors"));
-  json resumed = off;
-  resumed["resume_from_checkpoint"] = c.dir / "device/checkpoint-3";
-  test::quietly([&] { return train(run_config(c, c.dir / "resumed", resumed)); });
-  const std::vector<double> r = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
-  ASSERT_EQ(r.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i], a[3 + i]) << "step " << 4 + i;
+  expect_resume_continues(c, off, a);
 }
 
 // With 2 processes each rank's weight shard is on its host: the run is stage 3 with optimizer offload,
