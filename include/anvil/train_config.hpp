@@ -93,7 +93,8 @@ struct TrainConfig {
   // (gathered unit by unit). DeepSpeed's zero_optimization.stage.
   int zero_stage = 0;
   // Where the fp32 master weights and the optimizer state live and the update runs: "none" (the device) or
-  // "cpu" (host memory, updated by the CPU: DeepSpeed's offload_optimizer; src/offload/).
+  // "cpu" (host memory, updated by the CPU: DeepSpeed's offload_optimizer; src/offload/). Under zero_stage 2
+  // or 3 (one process too) the shard's gradients live in host memory as well.
   std::string offload_optimizer = "none";
   // Where each rank's shard of the compute-type weights lives under ZeRO stage 3: "none" (the device) or
   // "cpu" (pinned host memory, copied in as each unit is gathered: DeepSpeed's offload_param). Needs

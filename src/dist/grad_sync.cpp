@@ -20,6 +20,7 @@ GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, c
       kept_type_(store.precision().grad),
       comm_type_(store.comm_type()),
       staged_(store.comm_staged()),
+      overwrite_first_(store.grads_on_host()),
       pending_begin_(store.numel()),
       pending_end_(store.numel()) {
   if (by_unit_) {
@@ -103,7 +104,7 @@ void GradSync::add_piece(int unit) {
   if (lo < hi) {
     const char* slot = static_cast<const char*>(store_.comm_grad_at(u.offset));
     ops_->convert_grads(store_.reduced_grad_at(lo), kept_type_, slot + dtype_bytes(comm_type_, lo - u.offset),
-                        comm_type_, hi - lo, true);
+                        comm_type_, hi - lo, !(first_ && overwrite_first_));
   }
   to_add_[size_t(unit)] = false;
 }

@@ -20,7 +20,10 @@
 // one unit, reduce-scattered inside its slot as soon as it is ready, in every micro-batch; this rank's
 // piece is added into the shard's gradients once the collective is done, at the latest when the slot goes
 // to another unit (the store's slot-reuse hook; compute waits for that unit's collective only) and at the
-// end of each micro-batch (finish). The step's first micro-batch adds into zeros (the step zeroes grads()).
+// end of each micro-batch (finish). The step's first micro-batch adds into zeros (the step zeroes grads()),
+// except where the shard's gradients are in host memory (ParamStore::grads_on_host, gradient offload): there
+// the first micro-batch's pieces overwrite it, written by the device over the bus (no memset of host memory
+// on the device), and the later ones add.
 //
 // The communication type (communication_data_type, ParamStore::set_comm_type). When it differs from the
 // gradient type (fp32 gradients reduced in bf16 or fp16: half the bytes on the wire), each bucket or unit is
@@ -54,9 +57,14 @@ class GradSync {
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
-  // Before each micro-batch's backward: whether it is the step's last (the one that reduces; gradients by
-  // unit reduce in every micro-batch).
-  void set_last_micro_batch(bool last) { armed_ = last || by_unit_; }
+  // Before each micro-batch's backward: whether it is the step's first and last (the last one reduces;
+  // gradients by unit reduce in every micro-batch, and the first one's overwrite offloaded gradients).
+  void begin_micro_batch(bool first, bool last) {
+    armed_ = last || by_unit_;
+    first_ = first;
+  }
+  // Whether the step's first micro-batch runs other work than the later ones (its graph is another).
+  bool first_micro_batch_differs() const { return overwrite_first_; }
   bool armed() const { return armed_; }
   // Whether every micro-batch reduces (gradients by unit), not only the step's last.
   bool reduces_every_micro_batch() const { return by_unit_; }
@@ -83,8 +91,10 @@ class GradSync {
   // and what the collectives run in.
   const DType written_type_, kept_type_, comm_type_;
   const bool staged_;                  // the reduction runs in the store's staging buffer of comm_type_
+  const bool overwrite_first_;         // the first micro-batch's pieces overwrite (offloaded gradients)
   std::vector<ParamRange> trainable_;  // the trainable runs of the layout (one without frozen tensors)
   bool armed_ = false;
+  bool first_ = true;
   size_t pending_begin_, pending_end_;  // completed, not yet queued: [begin, end) in floats of the layout
   int64_t buckets_ = 0;
   // Gradients by unit: each unit's collective (Communicator::mark) and whether its piece is still to add.

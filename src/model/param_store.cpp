@@ -154,6 +154,20 @@ void ParamStore::set_weights_on_host() {
   weights_on_host_ = true;
 }
 
+void ParamStore::set_grads_on_host() {
+  ANVIL_ASSERT(grads_sharded_ && master_on_host_,
+               "set_grads_on_host: a store with sharded gradients (ZeRO-2) and its master weights on the host");
+  ANVIL_ASSERT(frozen_.empty(), "set_grads_on_host: with frozen tensors (their gradients are zeroed on the device)");
+  ANVIL_ASSERT(i_slots_ == SIZE_MAX, "set_grads_on_host after plan_memory");
+  grads_on_host_ = true;
+}
+
+void ParamStore::bind_host_grads(void* host) {
+  ANVIL_ASSERT(grads_on_host_ && (host || grad_range_.numel() == 0),
+               "bind_host_grads: after set_grads_on_host, with host memory");
+  host_grads_ = grads_ = host;
+}
+
 void ParamStore::bind_host_weights(void* host) {
   ANVIL_ASSERT(weights_on_host_ && host, "bind_host_weights: after set_weights_on_host, with host memory");
   host_weights_ = weights_ = host;
@@ -250,7 +264,8 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
         plan.add(fmt::format("weight slots ({} units gathered)", wslots_.size()), M::Weights, wslot_bytes_);
   if (grads_sharded_) {
     ANVIL_ASSERT(!grads_elsewhere, "sharded gradients cannot live in activation memory");
-    i_grads_ = plan.add("gradients (this rank's shard, reduced)", M::Gradients, grad_bytes());
+    if (!grads_on_host_)
+      i_grads_ = plan.add("gradients (this rank's shard, reduced)", M::Gradients, grad_bytes());
     i_slots_ = plan.add(fmt::format("gradient slots ({} units in backward)", slot_offset_.size()),
                         M::Gradients, slot_bytes_);
   } else if (training_ && !grads_elsewhere) {
@@ -285,6 +300,7 @@ void ParamStore::bind(const Arena& arena) {
                 ? static_cast<float*>(weights_) + (weights_sharded_ ? 0 : master_range_.begin)
             : i_master_ != SIZE_MAX ? arena.get<float>(i_master_)
                                     : nullptr;
+  if (grads_on_host_) grads_ = host_grads_;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
   if (i_slots_ != SIZE_MAX) slots_ = arena.get<char>(i_slots_);
   if (i_comm_ != SIZE_MAX) comm_ = arena.get<char>(i_comm_);

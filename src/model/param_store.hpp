@@ -142,6 +142,17 @@ class ParamStore {
   void set_weights_on_host();
   void bind_host_weights(void* host);
   bool weights_on_host() const { return weights_on_host_; }
+  // Gradient offload (before plan_memory; after set_grad_shard and set_master_on_host; no frozen tensors):
+  // the reduced gradients of the shard (grads(), reduced_grad_at) live in pinned host memory, outside the
+  // device plan, as DeepSpeed's ZeRO-Offload keeps its gradient partition; bind_host_grads gives it
+  // (grad_range().numel() elements of the gradient type, offload::HostOptimizer's). The device reaches it
+  // through unified addressing: dist::GradSync writes each unit's reduced piece there (the step's first
+  // micro-batch overwrites, the others add) and the norm reads it there; the host optimizer reads it in place.
+  // It is never zeroed on the device (a device memset of host memory is not portable): the first micro-batch
+  // overwrites every element of the shard.
+  void set_grads_on_host();
+  void bind_host_grads(void* host);
+  bool grads_on_host() const { return grads_on_host_; }
 
   // Zeroes the gradient sink (keep_trainable_only; else nothing), queued on `dev`: once, before the first
   // step, so that what the kernels add into it stays finite.
@@ -308,6 +319,8 @@ class ParamStore {
   float* host_master_ = nullptr;  // bind_host_master
   bool weights_on_host_ = false;  // set_weights_on_host
   void* host_weights_ = nullptr;  // bind_host_weights
+  bool grads_on_host_ = false;    // set_grads_on_host
+  void* host_grads_ = nullptr;    // bind_host_grads
   std::vector<TrainableRun> runs_;
   std::vector<TensorGrad> tensor_grads_;
   size_t sink_numel_ = 0, i_sink_ = SIZE_MAX;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "anvil/error.hpp"
 
@@ -25,12 +26,14 @@ size_t plan_master_and_state(MemoryPlan& plan, Optimizer& opt) {
 
 MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerKind kind,
                                            const OptimizerHyper& h, OpsPrecision kept,
-                                           std::optional<ParamRange> shard, bool weights_on_host) {
+                                           std::optional<ParamRange> shard, bool weights_on_host,
+                                           bool grads_on_host) {
   MemoryPlan plan;
   const std::unique_ptr<Optimizer> opt = make_optimizer(kind, layout, h, shard);
   plan_master_and_state(plan, *opt);
   const size_t n = opt->numel();
-  plan.add("gradients (host staging, pinned)", MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
+  plan.add(grads_on_host ? "gradients (offloaded, pinned)" : "gradients (host staging, pinned)",
+           MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
   if (weights_on_host)
     plan.add("weights (offload_param, pinned)", MemoryCategory::Weights, dtype_bytes(kept.compute, n));
   else if (kept.compute != DType::F32)
@@ -57,10 +60,12 @@ HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind,
     weights_host_.emplace(dev, dtype_bytes(kept.compute, n));
   store.bind_host_master(arena_->get<float>(i_master_));
   if (store.weights_on_host()) store.bind_host_weights(weights_host_->get());
+  if (store.grads_on_host()) store.bind_host_grads(grads_host_->get());
 }
 
 void HostOptimizer::reset() {
   opt_->reset(*host_);
+  if (grads_host_->size() > 0) std::memset(grads_host_->get(), 0, grads_host_->size());
 }
 
 void HostOptimizer::step(float lr, int64_t step, const float* grad_scale_device) {
@@ -74,7 +79,8 @@ void HostOptimizer::step(float lr, int64_t step, const float* grad_scale_device)
   Clock::time_point t = Clock::now();
   float scale = 0;
   dev_.copy_to_host(&scale, grad_scale_device, sizeof(float));
-  if (n > 0)
+  // (Offloaded gradients are in the buffer already: the copy of the scale waited for their last writes.)
+  if (n > 0 && !store_.grads_on_host())
     dev_.copy_to_host(grads_host_->get(), store_.reduced_grad_at(shard.begin), dtype_bytes(kept_.grad, n));
   seconds_.grads_down += seconds_since(t);
   ++seconds_.steps;

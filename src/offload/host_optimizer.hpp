@@ -8,6 +8,10 @@
 // (ParamStore::weights_on_host) the pinned weights buffer is the store's shard of the weights: the update
 // is cast into it and nothing goes back to the device (the gathers copy from it).
 //
+// Gradient offload (ParamStore::grads_on_host: ZeRO stage 2 or 3, with one process too): the pinned
+// gradients buffer is the store's reduced gradients, which the device writes unit by unit during backward
+// (dist::GradSync), so the device keeps no gradient shard and step() copies nothing down.
+//
 // A step: backward and the gradient norm (with the clip factor) run on the device as always; then step()
 // copies the gradients (the shard's, reduced) into a pinned host buffer, reads the clip x unscale factor,
 // updates the master weights on the host, rounds them into the compute type there (fp32: as they are) and
@@ -45,7 +49,7 @@ class HostOptimizer {
   // Bytes of the two pinned staging copies.
   size_t staging_bytes() const { return grads_host_->size() + (weights_host_ ? weights_host_->size() : 0); }
 
-  // Zeroes the state (before the first step).
+  // Zeroes the state and the gradients' buffer (before the first step).
   void reset();
 
   // Wall-clock seconds of the steps so far, by phase: the gradients' copy to the host (waiting first for the
@@ -62,10 +66,11 @@ class HostOptimizer {
   // The host memory a run with these settings holds: the master weights and the optimizer's state (what
   // the constructor plans), then the two staging copies (pinned where the device pins); of `shard` only
   // under ZeRO. `weights_on_host` (parameter offload): the weights' copy is the store's weights, in the
-  // compute type whatever it is.
+  // compute type whatever it is; `grads_on_host` (gradient offload): the gradients' copy is the store's
+  // gradients (the same bytes either way).
   static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
                                      OpsPrecision kept, std::optional<ParamRange> shard = std::nullopt,
-                                     bool weights_on_host = false);
+                                     bool weights_on_host = false, bool grads_on_host = false);
 
  private:
   Device& dev_;

@@ -66,8 +66,11 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   // that every rank fits the same configuration; the trainer then binds its own rank's shard.
   const dist::DistEnv env = dist::read_dist_env();
   o.offload_param = cfg.offload_param == "cpu";
-  // (Parameter offload runs stage 3 with one process too: the shard is the whole buffer, gathered by copies.)
-  if (cfg.zero_stage > 0 && (env.world_size > 1 || o.offload_param)) {
+  o.offload_optimizer = cfg.offload_optimizer == "cpu";
+  // (Offload runs stages 2 and 3 with one process too, the shard the whole buffer: stage 2 for its
+  // gradients in host memory, stage 3 for the weights' gathers from there.)
+  if (cfg.zero_stage > 0 &&
+      (env.world_size > 1 || o.offload_param || (o.offload_optimizer && cfg.zero_stage >= 2))) {
     o.zero_stage = cfg.zero_stage;
     o.zero_world = env.world_size;
     o.zero_rank = -1;
@@ -78,7 +81,6 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.freeze = split_patterns(cfg.freeze_parameters);
   o.lora = lora_config(cfg);
   o.weight_storage = parse_weight_storage(cfg.quantization, "quantization");
-  o.offload_optimizer = cfg.offload_optimizer == "cpu";
   ANVIL_REQUIRE(!o.offload_optimizer || env.world_size == 1 || cfg.zero_stage > 0,
                 "offload_optimizer cpu with {} processes and zero_stage 0: every rank would keep and update "
                 "the whole model on its CPU; set zero_stage 1, 2 or 3 so that each rank offloads its shard "
@@ -112,7 +114,17 @@ static void apply_parameter_options(const EngineOptions& o, Model& model) {
 static void apply_offload(const EngineOptions& o, Model& model) {
   if (!o.training || !o.offload_optimizer) return;
   ANVIL_REQUIRE(!o.lora.enabled(), "offload_optimizer cpu: full training (not LoRA, whose state is small)");
-  model.param_store().set_master_on_host();
+  ParamStore& store = model.param_store();
+  store.set_master_on_host();
+  // ZeRO-2/3 (gradients by unit): the shard's gradients go to the host too, as DeepSpeed's offload does.
+  if (store.grads_sharded()) {
+    ANVIL_REQUIRE(!store.has_frozen(),
+                  "freeze_parameters with offload_optimizer cpu under zero_stage {}: the shard's gradients are "
+                  "offloaded to host memory, where frozen tensors' gradients are not zeroed; use zero_stage 1 "
+                  "(gradients stay on the GPU) or train every tensor",
+                  o.zero_stage);
+    store.set_grads_on_host();
+  }
   if (o.offload_param) {
     ANVIL_REQUIRE(model.param_store().weights_sharded(),
                   "offload_param cpu: the weights are not sharded (ZeRO stage 3 with a decoder model)");
@@ -274,9 +286,10 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
   const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
                                                   ops_precision(o), o.share_grad_memory, o.lora);
   apply_parameter_options(o, *model);
-  return offload::HostOptimizer::plan_host_memory(model->param_store().optimizer_layout(), o.optimizer,
-                                                  with_vocab(o.optim, cfg), ops_precision(o),
-                                                  zero_shard(o, model->layout()), o.offload_param);
+  apply_data_parallel(o, *model);
+  return offload::HostOptimizer::plan_host_memory(
+      model->param_store().optimizer_layout(), o.optimizer, with_vocab(o.optim, cfg), ops_precision(o),
+      zero_shard(o, model->layout()), o.offload_param, model->param_store().grads_sharded());
 }
 
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
@@ -331,7 +344,8 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
     optimizer_->reset(*device_);
   }
   if (training()) {
-    device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
+    // (Offloaded gradients: zeroed by the host optimizer's reset.)
+    if (!model_->param_store().grads_on_host()) device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
     model_->param_store().clear_grad_sink(*device_);
     device_->fill_zero(step_scalars(), sizeof(StepScalars));
     step_values_host_ = std::make_unique<PinnedBuffer>(*device_, sizeof(StepValues));

@@ -72,7 +72,8 @@ struct EngineOptions {
   bool trainable_only_store = true;
   // Optimizer offload (offload_optimizer cpu; full training; under ZeRO each rank its shard): the fp32 master
   // weights and the optimizer state in host memory, the update on the CPU (offload::HostOptimizer); none of
-  // them planned on the device.
+  // them planned on the device. Under ZeRO-2/3 with gradients by unit (decoders) the shard's gradients too
+  // (ParamStore::set_grads_on_host); stages 2 and 3 then run with one process as well.
   bool offload_optimizer = false;
   // Parameter offload (offload_param cpu; ZeRO stage 3 with offload_optimizer): the shard of the compute-type
   // weights in pinned host memory (ParamStore::set_weights_on_host), gathered from there.

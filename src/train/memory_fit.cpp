@@ -171,7 +171,8 @@ double relative_time_per_token(const TransformerConfig& m, int seq_len, const Me
   const double tokens = double(s.micro_batch) * seq_len;
   return (step + recompute) / step * (1 + kMicroBatchFixedTokens / tokens) *
          kZeroStageTimeFactor[std::clamp(s.zero_stage, 0, 3)] *
-         kOffloadTimeFactor[std::clamp(s.offload, 0, 2)];
+         kOffloadTimeFactor[std::clamp(s.offload, 0, 2)] *
+         (s.offload >= 1 && s.zero_stage >= 2 ? kOffloadGradsTimeFactor : 1.0);
 }
 
 int max_zero_stage(const TransformerConfig& model) {
@@ -296,6 +297,11 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   // Several processes offload under a ZeRO stage only.
   const bool can_offload = cfg.lora_r == 0 && !cfg.stochastic_rounding;
   const bool many = dist::read_dist_env().world_size > 1;
+  // One process offloads its gradients too under stage 2 (decoders: gradients by unit), a stage it runs for
+  // that alone.
+  const bool offload_grads_alone = !many && can_offload && cfg.freeze_parameters.empty() &&
+                                   configured.zero_stage < 2 && max_zero_stage(model) >= 3;
+  if (offload_grads_alone) stages.push_back(2);
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)
       for (int stage : stages)
@@ -315,6 +321,7 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
               if (many && s.zero_stage == 0) break;
               s.offload = offload;
             }
+            if (!many && stage != configured.zero_stage && s.offload != 1) break;  // (stage 2 for offload)
             if (s == configured) continue;
             MemoryEstimate e = estimate_memory(model, with_scenario(cfg, s), device, overhead);
             if (e.arena <= arena_budget) {  // the largest micro-batch of this combination that fits

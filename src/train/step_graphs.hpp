@@ -4,7 +4,9 @@
 // rewrote for this step. The parts (train_step.cpp says which a step uses):
 //   Step    the whole step (gradient zeroing, forward, backward, loss sum, norm, clip, optimizer, weight
 //   cast) Micro   one micro-batch's forward, backward and loss sum; MicroReduce the same for a step's last
-//   micro-batch when several processes reduce its gradients during its backward; Tail    the step's tail:
+//   micro-batch when several processes reduce its gradients during its backward (gradients by unit: every
+//   micro-batch); MicroReduceFirst the step's first where it differs (offloaded gradients: it overwrites
+//   them); Tail    the step's tail:
 //   gradient norm to weight cast Norm    the gradient norm and the optimizer's multiplier (fp16: the host
 //   decides before the update) Update  the optimizer and the weight cast
 // Graphs are kept per part, input slot and batch shape. A graph is recorded at the second use of its key (the
@@ -23,7 +25,7 @@ namespace anvil {
 
 class StepGraphs {
  public:
-  enum class Part { Step, Micro, MicroReduce, Tail, Norm, Update };
+  enum class Part { Step, Micro, MicroReduce, MicroReduceFirst, Tail, Norm, Update };
 
   explicit StepGraphs(Device& dev) : dev_(dev) {}
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/half.hpp"
@@ -104,7 +105,7 @@ void TrainStep::stage(int slot) {
 void TrainStep::micro_batches() {
   for (int micro = 0; micro < accum_; ++micro) {
     instruments_->phase("data (wait for the batch)");
-    if (sync_) sync_->set_last_micro_batch(micro + 1 == accum_);
+    if (sync_) sync_->begin_micro_batch(micro == 0, micro + 1 == accum_);
     dev_.wait_for_copies();
     const bool last_batch = cur_.step + 1 == total_steps_ && micro + 1 == accum_;
     const int s = slot_;
@@ -127,8 +128,10 @@ void TrainStep::micro_batches() {
       // With several processes the step's last micro-batch also queues the gradient reduction: a graph of
       // its own (gradients by unit reduce in every micro-batch).
       const bool reduces = sync_ && (micro + 1 == accum_ || sync_->reduces_every_micro_batch());
-      graphs_.run(cur_.eager, reduces ? Part::MicroReduce : Part::Micro, s, in.B, in.T, cur_.grad_scale,
-                  [&] { micro_batch(s); });
+      const Part part = !reduces                                           ? Part::Micro
+                        : micro == 0 && sync_->first_micro_batch_differs() ? Part::MicroReduceFirst
+                                                                           : Part::MicroReduce;
+      graphs_.run(cur_.eager, part, s, in.B, in.T, cur_.grad_scale, [&] { micro_batch(s); });
     }
     // The next batch's copy overlaps this micro-batch's compute; it waits only for the previous micro-batch,
     // the last reader of the buffers it fills.
@@ -182,10 +185,14 @@ bool TrainStep::tail() {
 void TrainStep::inject_overflow() {
   const float inf = std::numeric_limits<float>::infinity();
   const uint16_t half_inf = grad_dtype_ == DType::BF16 ? uint16_t(0x7f80) : uint16_t(0x7c00);
-  if (grad_dtype_ == DType::F32)
-    dev_.copy_to_device(model_.grad_buffer(), &inf, sizeof(float));
-  else
-    dev_.copy_to_device(model_.grad_buffer(), &half_inf, sizeof(uint16_t));
+  const void* value = grad_dtype_ == DType::F32 ? static_cast<const void*>(&inf) : &half_inf;
+  const size_t bytes = dtype_bytes(grad_dtype_, 1);
+  if (model_.param_store().grads_on_host()) {  // offloaded gradients: host memory, once backward wrote it
+    dev_.synchronize();
+    std::memcpy(model_.grad_buffer(), value, bytes);
+  } else {
+    dev_.copy_to_device(model_.grad_buffer(), value, bytes);
+  }
 }
 
 StepResult TrainStep::end(bool skipped) {
@@ -217,9 +224,11 @@ StepResult TrainStep::end(bool skipped) {
   return r;
 }
 
-// (Gradients in activation memory are zeroed by backward, unit by unit, once it is their turn.)
+// (Gradients in activation memory are zeroed by backward, unit by unit, once it is their turn; offloaded
+// gradients are overwritten by the first micro-batch, dist::GradSync.)
 void TrainStep::head() {
-  if (!model_.grads_share_activations()) dev_.fill_zero(model_.grad_buffer(), model_.grad_bytes());
+  if (!model_.grads_share_activations() && !model_.param_store().grads_on_host())
+    dev_.fill_zero(model_.grad_buffer(), model_.grad_bytes());
   if (e_.has_dropout()) e_.upload_dropout_state();
   dev_.fill_zero(scalars_, sizeof(StepScalars));  // queued, like everything below until the end of the step
 }

@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -54,7 +56,7 @@ Reduced reduce_whole_gradients(Device& dev, ParamStore& store, DType comm, size_
   auto one = dist::make_single_process_communicator(dev);
   std::copy(g.begin(), g.end(), store.grads_f32());
   dist::GradSync sync(*one, store, bucket_bytes, nullptr, ops.get());
-  sync.set_last_micro_batch(true);
+  sync.begin_micro_batch(true, true);
   for (int u = int(store.layout().units().size()) - 1; u >= 0; --u) store.grads_ready(u);
   sync.finish();
   r.collectives = sync.buckets_queued();
@@ -164,7 +166,7 @@ TEST(GradSyncCommType, GradientsByUnitAddRoundedPiecesInFp32) {
     const std::vector<ParamUnit>& units = store.layout().units();
     const std::vector<float> a = random_values(store.numel(), 5), b = random_values(store.numel(), 6);
     for (const std::vector<float>* micro : {&a, &b}) {
-      sync.set_last_micro_batch(micro == &b);
+      sync.begin_micro_batch(micro == &a, micro == &b);
       for (int u = int(units.size()) - 1; u >= 0; --u) {
         const ParamUnit& unit = units[size_t(u)];
         store.begin_grads(*dev, u);
@@ -178,6 +180,47 @@ TEST(GradSyncCommType, GradientsByUnitAddRoundedPiecesInFp32) {
     for (size_t i = 0; i < a.size(); ++i)
       ASSERT_EQ(got[i], rounded(comm, a[i]) + rounded(comm, b[i])) << dtype_name(comm) << " " << i;
   }
+}
+
+// Offloaded gradients (ParamStore::set_grads_on_host): the shard's gradients are host memory outside the
+// plan, never zeroed by the step; the first micro-batch's pieces overwrite whatever it held (here NaN) and the
+// second's add, so the step's gradients are the two micro-batches' sum, exactly as with device gradients.
+TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
+  auto dev = make_cpu_device();
+  ParamStore store(layout(), {DType::F32, DType::F32}, true);
+  const dist::ZeroPartition partition(store.layout(), 1, dist::ShardCuts::Anywhere);
+  store.set_master_range(partition.shard(0));
+  store.set_grad_shard(partition.shard(0));
+  store.set_master_on_host();
+  store.set_grads_on_host();
+  std::vector<float> master(store.numel()), host_grads(store.numel(), std::nanf(""));
+  store.bind_host_master(master.data());
+  store.bind_host_grads(host_grads.data());
+  MemoryPlan plan;
+  store.plan_memory(plan);
+  for (const PlannedBuffer& b : plan.buffers()) EXPECT_EQ(b.name.find("this rank's shard, reduced"), std::string::npos);
+  Arena arena(*dev, plan);
+  store.bind(arena);
+  ASSERT_EQ(store.grads(), host_grads.data());
+  auto ops = make_cpu_ops(*dev, store.precision());
+  auto one = dist::make_single_process_communicator(*dev);
+  dist::GradSync sync(*one, store, 0, &partition, ops.get());
+  EXPECT_TRUE(sync.first_micro_batch_differs());
+  const std::vector<ParamUnit>& units = store.layout().units();
+  const std::vector<float> a = random_values(store.numel(), 9), b = random_values(store.numel(), 10);
+  for (int step = 0; step < 2; ++step)  // the second step overwrites the first's sums too
+    for (const std::vector<float>* micro : {&a, &b}) {
+      sync.begin_micro_batch(micro == &a, micro == &b);
+      for (int u = int(units.size()) - 1; u >= 0; --u) {
+        const ParamUnit& unit = units[size_t(u)];
+        store.begin_grads(*dev, u);
+        std::copy(micro->begin() + long(unit.offset), micro->begin() + long(unit.offset + unit.numel),
+                  static_cast<float*>(store.grad_at(unit.offset)));
+        store.grads_ready(u);
+      }
+      sync.finish();
+    }
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(host_grads[i], a[i] + b[i]) << i;
 }
 
 // backward_grad_dtype bf16 (ZeRO-2/3): the unit slots hold bf16 (half their memory) and each micro-batch's
@@ -211,7 +254,7 @@ TEST(GradSyncCommType, Bf16UnitGradientsAccumulateInFp32) {
     dist::GradSync sync(*one, store, 0, &partition, ops.get());
     const std::vector<float> a = random_values(store.numel(), 7), b = random_values(store.numel(), 8);
     for (const std::vector<float>* micro : {&a, &b}) {
-      sync.set_last_micro_batch(micro == &b);
+      sync.begin_micro_batch(micro == &a, micro == &b);
       for (int u = int(units.size()) - 1; u >= 0; --u) {
         const ParamUnit& unit = units[size_t(u)];
         store.begin_grads(*dev, u);

@@ -337,6 +337,27 @@ TEST(MemoryFit, OffloadIsProposedWhenTheModelStatesDoNotFit) {
     EXPECT_EQ(a.scenario.offload, 0);
 }
 
+// One process: stage 2 with offload moves the gradients to the host too (less device memory, a slower step),
+// so it is proposed where the optimizer's offload alone does not fit, and ranked after it where both fit.
+TEST(MemoryFit, GradientOffloadIsProposedWithOneProcess) {
+  TrainConfig cfg = small_config(1);
+  cfg.bf16 = true;
+  TrainConfig off = cfg, grads = cfg;
+  off.offload_optimizer = grads.offload_optimizer = "cpu";
+  grads.zero_stage = 2;
+  ASSERT_LT(arena_of(grads), arena_of(off));
+  const auto flags_of = [&](const MemoryEstimate& a) { return a.scenario.flags_from(scenario_of(cfg)); };
+  bool proposed = false;
+  for (const MemoryEstimate& a : cheapest_fitting(cfg.model, cfg, DeviceKind::CPU, arena_of(grads), 0)) {
+    EXPECT_LE(a.arena, arena_of(grads));
+    proposed |= flags_of(a) == "--zero_stage 2 --offload_optimizer cpu";
+  }
+  EXPECT_TRUE(proposed);
+  const std::vector<MemoryEstimate> both = cheapest_fitting(cfg.model, cfg, DeviceKind::CPU, arena_of(off), 0);
+  ASSERT_FALSE(both.empty());
+  EXPECT_EQ(flags_of(both.front()), "--offload_optimizer cpu");
+}
+
 TEST(MemoryFit, FlagsOfAScenario) {
   MemoryScenario base = scenario_of(small_config(8));
   MemoryScenario s = with_micro_batch(base, 2, 8);

@@ -295,6 +295,67 @@ TEST(OffloadParam, ExampleDeepSpeedConfigPlans) {
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }
 
+// Gradient offload: under ZeRO-2 and 3 the shard's gradients live in host memory (one process runs stage 2
+// on one rank for it). The run equals the run without any offload (losses, the model file), with gradient
+// accumulation (the first micro-batch overwrites the host gradients, the second adds) and without, and in
+// fp16 with an overflow injected after backward (the step skipped, the next one overwrites); it resumes from
+// the run without offload's checkpoint.
+class OffloadGrads : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(OffloadGrads, OneProcessStageTwoEqualsTheRunWithoutOffload) {
+  const auto [accumulation, precision] = GetParam();
+  test::ByteCorpus c;
+  json extra = {{precision, true}, {"gradient_accumulation_steps", accumulation}};
+  if (precision == "fp16") extra["debug_inject_overflow_steps"] = {2};
+  test::quietly([&] { return train(run_config(c, c.dir / "device", extra)); });
+  json off = extra;
+  off.update({{"zero_stage", 2}, {"offload_optimizer", "cpu"}});
+  test::quietly([&] { return train(run_config(c, c.dir / "host", off)); });
+  const std::vector<double> a = test::metrics_losses(c.dir / "device/metrics.jsonl"),
+                            b = test::metrics_losses(c.dir / "host/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/model.safetensors"),
+            file_bytes(c.dir / "host/checkpoint-6/model.safetensors"));
+  expect_resume_continues(c, off, a);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, OffloadGrads,
+                         ::testing::Values(std::tuple<int, std::string>{1, "bf16"},
+                                           std::tuple<int, std::string>{2, "bf16"},
+                                           std::tuple<int, std::string>{2, "fp16"}),
+                         [](const auto& info) {
+                           return "accumulation" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+// The device plan keeps the two gradient slots, not the shard's gradients; the host plan holds them.
+TEST(OffloadGradsPlan, ShardGradientsOnTheHost) {
+  test::ByteCorpus c;
+  const json extra = {{"bf16", true}, {"offload_optimizer", "cpu"}};
+  const TrainConfig stage0 = run_config(c, c.dir / "a", extra);
+  json two = extra;
+  two["zero_stage"] = 2;
+  const TrainConfig stage2 = run_config(c, c.dir / "b", two);
+  const EngineOptions o = training_engine_options(stage2, DeviceKind::CPU);
+  EXPECT_EQ(o.zero_stage, 2);
+  EXPECT_EQ(o.zero_world, 1);
+  const MemoryPlan device = plan_engine_memory(stage2.model, o);
+  const MemoryPlan whole = plan_engine_memory(stage0.model, training_engine_options(stage0, DeviceKind::CPU));
+  for (const PlannedBuffer& b : device.buffers())
+    EXPECT_EQ(b.name.find("gradients (this rank's shard"), std::string::npos) << b.name;
+  EXPECT_LT(device.bytes(MemoryCategory::Gradients), whole.bytes(MemoryCategory::Gradients));
+  const std::optional<MemoryPlan> host = host_optimizer_plan(stage2.model, o);
+  ASSERT_TRUE(host.has_value());
+  bool listed = false;
+  for (const PlannedBuffer& b : host->buffers()) listed |= b.name == "gradients (offloaded, pinned)";
+  EXPECT_TRUE(listed);
+  const test::CommandResult r = test::run_anvil(
+      "estimate --model llama-tiny --device cpu --bf16 --zero_stage 2 --offload_optimizer cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("gradients (offloaded, pinned)"), std::string::npos) << r.output;
+}
+
 TEST(OffloadErrors, SayWhatToDo) {
   test::ByteCorpus c;
   const std::string out = c.dir / "e";
@@ -324,6 +385,15 @@ TEST(OffloadErrors, SayWhatToDo) {
       },
       {"offload_param", "set offload_optimizer cpu too"});
   test::expect_error([&] { run_config(c, out, {{"offload_param", "nvme"}}); }, {"offload_param", "'nvme'"});
+  // Offloaded gradients are not zeroed where frozen: freezing needs them on the GPU (stage 1).
+  test::expect_error(
+      [&] {
+        test::quietly([&] {
+          return train(run_config(
+              c, out, {{"offload_optimizer", "cpu"}, {"zero_stage", 2}, {"freeze_parameters", "model.embed_tokens.weight"}}));
+        });
+      },
+      {"freeze_parameters", "zero_stage 1"});
   // Several processes without a ZeRO stage: every rank would hold the whole model on its host.
   if (dist::gloo_compiled()) {
     const test::CommandResult r =
