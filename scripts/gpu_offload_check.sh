@@ -18,6 +18,13 @@
 #   big3x2 (2 GPUs): big3 on two GPUs (anvil launch), each rank offloading its shard
 #   bandwidth: bench/probes/host_memory_bandwidth.cpp (the host's copy / triad / AdamW-shaped GB/s)
 #   big8: the big run again with the faster 8-bit requantisation, 3 steps
+#   grads: gradient offload (zero_stage 2 + offload_optimizer on one GPU: the shard's gradients in host memory),
+#     batch 8 and batch 4 x 2 accumulated: the losses of the run without offload within 1e-3 relative over 20
+#     steps; resumed from its step-10 checkpoint, steps 11-20 exactly
+#   speedg: the Llama-3.2-1B shape as in speed, one GPU: no offload, offload_optimizer, zero_stage 2 +
+#     offload_optimizer (gradients offloaded), ZeRO-3 with both offloads; tokens/s and peak memory
+#   big2: the Llama-3.1-8B shape, fp32 AdamW, batch 1 x 2048 with checkpointing, zero_stage 2 + offload_optimizer
+#     on one GPU (the weights on the GPU, gradients and optimizer on the host), 3 steps
 # CHECKS="equal resume" runs those only (resume needs equal's run). Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -118,6 +125,38 @@ big8() {
   "$build/anvil" train --model llama-8b --bf16 --optim adamw_8bit --per_device_train_batch_size 1 --max_seq_length 2048 \
     --gradient_checkpointing true --offload_optimizer cpu --device cuda --train_data "$w/tokens_128256.bin" \
     --max_steps 3 --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/big8"
+}
+grads() {
+  local g=(--zero_stage 2 --offload_optimizer cpu)
+  [ -s "$w/device/metrics.jsonl" ] || "$build/anvil" train "${common[@]}" --output_dir "$w/device" || return 1
+  "$build/anvil" train "${common[@]}" "${g[@]}" --output_dir "$w/g1" | grep -E "ZeRO|step +20/|memory occupied" || return 1
+  local accum=("${common[@]}")  # batch 4 x 2 accumulated: the same global batch
+  for i in "${!accum[@]}"; do [ "${accum[$i]}" = --per_device_train_batch_size ] && accum[$((i + 1))]=4; done
+  "$build/anvil" train "${accum[@]}" --gradient_accumulation_steps 2 "${g[@]}" --output_dir "$w/g2" > /dev/null || return 1
+  close "$w/device" "$w/g1" "batch 8" || return 1
+  close "$w/device" "$w/g2" "batch 4 x 2" || return 1
+  "$build/anvil" train "${common[@]}" "${g[@]}" --resume_from_checkpoint "$w/g1/checkpoint-10" \
+    --output_dir "$w/g1resumed" > /dev/null || return 1
+  diff <(losses "$w/g1" | tail -10) <(losses "$w/g1resumed") && echo "resumed: steps 11-20 equal"
+}
+speedg() {
+  random_tokens
+  local flags=(--model llama-1b --bf16 --per_device_train_batch_size 4 --max_seq_length 2048 --device cuda
+    --train_data "$w/tokens_128256.bin" --max_steps 8 --logging_steps 1 --learning_rate 1e-5 --save_strategy no
+    --sample_prompt "")
+  local show="step +8/|Tokens|offload|memory occupied|peak"
+  echo "== no offload"; "$build/anvil" train "${flags[@]}" --output_dir "$w/sg0" | grep -E "$show" || return 1
+  echo "== offload_optimizer"; "$build/anvil" train "${flags[@]}" --offload_optimizer cpu --output_dir "$w/sg1" | grep -E "$show" || return 1
+  echo "== zero_stage 2 + offload_optimizer (gradients on the host)"; "$build/anvil" train "${flags[@]}" --zero_stage 2 --offload_optimizer cpu --output_dir "$w/sg2" | grep -E "$show" || return 1
+  echo "== zero_stage 3 + both offloads"; "$build/anvil" train "${flags[@]}" --zero_stage 3 --offload_optimizer cpu --offload_param cpu --output_dir "$w/sg3" | grep -E "$show" || return 1
+}
+big2() {
+  random_tokens
+  local flags=(--model llama-8b --bf16 --per_device_train_batch_size 1 --max_seq_length 2048
+    --gradient_checkpointing true --zero_stage 2 --offload_optimizer cpu)
+  "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit|host|offload"
+  "$build/anvil" train "${flags[@]}" --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 \
+    --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/big2"
 }
 for c in ${CHECKS:-equal resume big}; do check "$c" "$c"; done  # CHECKS="big": some of them
 [ -f "$out/big.log" ] && tail -25 "$out/big.log"
