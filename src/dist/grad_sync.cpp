@@ -91,6 +91,12 @@ void GradSync::unit_ready(int unit) {
   }
 }
 
+void GradSync::set_norm_sink(double* sum_squares) {
+  ANVIL_ASSERT(by_unit_ && overwrite_first_,
+               "gradient sync: the norm's squares are summed for offloaded gradients");
+  norm_sink_ = sum_squares;
+}
+
 void GradSync::drain(int unit) {
   if (!to_add_[size_t(unit)]) return;
   comm_.join_until(marks_[size_t(unit)]);
@@ -103,8 +109,13 @@ void GradSync::add_piece(int unit) {
   const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
   if (lo < hi) {
     const char* slot = static_cast<const char*>(store_.comm_grad_at(u.offset));
-    ops_->convert_grads(store_.reduced_grad_at(lo), kept_type_, slot + dtype_bytes(comm_type_, lo - u.offset),
-                        comm_type_, hi - lo, !(first_ && overwrite_first_));
+    const void* piece = slot + dtype_bytes(comm_type_, lo - u.offset);
+    const bool accumulate = !(first_ && overwrite_first_);
+    if (norm_sink_ && last_)
+      ops_->convert_grads_sum_squares(store_.reduced_grad_at(lo), kept_type_, piece, comm_type_, hi - lo,
+                                      accumulate, norm_sink_);
+    else
+      ops_->convert_grads(store_.reduced_grad_at(lo), kept_type_, piece, comm_type_, hi - lo, accumulate);
   }
   to_add_[size_t(unit)] = false;
 }

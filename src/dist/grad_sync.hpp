@@ -61,8 +61,15 @@ class GradSync {
   // gradients by unit reduce in every micro-batch, and the first one's overwrite offloaded gradients).
   void begin_micro_batch(bool first, bool last) {
     armed_ = last || by_unit_;
-    first_ = first;
+    first_ = first, last_ = last;
   }
+  // Offloaded gradients (ParamStore::grads_on_host): the step's last micro-batch adds the squares of the
+  // shard's gradients, as it writes their final values, into `sum_squares` (one fp64 value in the device's
+  // memory, which the caller zeroes before each step; Ops::convert_grads_sum_squares), so the norm need not
+  // read them back from host memory. The sum runs piece by piece, in another order than one pass over the
+  // shard (the norm differs from it in its last bits).
+  void set_norm_sink(double* sum_squares);
+  bool sums_norm() const { return norm_sink_ != nullptr; }
   // Whether the step's first micro-batch runs other work than the later ones (its graph is another).
   bool first_micro_batch_differs() const { return overwrite_first_; }
   bool armed() const { return armed_; }
@@ -94,7 +101,8 @@ class GradSync {
   const bool overwrite_first_;         // the first micro-batch's pieces overwrite (offloaded gradients)
   std::vector<ParamRange> trainable_;  // the trainable runs of the layout (one without frozen tensors)
   bool armed_ = false;
-  bool first_ = true;
+  bool first_ = true, last_ = true;
+  double* norm_sink_ = nullptr;
   size_t pending_begin_, pending_end_;  // completed, not yet queued: [begin, end) in floats of the layout
   int64_t buckets_ = 0;
   // Gradients by unit: each unit's collective (Communicator::mark) and whether its piece is still to add.

@@ -155,9 +155,11 @@ void ParamStore::set_weights_on_host() {
 }
 
 void ParamStore::set_grads_on_host() {
-  ANVIL_ASSERT(grads_sharded_ && master_on_host_,
-               "set_grads_on_host: a store with sharded gradients (ZeRO-2) and its master weights on the host");
-  ANVIL_ASSERT(frozen_.empty(), "set_grads_on_host: with frozen tensors (their gradients are zeroed on the device)");
+  ANVIL_ASSERT(
+      grads_sharded_ && master_on_host_,
+      "set_grads_on_host: a store with sharded gradients (ZeRO-2) and its master weights on the host");
+  ANVIL_ASSERT(frozen_.empty(),
+               "set_grads_on_host: with frozen tensors (their gradients are zeroed on the device)");
   ANVIL_ASSERT(i_slots_ == SIZE_MAX, "set_grads_on_host after plan_memory");
   grads_on_host_ = true;
 }

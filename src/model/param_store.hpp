@@ -147,9 +147,9 @@ class ParamStore {
   // device plan, as DeepSpeed's ZeRO-Offload keeps its gradient partition; bind_host_grads gives it
   // (grad_range().numel() elements of the gradient type, offload::HostOptimizer's). The device reaches it
   // through unified addressing: dist::GradSync writes each unit's reduced piece there (the step's first
-  // micro-batch overwrites, the others add) and the norm reads it there; the host optimizer reads it in place.
-  // It is never zeroed on the device (a device memset of host memory is not portable): the first micro-batch
-  // overwrites every element of the shard.
+  // micro-batch overwrites, the others add) and the norm reads it there; the host optimizer reads it in
+  // place. It is never zeroed on the device (a device memset of host memory is not portable): the first
+  // micro-batch overwrites every element of the shard.
   void set_grads_on_host();
   void bind_host_grads(void* host);
   bool grads_on_host() const { return grads_on_host_; }

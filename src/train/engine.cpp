@@ -118,11 +118,12 @@ static void apply_offload(const EngineOptions& o, Model& model) {
   store.set_master_on_host();
   // ZeRO-2/3 (gradients by unit): the shard's gradients go to the host too, as DeepSpeed's offload does.
   if (store.grads_sharded()) {
-    ANVIL_REQUIRE(!store.has_frozen(),
-                  "freeze_parameters with offload_optimizer cpu under zero_stage {}: the shard's gradients are "
-                  "offloaded to host memory, where frozen tensors' gradients are not zeroed; use zero_stage 1 "
-                  "(gradients stay on the GPU) or train every tensor",
-                  o.zero_stage);
+    ANVIL_REQUIRE(
+        !store.has_frozen(),
+        "freeze_parameters with offload_optimizer cpu under zero_stage {}: the shard's gradients are "
+        "offloaded to host memory, where frozen tensors' gradients are not zeroed; use zero_stage 1 "
+        "(gradients stay on the GPU) or train every tensor",
+        o.zero_stage);
     store.set_grads_on_host();
   }
   if (o.offload_param) {
@@ -345,7 +346,8 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   }
   if (training()) {
     // (Offloaded gradients: zeroed by the host optimizer's reset.)
-    if (!model_->param_store().grads_on_host()) device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
+    if (!model_->param_store().grads_on_host())
+      device_->fill_zero(model_->grad_buffer(), model_->grad_bytes());
     model_->param_store().clear_grad_sink(*device_);
     device_->fill_zero(step_scalars(), sizeof(StepScalars));
     step_values_host_ = std::make_unique<PinnedBuffer>(*device_, sizeof(StepValues));

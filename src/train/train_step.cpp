@@ -43,6 +43,10 @@ TrainStep::TrainStep(const TrainConfig& cfg, const ResolvedTrainConfig& rc,
       zero_(zero),
       graphs_(e.device()) {
   if (rc.loss_scaling()) scaler_.emplace(cfg.loss_scaler());
+  // Gradients offloaded across the bus: their norm's squares are summed as they are written (the CPU
+  // backend's host gradients are its own memory: the norm reads them in one pass, as without offload).
+  if (sync_ && e.model().param_store().grads_on_host() && dev_.kind() == DeviceKind::CUDA)
+    sync_->set_norm_sink(&scalars_->grad_sum_squares);
 }
 
 uint64_t TrainStep::weight_cast_seed(uint64_t run_seed, int64_t step) {
@@ -190,6 +194,9 @@ void TrainStep::inject_overflow() {
   if (model_.param_store().grads_on_host()) {  // offloaded gradients: host memory, once backward wrote it
     dev_.synchronize();
     std::memcpy(model_.grad_buffer(), value, bytes);
+    // (Their norm's squares were summed as they were written: the overflow shows there too.)
+    const double inf64 = std::numeric_limits<double>::infinity();
+    if (sync_ && sync_->sums_norm()) dev_.copy_to_device(&scalars_->grad_sum_squares, &inf64, sizeof(double));
   } else {
     dev_.copy_to_device(model_.grad_buffer(), value, bytes);
   }
@@ -255,8 +262,9 @@ void TrainStep::norm_part() {
   model_.param_store().zero_frozen_grads(dev_);
   // ZeRO stage 2: this rank's shard of the reduced gradients, its sum of squares then summed over the ranks.
   const ParamRange g = zero_ ? zero_->reduced_grads() : ParamRange{0, nparams_};
-  // (An empty shard adds nothing: the sum was zeroed with the step's scalars.)
-  if (g.numel())
+  // (An empty shard adds nothing: the sum was zeroed with the step's scalars. Offloaded gradients: summed
+  // as the last micro-batch wrote them.)
+  if (g.numel() && !(sync_ && sync_->sums_norm()))
     e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.param_store().reduced_grad_at(g.begin),
                             grad_dtype_, g.numel());
   if (zero_) zero_->reduce_norm(&scalars_->grad_sum_squares);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -326,6 +327,41 @@ TEST_P(MixedParity, ConvertGrads) {
               << what << ", element " << i;
       }
   gpu_->convert_grads(nullptr, grad_, nullptr, DType::BF16, 0, true);  // nothing to convert: no launch
+}
+
+// convert_grads_sum_squares: the conversion of convert_grads, bit for bit, and the squares of what it wrote
+// added into an fp64 value (the CPU reference: convert_grads then sum_squares) to 1e-12 relative; on the GPU
+// also with the destination in pinned host memory, written by the kernel over the bus (offloaded gradients).
+TEST_P(MixedParity, ConvertGradsSumSquares) {
+  const size_t n = 300007;
+  for (const DType st : {grad_, act_})
+    for (const bool accumulate : {false, true}) {
+      const std::string what = fmt::format("convert_grads_sum_squares {} <- {}{}", dtype_name(grad_),
+                                           dtype_name(st), accumulate ? " (accumulate)" : "");
+      Buf dst = make(randn(n), grad_), src = make(randn(n), st);
+      const size_t bytes = dtype_bytes(grad_, n);
+      PinnedBuffer host(*gpu_dev_, bytes);  // the same start as dst
+      gpu_dev_->copy_to_host(host.get(), dst.gpu(), bytes);
+      double cpu_sum = 0.5;  // accumulates into what is there
+      cpu_->convert_grads_sum_squares(dst.cpu(), grad_, src.cpu(), st, n, accumulate, &cpu_sum);
+      DeviceBuffer sums(*gpu_dev_, 2 * sizeof(double));
+      const double start[2] = {0.5, 0.5};
+      gpu_dev_->copy_to_device(sums.get(), start, sizeof(start));
+      double* gpu_sums = static_cast<double*>(sums.get());
+      gpu_->convert_grads_sum_squares(dst.gpu(), grad_, src.gpu(), st, n, accumulate, gpu_sums);
+      gpu_->convert_grads_sum_squares(host.get(), grad_, src.gpu(), st, n, accumulate, gpu_sums + 1);
+      double got[2];
+      gpu_dev_->copy_to_host(got, sums.get(), sizeof(got));
+      EXPECT_TRUE(same(what, dst, 0.0));
+      std::vector<unsigned char> device_bytes(bytes);
+      gpu_dev_->copy_to_host(device_bytes.data(), dst.gpu(), bytes);
+      EXPECT_EQ(std::memcmp(device_bytes.data(), host.get(), bytes), 0) << what << ": pinned destination";
+      double reference = 0.5;
+      cpu_->sum_squares_to(&reference, dst.cpu(), grad_, n);
+      EXPECT_NEAR(cpu_sum, 0.5 + reference, 1e-15 * reference) << what;
+      EXPECT_NEAR(got[0], cpu_sum, 1e-12 * cpu_sum) << what;
+      EXPECT_EQ(got[1], got[0]) << what << ": pinned destination";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, MixedParity,

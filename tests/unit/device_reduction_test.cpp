@@ -133,6 +133,21 @@ TEST_F(DeviceReduction, GradClipScaleIsTheTrainersHostArithmetic) {
   EXPECT_EQ(scale, float(1.0 / (2.0 + 1e-6)));
 }
 
+// convert_grads_sum_squares: convert_grads, then the squares of the values written added into the sum (fp64):
+// the CPU reference is those two ops.
+TEST_F(DeviceReduction, ConvertGradsSumSquaresAddsTheSquaresOfWhatItWrote) {
+  std::vector<float> a = {1.0f, -2.0f, 0.5f}, b = {2.0f, 1.0f, -0.5f};
+  double sum = 1.0;
+  ops_->convert_grads_sum_squares(a.data(), DType::F32, b.data(), DType::F32, a.size(), true, &sum);
+  EXPECT_EQ(a, (std::vector<float>{3.0f, -1.0f, 0.0f}));
+  EXPECT_EQ(sum, 1.0 + 9.0 + 1.0);
+  std::vector<uint16_t> h = {float_to_bf16(1.0f + 1.0f / 512)};  // rounds to 1 in bf16
+  std::vector<float> f = {7.0f};
+  ops_->convert_grads_sum_squares(f.data(), DType::F32, h.data(), DType::BF16, 1, false, &sum);
+  EXPECT_EQ(f[0], bf16_to_float(h[0]));
+  EXPECT_EQ(sum, 11.0 + double(f[0]) * f[0]);
+}
+
 // convert_grads adds or copies in fp32 and rounds once into the destination's type: fp32 exactly, bf16
 // with one rounding of the fp32 sum, and across types (fp32 gradients to and from a bf16 or fp16
 // communication buffer).

@@ -9,13 +9,14 @@
 
 #include <cmath>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "anvil/rng.hpp"
 #include "core/half.hpp"
 #include "dist/zero_partition.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "runtime/device.hpp"
 
 namespace anvil {
@@ -183,8 +184,8 @@ TEST(GradSyncCommType, GradientsByUnitAddRoundedPiecesInFp32) {
 }
 
 // Offloaded gradients (ParamStore::set_grads_on_host): the shard's gradients are host memory outside the
-// plan, never zeroed by the step; the first micro-batch's pieces overwrite whatever it held (here NaN) and the
-// second's add, so the step's gradients are the two micro-batches' sum, exactly as with device gradients.
+// plan, never zeroed by the step; the first micro-batch's pieces overwrite whatever it held (here NaN) and
+// the second's add, so the step's gradients are the two micro-batches' sum, exactly as with device gradients.
 TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
   auto dev = make_cpu_device();
   ParamStore store(layout(), {DType::F32, DType::F32}, true);
@@ -198,7 +199,8 @@ TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
   store.bind_host_grads(host_grads.data());
   MemoryPlan plan;
   store.plan_memory(plan);
-  for (const PlannedBuffer& b : plan.buffers()) EXPECT_EQ(b.name.find("this rank's shard, reduced"), std::string::npos);
+  for (const PlannedBuffer& b : plan.buffers())
+    EXPECT_EQ(b.name.find("this rank's shard, reduced"), std::string::npos);
   Arena arena(*dev, plan);
   store.bind(arena);
   ASSERT_EQ(store.grads(), host_grads.data());
@@ -206,9 +208,13 @@ TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
   auto one = dist::make_single_process_communicator(*dev);
   dist::GradSync sync(*one, store, 0, &partition, ops.get());
   EXPECT_TRUE(sync.first_micro_batch_differs());
+  double sum_squares = 0;  // the norm's squares, summed as the last micro-batch writes the pieces
+  sync.set_norm_sink(&sum_squares);
+  EXPECT_TRUE(sync.sums_norm());
   const std::vector<ParamUnit>& units = store.layout().units();
   const std::vector<float> a = random_values(store.numel(), 9), b = random_values(store.numel(), 10);
-  for (int step = 0; step < 2; ++step)  // the second step overwrites the first's sums too
+  for (int step = 0; step < 2; ++step) {  // the second step overwrites the first's sums too
+    sum_squares = 0;
     for (const std::vector<float>* micro : {&a, &b}) {
       sync.begin_micro_batch(micro == &a, micro == &b);
       for (int u = int(units.size()) - 1; u >= 0; --u) {
@@ -220,7 +226,10 @@ TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
       }
       sync.finish();
     }
+  }
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(host_grads[i], a[i] + b[i]) << i;
+  const double whole = cpu::sum_squares(DType::F32, host_grads.data(), host_grads.size());
+  EXPECT_NEAR(sum_squares, whole, 1e-12 * whole);
 }
 
 // backward_grad_dtype bf16 (ZeRO-2/3): the unit slots hold bf16 (half their memory) and each micro-batch's

@@ -353,7 +353,8 @@ TEST(MemoryFit, GradientOffloadIsProposedWithOneProcess) {
     proposed |= flags_of(a) == "--zero_stage 2 --offload_optimizer cpu";
   }
   EXPECT_TRUE(proposed);
-  const std::vector<MemoryEstimate> both = cheapest_fitting(cfg.model, cfg, DeviceKind::CPU, arena_of(off), 0);
+  const std::vector<MemoryEstimate> both =
+      cheapest_fitting(cfg.model, cfg, DeviceKind::CPU, arena_of(off), 0);
   ASSERT_FALSE(both.empty());
   EXPECT_EQ(flags_of(both.front()), "--offload_optimizer cpu");
 }

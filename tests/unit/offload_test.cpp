@@ -389,8 +389,10 @@ TEST(OffloadErrors, SayWhatToDo) {
   test::expect_error(
       [&] {
         test::quietly([&] {
-          return train(run_config(
-              c, out, {{"offload_optimizer", "cpu"}, {"zero_stage", 2}, {"freeze_parameters", "model.embed_tokens.weight"}}));
+          return train(run_config(c, out,
+                                  {{"offload_optimizer", "cpu"},
+                                   {"zero_stage", 2},
+                                   {"freeze_parameters", "model.embed_tokens.weight"}}));
         });
       },
       {"freeze_parameters", "zero_stage 1"});

@@ -224,6 +224,12 @@ class CpuOps final : public Ops {
                      bool accumulate) override {
     cpu::convert(dst_type, dst, src_type, src, n, accumulate);
   }
+  // The reference: the conversion, then the sum of squares of what it wrote.
+  void convert_grads_sum_squares(void* dst, DType dst_type, const void* src, DType src_type, size_t n,
+                                 bool accumulate, double* sum_squares) override {
+    cpu::convert(dst_type, dst, src_type, src, n, accumulate);
+    *sum_squares += cpu::sum_squares(dst_type, dst, n);
+  }
   void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed,
                     const StepValues* step_values) override {
     cpu::cast_weights(p_.compute, out, master, n,

@@ -297,6 +297,10 @@ void grad_clip_scale(cudaStream_t stream, float* scale_out, double* norm_out, co
 // Ops::convert_grads: dst[i] (+)= src[i] across float types (in fp32, rounded once into dst_type).
 void convert(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type, const void* src,
              size_t n, bool accumulate);
+// Ops::convert_grads_sum_squares: convert, each block summing the squares of what it wrote into
+// scratch[block] (kReducePartials at most, a fixed grid for a given n), then *sum_squares += their sum.
+void convert_sum_squares(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type,
+                         const void* src, size_t n, bool accumulate, double* scratch, double* sum_squares);
 
 // --- precision.cu ------------------------------------------------------------------------------------
 // out[i] = master[i] in `out_type`; BF16 with a nonzero seed rounds stochastically (core/half.hpp).

@@ -402,6 +402,11 @@ class CudaOps final : public Ops {
                      bool accumulate) override {
     cuda::convert(stream_, dst_type, dst, src_type, src, n, accumulate);
   }
+  void convert_grads_sum_squares(void* dst, DType dst_type, const void* src, DType src_type, size_t n,
+                                 bool accumulate, double* sum_squares) override {
+    cuda::convert_sum_squares(stream_, dst_type, dst, src_type, src, n, accumulate,
+                              static_cast<double*>(reduce_scratch_.get()), sum_squares);
+  }
 
   void cast_weights(void* out, const float* master, size_t n, uint64_t rounding_seed,
                     const StepValues* step_values) override {

@@ -117,7 +117,42 @@ __global__ void convert_kernel(D* dst, const S* src, size_t n) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     dst[i] = from_float<D>(kAccumulate ? to_float(dst[i]) + to_float(src[i]) : to_float(src[i]));
 }
+
+// convert_kernel, each block's squares of the written values into partials[block].
+template <class D, class S, bool kAccumulate>
+__global__ void convert_sum_squares_kernel(double* partials, D* dst, const S* src, size_t n) {
+  double acc = 0.0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const D y = from_float<D>(kAccumulate ? to_float(dst[i]) + to_float(src[i]) : to_float(src[i]));
+    dst[i] = y;
+    const double v = to_float(y);
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
 }  // namespace
+
+void convert_sum_squares(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type,
+                         const void* src, size_t n, bool accumulate, double* scratch, double* sum_squares) {
+  if (n == 0) return;
+  const int blocks = static_cast<int>(std::min<size_t>(kReducePartials, (n + kThreads - 1) / kThreads));
+  dispatch_float(dst_type, [&](auto d) {
+    dispatch_float(src_type, [&](auto s) {
+      using D = decltype(d);
+      using S = decltype(s);
+      auto* y = static_cast<D*>(dst);
+      const auto* x = static_cast<const S*>(src);
+      if (accumulate)
+        convert_sum_squares_kernel<D, S, true><<<blocks, kThreads, 0, stream>>>(scratch, y, x, n);
+      else
+        convert_sum_squares_kernel<D, S, false><<<blocks, kThreads, 0, stream>>>(scratch, y, x, n);
+    });
+  });
+  ANVIL_CUDA_CHECK_LAST();
+  reduce_final_kernel<true><<<1, kThreads, 0, stream>>>(sum_squares, scratch, blocks);
+  ANVIL_CUDA_CHECK_LAST();
+}
 
 void convert(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type, const void* src,
              size_t n, bool accumulate) {

@@ -54,6 +54,12 @@ class ReductionOps {
   // optimizer (ZeRO stage 2). dst and src must not overlap unless they are the same memory and type.
   virtual void convert_grads(void* dst, DType dst_type, const void* src, DType src_type, size_t n,
                              bool accumulate) = 0;
+  // convert_grads, then sum_squares[0] += the sum of dst[i]^2 over the values it wrote (fp64, as
+  // sum_squares over dst; ACCUMULATES into one fp64 value in the backend's memory; deterministic for a given
+  // n, in another order than sum_squares_to). Offloaded gradients (ParamStore::grads_on_host) get their
+  // norm's squares as each piece is written, so the norm never reads them back over the bus.
+  virtual void convert_grads_sum_squares(void* dst, DType dst_type, const void* src, DType src_type, size_t n,
+                                         bool accumulate, double* sum_squares) = 0;
 };
 
 }  // namespace anvil
