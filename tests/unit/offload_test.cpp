@@ -356,6 +356,17 @@ TEST(OffloadGradsPlan, ShardGradientsOnTheHost) {
   EXPECT_NE(r.output.find("gradients (offloaded, pinned)"), std::string::npos) << r.output;
 }
 
+// The example DeepSpeed config (the DeepSpeed guide's ZeRO-2 with the optimizer offloaded) plans stage 2 with
+// one process, the gradients on the host.
+TEST(OffloadGradsPlan, ExampleDeepSpeedConfigPlans) {
+  const std::string path = std::string(ANVIL_SOURCE_DIR) + "/examples/deepspeed_zero2_offload.json";
+  const test::CommandResult r = test::run_anvil(
+      "estimate --model llama-tiny --device cpu --bf16 --per_device_train_batch_size 2 --deepspeed " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"gradients (offloaded, pinned)", "master weights (fp32, host)", "gradient slots"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+}
+
 TEST(OffloadErrors, SayWhatToDo) {
   test::ByteCorpus c;
   const std::string out = c.dir / "e";
