@@ -158,8 +158,6 @@ void ParamStore::set_grads_on_host() {
   ANVIL_ASSERT(
       grads_sharded_ && master_on_host_,
       "set_grads_on_host: a store with sharded gradients (ZeRO-2) and its master weights on the host");
-  ANVIL_ASSERT(frozen_.empty(),
-               "set_grads_on_host: with frozen tensors (their gradients are zeroed on the device)");
   ANVIL_ASSERT(i_slots_ == SIZE_MAX, "set_grads_on_host after plan_memory");
   grads_on_host_ = true;
 }
@@ -343,6 +341,8 @@ FrozenCount ParamStore::freeze(const std::vector<std::string>& patterns) {
 
 void ParamStore::zero_frozen_grads(Device& dev) const {
   if (trainable_) return;  // no gradient is kept for a frozen tensor
+  // Offloaded gradients on a device with memory of its own: not zeroed there (see set_grads_on_host).
+  if (grads_on_host_ && dev.kind() != DeviceKind::CPU) return;
   for (const ParamRange& f : frozen_) {
     const size_t b = std::max(f.begin, grad_range_.begin), e = std::min(f.end, grad_range_.end);
     if (b < e) dev.fill_zero(reduced_grad_at(b), (e - b) * grad_elem_);

@@ -142,14 +142,16 @@ class ParamStore {
   void set_weights_on_host();
   void bind_host_weights(void* host);
   bool weights_on_host() const { return weights_on_host_; }
-  // Gradient offload (before plan_memory; after set_grad_shard and set_master_on_host; no frozen tensors):
-  // the reduced gradients of the shard (grads(), reduced_grad_at) live in pinned host memory, outside the
-  // device plan, as DeepSpeed's ZeRO-Offload keeps its gradient partition; bind_host_grads gives it
-  // (grad_range().numel() elements of the gradient type, offload::HostOptimizer's). The device reaches it
-  // through unified addressing: dist::GradSync writes each unit's reduced piece there (the step's first
-  // micro-batch overwrites, the others add) and the norm reads it there; the host optimizer reads it in
-  // place. It is never zeroed on the device (a device memset of host memory is not portable): the first
-  // micro-batch overwrites every element of the shard.
+  // Gradient offload (before plan_memory; after set_grad_shard and set_master_on_host): the reduced
+  // gradients of the shard (grads(), reduced_grad_at) live in pinned host memory, outside the device plan,
+  // as DeepSpeed's ZeRO-Offload keeps its gradient partition; bind_host_grads gives it (grad_range().numel()
+  // elements of the gradient type, offload::HostOptimizer's). The device reaches it through unified
+  // addressing: dist::GradSync writes each unit's reduced piece there (the step's first micro-batch
+  // overwrites, the others add; a CUDA step sums the norm's squares as the last one writes them) and the
+  // host optimizer reads it in place. It is never zeroed on the device (a device memset of host memory is not
+  // portable): the first micro-batch overwrites every trainable element of the shard, and zero_frozen_grads
+  // zeroes frozen tensors' gradients on the CPU backend only (on CUDA the norm leaves them out as it sums,
+  // and the optimizer never reads them).
   void set_grads_on_host();
   void bind_host_grads(void* host);
   bool grads_on_host() const { return grads_on_host_; }

@@ -117,15 +117,7 @@ static void apply_offload(const EngineOptions& o, Model& model) {
   ParamStore& store = model.param_store();
   store.set_master_on_host();
   // ZeRO-2/3 (gradients by unit): the shard's gradients go to the host too, as DeepSpeed's offload does.
-  if (store.grads_sharded()) {
-    ANVIL_REQUIRE(
-        !store.has_frozen(),
-        "freeze_parameters with offload_optimizer cpu under zero_stage {}: the shard's gradients are "
-        "offloaded to host memory, where frozen tensors' gradients are not zeroed; use zero_stage 1 "
-        "(gradients stay on the GPU) or train every tensor",
-        o.zero_stage);
-    store.set_grads_on_host();
-  }
+  if (store.grads_sharded()) store.set_grads_on_host();
   if (o.offload_param) {
     ANVIL_REQUIRE(model.param_store().weights_sharded(),
                   "offload_param cpu: the weights are not sharded (ZeRO stage 3 with a decoder model)");

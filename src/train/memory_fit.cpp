@@ -299,8 +299,8 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   const bool many = dist::read_dist_env().world_size > 1;
   // One process offloads its gradients too under stage 2 (decoders: gradients by unit), a stage it runs for
   // that alone.
-  const bool offload_grads_alone = !many && can_offload && cfg.freeze_parameters.empty() &&
-                                   configured.zero_stage < 2 && max_zero_stage(model) >= 3;
+  const bool offload_grads_alone =
+      !many && can_offload && configured.zero_stage < 2 && max_zero_stage(model) >= 3;
   if (offload_grads_alone) stages.push_back(2);
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)

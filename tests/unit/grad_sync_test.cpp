@@ -232,6 +232,51 @@ TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
   EXPECT_NEAR(sum_squares, whole, 1e-12 * whole);
 }
 
+// With frozen tensors the norm's squares cover the trainable gradients only, and those hold the step's sums
+// (a frozen tensor's gradients in host memory are neither summed nor needed: the optimizer skips them).
+TEST(GradSyncOffload, TheNormSumLeavesFrozenTensorsOut) {
+  auto dev = make_cpu_device();
+  ParamStore store(layout(), {DType::F32, DType::F32}, true);
+  store.freeze({"model.layers.0.*"});
+  const dist::ZeroPartition partition(store.layout(), 1, dist::ShardCuts::Anywhere);
+  store.set_master_range(partition.shard(0));
+  store.set_grad_shard(partition.shard(0));
+  store.set_master_on_host();
+  store.set_grads_on_host();
+  std::vector<float> master(store.numel()), host_grads(store.numel(), 0.0f);
+  store.bind_host_master(master.data());
+  store.bind_host_grads(host_grads.data());
+  MemoryPlan plan;
+  store.plan_memory(plan);
+  Arena arena(*dev, plan);
+  store.bind(arena);
+  auto ops = make_cpu_ops(*dev, store.precision());
+  auto one = dist::make_single_process_communicator(*dev);
+  dist::GradSync sync(*one, store, 0, &partition, ops.get());
+  double sum_squares = 0;
+  sync.set_norm_sink(&sum_squares);
+  const std::vector<ParamUnit>& units = store.layout().units();
+  const std::vector<float> a = random_values(store.numel(), 11);
+  sync.begin_micro_batch(true, true);
+  for (int u = int(units.size()) - 1; u >= 0; --u) {
+    const ParamUnit& unit = units[size_t(u)];
+    store.begin_grads(*dev, u);
+    std::copy(a.begin() + long(unit.offset), a.begin() + long(unit.offset + unit.numel),
+              static_cast<float*>(store.grad_at(unit.offset)));
+    store.grads_ready(u);
+  }
+  sync.finish();
+  double trainable = 0;
+  for (const ParamTensor& t : store.layout().tensors()) {
+    if (!t.trainable) continue;
+    for (size_t i = t.offset; i < t.offset + t.numel(); ++i) {
+      ASSERT_EQ(host_grads[i], a[i]) << t.name;
+      trainable += double(a[i]) * a[i];
+    }
+  }
+  EXPECT_NEAR(sum_squares, trainable, 1e-12 * trainable);
+}
+
 // backward_grad_dtype bf16 (ZeRO-2/3): the unit slots hold bf16 (half their memory) and each micro-batch's
 // reduced piece is added into the shard's fp32 gradients, so the sum over micro-batches is the fp32 sum of
 // the bf16 values. By default the reduction runs in bf16 (no staging); with communication_data_type fp32
