@@ -183,94 +183,90 @@ TEST(GradSyncCommType, GradientsByUnitAddRoundedPiecesInFp32) {
   }
 }
 
-// Offloaded gradients (ParamStore::set_grads_on_host): the shard's gradients are host memory outside the
-// plan, never zeroed by the step; the first micro-batch's pieces overwrite whatever it held (here NaN) and
-// the second's add, so the step's gradients are the two micro-batches' sum, exactly as with device gradients.
-TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
-  auto dev = make_cpu_device();
-  ParamStore store(layout(), {DType::F32, DType::F32}, true);
-  const dist::ZeroPartition partition(store.layout(), 1, dist::ShardCuts::Anywhere);
-  store.set_master_range(partition.shard(0));
-  store.set_grad_shard(partition.shard(0));
-  store.set_master_on_host();
-  store.set_grads_on_host();
-  std::vector<float> master(store.numel()), host_grads(store.numel(), std::nanf(""));
-  store.bind_host_master(master.data());
-  store.bind_host_grads(host_grads.data());
+// A store of offloaded gradients (ParamStore::set_grads_on_host) with one rank's ZeRO-2 shard (everything),
+// its host gradients starting at `fill`, and the GradSync that writes them; `freeze`: patterns frozen first.
+struct OffloadedStore {
+  explicit OffloadedStore(float fill, const std::vector<std::string>& freeze = {})
+      : dev(make_cpu_device()),
+        store(layout(), {DType::F32, DType::F32}, true),
+        partition(store.layout(), 1, dist::ShardCuts::Anywhere) {
+    if (!freeze.empty()) store.freeze(freeze);
+    store.set_master_range(partition.shard(0));
+    store.set_grad_shard(partition.shard(0));
+    store.set_master_on_host();
+    store.set_grads_on_host();
+    master.resize(store.numel());
+    host_grads.assign(store.numel(), fill);
+    store.bind_host_master(master.data());
+    store.bind_host_grads(host_grads.data());
+    store.plan_memory(plan);
+    arena = std::make_unique<Arena>(*dev, plan);
+    store.bind(*arena);
+    ops = make_cpu_ops(*dev, store.precision());
+    comm = dist::make_single_process_communicator(*dev);
+    sync = std::make_unique<dist::GradSync>(*comm, store, 0, &partition, ops.get());
+  }
+  // One micro-batch whose backward writes `g` (the flat layout), units last to first.
+  void micro_batch(const std::vector<float>& g, bool first, bool last) {
+    sync->begin_micro_batch(first, last);
+    const std::vector<ParamUnit>& units = store.layout().units();
+    for (int u = int(units.size()) - 1; u >= 0; --u) {
+      const ParamUnit& unit = units[size_t(u)];
+      store.begin_grads(*dev, u);
+      std::copy(g.begin() + long(unit.offset), g.begin() + long(unit.offset + unit.numel),
+                static_cast<float*>(store.grad_at(unit.offset)));
+      store.grads_ready(u);
+    }
+    sync->finish();
+  }
+  std::unique_ptr<Device> dev;
+  ParamStore store;
+  dist::ZeroPartition partition;
+  std::vector<float> master, host_grads;
   MemoryPlan plan;
-  store.plan_memory(plan);
-  for (const PlannedBuffer& b : plan.buffers())
+  std::unique_ptr<Arena> arena;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<dist::GradSync> sync;
+};
+
+// The shard's gradients are host memory outside the plan, never zeroed by the step; the first micro-batch's
+// pieces overwrite whatever it held (here NaN) and the second's add, so the step's gradients are the two
+// micro-batches' sum, exactly as with device gradients. The last micro-batch sums the norm's squares as it
+// writes them (the norm sink).
+TEST(GradSyncOffload, FirstMicroBatchOverwritesTheHostGradients) {
+  OffloadedStore o(std::nanf(""));
+  for (const PlannedBuffer& b : o.plan.buffers())
     EXPECT_EQ(b.name.find("this rank's shard, reduced"), std::string::npos);
-  Arena arena(*dev, plan);
-  store.bind(arena);
-  ASSERT_EQ(store.grads(), host_grads.data());
-  auto ops = make_cpu_ops(*dev, store.precision());
-  auto one = dist::make_single_process_communicator(*dev);
-  dist::GradSync sync(*one, store, 0, &partition, ops.get());
-  EXPECT_TRUE(sync.first_micro_batch_differs());
-  double sum_squares = 0;  // the norm's squares, summed as the last micro-batch writes the pieces
-  sync.set_norm_sink(&sum_squares);
-  EXPECT_TRUE(sync.sums_norm());
-  const std::vector<ParamUnit>& units = store.layout().units();
-  const std::vector<float> a = random_values(store.numel(), 9), b = random_values(store.numel(), 10);
+  ASSERT_EQ(o.store.grads(), o.host_grads.data());
+  EXPECT_TRUE(o.sync->first_micro_batch_differs());
+  double sum_squares = 0;
+  o.sync->set_norm_sink(&sum_squares);
+  EXPECT_TRUE(o.sync->sums_norm());
+  const std::vector<float> a = random_values(o.store.numel(), 9), b = random_values(o.store.numel(), 10);
   for (int step = 0; step < 2; ++step) {  // the second step overwrites the first's sums too
     sum_squares = 0;
-    for (const std::vector<float>* micro : {&a, &b}) {
-      sync.begin_micro_batch(micro == &a, micro == &b);
-      for (int u = int(units.size()) - 1; u >= 0; --u) {
-        const ParamUnit& unit = units[size_t(u)];
-        store.begin_grads(*dev, u);
-        std::copy(micro->begin() + long(unit.offset), micro->begin() + long(unit.offset + unit.numel),
-                  static_cast<float*>(store.grad_at(unit.offset)));
-        store.grads_ready(u);
-      }
-      sync.finish();
-    }
+    o.micro_batch(a, true, false);
+    o.micro_batch(b, false, true);
   }
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(host_grads[i], a[i] + b[i]) << i;
-  const double whole = cpu::sum_squares(DType::F32, host_grads.data(), host_grads.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(o.host_grads[i], a[i] + b[i]) << i;
+  const double whole = cpu::sum_squares(DType::F32, o.host_grads.data(), o.host_grads.size());
   EXPECT_NEAR(sum_squares, whole, 1e-12 * whole);
 }
 
 // With frozen tensors the norm's squares cover the trainable gradients only, and those hold the step's sums
 // (a frozen tensor's gradients in host memory are neither summed nor needed: the optimizer skips them).
 TEST(GradSyncOffload, TheNormSumLeavesFrozenTensorsOut) {
-  auto dev = make_cpu_device();
-  ParamStore store(layout(), {DType::F32, DType::F32}, true);
-  store.freeze({"model.layers.0.*"});
-  const dist::ZeroPartition partition(store.layout(), 1, dist::ShardCuts::Anywhere);
-  store.set_master_range(partition.shard(0));
-  store.set_grad_shard(partition.shard(0));
-  store.set_master_on_host();
-  store.set_grads_on_host();
-  std::vector<float> master(store.numel()), host_grads(store.numel(), 0.0f);
-  store.bind_host_master(master.data());
-  store.bind_host_grads(host_grads.data());
-  MemoryPlan plan;
-  store.plan_memory(plan);
-  Arena arena(*dev, plan);
-  store.bind(arena);
-  auto ops = make_cpu_ops(*dev, store.precision());
-  auto one = dist::make_single_process_communicator(*dev);
-  dist::GradSync sync(*one, store, 0, &partition, ops.get());
+  OffloadedStore o(0.0f, {"model.layers.0.*"});
   double sum_squares = 0;
-  sync.set_norm_sink(&sum_squares);
-  const std::vector<ParamUnit>& units = store.layout().units();
-  const std::vector<float> a = random_values(store.numel(), 11);
-  sync.begin_micro_batch(true, true);
-  for (int u = int(units.size()) - 1; u >= 0; --u) {
-    const ParamUnit& unit = units[size_t(u)];
-    store.begin_grads(*dev, u);
-    std::copy(a.begin() + long(unit.offset), a.begin() + long(unit.offset + unit.numel),
-              static_cast<float*>(store.grad_at(unit.offset)));
-    store.grads_ready(u);
-  }
-  sync.finish();
+  o.sync->set_norm_sink(&sum_squares);
+  const std::vector<float> a = random_values(o.store.numel(), 11);
+  o.micro_batch(a, true, true);
   double trainable = 0;
-  for (const ParamTensor& t : store.layout().tensors()) {
+  for (const ParamTensor& t : o.store.layout().tensors()) {
     if (!t.trainable) continue;
     for (size_t i = t.offset; i < t.offset + t.numel(); ++i) {
-      ASSERT_EQ(host_grads[i], a[i]) << t.name;
+      ASSERT_EQ(o.host_grads[i], a[i]) << t.name;
       trainable += double(a[i]) * a[i];
     }
   }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,6 +42,24 @@ TrainConfig run_config(const test::ByteCorpus& c, const std::string& out, const 
 
 std::string file_bytes(const std::string& path) {
   return test::read_file(path);
+}
+
+bool lists(const MemoryPlan& plan, const std::string& name) {
+  for (const PlannedBuffer& b : plan.buffers())
+    if (b.name == name) return true;
+  return false;
+}
+
+// `anvil estimate` of llama-tiny in bf16 on the CPU with `args` succeeds and prints every one of `needles`.
+void expect_estimate_prints(const std::string& args, std::initializer_list<const char*> needles) {
+  const test::CommandResult r = test::run_anvil("estimate --model llama-tiny --device cpu --bf16 " + args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : needles)
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+}
+
+std::string example(const std::string& name) {
+  return std::string(ANVIL_SOURCE_DIR) + "/examples/" + name;
 }
 
 // `cfg` resumed from the run without offload's step-3 checkpoint (c.dir/device) gives `uninterrupted`'s
@@ -108,12 +127,8 @@ TEST(OffloadPlan, MasterWeightsAndStateOnTheHost) {
   EXPECT_GE(host->bytes(MemoryCategory::OptimizerState), whole.bytes(MemoryCategory::OptimizerState) - 4096);
   EXPECT_FALSE(host_optimizer_plan(off.model, training_engine_options(off, DeviceKind::CPU)).has_value());
 
-  const test::CommandResult r = test::run_anvil(
-      "estimate --model llama-tiny --device cpu --bf16 --offload_optimizer cpu --per_device_train_batch_size "
-      "4");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("host memory for the offloaded optimizer"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("master weights (fp32, host)"), std::string::npos) << r.output;
+  expect_estimate_prints("--offload_optimizer cpu --per_device_train_batch_size 4",
+                         {"host memory for the offloaded optimizer", "master weights (fp32, host)"});
 }
 
 // ZeRO with offload, 2 Gloo processes: each rank offloads its shard; the run equals the same stage without
@@ -203,12 +218,9 @@ TEST(OffloadPlan, ZeroShardOnTheHost) {
   EXPECT_NEAR(ratio, 0.5, 0.02);
   EXPECT_LT(shard->bytes(MemoryCategory::Gradients), whole->bytes(MemoryCategory::Gradients));
 
-  const test::CommandResult r = test::run_anvil(
-      "estimate --model llama-tiny --device cpu --bf16 --offload_optimizer cpu --zero_stage 2 --num_gpus 2 "
-      "--per_device_train_batch_size 4");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("master weights (fp32, host, this rank's shard)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("per node"), std::string::npos) << r.output;
+  expect_estimate_prints(
+      "--offload_optimizer cpu --zero_stage 2 --num_gpus 2 --per_device_train_batch_size 4",
+      {"master weights (fp32, host, this rank's shard)", "per node"});
 }
 
 // Parameter offload (offload_param cpu: ZeRO-3's weight shard in host memory, gathered from there). One
@@ -273,26 +285,17 @@ TEST(OffloadParam, ShardOnTheHostInThePlans) {
   EXPECT_LT(device.bytes(MemoryCategory::Weights), whole_weights);
   const std::optional<MemoryPlan> host = host_optimizer_plan(on.model, o);
   ASSERT_TRUE(host.has_value());
-  bool listed = false;
-  for (const PlannedBuffer& b : host->buffers()) listed |= b.name == "weights (offload_param, pinned)";
-  EXPECT_TRUE(listed);
-  const test::CommandResult r = test::run_anvil(
-      "estimate --model llama-tiny --device cpu --bf16 --zero_stage 3 --offload_optimizer cpu "
-      "--offload_param cpu");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("weights (offload_param, pinned)"), std::string::npos) << r.output;
+  EXPECT_TRUE(lists(*host, "weights (offload_param, pinned)"));
+  expect_estimate_prints("--zero_stage 3 --offload_optimizer cpu --offload_param cpu",
+                         {"weights (offload_param, pinned)"});
 }
 
 // The example DeepSpeed config (the DeepSpeed guide's ZeRO-3 with both offloads) plans stage 3 with the
 // weights and the optimizer on the host, with one process.
 TEST(OffloadParam, ExampleDeepSpeedConfigPlans) {
-  const std::string path = std::string(ANVIL_SOURCE_DIR) + "/examples/deepspeed_zero3_offload.json";
-  const test::CommandResult r = test::run_anvil(
-      "estimate --model llama-tiny --device cpu --bf16 --per_device_train_batch_size 2 --deepspeed " + path);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* needle :
-       {"weights (offload_param, pinned)", "master weights (fp32, host)", "weight slots"})
-    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  expect_estimate_prints(
+      "--per_device_train_batch_size 2 --deepspeed " + example("deepspeed_zero3_offload.json"),
+      {"weights (offload_param, pinned)", "master weights (fp32, host)", "weight slots"});
 }
 
 // Gradient offload: under ZeRO-2 and 3 the shard's gradients live in host memory (one process runs stage 2
@@ -350,24 +353,16 @@ TEST(OffloadGradsPlan, ShardGradientsOnTheHost) {
   EXPECT_LT(device.bytes(MemoryCategory::Gradients), whole.bytes(MemoryCategory::Gradients));
   const std::optional<MemoryPlan> host = host_optimizer_plan(stage2.model, o);
   ASSERT_TRUE(host.has_value());
-  bool listed = false;
-  for (const PlannedBuffer& b : host->buffers()) listed |= b.name == "gradients (offloaded, pinned)";
-  EXPECT_TRUE(listed);
-  const test::CommandResult r = test::run_anvil(
-      "estimate --model llama-tiny --device cpu --bf16 --zero_stage 2 --offload_optimizer cpu");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("gradients (offloaded, pinned)"), std::string::npos) << r.output;
+  EXPECT_TRUE(lists(*host, "gradients (offloaded, pinned)"));
+  expect_estimate_prints("--zero_stage 2 --offload_optimizer cpu", {"gradients (offloaded, pinned)"});
 }
 
 // The example DeepSpeed config (the DeepSpeed guide's ZeRO-2 with the optimizer offloaded) plans stage 2 with
 // one process, the gradients on the host.
 TEST(OffloadGradsPlan, ExampleDeepSpeedConfigPlans) {
-  const std::string path = std::string(ANVIL_SOURCE_DIR) + "/examples/deepspeed_zero2_offload.json";
-  const test::CommandResult r = test::run_anvil(
-      "estimate --model llama-tiny --device cpu --bf16 --per_device_train_batch_size 2 --deepspeed " + path);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* needle : {"gradients (offloaded, pinned)", "master weights (fp32, host)", "gradient slots"})
-    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  expect_estimate_prints(
+      "--per_device_train_batch_size 2 --deepspeed " + example("deepspeed_zero2_offload.json"),
+      {"gradients (offloaded, pinned)", "master weights (fp32, host)", "gradient slots"});
 }
 
 TEST(OffloadErrors, SayWhatToDo) {

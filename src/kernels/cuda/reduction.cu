@@ -131,23 +131,32 @@ __global__ void convert_sum_squares_kernel(double* partials, D* dst, const S* sr
   acc = block_sum(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
+
+// Calls launch(dst as D*, src as const S*, accumulate as std::bool_constant) for the runtime types.
+template <class Launch>
+void dispatch_convert(anvil::DType dst_type, void* dst, anvil::DType src_type, const void* src,
+                      bool accumulate, Launch launch) {
+  dispatch_float(dst_type, [&](auto d) {
+    dispatch_float(src_type, [&](auto s) {
+      auto* y = static_cast<decltype(d)*>(dst);
+      const auto* x = static_cast<const decltype(s)*>(src);
+      if (accumulate)
+        launch(y, x, std::true_type{});
+      else
+        launch(y, x, std::false_type{});
+    });
+  });
+}
 }  // namespace
 
 void convert_sum_squares(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type,
                          const void* src, size_t n, bool accumulate, double* scratch, double* sum_squares) {
   if (n == 0) return;
   const int blocks = static_cast<int>(std::min<size_t>(kReducePartials, (n + kThreads - 1) / kThreads));
-  dispatch_float(dst_type, [&](auto d) {
-    dispatch_float(src_type, [&](auto s) {
-      using D = decltype(d);
-      using S = decltype(s);
-      auto* y = static_cast<D*>(dst);
-      const auto* x = static_cast<const S*>(src);
-      if (accumulate)
-        convert_sum_squares_kernel<D, S, true><<<blocks, kThreads, 0, stream>>>(scratch, y, x, n);
-      else
-        convert_sum_squares_kernel<D, S, false><<<blocks, kThreads, 0, stream>>>(scratch, y, x, n);
-    });
+  dispatch_convert(dst_type, dst, src_type, src, accumulate, [&](auto* y, const auto* x, auto acc) {
+    using D = std::remove_pointer_t<decltype(y)>;
+    using S = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+    convert_sum_squares_kernel<D, S, decltype(acc)::value><<<blocks, kThreads, 0, stream>>>(scratch, y, x, n);
   });
   ANVIL_CUDA_CHECK_LAST();
   reduce_final_kernel<true><<<1, kThreads, 0, stream>>>(sum_squares, scratch, blocks);
@@ -157,17 +166,10 @@ void convert_sum_squares(cudaStream_t stream, anvil::DType dst_type, void* dst, 
 void convert(cudaStream_t stream, anvil::DType dst_type, void* dst, anvil::DType src_type, const void* src,
              size_t n, bool accumulate) {
   if (n == 0) return;
-  dispatch_float(dst_type, [&](auto d) {
-    dispatch_float(src_type, [&](auto s) {
-      using D = decltype(d);
-      using S = decltype(s);
-      auto* y = static_cast<D*>(dst);
-      const auto* x = static_cast<const S*>(src);
-      if (accumulate)
-        convert_kernel<D, S, true><<<grid_for(n, kThreads), kThreads, 0, stream>>>(y, x, n);
-      else
-        convert_kernel<D, S, false><<<grid_for(n, kThreads), kThreads, 0, stream>>>(y, x, n);
-    });
+  dispatch_convert(dst_type, dst, src_type, src, accumulate, [&](auto* y, const auto* x, auto acc) {
+    using D = std::remove_pointer_t<decltype(y)>;
+    using S = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+    convert_kernel<D, S, decltype(acc)::value><<<grid_for(n, kThreads), kThreads, 0, stream>>>(y, x, n);
   });
   ANVIL_CUDA_CHECK_LAST();
 }
