@@ -109,7 +109,7 @@ void GradSync::add_piece(int unit) {
   const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
   if (lo < hi) {
     const char* slot = static_cast<const char*>(store_.comm_grad_at(u.offset));
-    const void* piece = slot + dtype_bytes(comm_type_, lo - u.offset);
+    const auto piece = [&](size_t i) { return slot + dtype_bytes(comm_type_, i - u.offset); };
     const bool accumulate = !(first_ && overwrite_first_);
     if (norm_sink_ && last_) {
       // Only the trainable tensors' gradients count in the norm (frozen ones are neither summed nor written:
@@ -117,12 +117,11 @@ void GradSync::add_piece(int unit) {
       for (const ParamRange& r : trainable_) {
         const size_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
         if (b < e)
-          ops_->convert_grads_sum_squares(store_.reduced_grad_at(b), kept_type_,
-                                          slot + dtype_bytes(comm_type_, b - u.offset), comm_type_, e - b,
+          ops_->convert_grads_sum_squares(store_.reduced_grad_at(b), kept_type_, piece(b), comm_type_, e - b,
                                           accumulate, norm_sink_);
       }
     } else {
-      ops_->convert_grads(store_.reduced_grad_at(lo), kept_type_, piece, comm_type_, hi - lo, accumulate);
+      ops_->convert_grads(store_.reduced_grad_at(lo), kept_type_, piece(lo), comm_type_, hi - lo, accumulate);
     }
   }
   to_add_[size_t(unit)] = false;

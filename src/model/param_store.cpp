@@ -165,7 +165,7 @@ void ParamStore::set_grads_on_host() {
 void ParamStore::bind_host_grads(void* host) {
   ANVIL_ASSERT(grads_on_host_ && (host || grad_range_.numel() == 0),
                "bind_host_grads: after set_grads_on_host, with host memory");
-  host_grads_ = grads_ = host;
+  grads_ = host;  // (bind leaves it: no device buffer is planned for them)
 }
 
 void ParamStore::bind_host_weights(void* host) {
@@ -300,7 +300,6 @@ void ParamStore::bind(const Arena& arena) {
                 ? static_cast<float*>(weights_) + (weights_sharded_ ? 0 : master_range_.begin)
             : i_master_ != SIZE_MAX ? arena.get<float>(i_master_)
                                     : nullptr;
-  if (grads_on_host_) grads_ = host_grads_;
   if (i_grads_ != SIZE_MAX) grads_ = arena.get<void>(i_grads_);
   if (i_slots_ != SIZE_MAX) slots_ = arena.get<char>(i_slots_);
   if (i_comm_ != SIZE_MAX) comm_ = arena.get<char>(i_comm_);
@@ -341,8 +340,6 @@ FrozenCount ParamStore::freeze(const std::vector<std::string>& patterns) {
 
 void ParamStore::zero_frozen_grads(Device& dev) const {
   if (trainable_) return;  // no gradient is kept for a frozen tensor
-  // Offloaded gradients on a device with memory of its own: not zeroed there (see set_grads_on_host).
-  if (grads_on_host_ && dev.kind() != DeviceKind::CPU) return;
   for (const ParamRange& f : frozen_) {
     const size_t b = std::max(f.begin, grad_range_.begin), e = std::min(f.end, grad_range_.end);
     if (b < e) dev.fill_zero(reduced_grad_at(b), (e - b) * grad_elem_);

@@ -149,9 +149,9 @@ class ParamStore {
   // addressing: dist::GradSync writes each unit's reduced piece there (the step's first micro-batch
   // overwrites, the others add; a CUDA step sums the norm's squares as the last one writes them) and the
   // host optimizer reads it in place. It is never zeroed on the device (a device memset of host memory is not
-  // portable): the first micro-batch overwrites every trainable element of the shard, and zero_frozen_grads
-  // zeroes frozen tensors' gradients on the CPU backend only (on CUDA the norm leaves them out as it sums,
-  // and the optimizer never reads them).
+  // portable): the first micro-batch overwrites every trainable element of the shard; frozen tensors'
+  // gradients are zeroed by zero_frozen_grads on the CPU backend only (a CUDA step leaves them out of the
+  // norm as it sums it, and the optimizer never reads them).
   void set_grads_on_host();
   void bind_host_grads(void* host);
   bool grads_on_host() const { return grads_on_host_; }
@@ -322,7 +322,6 @@ class ParamStore {
   bool weights_on_host_ = false;  // set_weights_on_host
   void* host_weights_ = nullptr;  // bind_host_weights
   bool grads_on_host_ = false;    // set_grads_on_host
-  void* host_grads_ = nullptr;    // bind_host_grads
   std::vector<TrainableRun> runs_;
   std::vector<TensorGrad> tensor_grads_;
   size_t sink_numel_ = 0, i_sink_ = SIZE_MAX;

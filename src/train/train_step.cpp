@@ -258,13 +258,15 @@ void TrainStep::micro_batch(int slot) {
 // uploads first.
 void TrainStep::norm_part() {
   e_.upload_step_values();
+  // Offloaded gradients across the bus: the last micro-batch summed the norm's squares as it wrote them,
+  // frozen tensors left out (host memory is not zeroed from the device).
+  const bool summed = sync_ && sync_->sums_norm();
   // Frozen tensors (freeze_parameters): the gradients a model computed for them anyway leave no trace.
-  model_.param_store().zero_frozen_grads(dev_);
+  if (!summed) model_.param_store().zero_frozen_grads(dev_);
   // ZeRO stage 2: this rank's shard of the reduced gradients, its sum of squares then summed over the ranks.
   const ParamRange g = zero_ ? zero_->reduced_grads() : ParamRange{0, nparams_};
-  // (An empty shard adds nothing: the sum was zeroed with the step's scalars. Offloaded gradients: summed
-  // as the last micro-batch wrote them.)
-  if (g.numel() && !(sync_ && sync_->sums_norm()))
+  // (An empty shard adds nothing: the sum was zeroed with the step's scalars.)
+  if (g.numel() && !summed)
     e_.ops().sum_squares_to(&scalars_->grad_sum_squares, model_.param_store().reduced_grad_at(g.begin),
                             grad_dtype_, g.numel());
   if (zero_) zero_->reduce_norm(&scalars_->grad_sum_squares);

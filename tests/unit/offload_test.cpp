@@ -72,6 +72,22 @@ void expect_resume_continues(const test::ByteCorpus& c, json cfg, const std::vec
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i], uninterrupted[3 + i]) << "step " << 4 + i;
 }
 
+// One process: the run of `extra` and the same run with `offload` added give the same losses and the same
+// model file; the offloaded run resumes from the other's step-3 checkpoint.
+void expect_offloaded_run_equals(const test::ByteCorpus& c, const json& extra, const json& offload) {
+  test::quietly([&] { return train(run_config(c, c.dir / "device", extra)); });
+  json off = extra;
+  off.update(offload);
+  test::quietly([&] { return train(run_config(c, c.dir / "host", off)); });
+  const std::vector<double> a = test::metrics_losses(c.dir / "device/metrics.jsonl"),
+                            b = test::metrics_losses(c.dir / "host/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/model.safetensors"),
+            file_bytes(c.dir / "host/checkpoint-6/model.safetensors"));
+  expect_resume_continues(c, off, a);
+}
+
 class Offload : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(Offload, EqualsTheRunWithoutIt) {
@@ -228,19 +244,9 @@ TEST(OffloadPlan, ZeroShardOnTheHost) {
 // checkpoint.
 TEST(OffloadParam, OneProcessEqualsTheRunWithoutOffload) {
   test::ByteCorpus c;
-  const json extra = {{"bf16", true}, {"gradient_accumulation_steps", 2}};
-  test::quietly([&] { return train(run_config(c, c.dir / "device", extra)); });
-  json off = extra;
-  off.update({{"zero_stage", 3}, {"offload_optimizer", "cpu"}, {"offload_param", "cpu"}});
-  test::quietly([&] { return train(run_config(c, c.dir / "host", off)); });
-  const std::vector<double> a = test::metrics_losses(c.dir / "device/metrics.jsonl"),
-                            b = test::metrics_losses(c.dir / "host/metrics.jsonl");
-  ASSERT_EQ(a.size(), 6u);
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/model.safetensors"),
-            file_bytes(c.dir / "host/checkpoint-6/model.safetensors"));
+  expect_offloaded_run_equals(c, {{"bf16", true}, {"gradient_accumulation_steps", 2}},
+                              {{"zero_stage", 3}, {"offload_optimizer", "cpu"}, {"offload_param", "cpu"}});
   EXPECT_TRUE(fs::exists(c.dir / "host/checkpoint-6/zero/optimizer-rank-00000-of-00001.safetensors"));
-  expect_resume_continues(c, off, a);
 }
 
 // With 2 processes each rank's weight shard is on its host: the run is stage 3 with optimizer offload,
@@ -312,17 +318,7 @@ TEST_P(OffloadGrads, OneProcessStageTwoEqualsTheRunWithoutOffload) {
   if (precision != "fp32") extra[precision] = true;
   if (precision == "fp16") extra["debug_inject_overflow_steps"] = {2};
   if (accumulation == 1 && precision == "fp32") extra["freeze_parameters"] = "model.embed_tokens.weight";
-  test::quietly([&] { return train(run_config(c, c.dir / "device", extra)); });
-  json off = extra;
-  off.update({{"zero_stage", 2}, {"offload_optimizer", "cpu"}});
-  test::quietly([&] { return train(run_config(c, c.dir / "host", off)); });
-  const std::vector<double> a = test::metrics_losses(c.dir / "device/metrics.jsonl"),
-                            b = test::metrics_losses(c.dir / "host/metrics.jsonl");
-  ASSERT_EQ(a.size(), 6u);
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(file_bytes(c.dir / "device/checkpoint-6/model.safetensors"),
-            file_bytes(c.dir / "host/checkpoint-6/model.safetensors"));
-  expect_resume_continues(c, off, a);
+  expect_offloaded_run_equals(c, extra, {{"zero_stage", 2}, {"offload_optimizer", "cpu"}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, OffloadGrads,
