@@ -92,10 +92,18 @@ struct TrainConfig {
   // fp32 master weights and optimizer state; 2 also of the reduced gradients; 3 also of the weights
   // (gathered unit by unit). DeepSpeed's zero_optimization.stage.
   int zero_stage = 0;
-  // Where the fp32 master weights and the optimizer state live and the update runs: "none" (the device) or
-  // "cpu" (host memory, updated by the CPU: DeepSpeed's offload_optimizer; src/offload/). Under zero_stage 2
-  // or 3 (one process too) the shard's gradients live in host memory as well.
+  // Where the fp32 master weights and the optimizer state live and the update runs: "none" (the device),
+  // "cpu" (host memory, updated by the CPU: DeepSpeed's offload_optimizer; src/offload/) or "nvme" (as cpu,
+  // with the optimizer state in a swap file in offload_nvme_path, read and written sub-group by sub-group).
+  // Under zero_stage 2 or 3 (one process too) the shard's gradients live in host memory as well.
   std::string offload_optimizer = "none";
+  // NVMe offload: the directory of the swap file (DeepSpeed's offload_optimizer.nvme_path), the elements
+  // of a sub-group (sub_group_size), the bytes of each I/O request (aio block_size) and the I/O threads per
+  // process (aio thread_count x queue_depth).
+  std::string offload_nvme_path;
+  int64_t sub_group_size = 1000000000;
+  int64_t aio_block_size = 1048576;
+  int aio_threads = 8;
   // Where each rank's shard of the compute-type weights lives under ZeRO stage 3: "none" (the device) or
   // "cpu" (pinned host memory, copied in as each unit is gathered: DeepSpeed's offload_param). Needs
   // offload_optimizer cpu; with one process it runs stage 3 on that one rank.

@@ -83,6 +83,27 @@ ZeroPartition::ZeroPartition(const ParamLayout& layout, int world, ShardCuts cut
   cuts_.push_back(n);
 }
 
+std::vector<size_t> sub_group_cuts(const ParamLayout& layout, ParamRange range, size_t max_numel,
+                                   ShardCuts cuts) {
+  ANVIL_REQUIRE(max_numel >= 1, "sub-group size {} (elements)", max_numel);
+  const std::vector<Progression> allowed = progressions(layout, cuts);
+  std::vector<size_t> out{range.begin};
+  while (range.end - out.back() > max_numel) {
+    const size_t prev = out.back(), target = prev + max_numel;
+    // The last allowed cut after `prev` and not past the target; else the first one past it.
+    size_t below = prev, above = range.end;
+    for (const Progression& p : allowed) {
+      if (auto c = p.at_most(target); c && *c > prev) below = std::max(below, *c);
+      if (auto c = p.at_least(target); c && *c > prev) above = std::min(above, *c);
+    }
+    const size_t cut = below > prev ? below : above;
+    if (cut >= range.end) break;
+    out.push_back(cut);
+  }
+  out.push_back(range.end);
+  return out;
+}
+
 std::vector<size_t> ZeroPartition::counts() const {
   std::vector<size_t> c;
   for (int r = 0; r < world(); ++r) c.push_back(shard(r).numel());

@@ -40,4 +40,11 @@ class ZeroPartition {
   std::vector<size_t> cuts_;  // world + 1 entries, cuts_[0] = 0, cuts_[world] = numel
 };
 
+// Cuts `range` (itself cut by these rules, e.g. a shard) into consecutive pieces of at most `max_numel`
+// elements where the rules allow (a piece grows past it only where no cut is allowed, e.g. a tensor longer
+// than `max_numel` under WholeTensors): the sub-groups of an optimizer step (DeepSpeed's sub_group_size).
+// Returns the cuts, from range.begin to range.end (one piece: those two).
+std::vector<size_t> sub_group_cuts(const ParamLayout& layout, ParamRange range, size_t max_numel,
+                                   ShardCuts cuts);
+
 }  // namespace anvil::dist

@@ -189,15 +189,11 @@ BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& 
   return {};
 }
 
-void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev) {
+void save_optimizer(const std::string& path, const OptimizerStateParts& state, Device& dev) {
   SafeTensorsWriter w;
-  w.set_metadata("optimizer", optimizer_name(opt.kind()));
+  w.set_metadata("optimizer", optimizer_name(state.whole().kind()));
   std::vector<std::vector<char>> host;  // kept alive until write()
-  for (const OptimizerStateTensor& t : opt.state_tensors()) {
-    host.emplace_back(dtype_bytes(t.dtype, t.count));
-    if (!host.back().empty()) dev.copy_to_host(host.back().data(), t.data, host.back().size());
-    w.add(t.name, t.dtype, {int64_t(t.count)}, host.back().data());
-  }
+  add_state_tensors(w, state, dev, host);
   w.write(path);
 }
 
@@ -217,7 +213,7 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
   }
 }
 
-void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& opt, const json& state,
+void save_checkpoint(const std::string& dir, const Model& model, const OptimizerStateParts& opt, const json& state,
                      const std::string& tokenizer_file, Device& dev, Device* optimizer_dev) {
   AtomicDirectory out(dir);
   save_model(out.path(), model, dev);

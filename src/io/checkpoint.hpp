@@ -52,7 +52,8 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev,
 void save_model(const std::string& dir, const Model& model, Device& dev, DType dtype = DType::F32);
 BertLoadReport load_model_weights(const std::string& dir, Model& model, Device& dev,
                                   const std::string& adapter_dir = "");
-void save_optimizer(const std::string& path, const Optimizer& opt, Device& dev);
+// Writes the optimizer's state (its parts concatenated: io/optimizer_state.hpp) as optimizer.safetensors.
+void save_optimizer(const std::string& path, const OptimizerStateParts& state, Device& dev);
 // Restores every state buffer; a checkpoint of another optimizer, or a buffer whose name, type or size
 // differs, is an error naming the file and what differs.
 void load_optimizer(const std::string& path, Optimizer& opt, Device& dev);
@@ -61,7 +62,7 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev);
 // "" for none) is copied in under its Hugging Face name with the files beside it that belong to it
 // (tokenizer_side_files), so the checkpoint is self-contained. The optimizer's state is read through
 // `optimizer_dev` (its host device under optimizer offload), else through `dev`.
-void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& opt,
+void save_checkpoint(const std::string& dir, const Model& model, const OptimizerStateParts& opt,
                      const nlohmann::json& state, const std::string& tokenizer_file, Device& dev,
                      Device* optimizer_dev = nullptr);
 

@@ -74,21 +74,44 @@ std::string optimizer_shard_path(const std::string& checkpoint_dir, int rank, in
       .string();
 }
 
-void save_optimizer_shard(const std::string& path, const Optimizer& opt, Device& dev,
+void add_state_tensors(SafeTensorsWriter& w, const OptimizerStateParts& state, Device& dev,
+                       std::vector<std::vector<char>>& host) {
+  const bool in_host_memory = dev.kind() == DeviceKind::CPU;
+  for (const OptimizerStateTensor& whole : state.whole().state_tensors()) {
+    std::vector<SafeTensorsWriter::Piece> pieces;
+    size_t count = 0;
+    for (const Optimizer* part : state.parts())
+      for (const OptimizerStateTensor& t : part->state_tensors()) {
+        if (t.name != whole.name || t.count == 0) continue;
+        count += t.count;
+        const size_t bytes = dtype_bytes(t.dtype, t.count);
+        if (in_host_memory) {
+          pieces.emplace_back(t.data, bytes);
+        } else {
+          host.emplace_back(bytes);
+          dev.copy_to_host(host.back().data(), t.data, bytes);
+          pieces.emplace_back(host.back().data(), bytes);
+        }
+      }
+    ANVIL_ASSERT(count == whole.count, "optimizer state '{}': the parts hold {} elements of the shard's {}",
+                 whole.name, count, whole.count);
+    w.add_pieces(whole.name, whole.dtype, {int64_t(whole.count)}, std::move(pieces));
+  }
+}
+
+void save_optimizer_shard(const std::string& path, const OptimizerStateParts& state, Device& dev,
                           const StateSlices& slices, int rank, int world) {
   SafeTensorsWriter w;
-  w.set_metadata("optimizer", optimizer_name(opt.kind()));
+  w.set_metadata("optimizer", optimizer_name(state.whole().kind()));
   w.set_metadata("zero_rank", std::to_string(rank));
   w.set_metadata("zero_world", std::to_string(world));
-  std::vector<std::vector<char>> host;  // kept alive until write()
-  for (const OptimizerStateTensor& t : opt.state_tensors()) {
+  for (const OptimizerStateTensor& t : state.whole().state_tensors()) {
     const StateSlice s = slice_of(slices, t);
     w.set_metadata("offset." + t.name, std::to_string(s.offset));
     w.set_metadata("total." + t.name, std::to_string(s.total));
-    host.emplace_back(dtype_bytes(t.dtype, t.count));
-    if (!host.back().empty()) dev.copy_to_host(host.back().data(), t.data, host.back().size());
-    w.add(t.name, t.dtype, {int64_t(t.count)}, host.back().data());
   }
+  std::vector<std::vector<char>> host;  // kept alive until write()
+  add_state_tensors(w, state, dev, host);
   w.write(path);
 }
 
@@ -161,6 +184,28 @@ void load_optimizer_state(const std::string& checkpoint_dir, Optimizer& opt, Dev
                   "{}: the optimizer state '{}' lacks elements from {} on (the files cover part of it only); "
                   "resume from a complete checkpoint",
                   checkpoint_dir, t.name, s.offset + size_t(hole - filled.begin()));
+  }
+}
+
+void load_optimizer_state(const std::string& checkpoint_dir, const OptimizerStateParts& state, Device& dev,
+                          const StateSlices& slices) {
+  if (state.parts().size() == 1 && state.parts()[0] == &state.whole()) {
+    load_optimizer_state(checkpoint_dir, *state.parts()[0], dev, slices);
+    return;
+  }
+  // Each part's slices: the shard's, moved past the elements of the parts before it.
+  StateSlices shard;
+  for (const OptimizerStateTensor& t : state.whole().state_tensors()) shard[t.name] = slice_of(slices, t);
+  std::map<std::string, size_t> before;
+  for (Optimizer* part : state.parts()) {
+    StateSlices mine;
+    for (const OptimizerStateTensor& t : part->state_tensors()) {
+      const auto it = shard.find(t.name);
+      ANVIL_ASSERT(it != shard.end(), "optimizer state '{}' of a part is not one of the shard's", t.name);
+      mine[t.name] = {it->second.offset + before[t.name], it->second.total};
+      before[t.name] += t.count;
+    }
+    load_optimizer_state(checkpoint_dir, *part, dev, mine);
   }
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <vector>
 
 #include "io/safetensors.hpp"
 #include "optim/optimizer.hpp"
@@ -28,8 +29,15 @@ void require_optimizer(const SafeTensorsReader& r, const Optimizer& opt);
 // The file of rank `rank` of `world` inside a checkpoint directory.
 std::string optimizer_shard_path(const std::string& checkpoint_dir, int rank, int world);
 
-// Writes `opt`'s state (its shard's) with the slices' metadata to `path`.
-void save_optimizer_shard(const std::string& path, const Optimizer& opt, Device& dev,
+// Adds the shard's state tensors to `w`, in the order of the whole optimizer's, each the concatenation of
+// the parts' tensors of that name. State on the CPU device (`dev`) is written from where it lies (no copy:
+// the NVMe-offloaded state stays in its mapped file); device state through host copies that `host` keeps
+// until write().
+void add_state_tensors(SafeTensorsWriter& w, const OptimizerStateParts& state, Device& dev,
+                       std::vector<std::vector<char>>& host);
+
+// Writes the state of `state`'s shard with the slices' metadata to `path`.
+void save_optimizer_shard(const std::string& path, const OptimizerStateParts& state, Device& dev,
                           const StateSlices& slices, int rank, int world);
 
 // Restores `opt`'s state from a checkpoint directory: from optimizer.safetensors (one process) or from the
@@ -37,6 +45,9 @@ void save_optimizer_shard(const std::string& path, const Optimizer& opt, Device&
 // optimizer, a missing rank file, a tensor of another type or total length, or a slice the files do not
 // cover is an error naming the file and what to do.
 void load_optimizer_state(const std::string& checkpoint_dir, Optimizer& opt, Device& dev,
+                          const StateSlices& slices);
+// The same into each part of `state` (the slices are the shard's; each part reads its own piece of them).
+void load_optimizer_state(const std::string& checkpoint_dir, const OptimizerStateParts& state, Device& dev,
                           const StateSlices& slices);
 
 }  // namespace anvil::io

@@ -289,7 +289,7 @@ SafeTensorsWriter::Entry SafeTensorsWriter::checked_entry(std::string name, DTyp
                 shape_str(shape));
   ANVIL_REQUIRE(data != nullptr || *nbytes == 0, "safetensors: tensor '{}' has no data", name);
   ANVIL_REQUIRE(!names_.contains(name), "safetensors: tensor '{}' added twice", name);
-  return Entry{std::move(name), dtype, std::move(shape), {}, nullptr, *nbytes};
+  return Entry{std::move(name), dtype, std::move(shape), {}, {}, *nbytes};
 }
 
 void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data) {
@@ -303,7 +303,23 @@ void SafeTensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
 void SafeTensorsWriter::add_view(std::string name, DType dtype, std::vector<int64_t> shape,
                                  const void* data) {
   Entry entry = checked_entry(std::move(name), dtype, std::move(shape), data);
-  entry.view = data;
+  if (entry.nbytes > 0) entry.views.emplace_back(data, entry.nbytes);
+  names_.insert(entry.name);
+  entries_.push_back(std::move(entry));
+}
+
+void SafeTensorsWriter::add_pieces(std::string name, DType dtype, std::vector<int64_t> shape,
+                                   std::vector<Piece> pieces) {
+  size_t total = 0;
+  for (const auto& [data, bytes] : pieces) {
+    ANVIL_REQUIRE(data != nullptr || bytes == 0, "safetensors: tensor '{}' has a piece without data", name);
+    total += bytes;
+  }
+  Entry entry = checked_entry(std::move(name), dtype, std::move(shape), pieces.empty() ? nullptr : pieces[0].first);
+  ANVIL_REQUIRE(total == entry.nbytes, "safetensors: tensor '{}' has pieces of {} bytes for its {} bytes",
+                entry.name, total, entry.nbytes);
+  for (const Piece& p : pieces)
+    if (p.second > 0) entry.views.push_back(p);
   names_.insert(entry.name);
   entries_.push_back(std::move(entry));
 }
@@ -341,7 +357,10 @@ void SafeTensorsWriter::write(const std::string& path) const {
   SyncedFileWriter out(path);
   out.write(length_bytes.data(), length_bytes.size());
   out.write(header_text);
-  for (const Entry& e : entries_) out.write(e.view ? e.view : e.bytes.data(), e.nbytes);
+  for (const Entry& e : entries_) {
+    if (e.views.empty()) out.write(e.bytes.data(), e.nbytes);
+    for (const auto& [data, bytes] : e.views) out.write(data, bytes);
+  }
   out.finish();
 }
 

@@ -69,6 +69,11 @@ class SafeTensorsWriter {
   // The same without the copy: `data` must stay valid until write() (a memory-mapped input, so that writing
   // a large file holds no copy of it).
   void add_view(std::string name, DType dtype, std::vector<int64_t> shape, const void* data);
+  // A tensor whose bytes are the concatenation of `pieces` (pointer, bytes), in order, each valid until
+  // write(): a tensor held in parts (NVMe-offloaded optimizer state) written without one copy of it whole.
+  // The pieces' bytes must add up to the shape's.
+  using Piece = std::pair<const void*, size_t>;
+  void add_pieces(std::string name, DType dtype, std::vector<int64_t> shape, std::vector<Piece> pieces);
   void set_metadata(std::string key, std::string value);
   // Writes the file (tensors in the order added) and fsyncs it; throws on I/O errors naming the path.
   void write(const std::string& path) const;
@@ -79,7 +84,7 @@ class SafeTensorsWriter {
     DType dtype;
     std::vector<int64_t> shape;
     std::vector<std::byte> bytes;  // add(): the copy
-    const void* view = nullptr;    // add_view(): the caller's data
+    std::vector<Piece> views;      // add_view(), add_pieces(): the caller's data
     size_t nbytes = 0;
   };
   Entry checked_entry(std::string name, DType dtype, std::vector<int64_t> shape, const void* data) const;

@@ -12,25 +12,31 @@ namespace {
 // Elements cast per copy of the weights to the device (64 MB of 16-bit weights).
 constexpr size_t kCastChunk = size_t(32) << 20;
 
-// The master weights first, then the optimizer's state and range table; returns the master's index.
-size_t plan_master_and_state(MemoryPlan& plan, Optimizer& opt) {
+// The master weights first, then the optimizer's state and range table (not under NVMe offload, whose
+// state is in the swap file); returns the master's index.
+size_t plan_master_and_state(MemoryPlan& plan, Optimizer& opt, bool state) {
   const bool sharded = opt.numel() != opt.layout().total_numel();
   const size_t i =
       plan.add(sharded ? "master weights (fp32, host, this rank's shard)" : "master weights (fp32, host)",
                MemoryCategory::MasterWeights, opt.numel() * sizeof(float));
-  opt.plan_memory(plan);
+  if (state) opt.plan_memory(plan);
   return i;
 }
+
+const char* kSwapBuffersName = "optimizer state swap buffers (NVMe offload: two sub-groups)";
 
 }  // namespace
 
 MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerKind kind,
                                            const OptimizerHyper& h, OpsPrecision kept,
                                            std::optional<ParamRange> shard, bool weights_on_host,
-                                           bool grads_on_host) {
+                                           bool grads_on_host, std::optional<size_t> nvme_sub_group_size) {
   MemoryPlan plan;
   const std::unique_ptr<Optimizer> opt = make_optimizer(kind, layout, h, shard);
-  plan_master_and_state(plan, *opt);
+  plan_master_and_state(plan, *opt, !nvme_sub_group_size);
+  if (nvme_sub_group_size)
+    plan.add(kSwapBuffersName, MemoryCategory::OptimizerState,
+             2 * PagedOptimizerState::sizes(kind, layout, h, opt->shard(), *nvme_sub_group_size).buffer_bytes);
   const size_t n = opt->numel();
   plan.add(grads_on_host ? "gradients (offloaded, pinned)" : "gradients (host staging, pinned)",
            MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
@@ -42,16 +48,22 @@ MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerK
 }
 
 HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind, const OptimizerHyper& h,
-                             OpsPrecision kept)
+                             OpsPrecision kept, const std::optional<NvmeOptions>& nvme)
     : dev_(dev), store_(store), kept_(kept), host_(make_cpu_device()) {
   const ParamLayout& layout = store.optimizer_layout();
   ANVIL_ASSERT(store.master_on_host(), "optimizer offload: the store keeps its master weights on the host");
   opt_ = make_optimizer(kind, layout, h,
                         store.master_sharded() ? std::optional(store.master_range()) : std::nullopt);
   MemoryPlan plan;
-  i_master_ = plan_master_and_state(plan, *opt_);
+  i_master_ = plan_master_and_state(plan, *opt_, !nvme);
+  host_plan_ = plan;
   arena_ = std::make_unique<Arena>(*host_, std::move(plan));
-  opt_->bind(*arena_);
+  if (nvme) {
+    paged_ = std::make_unique<PagedOptimizerState>(kind, layout, h, opt_->shard(), *nvme);
+    host_plan_.add(kSwapBuffersName, MemoryCategory::OptimizerState, 2 * paged_->size().buffer_bytes);
+  } else {
+    opt_->bind(*arena_);
+  }
   ops_ = make_cpu_ops(*host_, kept);
   const size_t n = opt_->numel();
   grads_host_.emplace(dev, dtype_bytes(kept.grad, n));
@@ -63,8 +75,15 @@ HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind,
   if (store.grads_on_host()) store.bind_host_grads(grads_host_->get());
 }
 
+OptimizerStateParts HostOptimizer::state_parts(bool writable) {
+  return paged_ ? paged_->map(*opt_, writable) : OptimizerStateParts(*opt_);
+}
+
 void HostOptimizer::reset() {
-  opt_->reset(*host_);
+  if (paged_)
+    paged_->reset(*host_);
+  else
+    opt_->reset(*host_);
   if (grads_host_->size() > 0) std::memset(grads_host_->get(), 0, grads_host_->size());
 }
 
@@ -86,7 +105,15 @@ void HostOptimizer::step(float lr, int64_t step, const float* grad_scale_device)
   ++seconds_.steps;
   if (n == 0) return;  // an empty ZeRO shard
   t = Clock::now();
-  opt_->step(*ops_, store_.master(), grads_host_->get(), lr, step, scale);
+  if (paged_) {  // sub-group by sub-group, each one's state read in and written back
+    paged_->for_each_group([&](Optimizer& o, ParamRange r) {
+      const size_t at = r.begin - shard.begin;
+      o.step(*ops_, store_.master() + at, static_cast<const char*>(grads_host_->get()) + dtype_bytes(kept_.grad, at),
+             lr, step, scale);
+    });
+  } else {
+    opt_->step(*ops_, store_.master(), grads_host_->get(), lr, step, scale);
+  }
   seconds_.update += seconds_since(t);
   t = Clock::now();
   if (store_.weights_on_host()) {  // parameter offload: the weights are host memory; nothing to copy

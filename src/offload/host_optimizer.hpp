@@ -12,6 +12,10 @@
 // gradients buffer is the store's reduced gradients, which the device writes unit by unit during backward
 // (dist::GradSync), so the device keeps no gradient shard and step() copies nothing down.
 //
+// NVMe offload (`nvme`: offload_optimizer nvme): the optimizer state lives in a swap file instead
+// (PagedOptimizerState), read and written sub-group by sub-group during the update; the master weights and
+// the gradients stay in host memory.
+//
 // A step: backward and the gradient norm (with the clip factor) run on the device as always; then step()
 // copies the gradients (the shard's, reduced) into a pinned host buffer, reads the clip x unscale factor,
 // updates the master weights on the host, rounds them into the compute type there (fp32: as they are) and
@@ -25,6 +29,7 @@
 #include "anvil/memory_plan.hpp"
 #include "kernels/ops.hpp"
 #include "model/param_store.hpp"
+#include "offload/paged_state.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/device.hpp"
@@ -37,15 +42,23 @@ class HostOptimizer {
   // fp32 master weights and the optimizer's state, pageable; the gradients' and the compute-type weights'
   // staging copies, pinned where `dev` pins) and hands the store its master weights
   // (ParamStore::bind_host_master). `kept` is the store's precision (gradients in kept.grad).
+  // With `nvme` the optimizer state goes to a swap file there instead of host memory.
   HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind, const OptimizerHyper& h,
-                OpsPrecision kept);
+                OpsPrecision kept, const std::optional<NvmeOptions>& nvme = std::nullopt);
 
+  // The shard's optimizer (under NVMe offload its state is in the sub-groups' optimizers: state_parts()).
   Optimizer& optimizer() { return *opt_; }
   const Optimizer& optimizer() const { return *opt_; }
+  // The state for checkpoints (through host_device()): the optimizer itself, or the NVMe sub-groups bound
+  // to a mapping of the swap file while the result lives (`writable` for a resume).
+  OptimizerStateParts state_parts(bool writable);
+  // The NVMe-offloaded state, or null.
+  const PagedOptimizerState* paged() const { return paged_.get(); }
   // The device the optimizer's state belongs to (checkpoints copy it through this one).
   Device& host_device() { return *host_; }
-  // The host memory of its arena: the master weights and the optimizer state (the staging copies apart).
-  const MemoryPlan& host_plan() const { return arena_->plan(); }
+  // The host memory it holds: the master weights and the optimizer state, or under NVMe offload the state's
+  // two swap buffers (the staging copies apart).
+  const MemoryPlan& host_plan() const { return host_plan_; }
   // Bytes of the two pinned staging copies.
   size_t staging_bytes() const { return grads_host_->size() + (weights_host_ ? weights_host_->size() : 0); }
 
@@ -68,9 +81,11 @@ class HostOptimizer {
   // under ZeRO. `weights_on_host` (parameter offload): the weights' copy is the store's weights, in the
   // compute type whatever it is; `grads_on_host` (gradient offload): the gradients' copy is the store's
   // gradients (the same bytes either way).
+  // `nvme_sub_group_size` (NVMe offload): the state is the two swap buffers of sub-groups of that size.
   static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
                                      OpsPrecision kept, std::optional<ParamRange> shard = std::nullopt,
-                                     bool weights_on_host = false, bool grads_on_host = false);
+                                     bool weights_on_host = false, bool grads_on_host = false,
+                                     std::optional<size_t> nvme_sub_group_size = std::nullopt);
 
  private:
   Device& dev_;
@@ -80,6 +95,8 @@ class HostOptimizer {
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<Arena> arena_;
+  std::unique_ptr<PagedOptimizerState> paged_;
+  MemoryPlan host_plan_;
   size_t i_master_ = 0;
   // The gradients in kept.grad; the weights in kept.compute (16-bit compute only: fp32 weights are the master
   // weights' copy).

@@ -92,9 +92,18 @@ void Optimizer::plan_memory(MemoryPlan& plan) {
 }
 
 void Optimizer::bind(const Arena& arena) {
+  bind_pointers([&](size_t i) { return arena.get<void>(i); });
+}
+
+void Optimizer::bind(void* base, const MemoryPlan& plan) {
+  bind_pointers([&](size_t i) { return static_cast<void*>(static_cast<char*>(base) + plan.buffers()[i].offset); });
+}
+
+template <class Pointer>
+void Optimizer::bind_pointers(Pointer&& pointer) {
   state_ptrs_.clear();
-  for (size_t i : i_state_) state_ptrs_.push_back(arena.get<void>(i));
-  range_table_ = arena.get<void>(i_ranges_);
+  for (size_t i : i_state_) state_ptrs_.push_back(pointer(i));
+  range_table_ = pointer(i_ranges_);
   const auto* words = static_cast<const uint64_t*>(range_table_);
   const size_t n = ranges_.begins.size();
   range_begins_ = words;

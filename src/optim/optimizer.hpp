@@ -96,6 +96,9 @@ class Optimizer {
   // Adds the optimizer's state (and its range table) to the plan; bind() takes the pointers.
   void plan_memory(MemoryPlan& plan);
   void bind(const Arena& arena);
+  // The same from memory laid out by `plan` (the plan given to plan_memory) at `base`: the state may move
+  // between steps (NVMe offload swaps it through a buffer), bound again before each use.
+  void bind(void* base, const MemoryPlan& plan);
   // Zeroes the state and uploads the range table (before the first step).
   void reset(Device& dev);
 
@@ -171,6 +174,28 @@ class Optimizer {
   const uint64_t* range_states_ = nullptr;  // null without frozen tensors
   const uint8_t* range_groups_ = nullptr;
   void* range_table_ = nullptr;
+  template <class Pointer>
+  void bind_pointers(Pointer&& pointer);
+};
+
+// An optimizer's state as checkpoints read and write it: the optimizers of consecutive ranges of one shard,
+// in order, each bound to its state. One part: the optimizer itself. NVMe offload: its sub-groups, bound
+// to a mapping of the swap file that `keep` holds while this lives. Concatenated in order, the parts' state
+// tensors are the shard's (the ZeRO partition's rules, dist/zero_partition.hpp).
+class OptimizerStateParts {
+ public:
+  explicit OptimizerStateParts(Optimizer& whole) : whole_(&whole), parts_{&whole} {}
+  // `whole`: the shard's optimizer (its kind, layout and sizes; its own state unused).
+  OptimizerStateParts(const Optimizer& whole, std::vector<Optimizer*> parts, std::shared_ptr<void> keep)
+      : whole_(&whole), parts_(std::move(parts)), keep_(std::move(keep)) {}
+  const Optimizer& whole() const { return *whole_; }
+  // In shard order; none for an empty shard.
+  const std::vector<Optimizer*>& parts() const { return parts_; }
+
+ private:
+  const Optimizer* whole_;
+  std::vector<Optimizer*> parts_;
+  std::shared_ptr<void> keep_;
 };
 
 // An optimizer of the whole buffer, or (ZeRO) of `shard`.

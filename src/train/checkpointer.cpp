@@ -49,7 +49,7 @@ void Checkpointer::save(const TrainingState& s) {
       return;
     }
   } else {
-    io::save_checkpoint(dir, e_.model(), e_.optimizer(), state, tokenizer_file_, e_.device(),
+    io::save_checkpoint(dir, e_.model(), e_.optimizer_state(false), state, tokenizer_file_, e_.device(),
                         &e_.optimizer_device());
   }
   fmt::print("saved checkpoint {}\n", dir);

@@ -98,6 +98,7 @@ class Applier {
   void data_types(const json& v);
   void optimizer(const json& v);
   void zero(const json& v);
+  void aio(const std::string& name, const json& v);
   void batch(const json& ds);
   void communication_type(const json& v);
 };
@@ -205,8 +206,9 @@ void Applier::optimizer(const json& v) {
 // allgather_partitions (the updated shards are always all-gathered), round_robin_gradients (a CPU-offload
 // ordering). Stage 3's sizes are accepted with what Anvil does instead (deepspeed_resolution says it): one
 // unit (a block) is gathered ahead, at most the first and last units and two others are gathered at once
-// (planned memory), every unit is partitioned, and checkpoints always hold the whole model. Offload to the
-// CPU maps to offload_optimizer / offload_param; NVMe is refused.
+// (planned memory), every unit is partitioned, and checkpoints always hold the whole model. Offload maps to
+// offload_optimizer (cpu, nvme with its nvme_path) / offload_param (cpu; nvme is refused), sub_group_size
+// and the aio block (here or at the top level) to the NVMe keys.
 void Applier::zero(const json& v) {
   int stage = 0;
   if (v.is_boolean()) {  // DeepSpeed's legacy form: true is stage 1
@@ -218,7 +220,7 @@ void Applier::zero(const json& v) {
           "reduce_bucket_size", "contiguous_gradients", "round_robin_gradients", "offload_optimizer",
           "offload_param", "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
           "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-          "stage3_gather_16bit_weights_on_model_save"});
+          "stage3_gather_16bit_weights_on_model_save", "aio"});
     if (v.contains("stage")) {
       const json& s = v["stage"];
       const bool integral = s.is_number_integer();
@@ -235,23 +237,57 @@ void Applier::zero(const json& v) {
   for (const char* block : {"offload_optimizer", "offload_param"}) {
     if (!v.contains(block)) continue;
     const json& o = v[block];
-    object(std::string("zero_optimization.") + block, o);
-    const std::string key = std::string("zero_optimization.") + block + ".device";
+    const std::string name = std::string("zero_optimization.") + block;
+    object(name, o);
+    const bool optimizer = std::string(block) == "offload_optimizer";
+    // DeepSpeed's keys of the block; buffer_count, buffer_size, max_in_cpu, pin_memory and fast_init
+    // tune its own swapping and are accepted (deepspeed_resolution says what Anvil does instead).
+    only(name, o,
+         optimizer ? std::vector<std::string>{"device", "nvme_path", "pin_memory", "buffer_count", "fast_init",
+                                              "ratio"}
+                   : std::vector<std::string>{"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size",
+                                              "max_in_cpu"});
+    const std::string key = name + ".device";
     const std::string device = o.contains("device") ? string(key, o["device"]) : "none";
-    if (device == "cpu" || device == "none") {
-      if (std::string(block) == "offload_optimizer")
-        fill(key, o.contains("device") ? o["device"] : json("none"), "offload_optimizer",
-             c_.offload_optimizer, device);
-      else
-        fill(key, o.contains("device") ? o["device"] : json("none"), "offload_param", c_.offload_param,
-             device);
+    const json raw = o.contains("device") ? o["device"] : json("none");
+    ANVIL_REQUIRE(device == "none" || device == "cpu" || (optimizer && device == "nvme"),
+                  "{}: DeepSpeed key '{}' is \"{}\": {}; set it to \"cpu\" or \"none\", or remove '{}'", src_, key,
+                  device,
+                  device == "nvme" ? "NVMe offload of the parameters is not supported yet (offload_optimizer "
+                                     "nvme is; offload_param cpu combines with it)"
+                                   : "the devices are none, cpu and nvme",
+                  name);
+    if (o.contains("ratio") && !is_auto(o["ratio"]))
+      ANVIL_REQUIRE(number(name + ".ratio", o["ratio"]) == 1.0,
+                    "{}: DeepSpeed key '{}.ratio' is {}: partial optimizer offload (a share of the update on "
+                    "the GPU) is not supported; remove it (1: everything offloaded)",
+                    src_, name, o["ratio"].dump());
+    for (const char* flag : {"pin_memory", "fast_init"})
+      if (o.contains(flag) && !is_auto(o[flag])) boolean(name + "." + flag, o[flag]);
+    for (const char* size : {"buffer_count", "buffer_size", "max_in_cpu"})
+      if (o.contains(size) && !is_auto(o[size])) number(name + "." + size, o[size]);
+    if (!optimizer) {
+      fill(key, raw, "offload_param", c_.offload_param, device);
       continue;
     }
-    ANVIL_REQUIRE(device == "none",
-                  "{}: DeepSpeed key '{}' is \"{}\": NVMe offload is not supported yet; set it to \"cpu\" or "
-                  "\"none\", or remove '{}'",
-                  src_, key, device, block);
+    fill(key, raw, "offload_optimizer", c_.offload_optimizer, device);
+    if (device != "nvme") continue;
+    ANVIL_REQUIRE(o.contains("nvme_path"),
+                  "{}: DeepSpeed key '{}' is \"nvme\" but '{}.nvme_path' is missing: set it to a directory on "
+                  "the NVMe drive",
+                  src_, key, name);
+    fill(name + ".nvme_path", o["nvme_path"], "offload_nvme_path", c_.offload_nvme_path,
+         string(name + ".nvme_path", o["nvme_path"]));
   }
+  if (v.contains("sub_group_size") && !is_auto(v["sub_group_size"])) {
+    const json& g = v["sub_group_size"];
+    const double elements = number("zero_optimization.sub_group_size", g);
+    ANVIL_REQUIRE(elements >= 1 && elements <= 9e18,
+                  "{}: DeepSpeed key 'zero_optimization.sub_group_size' must be >= 1, got {}", src_, g.dump());
+    fill("zero_optimization.sub_group_size", g, "sub_group_size", c_.sub_group_size, int64_t(elements));
+  }
+  // The HF guide's NVMe example puts "aio" inside zero_optimization; DeepSpeed reads it at the top level.
+  if (v.contains("aio")) aio("zero_optimization.aio", v["aio"]);
   // Bucket size: DeepSpeed counts elements; Anvil's ddp_bucket_cap_mb counts megabytes of fp32 gradients.
   if (v.contains("reduce_bucket_size") && !is_auto(v["reduce_bucket_size"])) {
     const json& b = v["reduce_bucket_size"];
@@ -279,9 +315,33 @@ void Applier::zero(const json& v) {
                            "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save"})
     if (v.contains(flag) && !is_auto(v[flag])) boolean(std::string("zero_optimization.") + flag, v[flag]);
   for (const char* size :
-       {"allgather_bucket_size", "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+       {"allgather_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
         "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
     if (v.contains(size) && !is_auto(v[size])) number(std::string("zero_optimization.") + size, v[size]);
+}
+
+// aio (NVMe offload's I/O): block_size is aio_block_size; thread_count x queue_depth requests in flight
+// are aio_threads (each of Anvil's I/O threads keeps one); single_submit, overlap_events and use_gds tune
+// libaio and GPUDirect Storage, which Anvil does not use, and are accepted.
+void Applier::aio(const std::string& name, const json& v) {
+  object(name, v);
+  only(name, v, {"block_size", "queue_depth", "thread_count", "single_submit", "overlap_events", "use_gds"});
+  for (const char* flag : {"single_submit", "overlap_events", "use_gds"})
+    if (v.contains(flag) && !is_auto(v[flag])) boolean(name + "." + flag, v[flag]);
+  if (v.contains("block_size") && !is_auto(v["block_size"]))
+    fill(name + ".block_size", v["block_size"], "aio_block_size", c_.aio_block_size,
+         int64_t(integer(name + ".block_size", v["block_size"])));
+  const auto count = [&](const char* k, int fallback) {
+    if (!v.contains(k) || is_auto(v[k])) return fallback;
+    const int n = integer(name + "." + k, v[k]);
+    ANVIL_REQUIRE(n >= 1, "{}: DeepSpeed key '{}.{}' must be >= 1, got {}", src_, name, k, n);
+    return n;
+  };
+  if (v.contains("thread_count") || v.contains("queue_depth")) {
+    // DeepSpeed's defaults: one thread, a queue of 8.
+    const int threads = count("thread_count", 1) * count("queue_depth", 8);
+    fill(name + ".thread_count x queue_depth", json(threads), "aio_threads", c_.aio_threads, std::min(threads, 256));
+  }
 }
 
 // train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size (the
@@ -382,6 +442,7 @@ void Applier::apply(const json& ds) {
   }
   if (ds.contains("optimizer")) optimizer(ds["optimizer"]);
   if (ds.contains("zero_optimization")) zero(ds["zero_optimization"]);
+  if (ds.contains("aio")) aio("aio", ds["aio"]);
   if (ds.contains("communication_data_type") && !is_auto(ds["communication_data_type"]))
     communication_type(ds["communication_data_type"]);
   // wall_clock_breakdown: DeepSpeed's timing printout; Anvil always logs its timings.
@@ -444,7 +505,23 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.round_robin_gradients", {}, "an ordering for CPU offload"},
       {"zero_optimization.offload_optimizer", {"offload_optimizer"}},
       {"zero_optimization.offload_param", {"offload_param"}},
-      {"zero_optimization.sub_group_size", {}, "the optimizer steps over the whole shard at once"},
+      {"zero_optimization.sub_group_size", {"sub_group_size"}},
+      {"zero_optimization.offload_optimizer.nvme_path", {"offload_nvme_path"}},
+      {"zero_optimization.offload_optimizer.buffer_count",
+       {},
+       "NVMe offload swaps through two sub-group buffers (one updated, one read or written)"},
+      {"zero_optimization.offload_optimizer.fast_init", {}, "the swap file is written once at start"},
+      {"zero_optimization.offload_optimizer.pin_memory", {}, "the staging buffers are always pinned"},
+      {"aio.block_size", {"aio_block_size"}},
+      {"aio.thread_count", {"aio_threads"}},
+      {"aio.queue_depth", {"aio_threads"}},
+      {"zero_optimization.aio.block_size", {"aio_block_size"}},
+      {"zero_optimization.aio.thread_count", {"aio_threads"}},
+      {"zero_optimization.aio.queue_depth", {"aio_threads"}},
+      {"zero_optimization.offload_param.pin_memory", {}, "the weight shard is always pinned"},
+      {"zero_optimization.offload_param.buffer_count", {}, "offload_param cpu copies each unit as it is gathered"},
+      {"zero_optimization.offload_param.buffer_size", {}, "offload_param cpu copies each unit as it is gathered"},
+      {"zero_optimization.offload_param.max_in_cpu", {}, "offload_param cpu keeps the whole shard in host memory"},
       {"zero_optimization.stage3_max_live_parameters",
        {},
        "stage 3 gathers at most the first and last units and two blocks at once, planned in memory"},
@@ -504,6 +581,7 @@ const std::vector<std::string>& deepspeed_supported_keys() {
                                                 "optimizer",
                                                 "zero_optimization",
                                                 "communication_data_type",
+                                                "aio",
                                                 "wall_clock_breakdown"};
   return keys;
 }

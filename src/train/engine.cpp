@@ -66,7 +66,10 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   // that every rank fits the same configuration; the trainer then binds its own rank's shard.
   const dist::DistEnv env = dist::read_dist_env();
   o.offload_param = cfg.offload_param == "cpu";
-  o.offload_optimizer = cfg.offload_optimizer == "cpu";
+  o.offload_optimizer = cfg.offload_optimizer != "none";
+  if (cfg.offload_optimizer == "nvme")
+    o.nvme = offload::NvmeOptions{cfg.offload_nvme_path, size_t(cfg.sub_group_size), size_t(cfg.aio_block_size),
+                                  cfg.aio_threads};
   // (Offload runs stages 2 and 3 with one process too, the shard the whole buffer: stage 2 for its
   // gradients in host memory, stage 3 for the weights' gathers from there.)
   if (cfg.zero_stage > 0 &&
@@ -82,10 +85,10 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.lora = lora_config(cfg);
   o.weight_storage = parse_weight_storage(cfg.quantization, "quantization");
   ANVIL_REQUIRE(!o.offload_optimizer || env.world_size == 1 || cfg.zero_stage > 0,
-                "offload_optimizer cpu with {} processes and zero_stage 0: every rank would keep and update "
+                "offload_optimizer {} with {} processes and zero_stage 0: every rank would keep and update "
                 "the whole model on its CPU; set zero_stage 1, 2 or 3 so that each rank offloads its shard "
                 "(DeepSpeed's ZeRO-Offload runs with stage 1-3 too)",
-                env.world_size);
+                cfg.offload_optimizer, env.world_size);
   return o;
 }
 
@@ -113,7 +116,7 @@ static void apply_parameter_options(const EngineOptions& o, Model& model) {
 // Optimizer offload, after the ZeRO shard is set: the store's master weights (the shard's) in host memory.
 static void apply_offload(const EngineOptions& o, Model& model) {
   if (!o.training || !o.offload_optimizer) return;
-  ANVIL_REQUIRE(!o.lora.enabled(), "offload_optimizer cpu: full training (not LoRA, whose state is small)");
+  ANVIL_REQUIRE(!o.lora.enabled(), "optimizer offload: full training (not LoRA, whose state is small)");
   ParamStore& store = model.param_store();
   store.set_master_on_host();
   // ZeRO-2/3 (gradients by unit): the shard's gradients go to the host too, as DeepSpeed's offload does.
@@ -282,7 +285,8 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
   apply_data_parallel(o, *model);
   return offload::HostOptimizer::plan_host_memory(
       model->param_store().optimizer_layout(), o.optimizer, with_vocab(o.optim, cfg), ops_precision(o),
-      zero_shard(o, model->layout()), o.offload_param, model->param_store().grads_sharded());
+      zero_shard(o, model->layout()), o.offload_param, model->param_store().grads_sharded(),
+      o.nvme ? std::optional(o.nvme->sub_group_size) : std::nullopt);
 }
 
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
@@ -299,7 +303,7 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   apply_offload(o, *model_);
   if (o.training && o.offload_optimizer)
     host_ = std::make_unique<offload::HostOptimizer>(*device_, model_->param_store(), o.optimizer,
-                                                     with_vocab(o.optim, cfg), ops_precision(o));
+                                                     with_vocab(o.optim, cfg), ops_precision(o), o.nvme);
   else if (o.training)
     optimizer_ = make_optimizer(o.optimizer, model_->param_store().optimizer_layout(),
                                 with_vocab(o.optim, cfg), shard);

@@ -78,6 +78,9 @@ struct EngineOptions {
   // Parameter offload (offload_param cpu; ZeRO stage 3 with offload_optimizer): the shard of the compute-type
   // weights in pinned host memory (ParamStore::set_weights_on_host), gathered from there.
   bool offload_param = false;
+  // NVMe offload (offload_optimizer nvme): with optimizer offload, the optimizer state in a swap file
+  // (offload::PagedOptimizerState) instead of host memory.
+  std::optional<offload::NvmeOptions> nvme;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the
@@ -155,6 +158,11 @@ class Engine {
   // The device the optimizer's state lives on: device(), or the host optimizer's CPU device (checkpoints
   // copy the state through it).
   Device& optimizer_device() { return host_ ? host_->host_device() : *device_; }
+  // The optimizer's state for checkpoints, read and written through optimizer_device(): the optimizer
+  // itself, or (NVMe offload) its sub-groups mapped from the swap file while the result lives.
+  OptimizerStateParts optimizer_state(bool writable) {
+    return host_ ? host_->state_parts(writable) : OptimizerStateParts(*optimizer_);
+  }
   // The host optimizer (offload_optimizer), or null.
   offload::HostOptimizer* host_optimizer() { return host_.get(); }
   bool training() const { return optimizer_ != nullptr || host_ != nullptr; }

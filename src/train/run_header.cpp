@@ -114,7 +114,18 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
     fmt::print("  frozen (freeze_parameters): {} tensors, {} of {} parameters; {} train\n", f.tensors,
                f.numel, all, all - f.numel);
   }
-  if (offload::HostOptimizer* host = e.host_optimizer())
+  offload::HostOptimizer* host = e.host_optimizer();
+  if (const offload::PagedOptimizerState* paged = host ? host->paged() : nullptr)
+    fmt::print(
+        "  optimizer: {} ({} of state), offloaded (offload_optimizer nvme): the state in a {} swap file in {} "
+        "({}), {} sub-group(s) of at most {} parameters, two in {} of host swap buffers; master weights in "
+        "host memory ({} in all), {} of pinned staging, updated by the CPU\n",
+        optimizer_name(e.optimizer().kind()), format_bytes(e.optimizer().state_bytes()),
+        format_bytes(paged->size().file_bytes), paged->file().dir(),
+        paged->file().direct() ? "direct I/O" : "buffered I/O: the filesystem refuses O_DIRECT",
+        paged->size().groups, cfg.sub_group_size, format_bytes(2 * paged->size().buffer_bytes),
+        format_bytes(host->host_plan().total_bytes()), format_bytes(host->staging_bytes()));
+  else if (host)
     fmt::print(
         "  optimizer: {} ({} of state), offloaded (offload_optimizer cpu): master weights and state in {} of "
         "host memory, {} of pinned staging, updated by the CPU\n",

@@ -271,6 +271,10 @@ const std::map<std::string, Setter>& setters() {
     int_field("zero_stage", &TrainConfig::zero_stage);
     str_field("offload_optimizer", &TrainConfig::offload_optimizer);
     str_field("offload_param", &TrainConfig::offload_param);
+    str_field("offload_nvme_path", &TrainConfig::offload_nvme_path);
+    int_field("sub_group_size", &TrainConfig::sub_group_size);
+    int_field("aio_block_size", &TrainConfig::aio_block_size);
+    int_field("aio_threads", &TrainConfig::aio_threads);
     int_field("zero_allgather_bucket_size", &TrainConfig::zero_allgather_bucket_size);
     str_field("optim", &TrainConfig::optim);
     num_field("no_decay_lr_multiplier", &TrainConfig::no_decay_lr_multiplier);
@@ -652,10 +656,26 @@ void TrainConfig::validate(const std::string& s) const {
                   "freeze_parameters",
                   blame({"quantization", "freeze_parameters"}));
   }
-  ANVIL_REQUIRE(offload_optimizer == "none" || offload_optimizer == "cpu",
-                "{} must be none or cpu (nvme is not supported yet), got '{}'", subject("offload_optimizer"),
-                offload_optimizer);
-  if (offload_optimizer == "cpu") {
+  ANVIL_REQUIRE(offload_optimizer == "none" || offload_optimizer == "cpu" || offload_optimizer == "nvme",
+                "{} must be none, cpu or nvme, got '{}'", subject("offload_optimizer"), offload_optimizer);
+  if (offload_optimizer == "nvme") {
+    ANVIL_REQUIRE(!offload_nvme_path.empty(),
+                  "{}: offload_optimizer nvme keeps the optimizer state in a swap file: set offload_nvme_path "
+                  "to a directory on the NVMe drive (DeepSpeed's offload_optimizer.nvme_path)",
+                  blame({"offload_optimizer", "offload_nvme_path"}));
+    ANVIL_REQUIRE(sub_group_size >= 1, "{} must be >= 1 (elements of the parameters per swapped sub-group), got {}",
+                  subject("sub_group_size"), sub_group_size);
+    ANVIL_REQUIRE(aio_block_size >= 4096 && aio_block_size % 4096 == 0,
+                  "{} must be a multiple of 4096 bytes (direct I/O), at least 4096, got {}",
+                  subject("aio_block_size"), aio_block_size);
+    ANVIL_REQUIRE(aio_threads >= 1 && aio_threads <= 256, "{} must be 1..256, got {}", subject("aio_threads"),
+                  aio_threads);
+  }
+  ANVIL_REQUIRE(offload_nvme_path.empty() || offload_optimizer == "nvme",
+                "{}: offload_nvme_path is where offload_optimizer nvme keeps the optimizer state, but "
+                "offload_optimizer is '{}': set offload_optimizer nvme, or remove offload_nvme_path",
+                blame({"offload_nvme_path", "offload_optimizer"}), offload_optimizer);
+  if (offload_optimizer != "none") {
     ANVIL_REQUIRE(lora_r == 0,
                   "{}: LoRA keeps master weights and optimizer state for the adapters only (a few MB); "
                   "offloading them gains nothing: remove offload_optimizer",
@@ -665,16 +685,17 @@ void TrainConfig::validate(const std::string& s) const {
                   blame({"offload_optimizer", "stochastic_rounding"}));
   }
   ANVIL_REQUIRE(offload_param == "none" || offload_param == "cpu",
-                "{} must be none or cpu (nvme is not supported yet), got '{}'", subject("offload_param"),
-                offload_param);
+                "{} must be none or cpu, got '{}' (nvme is not supported for the weights yet: offload_param "
+                "cpu keeps the weight shard in host memory, and combines with offload_optimizer nvme)",
+                subject("offload_param"), offload_param);
   if (offload_param == "cpu") {
     ANVIL_REQUIRE(zero_stage == 3,
                   "{}: offload_param cpu keeps each rank's shard of the weights on the host, and only ZeRO "
                   "stage 3 shards the weights: set zero_stage 3 (with one process too)",
                   blame({"offload_param", "zero_stage"}));
-    ANVIL_REQUIRE(offload_optimizer == "cpu",
+    ANVIL_REQUIRE(offload_optimizer != "none",
                   "{}: with offload_param cpu the weights on the host are updated there by the offloaded "
-                  "optimizer: set offload_optimizer cpu too (DeepSpeed's ZeRO-Infinity offloads both)",
+                  "optimizer: set offload_optimizer cpu (or nvme) too (DeepSpeed's ZeRO-Infinity offloads both)",
                   blame({"offload_param", "offload_optimizer"}));
   }
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
@@ -795,6 +816,10 @@ json TrainConfig::to_json() const {
           {"zero_stage", zero_stage},
           {"offload_optimizer", offload_optimizer},
           {"offload_param", offload_param},
+          {"offload_nvme_path", offload_nvme_path},
+          {"sub_group_size", sub_group_size},
+          {"aio_block_size", aio_block_size},
+          {"aio_threads", aio_threads},
           {"zero_allgather_bucket_size", zero_allgather_bucket_size},
           {"optim", optim},
           {"no_decay_lr_multiplier", no_decay_lr_multiplier},

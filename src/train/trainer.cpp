@@ -320,8 +320,8 @@ void Run::resume() {
   const io::StateSlices slices =
       zero_sync_ ? zero_state_slices(engine_->optimizer(), zero_sync_->partition(), env_.rank)
                  : io::StateSlices{};
-  io::load_optimizer_state(cfg_.resume_from_checkpoint, engine_->optimizer(), engine_->optimizer_device(),
-                           slices);
+  io::load_optimizer_state(cfg_.resume_from_checkpoint, engine_->optimizer_state(true),
+                           engine_->optimizer_device(), slices);
   ANVIL_REQUIRE(start_step_ < total_steps_, "{}: the checkpoint is at step {} but the run has only {} steps",
                 cfg_.resume_from_checkpoint, start_step_, total_steps_);
 }

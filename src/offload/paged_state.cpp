@@ -1,0 +1,96 @@
+#include "offload/paged_state.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "anvil/error.hpp"
+#include "dist/zero_partition.hpp"
+
+namespace anvil::offload {
+
+std::vector<PagedOptimizerState::Group> PagedOptimizerState::make_groups(OptimizerKind kind,
+                                                                         const ParamLayout& layout,
+                                                                         const OptimizerHyper& h,
+                                                                         ParamRange shard,
+                                                                         size_t sub_group_size, Sizes& sizes) {
+  std::vector<Group> groups;
+  sizes = {};
+  if (shard.numel() == 0) return groups;  // an empty ZeRO shard
+  const std::vector<size_t> cuts = dist::sub_group_cuts(layout, shard, sub_group_size, dist::shard_cuts(kind));
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    Group g;
+    g.range = {cuts[i], cuts[i + 1]};
+    g.opt = make_optimizer(kind, layout, h, g.range);
+    g.opt->plan_memory(g.plan);
+    g.offset = sizes.file_bytes;
+    g.bytes = swap_aligned(g.plan.total_bytes());
+    sizes.file_bytes += g.bytes;
+    sizes.buffer_bytes = std::max(sizes.buffer_bytes, g.bytes);
+    groups.push_back(std::move(g));
+  }
+  sizes.groups = groups.size();
+  return groups;
+}
+
+PagedOptimizerState::Sizes PagedOptimizerState::sizes(OptimizerKind kind, const ParamLayout& layout,
+                                                      const OptimizerHyper& h, ParamRange shard,
+                                                      size_t sub_group_size) {
+  Sizes s;
+  make_groups(kind, layout, h, shard, sub_group_size, s);
+  return s;
+}
+
+PagedOptimizerState::PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h,
+                                         ParamRange shard, const NvmeOptions& opts)
+    : groups_(make_groups(kind, layout, h, shard, opts.sub_group_size, sizes_)) {
+  for (auto& b : buffers_) b = std::make_unique<AlignedBuffer>(sizes_.buffer_bytes);
+  file_ = std::make_unique<SwapFile>(opts.path, fmt::format("anvil-optimizer-{}.swap", ::getpid()),
+                                     sizes_.file_bytes, opts.block_bytes, opts.io_threads);
+}
+
+void PagedOptimizerState::reset(Device& host) {
+  uint64_t written[2] = {0, 0};
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    Group& g = groups_[i];
+    AlignedBuffer& buf = *buffers_[i % 2];
+    file_->wait(written[i % 2]);  // the buffer's previous write is done
+    std::memset(buf.get(), 0, g.bytes);
+    g.opt->bind(buf.get(), g.plan);
+    g.opt->reset(host);
+    written[i % 2] = file_->write_async(buf.get(), g.bytes, g.offset);
+  }
+  file_->wait_all();
+}
+
+void PagedOptimizerState::for_each_group(const std::function<void(Optimizer&, ParamRange)>& update) {
+  if (groups_.empty()) return;
+  const auto read = [&](size_t i) {
+    return file_->read_async(buffers_[i % 2]->get(), groups_[i].bytes, groups_[i].offset);
+  };
+  uint64_t next = read(0);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const uint64_t current = next;
+    // Queued behind the previous sub-group's write, which used the same buffer.
+    if (i + 1 < groups_.size()) next = read(i + 1);
+    file_->wait(current);
+    Group& g = groups_[i];
+    void* buf = buffers_[i % 2]->get();
+    g.opt->bind(buf, g.plan);
+    update(*g.opt, g.range);
+    file_->write_async(buf, g.bytes, g.offset);
+  }
+  file_->wait_all();
+}
+
+OptimizerStateParts PagedOptimizerState::map(const Optimizer& whole, bool writable) {
+  std::shared_ptr<SwapFile::Mapping> mapping = file_->map(writable);
+  std::vector<Optimizer*> parts;
+  for (Group& g : groups_) {
+    g.opt->bind(mapping->data() + g.offset, g.plan);
+    parts.push_back(g.opt.get());
+  }
+  return OptimizerStateParts(whole, std::move(parts), std::move(mapping));
+}
+
+}  // namespace anvil::offload
