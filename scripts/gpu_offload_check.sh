@@ -26,6 +26,13 @@
 #     offload_optimizer (gradients offloaded), ZeRO-3 with both offloads; tokens/s and peak memory
 #   big2: the Llama-3.1-8B shape, fp32 AdamW, batch 1 x 2048 with checkpointing, zero_stage 2 + offload_optimizer
 #     on one GPU (the weights on the GPU, gradients and optimizer on the host), 3 steps
+#   nvme: NVMe offload (offload_optimizer nvme, the state in a swap file in $w/swap, sub-groups of 100000
+#     parameters): the losses of the offload_optimizer cpu run exactly, alone and with zero_stage 2 (gradients
+#     on the host); resumed from its step-10 checkpoint, steps 11-20 exactly; the disk's filesystem and device
+#   nvmespeed: the Llama-3.2-1B shape as in speedg, zero_stage 2 + offload_optimizer cpu against nvme (default
+#     and 2e8-parameter sub-groups): tokens/s, the swap file's GiB/s, the process's peak host memory (RSS)
+#   bignvme: the Llama-3.1-8B shape, fp32 AdamW, batch 1 x 2048 with checkpointing, ZeRO-3 with offload_param
+#     cpu and offload_optimizer nvme (sub-groups of 2e8), 3 steps: step time and peak host memory (RSS)
 # CHECKS="equal resume" runs those only (resume needs equal's run). Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -162,6 +169,47 @@ big2() {
   "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit|host|offload"
   "$build/anvil" train "${flags[@]}" --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 \
     --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/big2"
+}
+peak_rss() {  # COMMAND...: runs it, then prints its peak resident host memory (GiB)
+  python3 -c "
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+print('peak host memory (RSS): %.2f GiB' % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20))
+sys.exit(rc)" "$@"
+}
+nvme() {
+  mkdir -p "$w/swap"; df -hT "$w/swap" | tail -1; lsblk -d -o NAME,ROTA,MODEL,SIZE 2>/dev/null | head -5
+  local n=(--offload_optimizer nvme --offload_nvme_path "$w/swap" --sub_group_size 100000)
+  [ -s "$w/host/metrics.jsonl" ] || "$build/anvil" train "${common[@]}" --offload_optimizer cpu --output_dir "$w/host" > /dev/null || return 1
+  "$build/anvil" train "${common[@]}" "${n[@]}" --output_dir "$w/n1" | grep -E "offloaded|NVMe|step +20/" || return 1
+  diff <(losses "$w/host") <(losses "$w/n1") && echo "nvme: the 20 losses of offload_optimizer cpu exactly" || return 1
+  "$build/anvil" train "${common[@]}" --zero_stage 2 --offload_optimizer cpu --output_dir "$w/n2cpu" > /dev/null || return 1
+  "$build/anvil" train "${common[@]}" --zero_stage 2 "${n[@]}" --output_dir "$w/n2" > /dev/null || return 1
+  diff <(losses "$w/n2cpu") <(losses "$w/n2") && echo "zero_stage 2 + nvme: the losses of zero_stage 2 + cpu exactly" || return 1
+  "$build/anvil" train "${common[@]}" "${n[@]}" --resume_from_checkpoint "$w/n1/checkpoint-10" \
+    --output_dir "$w/n1resumed" > /dev/null || return 1
+  diff <(losses "$w/n1" | tail -10) <(losses "$w/n1resumed") && echo "resumed: steps 11-20 equal" || return 1
+  [ -z "$(ls -A "$w/swap")" ] && echo "swap directory empty after the runs"
+}
+nvmespeed() {
+  random_tokens; mkdir -p "$w/swap"
+  local flags=(--model llama-1b --bf16 --per_device_train_batch_size 4 --max_seq_length 2048 --device cuda
+    --train_data "$w/tokens_128256.bin" --max_steps 8 --logging_steps 1 --learning_rate 1e-5 --save_strategy no
+    --sample_prompt "" --zero_stage 2)
+  local show="step +8/|Tokens|offload|NVMe|memory occupied|peak host"
+  echo "== zero_stage 2 + offload_optimizer cpu"; peak_rss "$build/anvil" train "${flags[@]}" --offload_optimizer cpu --output_dir "$w/ns0" | grep -E "$show" || return 1
+  echo "== zero_stage 2 + offload_optimizer nvme"; peak_rss "$build/anvil" train "${flags[@]}" --offload_optimizer nvme --offload_nvme_path "$w/swap" --output_dir "$w/ns1" | grep -E "$show" || return 1
+  echo "== zero_stage 2 + offload_optimizer nvme, sub_group_size 2e8"; peak_rss "$build/anvil" train "${flags[@]}" --offload_optimizer nvme --offload_nvme_path "$w/swap" --sub_group_size 200000000 --output_dir "$w/ns2" | grep -E "$show" || return 1
+}
+bignvme() {
+  random_tokens; mkdir -p "$w/swap"
+  local flags=(--model llama-8b --bf16 --per_device_train_batch_size 1 --max_seq_length 2048
+    --gradient_checkpointing true --zero_stage 3 --offload_param cpu --offload_optimizer nvme
+    --offload_nvme_path "$w/swap" --sub_group_size 200000000)
+  "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit|host|offload|swap"
+  df -h "$w/swap" | tail -1
+  peak_rss "$build/anvil" train "${flags[@]}" --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 \
+    --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/bignvme"
 }
 for c in ${CHECKS:-equal resume big}; do check "$c" "$c"; done  # CHECKS="big": some of them
 [ -f "$out/big.log" ] && tail -25 "$out/big.log"

@@ -23,6 +23,9 @@ struct TrainSummary {
   // Optimizer offload (offload_optimizer cpu): rank 0's seconds over the run copying gradients to the host,
   // updating on the CPU and copying the weights back (-1: no offload).
   double offload_grads_down_seconds = -1, offload_update_seconds = -1, offload_weights_up_seconds = -1;
+  // NVMe offload: rank 0's bytes read from and written to the swap file, and the seconds its I/O threads
+  // spent doing so (the update's seconds above include them, less what overlapped the CPU's work; -1: none).
+  double nvme_read_gib = -1, nvme_read_seconds = -1, nvme_write_gib = -1, nvme_write_seconds = -1;
   size_t peak_memory_bytes = 0;     // the arena (planned) plus, on CUDA, what the driver reports in use
   size_t planned_memory_bytes = 0;  // the memory plan's total (the arena)
   size_t allocator_peak_bytes = 0;  // the most device memory the device's allocator held at once

@@ -245,7 +245,7 @@ std::vector<MemoryEstimate> stage_estimates(const TrainConfig& cfg, const Transf
                                             const Target& t) {
   std::vector<MemoryEstimate> out;
   // Optimizer offload with several processes runs under a ZeRO stage only (each rank offloads its shard).
-  const bool offload_job = cfg.offload_optimizer == "cpu" && dist::read_dist_env().world_size > 1;
+  const bool offload_job = cfg.offload_optimizer != "none" && dist::read_dist_env().world_size > 1;
   for (int stage = offload_job ? 1 : 0; stage <= max_zero_stage(model); ++stage) {
     TrainConfig c = cfg;
     c.zero_stage = stage;
@@ -500,6 +500,8 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
       for (const PlannedBuffer& b : offloaded->buffers())
         j["host_optimizer"].push_back({{"name", b.name}, {"bytes", b.bytes}});
     }
+    if (const auto swap = nvme_swap_sizes(model, training_engine_options(cfg, t.kind)))
+      j["nvme_swap_file"] = {{"bytes", swap->file_bytes}, {"sub_groups", swap->groups}};
     if (f.job) j["data_parallel"] = job_json(s, &host, stage_estimates(cfg, model, t), model, f);
     fmt::print("{}\n", j.dump(2));
     return 0;
@@ -520,13 +522,17 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
       precision_name(s.precision), optimizer_name(s.optimizer), t.name);
   fmt::print("{}", estimate_table(e, overhead_note(t)));
   if (offloaded) {
-    fmt::print("\nhost memory for the offloaded optimizer (offload_optimizer cpu; not on the device):\n");
+    fmt::print("\nhost memory for the offloaded optimizer (offload_optimizer {}; not on the device):\n",
+               cfg.offload_optimizer);
     size_t total = 0;
     for (const PlannedBuffer& b : offloaded->buffers()) {
       fmt::print("  {:<44} {:>10}\n", b.name, format_bytes(b.bytes));
       total += b.bytes;
     }
     fmt::print("  {:<44} {:>10}\n", "total", format_bytes(total));
+    if (const auto swap = nvme_swap_sizes(model, training_engine_options(cfg, t.kind)))
+      fmt::print("NVMe swap file per process (offload_nvme_path {}): {} of optimizer state, {} sub-group(s)\n",
+                 cfg.offload_nvme_path, format_bytes(swap->file_bytes), swap->groups);
   }
   if (budget) {
     fmt::print("\n{} in {} ({} bytes{})\n", fits ? "fits" : "does NOT fit", format_bytes(*budget), *budget,

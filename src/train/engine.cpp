@@ -289,6 +289,18 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
       o.nvme ? std::optional(o.nvme->sub_group_size) : std::nullopt);
 }
 
+std::optional<offload::PagedOptimizerState::Sizes> nvme_swap_sizes(const TransformerConfig& cfg,
+                                                                   const EngineOptions& o) {
+  if (!o.training || !o.offload_optimizer || !o.nvme) return std::nullopt;
+  const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
+                                                  ops_precision(o), o.share_grad_memory, o.lora);
+  apply_parameter_options(o, *model);
+  const ParamLayout& layout = model->param_store().optimizer_layout();
+  return offload::PagedOptimizerState::sizes(o.optimizer, layout, with_vocab(o.optim, cfg),
+                                             zero_shard(o, model->layout()).value_or(layout.all()),
+                                             o.nvme->sub_group_size);
+}
+
 Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o)
     : Engine(cfg, o, make_device(o.device)) {}
 

@@ -114,6 +114,9 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
 // Optimizer offload: the host memory the run holds for it (offload::HostOptimizer::plan_host_memory);
 // none without offload.
 std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, const EngineOptions& o);
+// NVMe offload: the swap file and sub-groups of the largest shard; none without it.
+std::optional<offload::PagedOptimizerState::Sizes> nvme_swap_sizes(const TransformerConfig& cfg,
+                                                                   const EngineOptions& o);
 
 // The scalars of one training step, kept in device memory so that the step needs no host read before its
 // end (the trainer reads the whole struct once, after the step's final synchronisation). Filled by the

@@ -104,7 +104,7 @@ MemoryScenario scenario_of(const TrainConfig& cfg) {
   s.precision = rc.precision;
   s.optimizer = rc.optimizer;
   s.zero_stage = cfg.zero_stage;
-  s.offload = cfg.offload_param == "cpu" ? 2 : cfg.offload_optimizer == "cpu" ? 1 : 0;
+  s.offload = cfg.offload_param == "cpu" ? 2 : cfg.offload_optimizer != "none" ? 1 : 0;
   return s;
 }
 
@@ -113,7 +113,9 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
   cfg.per_device_train_batch_size = s.micro_batch;
   cfg.gradient_accumulation_steps = s.accumulation;
   cfg.zero_stage = s.zero_stage;
-  cfg.offload_optimizer = s.offload >= 1 ? "cpu" : "none";
+  // (NVMe offload stays where it was asked for: the same host memory for the master weights, less for the state.)
+  cfg.offload_optimizer = s.offload == 0 ? "none" : cfg.offload_optimizer == "nvme" ? "nvme" : "cpu";
+  if (s.offload == 0) cfg.offload_nvme_path.clear();
   cfg.offload_param = s.offload == 2 ? "cpu" : "none";
   cfg.gradient_checkpointing = s.checkpointing.mode != CheckpointMode::None;
   if (cfg.gradient_checkpointing) {
@@ -290,7 +292,7 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   std::vector<int> stages = {configured.zero_stage};
   if (dist::read_dist_env().world_size > 1)
     for (int stage = 0; stage <= max_zero_stage(model); ++stage)
-      if (stage != configured.zero_stage && (stage > 0 || cfg.offload_optimizer != "cpu"))
+      if (stage != configured.zero_stage && (stage > 0 || cfg.offload_optimizer == "none"))
         stages.push_back(stage);  // (offload with several processes needs a stage: each rank its shard)
   // Offload (full training, where the config allows it: no LoRA, no stochastic rounding): 1 the optimizer;
   // 2 the optimizer and ZeRO-3's weight shard (decoders; stage 3 whatever the stage axis holds, taken once).

@@ -35,6 +35,12 @@ TrainSummary summarize_run(const RunRecord& r, const TrainConfig& cfg, const Tas
     s.offload_grads_down_seconds = host->seconds().grads_down;
     s.offload_update_seconds = host->seconds().update;
     s.offload_weights_up_seconds = host->seconds().weights_up;
+    if (const offload::PagedOptimizerState* paged = host->paged()) {
+      const offload::SwapFile::Totals t = paged->file().totals();
+      constexpr double kGiB = double(size_t(1) << 30);
+      s.nvme_read_gib = double(t.read_bytes) / kGiB, s.nvme_read_seconds = t.read_seconds;
+      s.nvme_write_gib = double(t.write_bytes) / kGiB, s.nvme_write_seconds = t.write_seconds;
+    }
   }
   s.device = e.device().name();
   s.last_checkpoint = r.last_checkpoint;
@@ -66,6 +72,11 @@ json summary_json(const TrainSummary& s, const RunRecord& r, const Task& task, E
                                                                {"update", s.offload_update_seconds},
                                                                {"weights_up", s.offload_weights_up_seconds}}
                                                         : json(nullptr)},
+      {"offload_nvme", s.nvme_read_gib >= 0 ? json{{"read_gib", s.nvme_read_gib},
+                                                   {"read_seconds", s.nvme_read_seconds},
+                                                   {"write_gib", s.nvme_write_gib},
+                                                   {"write_seconds", s.nvme_write_seconds}}
+                                            : json(nullptr)},
       {"planned_memory_bytes", e.plan().total_bytes()},
       {"planned_memory_by_category", by_category},
       // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's

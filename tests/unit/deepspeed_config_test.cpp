@@ -272,11 +272,33 @@ TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
                                     {"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}}}});
   EXPECT_EQ(both.offload_param, "cpu");
   EXPECT_EQ(both.offload_optimizer, "cpu");
+  // NVMe: the optimizer's state goes to nvme_path (sub_group_size and aio, at the top level or inside
+  // zero_optimization as the HF guide's example has it, set the sub-groups and the I/O); the parameters'
+  // NVMe offload is refused.
+  const TrainConfig nvme = apply({{"zero_optimization",
+                                   {{"stage", 3},
+                                    {"sub_group_size", 2e7},
+                                    {"offload_optimizer",
+                                     {{"device", "nvme"}, {"nvme_path", "/local_nvme"}, {"pin_memory", true},
+                                      {"buffer_count", 4}, {"fast_init", false}}},
+                                    {"aio", {{"block_size", 262144}, {"queue_depth", 32}, {"thread_count", 1},
+                                             {"single_submit", false}, {"overlap_events", true}}}}}});
+  EXPECT_EQ(nvme.offload_optimizer, "nvme");
+  EXPECT_EQ(nvme.offload_nvme_path, "/local_nvme");
+  EXPECT_EQ(nvme.sub_group_size, 20000000);
+  EXPECT_EQ(nvme.aio_block_size, 262144);
+  EXPECT_EQ(nvme.aio_threads, 32);
+  EXPECT_EQ(apply({{"aio", {{"thread_count", 2}}}}).aio_threads, 16);  // DeepSpeed's queue_depth 8
   expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}},
-               {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"",
-                "NVMe offload is not supported yet", "\"cpu\""});
-  expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}}}}}},
-               {"'zero_optimization.offload_param.device' is \"nvme\"", "NVMe offload is not supported yet"});
+               {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"", "nvme_path' is missing"});
+  expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}},
+               {"'zero_optimization.offload_param.device' is \"nvme\"",
+                "NVMe offload of the parameters is not supported yet"});
+  expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.3}}}}}},
+               {"ratio' is 0.3", "partial optimizer offload"});
+  expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"nvme_pth", "/x"}}}}}},
+               {"'zero_optimization.offload_optimizer.nvme_pth'", "did you mean"});
+  expect_error({{"aio", {{"queue_depth", 0}}}}, {"'aio.queue_depth' must be >= 1"});
   expect_error(
       {{"zero_optimization", {{"reduce_bucket_sise", 1}}}},
       {"'zero_optimization.reduce_bucket_sise'", "did you mean 'zero_optimization.reduce_bucket_size'"});
