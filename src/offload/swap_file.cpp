@@ -38,7 +38,7 @@ AlignedBuffer::~AlignedBuffer() {
 }
 
 SwapFile::SwapFile(const std::string& dir, const std::string& name, size_t bytes, size_t block_bytes,
-                   int threads)
+                   int threads, bool try_direct)
     : dir_(dir), bytes_(swap_aligned(bytes)), block_(swap_aligned(std::max<size_t>(block_bytes, 1))) {
   namespace fs = std::filesystem;
   ANVIL_REQUIRE(threads >= 1, "NVMe swap file: {} I/O threads", threads);
@@ -48,10 +48,11 @@ SwapFile::SwapFile(const std::string& dir, const std::string& name, size_t bytes
                 "should live on) or set offload_nvme_path to one",
                 dir);
   const std::string path = (fs::path(dir) / name).string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
+  const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+  fd_ = try_direct ? ::open(path.c_str(), flags | O_DIRECT, 0600) : -1;
   direct_ = fd_ >= 0;
-  if (fd_ < 0 && errno == EINVAL)  // the filesystem refuses O_DIRECT (tmpfs): buffered I/O
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd_ < 0 && (!try_direct || errno == EINVAL))  // the filesystem refuses O_DIRECT: buffered I/O
+    fd_ = ::open(path.c_str(), flags, 0600);
   ANVIL_REQUIRE(fd_ >= 0, "offload_nvme_path '{}': cannot create the swap file {} ({}); check that the directory "
                 "is writable", dir, path, std::strerror(errno));
   ::unlink(path.c_str());  // the file lives while it is open, and goes with the process

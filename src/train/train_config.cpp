@@ -695,7 +695,7 @@ void TrainConfig::validate(const std::string& s) const {
                   blame({"offload_param", "zero_stage"}));
     ANVIL_REQUIRE(offload_optimizer != "none",
                   "{}: with offload_param cpu the weights on the host are updated there by the offloaded "
-                  "optimizer: set offload_optimizer cpu (or nvme) too (DeepSpeed's ZeRO-Infinity offloads both)",
+                  "optimizer: set offload_optimizer cpu too (or nvme; DeepSpeed's ZeRO-Infinity offloads both)",
                   blame({"offload_param", "offload_optimizer"}));
   }
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
