@@ -23,11 +23,7 @@ size_t plan_master_and_state(MemoryPlan& plan, Optimizer& opt, bool state) {
   return i;
 }
 
-size_t swap_buffer_bytes(const PagedOptimizerState::Sizes& s) {
-  return s.buffers * s.buffer_bytes;
-}
-
-const char* kSwapBuffersName = "optimizer state swap buffers (NVMe offload: up to three sub-groups)";
+const char* kSwapBuffersName = "optimizer state swap buffers (NVMe offload: two sub-groups)";
 
 }  // namespace
 
@@ -40,7 +36,7 @@ MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerK
   plan_master_and_state(plan, *opt, !nvme_sub_group_size);
   if (nvme_sub_group_size)
     plan.add(kSwapBuffersName, MemoryCategory::OptimizerState,
-             swap_buffer_bytes(PagedOptimizerState::sizes(kind, layout, h, opt->shard(), *nvme_sub_group_size)));
+             2 * PagedOptimizerState::sizes(kind, layout, h, opt->shard(), *nvme_sub_group_size).buffer_bytes);
   const size_t n = opt->numel();
   plan.add(grads_on_host ? "gradients (offloaded, pinned)" : "gradients (host staging, pinned)",
            MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
@@ -64,8 +60,7 @@ HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind,
   arena_ = std::make_unique<Arena>(*host_, std::move(plan));
   if (nvme) {
     paged_ = std::make_unique<PagedOptimizerState>(kind, layout, h, opt_->shard(), *nvme);
-    host_plan_.add(kSwapBuffersName, MemoryCategory::OptimizerState,
-                   swap_buffer_bytes(paged_->size()));
+    host_plan_.add(kSwapBuffersName, MemoryCategory::OptimizerState, 2 * paged_->size().buffer_bytes);
   } else {
     opt_->bind(*arena_);
   }

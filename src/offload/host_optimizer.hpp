@@ -57,7 +57,7 @@ class HostOptimizer {
   // The device the optimizer's state belongs to (checkpoints copy it through this one).
   Device& host_device() { return *host_; }
   // The host memory it holds: the master weights and the optimizer state, or under NVMe offload the state's
-  // three swap buffers (the staging copies apart).
+  // two swap buffers (the staging copies apart).
   const MemoryPlan& host_plan() const { return host_plan_; }
   // Bytes of the two pinned staging copies.
   size_t staging_bytes() const { return grads_host_->size() + (weights_host_ ? weights_host_->size() : 0); }
@@ -81,7 +81,7 @@ class HostOptimizer {
   // under ZeRO. `weights_on_host` (parameter offload): the weights' copy is the store's weights, in the
   // compute type whatever it is; `grads_on_host` (gradient offload): the gradients' copy is the store's
   // gradients (the same bytes either way).
-  // `nvme_sub_group_size` (NVMe offload): the state is the three swap buffers of sub-groups of that size.
+  // `nvme_sub_group_size` (NVMe offload): the state is the two swap buffers of sub-groups of that size.
   static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
                                      OpsPrecision kept, std::optional<ParamRange> shard = std::nullopt,
                                      bool weights_on_host = false, bool grads_on_host = false,

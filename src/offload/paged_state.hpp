@@ -2,9 +2,9 @@
 // docs/memory.md): the shard is cut into sub-groups of at most `sub_group_size` elements (DeepSpeed's key)
 // by the ZeRO partition's rules, so that each sub-group's state is a slice of the shard's, and each
 // sub-group's optimizer keeps its state (moments, factored statistics, 8-bit codes and their tables) in a
-// region of one swap file. An update reads each sub-group's state into one of three host buffers, updates
-// it and writes it back: the next sub-group's read and the previous one's write run while it is updated.
-// Host memory holds the three buffers (a sub-group each) instead of the whole state.
+// region of one swap file. An update reads each sub-group's state into one of two host buffers, the next
+// sub-group's read and the previous one's write running while it is updated, and writes it back. Host
+// memory holds the two buffers (a sub-group each) instead of the whole state.
 #pragma once
 #include <functional>
 #include <memory>
@@ -28,10 +28,6 @@ struct NvmeOptions {
 
 class PagedOptimizerState {
  public:
-  // Host buffers: one sub-group read in, one updated, one written out (as many as there are sub-groups,
-  // when there are fewer).
-  static constexpr size_t kBuffers = 3;
-
   // The sub-groups of `shard` and their regions; creates the swap file in opts.path.
   PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard,
                       const NvmeOptions& opts);
@@ -40,7 +36,6 @@ class PagedOptimizerState {
   struct Sizes {
     size_t groups = 0;
     size_t buffer_bytes = 0;  // one swap buffer: the largest sub-group's state
-    size_t buffers = 0;       // swap buffers: kBuffers, or fewer sub-groups
     size_t file_bytes = 0;    // the swap file: every sub-group's state
   };
   static Sizes sizes(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard,
@@ -70,7 +65,7 @@ class PagedOptimizerState {
 
   Sizes sizes_;
   std::vector<Group> groups_;
-  std::vector<std::unique_ptr<AlignedBuffer>> buffers_;  // kBuffers (fewer with fewer sub-groups)
+  std::unique_ptr<AlignedBuffer> buffers_[2];
   std::unique_ptr<SwapFile> file_;  // after the buffers: its threads stop before they are freed
 };
 

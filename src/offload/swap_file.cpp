@@ -95,16 +95,19 @@ uint64_t SwapFile::queue(bool write, char* buffer, size_t n, size_t offset) {
                    reinterpret_cast<uintptr_t>(buffer) % kSwapAlign == 0 && offset + n <= bytes_,
                "swap file request of {} bytes at {} (file {} bytes) is not aligned to {} or out of range", n,
                offset, bytes_, kSwapAlign);
-  if (n == 0) return 0;  // nothing to wait for
   Request r;
   r.write = write, r.buffer = buffer, r.n = n, r.offset = offset;
   r.blocks = (n + block_ - 1) / block_;
   uint64_t ticket = 0;
   {
     std::lock_guard lock(mu_);
-    r.number = ++queued_[write];
-    ticket = r.number * 2 + (write ? 1 : 0);
-    requests_[write].push_back(r);
+    ticket = r.ticket = next_ticket_++;
+    if (r.blocks == 0) {  // nothing to move: done once every request before it is
+      if (requests_.empty()) done_ticket_ = ticket;
+      else requests_.push_back(r);
+      return ticket;
+    }
+    requests_.push_back(r);
   }
   work_cv_.notify_all();
   return ticket;
@@ -127,15 +130,12 @@ void SwapFile::transfer(const Request& r, size_t block) {
 
 void SwapFile::worker() {
   std::unique_lock lock(mu_);
-  const auto has_block = [&](int q) {
-    return !requests_[q].empty() && requests_[q].front().next_block < requests_[q].front().blocks;
-  };
   for (;;) {
-    work_cv_.wait(lock, [&] { return stop_ || has_block(0) || has_block(1); });
+    work_cv_.wait(lock, [&] {
+      return stop_ || (!requests_.empty() && requests_.front().next_block < requests_.front().blocks);
+    });
     if (stop_) return;
-    const int q = has_block(turn_) ? turn_ : 1 - turn_;
-    turn_ = 1 - turn_;
-    Request& r = requests_[q].front();
+    Request& r = requests_.front();
     const size_t block = r.next_block++;
     if (block == 0) r.started = now_seconds();
     const Request copy = r;
@@ -150,13 +150,17 @@ void SwapFile::worker() {
     }
     lock.lock();
     if (error && !failure_) failure_ = error;
-    Request& front = requests_[q].front();  // still this request: it leaves the queue only when done
+    Request& front = requests_.front();  // still this request: it leaves the queue only when done
     if (++front.done_blocks < front.blocks) continue;
     const double seconds = now_seconds() - front.started;
     (front.write ? totals_.write_seconds : totals_.read_seconds) += seconds;
     (front.write ? totals_.write_bytes : totals_.read_bytes) += front.n;
-    done_[q] = front.number;
-    requests_[q].pop_front();
+    done_ticket_ = front.ticket;
+    requests_.pop_front();
+    while (!requests_.empty() && requests_.front().blocks == 0) {  // empty requests queued behind it
+      done_ticket_ = requests_.front().ticket;
+      requests_.pop_front();
+    }
     done_cv_.notify_all();
     work_cv_.notify_all();
   }
@@ -168,15 +172,17 @@ void SwapFile::rethrow_failure() {
 
 void SwapFile::wait(uint64_t ticket) {
   std::unique_lock lock(mu_);
-  const int q = int(ticket & 1);
-  done_cv_.wait(lock, [&] { return done_[q] >= ticket / 2; });
+  done_cv_.wait(lock, [&] { return done_ticket_ >= ticket; });
   rethrow_failure();
 }
 
 void SwapFile::wait_all() {
-  std::unique_lock lock(mu_);
-  done_cv_.wait(lock, [&] { return done_[0] >= queued_[0] && done_[1] >= queued_[1]; });
-  rethrow_failure();
+  uint64_t last = 0;
+  {
+    std::lock_guard lock(mu_);
+    last = next_ticket_ - 1;
+  }
+  wait(last);
 }
 
 SwapFile::Totals SwapFile::totals() const {

@@ -6,9 +6,8 @@
 // DeepSpeed's libaio does, so the file's pages never occupy host memory. Where O_DIRECT is refused (tmpfs,
 // some network filesystems) the I/O is buffered and direct() says so.
 //
-// Reads run in the order queued, one at a time (its blocks in parallel), and so do writes; a read and a
-// write run at the same time (the drive serves both directions at once). A caller that reads into a
-// buffer it has queued a write from waits for that write first.
+// Requests run in the order queued, one at a time (its blocks in parallel): a read queued after a write of
+// the same buffer sees that buffer fully written out first.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -63,9 +62,8 @@ class SwapFile {
   // `buffer` from AlignedBuffer) and return its ticket; `buffer` must stay untouched until it is waited for.
   uint64_t read_async(void* buffer, size_t n, size_t offset);
   uint64_t write_async(const void* buffer, size_t n, size_t offset);
-  // Waits for request `ticket` and every one of its direction queued before it (0: none). Throws the
-  // first I/O error met (naming the directory, the offset and the system's message); a file that failed
-  // stays failed.
+  // Waits for request `ticket` and every one before it. Throws the first I/O error met (naming the
+  // directory, the offset and the system's message); a file that failed stays failed.
   void wait(uint64_t ticket);
   void wait_all();
 
@@ -99,12 +97,11 @@ class SwapFile {
   Totals totals() const;
 
  private:
-  // A ticket is (the request's number in its direction) x 2 + (1 for a write).
   struct Request {
     bool write = false;
     char* buffer = nullptr;
     size_t n = 0, offset = 0;
-    uint64_t number = 0;
+    uint64_t ticket = 0;
     size_t next_block = 0, blocks = 0, done_blocks = 0;
     double started = 0;
   };
@@ -119,9 +116,8 @@ class SwapFile {
   bool direct_ = false;
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<Request> requests_[2];  // reads, writes
-  uint64_t queued_[2] = {0, 0}, done_[2] = {0, 0};
-  int turn_ = 0;  // the direction a free thread serves first (alternating)
+  std::deque<Request> requests_;
+  uint64_t next_ticket_ = 1, done_ticket_ = 0;
   bool stop_ = false;
   std::exception_ptr failure_;
   Totals totals_;

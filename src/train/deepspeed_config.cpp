@@ -509,7 +509,7 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.offload_optimizer.nvme_path", {"offload_nvme_path"}},
       {"zero_optimization.offload_optimizer.buffer_count",
        {},
-       "NVMe offload swaps through three sub-group buffers (one read, one updated, one written)"},
+       "NVMe offload swaps through two sub-group buffers (one updated, one read or written)"},
       {"zero_optimization.offload_optimizer.fast_init", {}, "the swap file is written once at start"},
       {"zero_optimization.offload_optimizer.pin_memory", {}, "the staging buffers are always pinned"},
       {"aio.block_size", {"aio_block_size"}},

@@ -51,11 +51,9 @@ TEST(SwapFile, MovesBytesInOrderAndLeavesNothingBehind) {
     offload::AlignedBuffer a(kRegion), b(kRegion), back(kRegion);
     fill_pattern(a, 1);
     fill_pattern(b, 2);
-    const uint64_t wrote_a = f.write_async(a.get(), kRegion, 0);
-    const uint64_t wrote_b = f.write_async(b.get(), kRegion, kRegion);
-    // Waiting for the second write waits for the first too (writes run in order).
-    f.wait(wrote_b);
-    f.wait(wrote_a);
+    f.write_async(a.get(), kRegion, 0);
+    f.write_async(b.get(), kRegion, kRegion);
+    // Queued behind the write of `a`: reading region 1 into `a` waits for `a` to be written out.
     const uint64_t read_into_a = f.read_async(a.get(), kRegion, kRegion);
     f.wait(read_into_a);
     EXPECT_EQ(std::memcmp(a.get(), b.get(), kRegion), 0);
@@ -233,7 +231,7 @@ TEST(NvmeOffloadZero, TwoRanksEqualTheStageWithoutIt) {
         << f << " differs";
 }
 
-// The host holds the master weights and three sub-groups' swap buffers, not the state.
+// The host holds the master weights and two sub-groups' swap buffers, not the state; the estimate says so.
 TEST(NvmeOffloadPlan, HostHoldsTwoSubGroupsNotTheState) {
   test::ByteCorpus c;
   json cfg = nvme(c.dir.str());
@@ -251,9 +249,9 @@ TEST(NvmeOffloadPlan, HostHoldsTwoSubGroupsNotTheState) {
     EXPECT_EQ(b.name.find("adamw exp_avg"), std::string::npos) << b.name;
     if (b.name.find("swap buffers") != std::string::npos) swap = b.bytes;
   }
-  // Three sub-groups of 7000 parameters' fp32 moments (8 bytes each), page-aligned, with their tables.
-  EXPECT_GE(swap, 3 * 7000 * 8u);
-  EXPECT_LT(swap, 3 * 7000 * 8u + 3 * 3 * offload::kSwapAlign);
+  // Two sub-groups of 7000 parameters' fp32 moments (8 bytes each), page-aligned, with their tables.
+  EXPECT_GE(swap, 2 * 7000 * 8u);
+  EXPECT_LT(swap, 2 * 7000 * 8u + 2 * 3 * offload::kSwapAlign);
   EXPECT_LT(host->total_bytes() + 4 * 7000 * 8u, cpu->total_bytes());
 }
 
