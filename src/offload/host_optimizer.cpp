@@ -23,7 +23,11 @@ size_t plan_master_and_state(MemoryPlan& plan, Optimizer& opt, bool state) {
   return i;
 }
 
-const char* kSwapBuffersName = "optimizer state swap buffers (NVMe offload: two sub-groups)";
+size_t swap_buffer_bytes(const PagedOptimizerState::Sizes& s) {
+  return s.buffers * s.buffer_bytes;
+}
+
+const char* kSwapBuffersName = "optimizer state swap buffers (NVMe offload: up to two sub-groups)";
 
 }  // namespace
 
@@ -36,7 +40,7 @@ MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerK
   plan_master_and_state(plan, *opt, !nvme_sub_group_size);
   if (nvme_sub_group_size)
     plan.add(kSwapBuffersName, MemoryCategory::OptimizerState,
-             2 * PagedOptimizerState::sizes(kind, layout, h, opt->shard(), *nvme_sub_group_size).buffer_bytes);
+             swap_buffer_bytes(PagedOptimizerState::sizes(kind, layout, h, opt->shard(), *nvme_sub_group_size)));
   const size_t n = opt->numel();
   plan.add(grads_on_host ? "gradients (offloaded, pinned)" : "gradients (host staging, pinned)",
            MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
@@ -60,7 +64,7 @@ HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind,
   arena_ = std::make_unique<Arena>(*host_, std::move(plan));
   if (nvme) {
     paged_ = std::make_unique<PagedOptimizerState>(kind, layout, h, opt_->shard(), *nvme);
-    host_plan_.add(kSwapBuffersName, MemoryCategory::OptimizerState, 2 * paged_->size().buffer_bytes);
+    host_plan_.add(kSwapBuffersName, MemoryCategory::OptimizerState, swap_buffer_bytes(paged_->size()));
   } else {
     opt_->bind(*arena_);
   }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "anvil/error.hpp"
@@ -30,6 +31,7 @@ std::vector<PagedOptimizerState::Group> PagedOptimizerState::make_groups(Optimiz
     groups.push_back(std::move(g));
   }
   sizes.groups = groups.size();
+  sizes.buffers = std::min(kBuffers, groups.size());
   return groups;
 }
 
@@ -44,21 +46,22 @@ PagedOptimizerState::Sizes PagedOptimizerState::sizes(OptimizerKind kind, const 
 PagedOptimizerState::PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h,
                                          ParamRange shard, const NvmeOptions& opts)
     : groups_(make_groups(kind, layout, h, shard, opts.sub_group_size, sizes_)) {
+  buffers_.resize(sizes_.buffers);
   for (auto& b : buffers_) b = std::make_unique<AlignedBuffer>(sizes_.buffer_bytes);
   file_ = std::make_unique<SwapFile>(opts.path, fmt::format("anvil-optimizer-{}.swap", ::getpid()),
                                      sizes_.file_bytes, opts.block_bytes, opts.io_threads);
 }
 
 void PagedOptimizerState::reset(Device& host) {
-  uint64_t written[2] = {0, 0};
+  std::vector<uint64_t> written(buffers_.size(), 0);
   for (size_t i = 0; i < groups_.size(); ++i) {
     Group& g = groups_[i];
-    AlignedBuffer& buf = *buffers_[i % 2];
-    file_->wait(written[i % 2]);  // the buffer's previous write is done
+    AlignedBuffer& buf = *buffers_[i % buffers_.size()];
+    file_->wait(written[i % buffers_.size()]);  // the buffer's previous write is done
     std::memset(buf.get(), 0, g.bytes);
     g.opt->bind(buf.get(), g.plan);
     g.opt->reset(host);
-    written[i % 2] = file_->write_async(buf.get(), g.bytes, g.offset);
+    written[i % buffers_.size()] = file_->write_async(buf.get(), g.bytes, g.offset);
   }
   file_->wait_all();
 }
@@ -66,7 +69,7 @@ void PagedOptimizerState::reset(Device& host) {
 void PagedOptimizerState::for_each_group(const std::function<void(Optimizer&, ParamRange)>& update) {
   if (groups_.empty()) return;
   const auto read = [&](size_t i) {
-    return file_->read_async(buffers_[i % 2]->get(), groups_[i].bytes, groups_[i].offset);
+    return file_->read_async(buffers_[i % buffers_.size()]->get(), groups_[i].bytes, groups_[i].offset);
   };
   uint64_t next = read(0);
   for (size_t i = 0; i < groups_.size(); ++i) {
@@ -75,7 +78,7 @@ void PagedOptimizerState::for_each_group(const std::function<void(Optimizer&, Pa
     if (i + 1 < groups_.size()) next = read(i + 1);
     file_->wait(current);
     Group& g = groups_[i];
-    void* buf = buffers_[i % 2]->get();
+    void* buf = buffers_[i % buffers_.size()]->get();
     g.opt->bind(buf, g.plan);
     update(*g.opt, g.range);
     file_->write_async(buf, g.bytes, g.offset);

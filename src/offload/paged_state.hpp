@@ -28,6 +28,10 @@ struct NvmeOptions {
 
 class PagedOptimizerState {
  public:
+  // Host buffers: one sub-group updated while the next is read (after the previous one's write: the
+  // drives measured share their bandwidth between reads and writes, docs/performance.md).
+  static constexpr size_t kBuffers = 2;
+
   // The sub-groups of `shard` and their regions; creates the swap file in opts.path.
   PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard,
                       const NvmeOptions& opts);
@@ -36,6 +40,7 @@ class PagedOptimizerState {
   struct Sizes {
     size_t groups = 0;
     size_t buffer_bytes = 0;  // one swap buffer: the largest sub-group's state
+    size_t buffers = 0;       // kBuffers, or one with one sub-group
     size_t file_bytes = 0;    // the swap file: every sub-group's state
   };
   static Sizes sizes(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard,
@@ -65,7 +70,7 @@ class PagedOptimizerState {
 
   Sizes sizes_;
   std::vector<Group> groups_;
-  std::unique_ptr<AlignedBuffer> buffers_[2];
+  std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
   std::unique_ptr<SwapFile> file_;  // after the buffers: its threads stop before they are freed
 };
 

@@ -118,12 +118,13 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
   if (const offload::PagedOptimizerState* paged = host ? host->paged() : nullptr)
     fmt::print(
         "  optimizer: {} ({} of state), offloaded (offload_optimizer nvme): the state in a {} swap file in {} "
-        "({}), {} sub-group(s) of at most {} parameters, two in {} of host swap buffers; master weights in "
+        "({}), {} sub-group(s) of at most {} parameters, {} of them in {} of host swap buffers; master weights in "
         "host memory ({} in all), {} of pinned staging, updated by the CPU\n",
         optimizer_name(e.optimizer().kind()), format_bytes(e.optimizer().state_bytes()),
         format_bytes(paged->size().file_bytes), paged->file().dir(),
         paged->file().direct() ? "direct I/O" : "buffered I/O: the filesystem refuses O_DIRECT",
-        paged->size().groups, cfg.sub_group_size, format_bytes(2 * paged->size().buffer_bytes),
+        paged->size().groups, cfg.sub_group_size, paged->size().buffers,
+        format_bytes(paged->size().buffers * paged->size().buffer_bytes),
         format_bytes(host->host_plan().total_bytes()), format_bytes(host->staging_bytes()));
   else if (host)
     fmt::print(

@@ -253,6 +253,19 @@ TEST(NvmeOffloadPlan, HostHoldsTwoSubGroupsNotTheState) {
   EXPECT_GE(swap, 2 * 7000 * 8u);
   EXPECT_LT(swap, 2 * 7000 * 8u + 2 * 3 * offload::kSwapAlign);
   EXPECT_LT(host->total_bytes() + 4 * 7000 * 8u, cpu->total_bytes());
+  // One sub-group (the whole shard): one buffer, not two.
+  cfg["sub_group_size"] = 1000000000;
+  const std::optional<MemoryPlan> one = host_optimizer_plan(
+      TransformerConfig::preset("llama-tiny"), training_engine_options(run_config(c, c.dir / "c", cfg), DeviceKind::CPU));
+  ASSERT_TRUE(one.has_value());
+  size_t state = 0;
+  for (const PlannedBuffer& b : cpu->buffers())
+    if (b.category == MemoryCategory::OptimizerState) state += b.bytes;
+  for (const PlannedBuffer& b : one->buffers())
+    if (b.name.find("swap buffers") != std::string::npos) {
+      EXPECT_GE(b.bytes, state - 2 * offload::kSwapAlign);
+      EXPECT_LE(b.bytes, state + offload::kSwapAlign);
+    }
 }
 
 TEST(NvmeOffloadErrors, SayWhatToDo) {
