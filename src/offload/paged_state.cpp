@@ -52,18 +52,40 @@ PagedOptimizerState::PagedOptimizerState(OptimizerKind kind, const ParamLayout& 
                                      sizes_.file_bytes, opts.block_bytes, opts.io_threads);
 }
 
+namespace {
+
+bool page_is_zero(const char* p) {
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  return std::all_of(w, w + kSwapAlign / sizeof(uint64_t), [](uint64_t x) { return x == 0; });
+}
+
+}  // namespace
+
 void PagedOptimizerState::reset(Device& host) {
   std::vector<uint64_t> written(buffers_.size(), 0);
   for (size_t i = 0; i < groups_.size(); ++i) {
     Group& g = groups_[i];
     AlignedBuffer& buf = *buffers_[i % buffers_.size()];
-    file_->wait(written[i % buffers_.size()]);  // the buffer's previous write is done
+    file_->wait(written[i % buffers_.size()]);  // the buffer's previous writes are done
     std::memset(buf.get(), 0, g.bytes);
     g.opt->bind(buf.get(), g.plan);
     g.opt->reset(host);
-    written[i % buffers_.size()] = file_->write_async(buf.get(), g.bytes, g.offset);
+    // A new file reads as zeros: only the pages the reset made nonzero (tables, constants) are written,
+    // so that start-up does not write the whole state (DeepSpeed's fast_init). Later resets write all.
+    const char* p = static_cast<const char*>(buf.get());
+    for (size_t at = 0; at < g.bytes;) {
+      if (written_once_ || !page_is_zero(p + at)) {
+        size_t end = at + kSwapAlign;
+        while (end < g.bytes && (written_once_ || !page_is_zero(p + end))) end += kSwapAlign;
+        written[i % buffers_.size()] = file_->write_async(p + at, end - at, g.offset + at);
+        at = end;
+      } else {
+        at += kSwapAlign;
+      }
+    }
   }
   file_->wait_all();
+  written_once_ = true;
 }
 
 void PagedOptimizerState::for_each_group(const std::function<void(Optimizer&, ParamRange)>& update) {

@@ -48,7 +48,8 @@ class PagedOptimizerState {
   const Sizes& size() const { return sizes_; }
   const SwapFile& file() const { return *file_; }
 
-  // Zeroes every sub-group's state and writes its constant tables (before the first step).
+  // Zeroes every sub-group's state and writes its constant tables (before the first step; on the new file,
+  // which reads as zeros, only the pages that are not zero).
   void reset(Device& host);
   // One pass over the sub-groups in order: `update(optimizer, range)` with the sub-group's optimizer bound
   // to its state, read in before and written back after. Returns when every write is done.
@@ -72,6 +73,7 @@ class PagedOptimizerState {
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
   std::unique_ptr<SwapFile> file_;  // after the buffers: its threads stop before they are freed
+  bool written_once_ = false;       // reset() has run (the file no longer reads as zeros)
 };
 
 }  // namespace anvil::offload

@@ -14,6 +14,7 @@
 #include "anvil/trainer.hpp"
 #include "dist/communicator.hpp"
 #include "io/safetensors.hpp"
+#include "offload_run_config.hpp"
 #include "test_util.hpp"
 #include "train/engine.hpp"
 
@@ -23,21 +24,7 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 TrainConfig run_config(const test::ByteCorpus& c, const std::string& out, const json& extra) {
-  json j = {{"model", "llama-tiny"},
-            {"train_data", c.dir / "data/train.bin"},
-            {"per_device_train_batch_size", 4},
-            {"max_seq_length", 32},
-            {"max_steps", 6},
-            {"learning_rate", 1e-3},
-            {"weight_decay", 0.1},
-            {"logging_steps", 1},
-            {"save_steps", 3},
-            {"device", "cpu"},
-            {"seed", 3},
-            {"dataloader_pin_memory", false},
-            {"output_dir", out}};
-  j.update(extra);
-  return TrainConfig::from_json(j, "test");
+  return test::offload_run_config(c, out, extra);
 }
 
 std::string file_bytes(const std::string& path) {
