@@ -531,8 +531,9 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
     }
     fmt::print("  {:<44} {:>10}\n", "total", format_bytes(total));
     if (const auto swap = nvme_swap_sizes(model, training_engine_options(cfg, t.kind)))
-      fmt::print("NVMe swap file per process (offload_nvme_path {}): {} of optimizer state, {} sub-group(s)\n",
-                 cfg.offload_nvme_path, format_bytes(swap->file_bytes), swap->groups);
+      fmt::print(
+          "NVMe swap file per process (offload_nvme_path {}): {} of optimizer state, {} sub-group(s)\n",
+          cfg.offload_nvme_path, format_bytes(swap->file_bytes), swap->groups);
   }
   if (budget) {
     fmt::print("\n{} in {} ({} bytes{})\n", fits ? "fits" : "does NOT fit", format_bytes(*budget), *budget,

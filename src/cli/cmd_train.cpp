@@ -35,10 +35,11 @@ void print_summary(const TrainSummary& s) {
         s.offload_grads_down_seconds, s.offload_update_seconds, s.offload_weights_up_seconds);
   if (s.nvme_read_gib >= 0) {
     const auto rate = [](double gib, double seconds) { return seconds > 0 ? gib / seconds : 0.0; };
-    fmt::print("  NVMe swap file (rank 0): read {:.2f} GiB in {:.3f} s ({:.2f} GiB/s), wrote {:.2f} GiB in {:.3f} s "
-               "({:.2f} GiB/s)\n",
-               s.nvme_read_gib, s.nvme_read_seconds, rate(s.nvme_read_gib, s.nvme_read_seconds), s.nvme_write_gib,
-               s.nvme_write_seconds, rate(s.nvme_write_gib, s.nvme_write_seconds));
+    fmt::print(
+        "  NVMe swap file (rank 0): read {:.2f} GiB in {:.3f} s ({:.2f} GiB/s), wrote {:.2f} GiB in {:.3f} s "
+        "({:.2f} GiB/s)\n",
+        s.nvme_read_gib, s.nvme_read_seconds, rate(s.nvme_read_gib, s.nvme_read_seconds), s.nvme_write_gib,
+        s.nvme_write_seconds, rate(s.nvme_write_gib, s.nvme_write_seconds));
   }
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
   if (s.eval_accuracy >= 0) fmt::print("  eval_accuracy: {:.4f}\n", s.eval_accuracy);

@@ -213,8 +213,9 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
   }
 }
 
-void save_checkpoint(const std::string& dir, const Model& model, const OptimizerStateParts& opt, const json& state,
-                     const std::string& tokenizer_file, Device& dev, Device* optimizer_dev) {
+void save_checkpoint(const std::string& dir, const Model& model, const OptimizerStateParts& opt,
+                     const json& state, const std::string& tokenizer_file, Device& dev,
+                     Device* optimizer_dev) {
   AtomicDirectory out(dir);
   save_model(out.path(), model, dev);
   save_optimizer(out.file("optimizer.safetensors"), opt, optimizer_dev ? *optimizer_dev : dev);

@@ -315,7 +315,8 @@ void SafeTensorsWriter::add_pieces(std::string name, DType dtype, std::vector<in
     ANVIL_REQUIRE(data != nullptr || bytes == 0, "safetensors: tensor '{}' has a piece without data", name);
     total += bytes;
   }
-  Entry entry = checked_entry(std::move(name), dtype, std::move(shape), pieces.empty() ? nullptr : pieces[0].first);
+  Entry entry =
+      checked_entry(std::move(name), dtype, std::move(shape), pieces.empty() ? nullptr : pieces[0].first);
   ANVIL_REQUIRE(total == entry.nbytes, "safetensors: tensor '{}' has pieces of {} bytes for its {} bytes",
                 entry.name, total, entry.nbytes);
   for (const Piece& p : pieces)

@@ -39,8 +39,9 @@ MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerK
   const std::unique_ptr<Optimizer> opt = make_optimizer(kind, layout, h, shard);
   plan_master_and_state(plan, *opt, !nvme_sub_group_size);
   if (nvme_sub_group_size)
-    plan.add(kSwapBuffersName, MemoryCategory::OptimizerState,
-             swap_buffer_bytes(PagedOptimizerState::sizes(kind, layout, h, opt->shard(), *nvme_sub_group_size)));
+    plan.add(
+        kSwapBuffersName, MemoryCategory::OptimizerState,
+        swap_buffer_bytes(PagedOptimizerState::sizes(kind, layout, h, opt->shard(), *nvme_sub_group_size)));
   const size_t n = opt->numel();
   plan.add(grads_on_host ? "gradients (offloaded, pinned)" : "gradients (host staging, pinned)",
            MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
@@ -112,8 +113,8 @@ void HostOptimizer::step(float lr, int64_t step, const float* grad_scale_device)
   if (paged_) {  // sub-group by sub-group, each one's state read in and written back
     paged_->for_each_group([&](Optimizer& o, ParamRange r) {
       const size_t at = r.begin - shard.begin;
-      o.step(*ops_, store_.master() + at, static_cast<const char*>(grads_host_->get()) + dtype_bytes(kept_.grad, at),
-             lr, step, scale);
+      o.step(*ops_, store_.master() + at,
+             static_cast<const char*>(grads_host_->get()) + dtype_bytes(kept_.grad, at), lr, step, scale);
     });
   } else {
     opt_->step(*ops_, store_.master(), grads_host_->get(), lr, step, scale);

@@ -10,15 +10,14 @@
 
 namespace anvil::offload {
 
-std::vector<PagedOptimizerState::Group> PagedOptimizerState::make_groups(OptimizerKind kind,
-                                                                         const ParamLayout& layout,
-                                                                         const OptimizerHyper& h,
-                                                                         ParamRange shard,
-                                                                         size_t sub_group_size, Sizes& sizes) {
+std::vector<PagedOptimizerState::Group> PagedOptimizerState::make_groups(
+    OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard,
+    size_t sub_group_size, Sizes& sizes) {
   std::vector<Group> groups;
   sizes = {};
   if (shard.numel() == 0) return groups;  // an empty ZeRO shard
-  const std::vector<size_t> cuts = dist::sub_group_cuts(layout, shard, sub_group_size, dist::shard_cuts(kind));
+  const std::vector<size_t> cuts =
+      dist::sub_group_cuts(layout, shard, sub_group_size, dist::shard_cuts(kind));
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     Group g;
     g.range = {cuts[i], cuts[i + 1]};
@@ -43,8 +42,8 @@ PagedOptimizerState::Sizes PagedOptimizerState::sizes(OptimizerKind kind, const 
   return s;
 }
 
-PagedOptimizerState::PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h,
-                                         ParamRange shard, const NvmeOptions& opts)
+PagedOptimizerState::PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout,
+                                         const OptimizerHyper& h, ParamRange shard, const NvmeOptions& opts)
     : groups_(make_groups(kind, layout, h, shard, opts.sub_group_size, sizes_)) {
   buffers_.resize(sizes_.buffers);
   for (auto& b : buffers_) b = std::make_unique<AlignedBuffer>(sizes_.buffer_bytes);

@@ -33,8 +33,8 @@ class PagedOptimizerState {
   static constexpr size_t kBuffers = 2;
 
   // The sub-groups of `shard` and their regions; creates the swap file in opts.path.
-  PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h, ParamRange shard,
-                      const NvmeOptions& opts);
+  PagedOptimizerState(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h,
+                      ParamRange shard, const NvmeOptions& opts);
 
   // The sizes a run with these settings takes, without creating anything (`anvil estimate`).
   struct Sizes {
@@ -66,8 +66,9 @@ class PagedOptimizerState {
     MemoryPlan plan;
     size_t offset = 0, bytes = 0;  // the region in the file (bytes: the plan's, rounded up to kSwapAlign)
   };
-  static std::vector<Group> make_groups(OptimizerKind kind, const ParamLayout& layout, const OptimizerHyper& h,
-                                        ParamRange shard, size_t sub_group_size, Sizes& sizes);
+  static std::vector<Group> make_groups(OptimizerKind kind, const ParamLayout& layout,
+                                        const OptimizerHyper& h, ParamRange shard, size_t sub_group_size,
+                                        Sizes& sizes);
 
   Sizes sizes_;
   std::vector<Group> groups_;

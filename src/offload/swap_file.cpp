@@ -53,8 +53,10 @@ SwapFile::SwapFile(const std::string& dir, const std::string& name, size_t bytes
   direct_ = fd_ >= 0;
   if (fd_ < 0 && (!try_direct || errno == EINVAL))  // the filesystem refuses O_DIRECT: buffered I/O
     fd_ = ::open(path.c_str(), flags, 0600);
-  ANVIL_REQUIRE(fd_ >= 0, "offload_nvme_path '{}': cannot create the swap file {} ({}); check that the directory "
-                "is writable", dir, path, std::strerror(errno));
+  ANVIL_REQUIRE(fd_ >= 0,
+                "offload_nvme_path '{}': cannot create the swap file {} ({}); check that the directory "
+                "is writable",
+                dir, path, std::strerror(errno));
   ::unlink(path.c_str());  // the file lives while it is open, and goes with the process
   if (bytes_ > 0) {
     int rc = ::posix_fallocate(fd_, 0, off_t(bytes_));
@@ -64,7 +66,8 @@ SwapFile::SwapFile(const std::string& dir, const std::string& name, size_t bytes
       const size_t free_bytes = ::statvfs(dir.c_str(), &s) == 0 ? size_t(s.f_bavail) * s.f_frsize : 0;
       ::close(fd_);
       ANVIL_THROW(
-          "offload_nvme_path '{}': cannot reserve {} for the optimizer state's swap file ({}; {} free there): "
+          "offload_nvme_path '{}': cannot reserve {} for the optimizer state's swap file ({}; {} free "
+          "there): "
           "free space, choose another offload_nvme_path, or lower the state (e.g. --optim adamw_8bit)",
           dir, gib(bytes_), std::strerror(rc), gib(free_bytes));
     }
@@ -103,8 +106,10 @@ uint64_t SwapFile::queue(bool write, char* buffer, size_t n, size_t offset) {
     std::lock_guard lock(mu_);
     ticket = r.ticket = next_ticket_++;
     if (r.blocks == 0) {  // nothing to move: done once every request before it is
-      if (requests_.empty()) done_ticket_ = ticket;
-      else requests_.push_back(r);
+      if (requests_.empty())
+        done_ticket_ = ticket;
+      else
+        requests_.push_back(r);
       return ticket;
     }
     requests_.push_back(r);

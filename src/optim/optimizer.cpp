@@ -96,7 +96,8 @@ void Optimizer::bind(const Arena& arena) {
 }
 
 void Optimizer::bind(void* base, const MemoryPlan& plan) {
-  bind_pointers([&](size_t i) { return static_cast<void*>(static_cast<char*>(base) + plan.buffers()[i].offset); });
+  bind_pointers(
+      [&](size_t i) { return static_cast<void*>(static_cast<char*>(base) + plan.buffers()[i].offset); });
 }
 
 template <class Pointer>

@@ -243,16 +243,16 @@ void Applier::zero(const json& v) {
     // DeepSpeed's keys of the block; buffer_count, buffer_size, max_in_cpu, pin_memory and fast_init
     // tune its own swapping and are accepted (deepspeed_resolution says what Anvil does instead).
     only(name, o,
-         optimizer ? std::vector<std::string>{"device", "nvme_path", "pin_memory", "buffer_count", "fast_init",
-                                              "ratio"}
-                   : std::vector<std::string>{"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size",
-                                              "max_in_cpu"});
+         optimizer ? std::vector<std::string>{"device", "nvme_path", "pin_memory", "buffer_count",
+                                              "fast_init", "ratio"}
+                   : std::vector<std::string>{"device", "nvme_path", "pin_memory", "buffer_count",
+                                              "buffer_size", "max_in_cpu"});
     const std::string key = name + ".device";
     const std::string device = o.contains("device") ? string(key, o["device"]) : "none";
     const json raw = o.contains("device") ? o["device"] : json("none");
     ANVIL_REQUIRE(device == "none" || device == "cpu" || (optimizer && device == "nvme"),
-                  "{}: DeepSpeed key '{}' is \"{}\": {}; set it to \"cpu\" or \"none\", or remove '{}'", src_, key,
-                  device,
+                  "{}: DeepSpeed key '{}' is \"{}\": {}; set it to \"cpu\" or \"none\", or remove '{}'", src_,
+                  key, device,
                   device == "nvme" ? "NVMe offload of the parameters is not supported yet (offload_optimizer "
                                      "nvme is; offload_param cpu combines with it)"
                                    : "the devices are none, cpu and nvme",
@@ -272,10 +272,11 @@ void Applier::zero(const json& v) {
     }
     fill(key, raw, "offload_optimizer", c_.offload_optimizer, device);
     if (device != "nvme") continue;
-    ANVIL_REQUIRE(o.contains("nvme_path"),
-                  "{}: DeepSpeed key '{}' is \"nvme\" but '{}.nvme_path' is missing: set it to a directory on "
-                  "the NVMe drive",
-                  src_, key, name);
+    ANVIL_REQUIRE(
+        o.contains("nvme_path"),
+        "{}: DeepSpeed key '{}' is \"nvme\" but '{}.nvme_path' is missing: set it to a directory on "
+        "the NVMe drive",
+        src_, key, name);
     fill(name + ".nvme_path", o["nvme_path"], "offload_nvme_path", c_.offload_nvme_path,
          string(name + ".nvme_path", o["nvme_path"]));
   }
@@ -283,7 +284,8 @@ void Applier::zero(const json& v) {
     const json& g = v["sub_group_size"];
     const double elements = number("zero_optimization.sub_group_size", g);
     ANVIL_REQUIRE(elements >= 1 && elements <= 9e18,
-                  "{}: DeepSpeed key 'zero_optimization.sub_group_size' must be >= 1, got {}", src_, g.dump());
+                  "{}: DeepSpeed key 'zero_optimization.sub_group_size' must be >= 1, got {}", src_,
+                  g.dump());
     fill("zero_optimization.sub_group_size", g, "sub_group_size", c_.sub_group_size, int64_t(elements));
   }
   // The HF guide's NVMe example puts "aio" inside zero_optimization; DeepSpeed reads it at the top level.
@@ -314,9 +316,8 @@ void Applier::zero(const json& v) {
   for (const char* flag : {"allgather_partitions", "overlap_comm", "reduce_scatter", "contiguous_gradients",
                            "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save"})
     if (v.contains(flag) && !is_auto(v[flag])) boolean(std::string("zero_optimization.") + flag, v[flag]);
-  for (const char* size :
-       {"allgather_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
+  for (const char* size : {"allgather_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                           "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"})
     if (v.contains(size) && !is_auto(v[size])) number(std::string("zero_optimization.") + size, v[size]);
 }
 
@@ -340,7 +341,8 @@ void Applier::aio(const std::string& name, const json& v) {
   if (v.contains("thread_count") || v.contains("queue_depth")) {
     // DeepSpeed's defaults: one thread, a queue of 8.
     const int threads = count("thread_count", 1) * count("queue_depth", 8);
-    fill(name + ".thread_count x queue_depth", json(threads), "aio_threads", c_.aio_threads, std::min(threads, 256));
+    fill(name + ".thread_count x queue_depth", json(threads), "aio_threads", c_.aio_threads,
+         std::min(threads, 256));
   }
 }
 
@@ -521,9 +523,15 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.aio.thread_count", {"aio_threads"}},
       {"zero_optimization.aio.queue_depth", {"aio_threads"}},
       {"zero_optimization.offload_param.pin_memory", {}, "the weight shard is always pinned"},
-      {"zero_optimization.offload_param.buffer_count", {}, "offload_param cpu copies each unit as it is gathered"},
-      {"zero_optimization.offload_param.buffer_size", {}, "offload_param cpu copies each unit as it is gathered"},
-      {"zero_optimization.offload_param.max_in_cpu", {}, "offload_param cpu keeps the whole shard in host memory"},
+      {"zero_optimization.offload_param.buffer_count",
+       {},
+       "offload_param cpu copies each unit as it is gathered"},
+      {"zero_optimization.offload_param.buffer_size",
+       {},
+       "offload_param cpu copies each unit as it is gathered"},
+      {"zero_optimization.offload_param.max_in_cpu",
+       {},
+       "offload_param cpu keeps the whole shard in host memory"},
       {"zero_optimization.stage3_max_live_parameters",
        {},
        "stage 3 gathers at most the first and last units and two blocks at once, planned in memory"},

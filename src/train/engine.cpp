@@ -68,8 +68,8 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   o.offload_param = cfg.offload_param == "cpu";
   o.offload_optimizer = cfg.offload_optimizer != "none";
   if (cfg.offload_optimizer == "nvme")
-    o.nvme = offload::NvmeOptions{cfg.offload_nvme_path, size_t(cfg.sub_group_size), size_t(cfg.aio_block_size),
-                                  cfg.aio_threads};
+    o.nvme = offload::NvmeOptions{cfg.offload_nvme_path, size_t(cfg.sub_group_size),
+                                  size_t(cfg.aio_block_size), cfg.aio_threads};
   // (Offload runs stages 2 and 3 with one process too, the shard the whole buffer: stage 2 for its
   // gradients in host memory, stage 3 for the weights' gathers from there.)
   if (cfg.zero_stage > 0 &&

@@ -113,7 +113,8 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
   cfg.per_device_train_batch_size = s.micro_batch;
   cfg.gradient_accumulation_steps = s.accumulation;
   cfg.zero_stage = s.zero_stage;
-  // (NVMe offload stays where it was asked for: the same host memory for the master weights, less for the state.)
+  // (NVMe offload stays where it was asked for: the same host memory for the master weights, less for the
+  // state.)
   cfg.offload_optimizer = s.offload == 0 ? "none" : cfg.offload_optimizer == "nvme" ? "nvme" : "cpu";
   if (s.offload == 0) cfg.offload_nvme_path.clear();
   cfg.offload_param = s.offload == 2 ? "cpu" : "none";

@@ -117,8 +117,10 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
   offload::HostOptimizer* host = e.host_optimizer();
   if (const offload::PagedOptimizerState* paged = host ? host->paged() : nullptr)
     fmt::print(
-        "  optimizer: {} ({} of state), offloaded (offload_optimizer nvme): the state in a {} swap file in {} "
-        "({}), {} sub-group(s) of at most {} parameters, {} of them in {} of host swap buffers; master weights in "
+        "  optimizer: {} ({} of state), offloaded (offload_optimizer nvme): the state in a {} swap file in "
+        "{} "
+        "({}), {} sub-group(s) of at most {} parameters, {} of them in {} of host swap buffers; master "
+        "weights in "
         "host memory ({} in all), {} of pinned staging, updated by the CPU\n",
         optimizer_name(e.optimizer().kind()), format_bytes(e.optimizer().state_bytes()),
         format_bytes(paged->size().file_bytes), paged->file().dir(),

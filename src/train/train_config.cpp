@@ -659,11 +659,13 @@ void TrainConfig::validate(const std::string& s) const {
   ANVIL_REQUIRE(offload_optimizer == "none" || offload_optimizer == "cpu" || offload_optimizer == "nvme",
                 "{} must be none, cpu or nvme, got '{}'", subject("offload_optimizer"), offload_optimizer);
   if (offload_optimizer == "nvme") {
-    ANVIL_REQUIRE(!offload_nvme_path.empty(),
-                  "{}: offload_optimizer nvme keeps the optimizer state in a swap file: set offload_nvme_path "
-                  "to a directory on the NVMe drive (DeepSpeed's offload_optimizer.nvme_path)",
-                  blame({"offload_optimizer", "offload_nvme_path"}));
-    ANVIL_REQUIRE(sub_group_size >= 1, "{} must be >= 1 (elements of the parameters per swapped sub-group), got {}",
+    ANVIL_REQUIRE(
+        !offload_nvme_path.empty(),
+        "{}: offload_optimizer nvme keeps the optimizer state in a swap file: set offload_nvme_path "
+        "to a directory on the NVMe drive (DeepSpeed's offload_optimizer.nvme_path)",
+        blame({"offload_optimizer", "offload_nvme_path"}));
+    ANVIL_REQUIRE(sub_group_size >= 1,
+                  "{} must be >= 1 (elements of the parameters per swapped sub-group), got {}",
                   subject("sub_group_size"), sub_group_size);
     ANVIL_REQUIRE(aio_block_size >= 4096 && aio_block_size % 4096 == 0,
                   "{} must be a multiple of 4096 bytes (direct I/O), at least 4096, got {}",
@@ -693,10 +695,11 @@ void TrainConfig::validate(const std::string& s) const {
                   "{}: offload_param cpu keeps each rank's shard of the weights on the host, and only ZeRO "
                   "stage 3 shards the weights: set zero_stage 3 (with one process too)",
                   blame({"offload_param", "zero_stage"}));
-    ANVIL_REQUIRE(offload_optimizer != "none",
-                  "{}: with offload_param cpu the weights on the host are updated there by the offloaded "
-                  "optimizer: set offload_optimizer cpu too (or nvme; DeepSpeed's ZeRO-Infinity offloads both)",
-                  blame({"offload_param", "offload_optimizer"}));
+    ANVIL_REQUIRE(
+        offload_optimizer != "none",
+        "{}: with offload_param cpu the weights on the host are updated there by the offloaded "
+        "optimizer: set offload_optimizer cpu too (or nvme; DeepSpeed's ZeRO-Infinity offloads both)",
+        blame({"offload_param", "offload_optimizer"}));
   }
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);

@@ -43,8 +43,8 @@ void save_zero_checkpoint(const std::string& dir, Engine& e, dist::ProcessGroup&
     std::vector<float> unused(e.model().layout().total_numel());
     e.model().download_weights(e.device(), unused.data());
   }
-  io::save_optimizer_shard(io::optimizer_shard_path(temp, rank, world), e.optimizer_state(false), e.optimizer_device(), slices,
-                           rank, world);
+  io::save_optimizer_shard(io::optimizer_shard_path(temp, rank, world), e.optimizer_state(false),
+                           e.optimizer_device(), slices, rank, world);
   comm.barrier();  // every rank's file is written and synced before the directory appears
   if (rank != 0) return;
   io::write_text_file_synced(out->file("trainer_state.json"), state.dump(2) + "\n");

@@ -279,18 +279,26 @@ TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
                                    {{"stage", 3},
                                     {"sub_group_size", 2e7},
                                     {"offload_optimizer",
-                                     {{"device", "nvme"}, {"nvme_path", "/local_nvme"}, {"pin_memory", true},
-                                      {"buffer_count", 4}, {"fast_init", false}}},
-                                    {"aio", {{"block_size", 262144}, {"queue_depth", 32}, {"thread_count", 1},
-                                             {"single_submit", false}, {"overlap_events", true}}}}}});
+                                     {{"device", "nvme"},
+                                      {"nvme_path", "/local_nvme"},
+                                      {"pin_memory", true},
+                                      {"buffer_count", 4},
+                                      {"fast_init", false}}},
+                                    {"aio",
+                                     {{"block_size", 262144},
+                                      {"queue_depth", 32},
+                                      {"thread_count", 1},
+                                      {"single_submit", false},
+                                      {"overlap_events", true}}}}}});
   EXPECT_EQ(nvme.offload_optimizer, "nvme");
   EXPECT_EQ(nvme.offload_nvme_path, "/local_nvme");
   EXPECT_EQ(nvme.sub_group_size, 20000000);
   EXPECT_EQ(nvme.aio_block_size, 262144);
   EXPECT_EQ(nvme.aio_threads, 32);
   EXPECT_EQ(apply({{"aio", {{"thread_count", 2}}}}).aio_threads, 16);  // DeepSpeed's queue_depth 8
-  expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}},
-               {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"", "nvme_path' is missing"});
+  expect_error(
+      {{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}},
+      {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"", "nvme_path' is missing"});
   expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}},
                {"'zero_optimization.offload_param.device' is \"nvme\"",
                 "NVMe offload of the parameters is not supported yet"});

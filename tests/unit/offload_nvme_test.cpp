@@ -19,8 +19,8 @@
 #include "model/param_layout.hpp"
 #include "offload/paged_state.hpp"
 #include "offload/swap_file.hpp"
-#include "optim/adamw_8bit.hpp"
 #include "offload_run_config.hpp"
+#include "optim/adamw_8bit.hpp"
 #include "test_util.hpp"
 #include "train/engine.hpp"
 
@@ -29,10 +29,10 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-
 void fill_pattern(offload::AlignedBuffer& b, unsigned seed) {
   auto* p = static_cast<unsigned char*>(b.get());
-  for (size_t i = 0; i < b.size(); ++i) p[i] = static_cast<unsigned char>((i * 131 + seed * 7 + i / 4096) & 0xff);
+  for (size_t i = 0; i < b.size(); ++i)
+    p[i] = static_cast<unsigned char>((i * 131 + seed * 7 + i / 4096) & 0xff);
 }
 
 TEST(SwapFile, MovesBytesInOrderAndLeavesNothingBehind) {
@@ -41,7 +41,8 @@ TEST(SwapFile, MovesBytesInOrderAndLeavesNothingBehind) {
   // Direct I/O where the filesystem allows it, and buffered.
   for (bool try_direct : {true, false}) {
     SCOPED_TRACE(try_direct ? "direct where allowed" : "buffered");
-    constexpr size_t kRegion = 5 * offload::kSwapAlign * 3;  // 15 pages: blocks of 2 pages leave a short last one
+    constexpr size_t kRegion =
+        5 * offload::kSwapAlign * 3;  // 15 pages: blocks of 2 pages leave a short last one
     offload::SwapFile f(dir, "anvil-test.swap", 2 * kRegion, 2 * offload::kSwapAlign, 3, try_direct);
     // The file's name is gone at once (nothing left even after a crash); its space is reserved.
     EXPECT_TRUE(fs::is_empty(dir));
@@ -165,8 +166,11 @@ TrainConfig run_config(const test::ByteCorpus& c, const std::string& out, const 
 
 // Offload to NVMe in sub-groups of 7000 parameters (llama-tiny's ~0.9M: over a hundred of them).
 json nvme(const std::string& dir) {
-  return {{"offload_optimizer", "nvme"}, {"offload_nvme_path", dir}, {"sub_group_size", 7000},
-          {"aio_block_size", 8192}, {"aio_threads", 3}};
+  return {{"offload_optimizer", "nvme"},
+          {"offload_nvme_path", dir},
+          {"sub_group_size", 7000},
+          {"aio_block_size", 8192},
+          {"aio_threads", 3}};
 }
 
 struct NvmeCase {
@@ -215,15 +219,14 @@ TEST_P(NvmeOffload, EqualsTheRunWithoutOffload) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, NvmeOffload,
-                         ::testing::Values(NvmeCase{"adamw_torch_fused", "fp32"},
-                                           NvmeCase{"adamw_torch_fused", "bf16", 2},
-                                           NvmeCase{"adamw_torch_fused", "fp16"}, NvmeCase{"adamw_8bit", "bf16"},
-                                           NvmeCase{"adafactor", "bf16", 2}, NvmeCase{"sgd", "bf16"}),
-                         [](const auto& info) {
-                           return info.param.optim + "_" + info.param.precision +
-                                  (info.param.zero_stage ? "_zero2" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, NvmeOffload,
+    ::testing::Values(NvmeCase{"adamw_torch_fused", "fp32"}, NvmeCase{"adamw_torch_fused", "bf16", 2},
+                      NvmeCase{"adamw_torch_fused", "fp16"}, NvmeCase{"adamw_8bit", "bf16"},
+                      NvmeCase{"adafactor", "bf16", 2}, NvmeCase{"sgd", "bf16"}),
+    [](const auto& info) {
+      return info.param.optim + "_" + info.param.precision + (info.param.zero_stage ? "_zero2" : "");
+    });
 
 // Two processes, ZeRO-2: each rank swaps its shard's state; the rank files are those of the run without
 // offload.
@@ -234,10 +237,14 @@ TEST(NvmeOffloadZero, TwoRanksEqualTheStageWithoutIt) {
   const auto launch = [&](const std::string& name, const json& extra) {
     json j = run_config(c, c.dir / name, extra).to_json();
     test::write_file(c.dir / (name + ".json"), j.dump());
-    return test::run_anvil("launch --nproc_per_node 2 --master_port 0 train --config " + c.dir / (name + ".json"));
+    return test::run_anvil("launch --nproc_per_node 2 --master_port 0 train --config " +
+                           c.dir / (name + ".json"));
   };
-  const json extra = {{"zero_stage", 2}, {"bf16", true}, {"per_device_train_batch_size", 2},
-                      {"optim", "adamw_8bit"}, {"optim_8bit_min_size", 64}};
+  const json extra = {{"zero_stage", 2},
+                      {"bf16", true},
+                      {"per_device_train_batch_size", 2},
+                      {"optim", "adamw_8bit"},
+                      {"optim_8bit_min_size", 64}};
   const test::CommandResult device = launch("device", extra);
   ASSERT_EQ(device.exit_code, 0) << device.output;
   json off = extra;
@@ -245,7 +252,8 @@ TEST(NvmeOffloadZero, TwoRanksEqualTheStageWithoutIt) {
   const test::CommandResult r = launch("nvme", off);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("offloaded (offload_optimizer nvme)"), std::string::npos) << r.output;
-  EXPECT_EQ(test::metrics_losses(c.dir / "device/metrics.jsonl"), test::metrics_losses(c.dir / "nvme/metrics.jsonl"));
+  EXPECT_EQ(test::metrics_losses(c.dir / "device/metrics.jsonl"),
+            test::metrics_losses(c.dir / "nvme/metrics.jsonl"));
   for (const std::string f : {"model.safetensors", "zero/optimizer-rank-00000-of-00002.safetensors",
                               "zero/optimizer-rank-00001-of-00002.safetensors"})
     EXPECT_TRUE(test::read_file(c.dir / ("device/checkpoint-6/" + f)) ==
@@ -258,8 +266,9 @@ TEST(NvmeOffloadPlan, HostHoldsTwoSubGroupsNotTheState) {
   test::ByteCorpus c;
   json cfg = nvme(c.dir.str());
   cfg["bf16"] = true;
-  const std::optional<MemoryPlan> host = host_optimizer_plan(
-      TransformerConfig::preset("llama-tiny"), training_engine_options(run_config(c, c.dir / "a", cfg), DeviceKind::CPU));
+  const std::optional<MemoryPlan> host =
+      host_optimizer_plan(TransformerConfig::preset("llama-tiny"),
+                          training_engine_options(run_config(c, c.dir / "a", cfg), DeviceKind::CPU));
   ASSERT_TRUE(host.has_value());
   const std::optional<MemoryPlan> cpu = host_optimizer_plan(
       TransformerConfig::preset("llama-tiny"),
@@ -277,8 +286,9 @@ TEST(NvmeOffloadPlan, HostHoldsTwoSubGroupsNotTheState) {
   EXPECT_LT(host->total_bytes() + 4 * 7000 * 8u, cpu->total_bytes());
   // One sub-group (the whole shard): one buffer, not two.
   cfg["sub_group_size"] = 1000000000;
-  const std::optional<MemoryPlan> one = host_optimizer_plan(
-      TransformerConfig::preset("llama-tiny"), training_engine_options(run_config(c, c.dir / "c", cfg), DeviceKind::CPU));
+  const std::optional<MemoryPlan> one =
+      host_optimizer_plan(TransformerConfig::preset("llama-tiny"),
+                          training_engine_options(run_config(c, c.dir / "c", cfg), DeviceKind::CPU));
   ASSERT_TRUE(one.has_value());
   size_t state = 0;
   for (const PlannedBuffer& b : cpu->buffers())
@@ -293,10 +303,16 @@ TEST(NvmeOffloadPlan, HostHoldsTwoSubGroupsNotTheState) {
 TEST(NvmeOffloadErrors, SayWhatToDo) {
   test::ByteCorpus c;
   const std::string out = c.dir / "e";
-  test::expect_error([&] { run_config(c, out, {{"offload_optimizer", "nvme"}}); },
-                     {"offload_nvme_path", "set offload_nvme_path"});
-  test::expect_error([&] { run_config(c, out, {{"offload_optimizer", "cpu"}, {"offload_nvme_path", "/tmp"}}); },
-                     {"offload_nvme_path", "set offload_optimizer nvme"});
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_optimizer", "nvme"}});
+      },
+      {"offload_nvme_path", "set offload_nvme_path"});
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_optimizer", "cpu"}, {"offload_nvme_path", "/tmp"}});
+      },
+      {"offload_nvme_path", "set offload_optimizer nvme"});
   test::expect_error(
       [&] {
         json j = nvme(c.dir.str());

@@ -9,7 +9,8 @@
 
 namespace anvil::test {
 
-inline TrainConfig offload_run_config(const ByteCorpus& c, const std::string& out, const nlohmann::json& extra) {
+inline TrainConfig offload_run_config(const ByteCorpus& c, const std::string& out,
+                                      const nlohmann::json& extra) {
   nlohmann::json j = {{"model", "llama-tiny"},
                       {"train_data", c.dir / "data/train.bin"},
                       {"per_device_train_batch_size", 4},
