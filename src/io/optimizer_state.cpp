@@ -207,6 +207,7 @@ void load_optimizer_state(const std::string& checkpoint_dir, const OptimizerStat
     }
     load_optimizer_state(checkpoint_dir, *part, dev, mine);
   }
+  state.sync();
 }
 
 }  // namespace anvil::io

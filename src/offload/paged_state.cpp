@@ -72,15 +72,13 @@ void PagedOptimizerState::reset(Device& host) {
     // A new file reads as zeros: only the pages the reset made nonzero (tables, constants) are written,
     // so that start-up does not write the whole state (DeepSpeed's fast_init). Later resets write all.
     const char* p = static_cast<const char*>(buf.get());
-    for (size_t at = 0; at < g.bytes;) {
-      if (written_once_ || !page_is_zero(p + at)) {
-        size_t end = at + kSwapAlign;
-        while (end < g.bytes && (written_once_ || !page_is_zero(p + end))) end += kSwapAlign;
-        written[i % buffers_.size()] = file_->write_async(p + at, end - at, g.offset + at);
-        at = end;
-      } else {
-        at += kSwapAlign;
-      }
+    const auto needed = [&](size_t at) { return written_once_ || !page_is_zero(p + at); };
+    for (size_t at = 0; at < g.bytes; at += kSwapAlign) {
+      if (!needed(at)) continue;
+      size_t end = at + kSwapAlign;  // the run of pages to write
+      while (end < g.bytes && needed(end)) end += kSwapAlign;
+      written[i % buffers_.size()] = file_->write_async(p + at, end - at, g.offset + at);
+      at = end;  // (the page at `end` is not needed: the loop steps past it)
     }
   }
   file_->wait_all();
@@ -114,7 +112,9 @@ OptimizerStateParts PagedOptimizerState::map(const Optimizer& whole, bool writab
     g.opt->bind(mapping->data() + g.offset, g.plan);
     parts.push_back(g.opt.get());
   }
-  return OptimizerStateParts(whole, std::move(parts), std::move(mapping));
+  std::function<void()> sync;
+  if (writable) sync = [m = mapping.get()] { m->sync(); };
+  return OptimizerStateParts(whole, std::move(parts), std::move(mapping), std::move(sync));
 }
 
 }  // namespace anvil::offload

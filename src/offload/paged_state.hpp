@@ -29,7 +29,7 @@ struct NvmeOptions {
 class PagedOptimizerState {
  public:
   // Host buffers: one sub-group updated while the next is read (after the previous one's write: the
-  // drives measured share their bandwidth between reads and writes, docs/performance.md).
+  // drives measured share their bandwidth between reads and writes, docs/memory.md).
   static constexpr size_t kBuffers = 2;
 
   // The sub-groups of `shard` and their regions; creates the swap file in opts.path.

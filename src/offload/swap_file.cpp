@@ -144,9 +144,10 @@ void SwapFile::worker() {
     const size_t block = r.next_block++;
     if (block == 0) r.started = now_seconds();
     const Request copy = r;
+    const bool failed = failure_ != nullptr;
     lock.unlock();
     std::exception_ptr error;
-    if (!failure_) {  // a failed file moves nothing more
+    if (!failed) {  // a failed file moves nothing more
       try {
         transfer(copy, block);
       } catch (...) {

@@ -9,6 +9,7 @@
 // bitsandbytes advice for embedding stability).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -185,17 +186,24 @@ class Optimizer {
 class OptimizerStateParts {
  public:
   explicit OptimizerStateParts(Optimizer& whole) : whole_(&whole), parts_{&whole} {}
-  // `whole`: the shard's optimizer (its kind, layout and sizes; its own state unused).
-  OptimizerStateParts(const Optimizer& whole, std::vector<Optimizer*> parts, std::shared_ptr<void> keep)
-      : whole_(&whole), parts_(std::move(parts)), keep_(std::move(keep)) {}
+  // `whole`: the shard's optimizer (its kind, layout and sizes; its own state unused). `sync` (may be
+  // empty) makes what was written to the parts' state durable, throwing on failure.
+  OptimizerStateParts(const Optimizer& whole, std::vector<Optimizer*> parts, std::shared_ptr<void> keep,
+                      std::function<void()> sync)
+      : whole_(&whole), parts_(std::move(parts)), keep_(std::move(keep)), sync_(std::move(sync)) {}
   const Optimizer& whole() const { return *whole_; }
   // In shard order; none for an empty shard.
   const std::vector<Optimizer*>& parts() const { return parts_; }
+  // After writing the state (a resume): an error writing it back is raised here, not lost.
+  void sync() const {
+    if (sync_) sync_();
+  }
 
  private:
   const Optimizer* whole_;
   std::vector<Optimizer*> parts_;
   std::shared_ptr<void> keep_;
+  std::function<void()> sync_;
 };
 
 // An optimizer of the whole buffer, or (ZeRO) of `shard`.

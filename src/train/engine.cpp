@@ -277,12 +277,19 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
   return plan;
 }
 
-std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, const EngineOptions& o) {
-  if (!o.training || !o.offload_optimizer) return std::nullopt;
-  const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
-                                                  ops_precision(o), o.share_grad_memory, o.lora);
+// The model a run with `o` builds, its store set up as the engine sets it (not bound to memory): what the
+// host-side plans read.
+static std::unique_ptr<Model> planned_model(const TransformerConfig& cfg, const EngineOptions& o) {
+  std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
+                                            ops_precision(o), o.share_grad_memory, o.lora);
   apply_parameter_options(o, *model);
   apply_data_parallel(o, *model);
+  return model;
+}
+
+std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, const EngineOptions& o) {
+  if (!o.training || !o.offload_optimizer) return std::nullopt;
+  const std::unique_ptr<Model> model = planned_model(cfg, o);
   return offload::HostOptimizer::plan_host_memory(
       model->param_store().optimizer_layout(), o.optimizer, with_vocab(o.optim, cfg), ops_precision(o),
       zero_shard(o, model->layout()), o.offload_param, model->param_store().grads_sharded(),
@@ -292,9 +299,7 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
 std::optional<offload::PagedOptimizerState::Sizes> nvme_swap_sizes(const TransformerConfig& cfg,
                                                                    const EngineOptions& o) {
   if (!o.training || !o.offload_optimizer || !o.nvme) return std::nullopt;
-  const std::unique_ptr<Model> model = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing,
-                                                  ops_precision(o), o.share_grad_memory, o.lora);
-  apply_parameter_options(o, *model);
+  const std::unique_ptr<Model> model = planned_model(cfg, o);
   const ParamLayout& layout = model->param_store().optimizer_layout();
   return offload::PagedOptimizerState::sizes(o.optimizer, layout, with_vocab(o.optim, cfg),
                                              zero_shard(o, model->layout()).value_or(layout.all()),
