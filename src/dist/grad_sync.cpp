@@ -36,13 +36,17 @@ GradSync::GradSync(Communicator& comm, ParamStore& store, size_t bucket_bytes, c
   }
   ANVIL_ASSERT(!staged_ || ops_,
                "gradient sync: a communication type other than the gradients' needs the ops");
-  // The runs of trainable tensors (the gaps between the frozen ones), which the buckets reduce.
-  size_t at = 0;
-  for (const ParamRange& f : store.layout().frozen_ranges()) {
-    if (f.begin > at) trainable_.push_back({at, f.begin});
-    at = f.end;
-  }
-  if (at < store.numel()) trainable_.push_back({at, store.numel()});
+  // A store of the trainable tensors only keeps no gradient for the frozen ones; its reduce-scatter goes by
+  // unit slots (whole gradients are all-reduced).
+  ANVIL_ASSERT(!store.trainable_only() || by_unit_ || !scatter_,
+               "gradient sync: a store of the trainable tensors only reduce-scatters by unit");
+  // The runs of trainable tensors (the gaps between the frozen ones), which the buckets reduce, and the same
+  // in the optimizer layout (the gradients kept for the optimizer).
+  trainable_ = store.trainable_runs();
+  if (store.trainable_only())
+    trainable_kept_ = {store.optimizer_layout().all()};
+  else
+    trainable_kept_ = trainable_;
   store_.set_grads_ready_hook([this](int unit) { unit_ready(unit); });
 }
 
@@ -62,10 +66,12 @@ void GradSync::unit_ready(int unit) {
     return;
   }
   if (by_unit_) {
-    void* data = store_.comm_grad_at(u.offset);
+    // The unit's slot: its gradients in the optimizer layout's numbering.
+    const ParamRange g = store_.unit_grad_range(unit);
+    void* data = store_.comm_unit_grads(unit);
     if (staged_)
-      ops_->convert_grads(data, comm_type_, store_.grad_at(u.offset), written_type_, u.numel, false);
-    comm_.reduce_scatter_v(data, scatter_->counts_in(u.offset, u.offset + u.numel), comm_type_);
+      ops_->convert_grads(data, comm_type_, store_.unit_grads(unit), written_type_, g.numel(), false);
+    comm_.reduce_scatter_v(data, scatter_->counts_in(g.begin, g.end), comm_type_);
     marks_[size_t(unit)] = comm_.mark();
     to_add_[size_t(unit)] = true;
     ++reduced_in_micro_batch_;
@@ -104,17 +110,17 @@ void GradSync::drain(int unit) {
 }
 
 void GradSync::add_piece(int unit) {
-  const ParamUnit& u = store_.layout().units()[size_t(unit)];
+  const ParamRange g = store_.unit_grad_range(unit);  // (optimizer layout)
   const ParamRange mine = store_.grad_range();
-  const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
+  const size_t lo = std::max(g.begin, mine.begin), hi = std::min(g.end, mine.end);
   if (lo < hi) {
-    const char* slot = static_cast<const char*>(store_.comm_grad_at(u.offset));
-    const auto piece = [&](size_t i) { return slot + dtype_bytes(comm_type_, i - u.offset); };
+    const char* slot = static_cast<const char*>(store_.comm_unit_grads(unit));
+    const auto piece = [&](size_t i) { return slot + dtype_bytes(comm_type_, i - g.begin); };
     const bool accumulate = !(first_ && overwrite_first_);
     if (norm_sink_ && last_) {
       // Only the trainable tensors' gradients count in the norm (frozen ones are neither summed nor written:
       // the optimizer never reads them, and the step does not zero offloaded gradients).
-      for (const ParamRange& r : trainable_) {
+      for (const ParamRange& r : trainable_kept_) {
         const size_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
         if (b < e)
           ops_->convert_grads_sum_squares(store_.reduced_grad_at(b), kept_type_, piece(b), comm_type_, e - b,

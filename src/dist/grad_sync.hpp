@@ -97,9 +97,10 @@ class GradSync {
   // What backward writes (the unit slots' type under ZeRO-2/3), what the optimizer's gradients are kept in,
   // and what the collectives run in.
   const DType written_type_, kept_type_, comm_type_;
-  const bool staged_;                  // the reduction runs in the store's staging buffer of comm_type_
-  const bool overwrite_first_;         // the first micro-batch's pieces overwrite (offloaded gradients)
-  std::vector<ParamRange> trainable_;  // the trainable runs of the layout (one without frozen tensors)
+  const bool staged_;                       // the reduction runs in the store's staging buffer of comm_type_
+  const bool overwrite_first_;              // the first micro-batch's pieces overwrite (offloaded gradients)
+  std::vector<ParamRange> trainable_;       // the trainable runs of the layout (one without frozen tensors)
+  std::vector<ParamRange> trainable_kept_;  // the same in the optimizer layout's numbering
   bool armed_ = false;
   bool first_ = true, last_ = true;
   double* norm_sink_ = nullptr;

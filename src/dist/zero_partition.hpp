@@ -26,6 +26,14 @@ class ZeroPartition {
  public:
   // One shard per rank; `world` >= 1. A rank's shard may be empty (a tiny model on many ranks).
   ZeroPartition(const ParamLayout& layout, int world, ShardCuts cuts);
+  // The partition whose cuts are `f` of these (f non-decreasing, f(0) = 0): the same shards in another
+  // numbering (a store of the trainable tensors only: ParamStore::optimizer_index).
+  template <class F>
+  ZeroPartition mapped(F f) const {
+    ZeroPartition p = *this;
+    for (size_t& c : p.cuts_) c = f(c);
+    return p;
+  }
 
   int world() const { return int(cuts_.size()) - 1; }
   ParamRange shard(int rank) const { return {cuts_[size_t(rank)], cuts_[size_t(rank) + 1]}; }

@@ -22,6 +22,7 @@ ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training
     : layout_(std::move(layout)),
       frozen_(layout_.frozen_ranges()),  // a LoRA layout comes with its base frozen
       master_range_(layout_.all()),
+      weight_range_(layout_.all()),
       precision_(precision),
       training_(training),
       weight_elem_(dtype_bits(precision.compute) / 8),
@@ -31,34 +32,39 @@ ParamStore::ParamStore(ParamLayout layout, OpsPrecision precision, bool training
 }
 
 void ParamStore::set_master_range(ParamRange r) {
-  ANVIL_ASSERT(!trainable_,
-               "set_master_range: the store keeps its trainable tensors only (ZeRO shards cut the "
-               "whole layout)");
-  ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "master range [{}, {}) outside the {} parameters",
-               r.begin, r.end, numel());
+  const size_t n = optimizer_layout().total_numel();
+  ANVIL_ASSERT(r.begin <= r.end && r.end <= n, "master range [{}, {}) outside the {} parameters", r.begin,
+               r.end, n);
   master_range_ = r;
 }
 
 namespace {
 
-// Unit slots (gradients under ZeRO-2, weights under ZeRO-3): the first unit's, the last unit's, then two
-// shared in turn by the units between. Fills each unit's slot; returns each slot's size in elements.
-std::vector<size_t> plan_unit_slots(const std::vector<ParamUnit>& units, std::vector<int>& slot_of_unit) {
-  const size_t n = units.size();
+// Unit slots (gradients under ZeRO-2, weights under ZeRO-3) for units of `unit_numel` elements: the first
+// unit's, the last unit's, then two shared in turn by the units between. Fills each unit's slot; returns each
+// slot's size in elements.
+std::vector<size_t> plan_unit_slots(const std::vector<size_t>& unit_numel, std::vector<int>& slot_of_unit) {
+  const size_t n = unit_numel.size();
   ANVIL_ASSERT(n > 0, "unit slots: the layout has no units");
-  std::vector<size_t> slot_numel = {units[0].numel};
+  std::vector<size_t> slot_numel = {unit_numel[0]};
   slot_of_unit.assign(n, 0);
   if (n > 1) {
-    slot_numel.push_back(units[n - 1].numel);
+    slot_numel.push_back(unit_numel[n - 1]);
     slot_of_unit[n - 1] = 1;
   }
   for (size_t u = 1; u + 1 < n; ++u) {
     const size_t s = 2 + (u - 1) % 2;
     if (slot_numel.size() <= s) slot_numel.push_back(0);
-    slot_numel[s] = std::max(slot_numel[s], units[u].numel);
+    slot_numel[s] = std::max(slot_numel[s], unit_numel[u]);
     slot_of_unit[u] = int(s);
   }
   return slot_numel;
+}
+
+std::vector<size_t> unit_sizes(const std::vector<ParamUnit>& units) {
+  std::vector<size_t> n;
+  for (const ParamUnit& u : units) n.push_back(u.numel);
+  return n;
 }
 
 // Byte offsets of slots of `slot_numel` elements of `elem` bytes, each aligned; returns the total.
@@ -75,10 +81,10 @@ size_t slot_offsets(const std::vector<size_t>& slot_numel, size_t elem, std::vec
 }  // namespace
 
 void ParamStore::set_grad_shard(ParamRange r, std::optional<DType> slot_type) {
-  ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "gradient shard [{}, {}) outside the {} parameters",
-               r.begin, r.end, numel());
+  const size_t n = optimizer_layout().total_numel();
+  ANVIL_ASSERT(r.begin <= r.end && r.end <= n, "gradient shard [{}, {}) outside the {} parameters", r.begin,
+               r.end, n);
   ANVIL_ASSERT(training_, "set_grad_shard: a store planned without training has no gradients");
-  ANVIL_ASSERT(!trainable_, "set_grad_shard: the store keeps its trainable tensors only");
   grads_sharded_ = true;
   grad_range_ = r;
   slot_type_ = slot_type.value_or(precision_.grad);
@@ -86,17 +92,26 @@ void ParamStore::set_grad_shard(ParamRange r, std::optional<DType> slot_type) {
                "unit gradients in {}: the gradient type ({}) or the compute type ({})",
                dtype_name(slot_type_), dtype_name(precision_.grad), dtype_name(precision_.compute));
   slot_elem_ = dtype_bytes(slot_type_, 1);
-  slot_numel_ = plan_unit_slots(layout_.units(), slot_of_unit_);
+  std::vector<size_t> unit_numel;  // what each unit's slot holds
+  for (int u = 0; u < int(layout_.units().size()); ++u) unit_numel.push_back(unit_grad_range(u).numel());
+  slot_numel_ = plan_unit_slots(unit_numel, slot_of_unit_);
   slot_bytes_ = slot_offsets(slot_numel_, slot_elem_, slot_offset_);
   slot_unit_.assign(slot_numel_.size(), -1);
   grad_state_.assign(layout_.units().size(), GradState::Idle);
 }
 
 void ParamStore::set_weight_shard(ParamRange r) {
-  ANVIL_ASSERT(r == master_range_, "weight shard [{}, {}) is not the master range [{}, {})", r.begin, r.end,
-               master_range_.begin, master_range_.end);
+  ANVIL_ASSERT(r.begin <= r.end && r.end <= numel(), "weight shard [{}, {}) outside the {} parameters",
+               r.begin, r.end, numel());
+  ANVIL_ASSERT(optimizer_range(r) == master_range_,
+               "weight shard [{}, {}) does not hold the master range [{}, {}) (its part of the optimizer "
+               "layout is [{}, {}))",
+               r.begin, r.end, master_range_.begin, master_range_.end, optimizer_range(r).begin,
+               optimizer_range(r).end);
+  ANVIL_ASSERT(!quant_, "sharded weights with a quantized store");
   weights_sharded_ = true;
-  const std::vector<size_t> slot_numel = plan_unit_slots(layout_.units(), slot_of_unit_);
+  weight_range_ = r;
+  const std::vector<size_t> slot_numel = plan_unit_slots(unit_sizes(layout_.units()), slot_of_unit_);
   wslot_bytes_ = slot_offsets(slot_numel, weight_elem_, wslot_offset_);
   wslots_.assign(slot_numel.size(), WeightSlot{});
   in_use_.assign(layout_.units().size(), false);
@@ -136,6 +151,37 @@ void ParamStore::keep_trainable_only() {
   ANVIL_ASSERT(packed == trainable_->total_numel(), "keep_trainable_only: {} trainable elements, {} packed",
                trainable_->total_numel(), packed);
   master_range_ = grad_range_ = trainable_->all();
+}
+
+size_t ParamStore::optimizer_index(size_t offset) const {
+  ANVIL_ASSERT(offset <= numel(), "element {} outside the {} parameters", offset, numel());
+  if (!trainable_) return offset;
+  // The last run beginning at or before `offset`: inside it, or the trainable elements up to its end.
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), offset,
+                             [](size_t o, const TrainableRun& r) { return o < r.begin; });
+  if (it == runs_.begin()) return 0;
+  --it;
+  return it->packed + (std::min(offset, it->end) - it->begin);
+}
+
+std::vector<ParamRange> ParamStore::trainable_runs() const {
+  std::vector<ParamRange> out;
+  if (trainable_) {
+    for (const TrainableRun& r : runs_) out.push_back({r.begin, r.end});
+    return out;
+  }
+  size_t at = 0;
+  for (const ParamRange& f : layout_.frozen_ranges()) {
+    if (f.begin > at) out.push_back({at, f.begin});
+    at = f.end;
+  }
+  if (at < numel()) out.push_back({at, numel()});
+  return out;
+}
+
+ParamRange ParamStore::unit_grad_range(int unit) const {
+  const ParamUnit& u = layout_.units()[size_t(unit)];
+  return optimizer_range({u.offset, u.offset + u.numel});
 }
 
 void ParamStore::set_master_on_host() {
@@ -179,7 +225,7 @@ void ParamStore::bind_host_master(float* host) {
 }
 
 void ParamStore::clear_grad_sink(Device& dev) const {
-  if (sink_) dev.fill_zero(sink_, sink_numel_ * grad_elem_);
+  if (sink_) dev.fill_zero(sink_, sink_numel_ * sink_elem_);
 }
 
 void* ParamStore::packed_grad_at(size_t offset) const {
@@ -190,9 +236,9 @@ void* ParamStore::packed_grad_at(size_t offset) const {
   const size_t i = it->at + (offset - it->begin);
   switch (it->place) {
     case GradPlace::Packed:
-      return static_cast<char*>(grads_) + i * grad_elem_;
+      return grads_sharded_ ? slot_grad_at(offset) : static_cast<char*>(grads_) + i * grad_elem_;
     case GradPlace::Sink:
-      return sink_ + i * grad_elem_;
+      return sink_ + i * sink_elem_;
     case GradPlace::None:
       break;
   }
@@ -238,8 +284,10 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
   const size_t P = quant_ ? quant_->dense_numel() : numel();
   // Trainable tensors only: fp32 master weights of those, beside the weights of any type.
   if (trainable_)
-    i_master_ = plan.add("master weights (fp32, the trainable tensors)", M::MasterWeights,
-                         master_range_.numel() * sizeof(float));
+    i_master_ =
+        plan.add(master_sharded() ? "master weights (fp32, this rank's shard of the trainable tensors)"
+                                  : "master weights (fp32, the trainable tensors)",
+                 M::MasterWeights, master_range_.numel() * sizeof(float));
   if (precision_.compute != DType::F32) {
     // Only an optimizer step needs fp32 weights beside the 16-bit ones (offload: in host memory).
     if (training_ && !trainable_ && !master_on_host_)
@@ -251,12 +299,12 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
                                 (weights_sharded_ ? ", this rank's shard)"
                                  : quant_         ? ", the tensors not quantized)"
                                                   : ")"),
-                            M::Weights, (weights_sharded_ ? master_range_.numel() : P) * weight_elem_);
+                            M::Weights, (weights_sharded_ ? weight_range_.numel() : P) * weight_elem_);
   } else if (!weights_on_host_) {
     i_weights_ = plan.add(weights_sharded_ ? "parameters (this rank's shard)"
                           : quant_         ? "parameters (the tensors not quantized)"
                                            : "parameters",
-                          M::Weights, (weights_sharded_ ? master_range_.numel() : P) * sizeof(float));
+                          M::Weights, (weights_sharded_ ? weight_range_.numel() : P) * sizeof(float));
   }
   if (quant_) quant_->plan_memory(plan);
   if (weights_sharded_)
@@ -272,9 +320,10 @@ void ParamStore::plan_memory(MemoryPlan& plan, bool grads_elsewhere) {
     i_grads_ =
         plan.add(trainable_ ? "gradients (the trainable tensors)" : "gradients", M::Gradients, grad_bytes());
   }
+  sink_elem_ = dtype_bytes(written_grad_type(), 1);  // (what backward writes into it)
   if (training_ && sink_numel_ > 0)
     i_sink_ = plan.add("gradient sink (frozen norms' gradients, discarded)", M::Gradients,
-                       sink_numel_ * grad_elem_);
+                       sink_numel_ * sink_elem_);
   if (training_ && comm_staged()) {
     // As communication_data_type spells it.
     const DType t = comm_type();
@@ -306,16 +355,32 @@ void ParamStore::bind(const Arena& arena) {
   if (i_sink_ != SIZE_MAX) sink_ = arena.get<char>(i_sink_);
 }
 
-std::pair<size_t, size_t> ParamStore::slot_place(size_t offset) const {
-  const int u = layout_.unit_of(offset);
-  const size_t s = size_t(slot_of_unit_[size_t(u)]);
-  const ParamUnit& unit = layout_.units()[size_t(u)];
+size_t ParamStore::held_slot(int unit) const {
+  const size_t s = size_t(slot_of_unit_[size_t(unit)]);
   ANVIL_ASSERT(
-      slot_unit_[s] == u,
+      slot_unit_[s] == unit,
       "gradient view of unit '{}', whose slot it does not hold (begin_grads comes first; a slot holds "
       "one unit at a time)",
-      unit.name);
-  return {s, offset - unit.offset};
+      layout_.units()[size_t(unit)].name);
+  return s;
+}
+
+std::pair<size_t, size_t> ParamStore::slot_place(size_t offset) const {
+  const int u = layout_.unit_of(offset);
+  const size_t s = held_slot(u);
+  // (A store of the trainable tensors only packs them in the slot.)
+  if (trainable_) return {s, packed_index(offset) - unit_grad_range(u).begin};
+  return {s, offset - layout_.units()[size_t(u)].offset};
+}
+
+void* ParamStore::unit_grads(int unit) const {
+  ANVIL_ASSERT(grads_sharded_, "unit_grads: the gradients are not kept by unit");
+  return slots_ + slot_offset_[held_slot(unit)];
+}
+
+void* ParamStore::comm_unit_grads(int unit) const {
+  if (!comm_staged()) return unit_grads(unit);
+  return comm_ + comm_slot_offset_[held_slot(unit)];
 }
 
 void* ParamStore::slot_grad_at(size_t offset) const {
@@ -367,7 +432,7 @@ void ParamStore::begin_grads(Device& dev, int unit) {
   if (prev >= 0 && on_slot_reuse_) on_slot_reuse_(prev);
   slot_unit_[s] = unit;
   state = GradState::Writing;
-  dev.fill_zero(slots_ + slot_offset_[s], layout_.units()[size_t(unit)].numel * slot_elem_);
+  dev.fill_zero(slots_ + slot_offset_[s], unit_grad_range(unit).numel() * slot_elem_);
 }
 
 void* ParamStore::slot_weight_at(size_t offset) const {
@@ -378,6 +443,20 @@ void* ParamStore::slot_weight_at(size_t offset) const {
                "weight view of unit '{}' outside its acquire / release (its weights are gathered by acquire)",
                unit.name);
   return wslot_mem_ + wslot_offset_[size_t(slot_of_unit_[size_t(u)])] + (offset - unit.offset) * weight_elem_;
+}
+
+void* ParamStore::own_weight_at(size_t offset) const {
+  if (!weights_sharded_) return weight_at(offset);
+  ANVIL_ASSERT(offset >= weight_range_.begin && offset < weight_range_.end,
+               "element {} outside this rank's weight shard [{}, {})", offset, weight_range_.begin,
+               weight_range_.end);
+  return static_cast<char*>(weights_) + (offset - weight_range_.begin) * weight_elem_;
+}
+
+std::pair<void*, size_t> ParamStore::weight_scratch() const {
+  ANVIL_ASSERT(weights_sharded_, "weight_scratch: the weights are not sharded (no slots)");
+  forget_gathered();
+  return {wslot_mem_, wslot_bytes_};
 }
 
 void ParamStore::gather_into(size_t s, int unit) const {
@@ -467,14 +546,12 @@ void ParamStore::upload(Device& dev, const float* host) const {
     return;
   }
   // Sharded weights: the shard's only.
-  const ParamRange w = weights_sharded_ ? master_range_ : layout_.all();
-  upload_values(dev, host + w.begin, w);
+  upload_values(dev, host + weight_range_.begin, weight_range_);
 }
 
 void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) const {
-  ANVIL_ASSERT(w == (weights_sharded_ ? master_range_ : layout_.all()),
-               "upload of [{}, {}): the store keeps weights [{}, {})", w.begin, w.end,
-               weights_sharded_ ? master_range_.begin : 0, weights_sharded_ ? master_range_.end : numel());
+  ANVIL_ASSERT(w == weight_range_, "upload of [{}, {}): the store keeps weights [{}, {})", w.begin, w.end,
+               weight_range_.begin, weight_range_.end);
   forget_gathered();
   if (master_on_host_) {
     ANVIL_ASSERT(host_master_, "upload: the master weights' host memory is not bound (bind_host_master)");
@@ -482,7 +559,7 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
     if (values != host_master_)
       std::copy_n(values + (master_range_.begin - w.begin), master_range_.numel(), host_master_);
   } else if (trainable_) {
-    upload_master(dev, values);
+    upload_master(dev, values, w.begin);
   } else if (master_ && precision_.compute != DType::F32) {
     dev.copy_to_device(master_, values + (master_range_.begin - w.begin),
                        master_range_.numel() * sizeof(float));
@@ -490,14 +567,22 @@ void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) c
   write_weights(dev, values, w.numel());
 }
 
-void ParamStore::upload_master(Device& dev, const float* host) const {
+void ParamStore::upload_master(Device& dev, const float* host, size_t first) const {
   std::vector<float> packed(master_range_.numel());
-  for (const TrainableRun& run : runs_)
-    std::copy_n(host + run.begin, run.end - run.begin, packed.data() + run.packed);
-  dev.copy_to_device(master_, packed.data(), packed.size() * sizeof(float));
+  for (const TrainableRun& run : runs_) {
+    // The run's part in the master range (a ZeRO shard: inside the weights uploaded, from `first` on).
+    const size_t lo = std::max(run.packed, master_range_.begin);
+    const size_t hi = std::min(run.packed + (run.end - run.begin), master_range_.end);
+    if (lo >= hi) continue;
+    const size_t at = run.begin + (lo - run.packed);
+    ANVIL_ASSERT(at >= first, "upload: master element {} lies before the values given (from {})", at, first);
+    std::copy_n(host + (at - first), hi - lo, packed.data() + (lo - master_range_.begin));
+  }
+  if (!packed.empty()) dev.copy_to_device(master_, packed.data(), packed.size() * sizeof(float));
 }
 
 void ParamStore::download_master(Device& dev, float* host) const {
+  ANVIL_ASSERT(!master_sharded(), "download: sharded master weights are gathered (set_master_gather)");
   std::vector<float> packed(master_range_.numel());
   dev.copy_to_host(packed.data(), master_, packed.size() * sizeof(float));
   for (const TrainableRun& run : runs_)
@@ -554,6 +639,11 @@ void ParamStore::download(Device& dev, float* host) const {
     std::copy_n(host_master_, n, host);
     return;
   }
+  if (trainable_ && (master_sharded() || weights_sharded_)) {  // ZeRO: a collective
+    ANVIL_ASSERT(gather_, "download: the store is sharded and no gather is set");
+    gather_(dev, host);
+    return;
+  }
   if (trainable_) {  // the frozen tensors as the weights hold them, the trainable ones from the master
                      // weights
     read_weights(dev, host, n);
@@ -575,6 +665,11 @@ void ParamStore::download(Device& dev, float* host) const {
     return;
   }
   read_weights(dev, host, n);
+}
+
+void ParamStore::read_own_weights(Device& dev, float* values) const {
+  ANVIL_ASSERT(!quant_, "read_own_weights: the store is quantized");
+  read_weights(dev, values, weight_range_.numel());
 }
 
 void ParamStore::read_weights(Device& dev, float* values, size_t n) const {
@@ -609,7 +704,7 @@ void ParamStore::read_weights(Device& dev, float* values, size_t n) const {
 void ParamStore::init(uint64_t seed, const ParamInit& how, Device& dev) const {
   constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // splitmix64's increment (anvil/rng.hpp)
   constexpr uint64_t kLoraStream = 0x4C6F52414C6F5241ull;
-  const ParamRange r = weights_sharded_ ? master_range_ : layout_.all();
+  const ParamRange r = weight_range_;
   // Offloaded master weights: drawn where they stay (no second copy of the model on the host).
   std::vector<float> own;
   float* values = master_on_host_ && host_master_ && master_range_ == r ? host_master_
@@ -665,12 +760,17 @@ void ParamStore::sync(Ops& ops, uint64_t rounding_seed, const StepValues* step_v
     ANVIL_ASSERT(
         rounding_seed == 0,
         "sync: stochastic rounding draws by layout position; the store keeps its trainable tensors only");
+    // (ZeRO: the runs' part in the master range, which lies in this rank's weight shard.)
     for (const TrainableRun& run : runs_) {
-      const size_t n = run.end - run.begin;
+      const size_t lo = std::max(run.packed, master_range_.begin);
+      const size_t hi = std::min(run.packed + (run.end - run.begin), master_range_.end);
+      if (lo >= hi) continue;
+      void* out = own_weight_at(run.begin + (lo - run.packed));
+      const float* in = master_ + (lo - master_range_.begin);
       if (precision_.compute == DType::F32)
-        ops.device().copy_on_device(weight_at(run.begin), master_ + run.packed, n * sizeof(float));
+        ops.device().copy_on_device(out, in, (hi - lo) * sizeof(float));
       else
-        ops.cast_weights(weight_at(run.begin), master_ + run.packed, n, 0, step_values);
+        ops.cast_weights(out, in, hi - lo, 0, step_values);
     }
     return;
   }

@@ -54,11 +54,13 @@ class ParamStore {
   // unless quantize() keeps the block Linear weights quantized (inference).
   ParamStore(ParamLayout layout, OpsPrecision precision, bool training);
 
-  // ZeRO stages 1-2 (before plan_memory): this rank keeps the fp32 master weights of `r` only; the
-  // compute-type weights stay whole. For an fp32 compute type the weights are the master weights, so nothing
-  // changes in memory: master() points at `r`'s first element of them.
+  // ZeRO stages 1-2 (before plan_memory): this rank keeps the fp32 master weights of `r` only (in
+  // optimizer_layout()'s numbering: a store of the trainable tensors only shards those); the compute-type
+  // weights stay whole. For an fp32 compute type the weights are the master weights, so nothing changes in
+  // memory: master() points at `r`'s first element of them.
   void set_master_range(ParamRange r);
-  // The range the master weights cover (the whole buffer unless set_master_range was called).
+  // The range the master weights cover (the whole buffer unless set_master_range was called), in
+  // optimizer_layout()'s numbering.
   ParamRange master_range() const { return master_range_; }
   bool master_sharded() const { return master_range_ != optimizer_layout().all(); }
   // Sharded 16-bit master weights: how download() obtains the other ranks' master weights (a collective:
@@ -67,27 +69,36 @@ class ParamStore {
 
   // ZeRO stage 2 (before plan_memory; only for a model whose gradient writes all follow begin_grads): the
   // gradients kept from backward to the optimizer cover `r` only (this rank's reduced shard: grads(),
-  // reduced_grad_at). Backward writes each unit's gradients into a unit-sized slot instead of the whole
-  // buffer: the layout's first and last units have a slot each (a tied head's gradient and the loss's head
-  // gradient are written in forward and live through backward), the units between them share two slots
-  // in turn (one written while the other's reduction runs). Before a slot goes to another unit, the
-  // slot-reuse hook moves the previous unit's reduced piece out (dist::GradSync); at each micro-batch's end
-  // every slot must have been emptied so (the hook is then a no-op for it). The slots hold `slot_type`: the
-  // gradient type (default), or the 16-bit compute type (backward_grad_dtype: half the slots' memory; the
-  // shard keeps the gradient type, so accumulation over micro-batches stays in it).
+  // reduced_grad_at; in optimizer_layout()'s numbering, as master_range()). Backward writes each unit's
+  // gradients into a unit-sized slot instead of the whole buffer: the layout's first and last units have a
+  // slot each (a tied head's gradient and the loss's head gradient are written in forward and live through
+  // backward), the units between them share two slots in turn (one written while the other's reduction runs).
+  // Before a slot goes to another unit, the slot-reuse hook moves the previous unit's reduced piece out
+  // (dist::GradSync); at each micro-batch's end every slot must have been emptied so (the hook is then a
+  // no-op for it). The slots hold `slot_type`: the gradient type (default), or the 16-bit compute type
+  // (backward_grad_dtype: half the slots' memory; the shard keeps the gradient type, so accumulation over
+  // micro-batches stays in it). A store of the trainable tensors only keeps the unit's trainable gradients in
+  // its slot, packed as in the optimizer layout (unit_grad_range), and its frozen 1-D tensors' in the sink.
   void set_grad_shard(ParamRange r, std::optional<DType> slot_type = std::nullopt);
   bool grads_sharded() const { return grads_sharded_; }
   // The range grads() covers: set_grad_shard's, else the whole buffer.
   ParamRange grad_range() const { return grad_range_; }
 
-  // ZeRO stage 3 (before plan_memory; with set_grad_shard(r); a model that acquires every unit before it
-  // reads the unit's weights and releases it after): the compute-type weights of `r` only are kept
-  // (shard_weights(); for fp32 compute they are the master weights). acquire(unit) gathers the unit into a
-  // slot laid out as the gradient slots (first and last units their own, the units between two in turn)
-  // through the gatherer, unless the slot holds it from earlier in the pass; prefetch(unit) queues that
-  // gather early, so that it overlaps the compute before the unit's acquire.
+  // ZeRO stage 3 (before plan_memory; after set_master_range and set_grad_shard; a model that acquires every
+  // unit before it reads the unit's weights and releases it after): the compute-type weights of `r` (in the
+  // layout's numbering) only are kept (weights(); for fp32 compute they are the master weights). The master
+  // range must be `r`'s part of the optimizer layout (optimizer_range(r)): each rank casts its master
+  // weights into its own weight shard. acquire(unit) gathers the unit into a slot laid out as the gradient
+  // slots (first and last units their own, the units between two in turn) through the gatherer, unless the
+  // slot holds it from earlier in the pass; prefetch(unit) queues that gather early, so that it overlaps the
+  // compute before the unit's acquire.
   void set_weight_shard(ParamRange r);
   bool weights_sharded() const { return weights_sharded_; }
+  // The compute-type weights this store keeps, in the layout's numbering: set_weight_shard's, else all.
+  ParamRange weight_range() const { return weight_range_; }
+  // Sharded weights: the weight slots' memory, free between steps (a collective gathering the whole model
+  // stages through it); forgets the gathered units.
+  std::pair<void*, size_t> weight_scratch() const;
   void set_weight_gatherer(WeightGatherer* g) { gatherer_ = g; }
   // The type backward writes gradients in: the slots' under sharded gradients, else the gradient type.
   DType written_grad_type() const { return grads_sharded_ ? slot_type_ : precision_.grad; }
@@ -111,20 +122,34 @@ class ParamStore {
   // matrix frozen in part) count in neither the norm nor the update. No-op without frozen tensors.
   void zero_frozen_grads(Device& dev) const;
 
-  // Trainable tensors only (before plan_memory; training; no ZeRO shard): the fp32 master weights, the
+  // Trainable tensors only (before plan_memory and the ZeRO shards; training): the fp32 master weights, the
   // gradients and so the optimizer cover the trainable tensors alone, packed in layout order
   // (optimizer_layout(): master_range(), grad_range(), grads(), reduced_grad_at() and the optimizer index
   // that space); the frozen tensors live in the compute-type weights only. A LoRA base then costs its weights
-  // and nothing else. The gradient views (grad_at) of trainable tensors point into the packed gradients;
-  // those of frozen 1-D tensors (norm weights and biases, whose gradients the norm kernels compute anyway)
-  // into a sink whose values are discarded (laid out per unit, so a unit's views do not overlap); other
-  // frozen tensors have none (null). For a model that asks for no other frozen gradient and writes no
-  // gradient across a trainable tensor's end: the decoders under LoRA (Linear weight gradients skipped,
-  // blocks below the first adapter not differentiated, every adapter trainable).
+  // and nothing else (under ZeRO stage 3 its shard of them). The gradient views (grad_at) of trainable
+  // tensors point into the packed gradients; those of frozen 1-D tensors (norm weights and biases, whose
+  // gradients the norm kernels compute anyway) into a sink whose values are discarded (laid out per unit, so
+  // a unit's views do not overlap); other frozen tensors have none (null). For a model that asks for no other
+  // frozen gradient and writes no gradient across a trainable tensor's end: the decoders under LoRA (Linear
+  // weight gradients skipped, blocks below the first adapter not differentiated, every adapter trainable).
   void keep_trainable_only();
   bool trainable_only() const { return trainable_.has_value(); }
   // The layout the optimizer updates: layout(), or its trainable part (keep_trainable_only).
   const ParamLayout& optimizer_layout() const { return trainable_ ? *trainable_ : layout_; }
+  // The optimizer layout's index of the first of its elements at or after element `offset` of the layout
+  // (`offset` itself without keep_trainable_only; its end allowed), and a layout range's part of it.
+  size_t optimizer_index(size_t offset) const;
+  ParamRange optimizer_range(ParamRange r) const {
+    return {optimizer_index(r.begin), optimizer_index(r.end)};
+  }
+  // The layout's runs of trainable elements (keep_trainable_only: consecutive in the optimizer layout too).
+  std::vector<ParamRange> trainable_runs() const;
+  // A unit's gradients in the optimizer layout's numbering: what its slot holds under sharded gradients.
+  ParamRange unit_grad_range(int unit) const;
+  // Sharded gradients: the start of `unit`'s slot (which must hold it), as backward writes it and in the
+  // communication type (comm_grad_at's staging slot, or the slot itself).
+  void* unit_grads(int unit) const;
+  void* comm_unit_grads(int unit) const;
   // Optimizer offload (before plan_memory; training; not with keep_trainable_only or quantize): the fp32
   // master weights of master_range() (the whole layout, or this rank's ZeRO shard) live in host memory,
   // outside the device plan; bind_host_master gives it (master_range().numel() floats,
@@ -205,9 +230,9 @@ class ParamStore {
                                   (quant_ ? quant_->dense_index(offset) : offset) * weight_elem_;
   }
   void* grad_at(size_t offset) const {
-    return grads_sharded_ ? slot_grad_at(offset)
-           : trainable_   ? packed_grad_at(offset)
-                          : static_cast<char*>(grads_) + offset * grad_elem_;
+    return trainable_       ? packed_grad_at(offset)
+           : grads_sharded_ ? slot_grad_at(offset)
+                            : static_cast<char*>(grads_) + offset * grad_elem_;
   }
   void* weight(const ParamTensor& t) const { return weight_at(t.offset); }
   void* grad(const ParamTensor& t) const { return grad_at(t.offset); }
@@ -220,6 +245,8 @@ class ParamStore {
   // Sets the weights from fp32 host values in the flat layout: the master weights (where kept: master_range)
   // and their round-to-nearest compute-type copy.
   void upload(Device& dev, const float* host) const;
+  // The compute-type weights this store keeps (weight_range(); not quantized), widened into `values`.
+  void read_own_weights(Device& dev, float* values) const;
   // The weights as fp32 host values in the flat layout: the master weights, or the compute-type weights
   // widened when there are none; sharded master weights through the gather (see set_master_gather).
   void download(Device& dev, float* host) const;
@@ -252,6 +279,7 @@ class ParamStore {
   ParamLayout layout_;
   std::vector<ParamRange> frozen_;  // layout_.frozen_ranges(), kept by freeze()
   ParamRange master_range_;
+  ParamRange weight_range_;
   std::function<void(Device&, float*)> gather_;
   OpsPrecision precision_;
   bool training_;
@@ -264,8 +292,9 @@ class ParamStore {
   // Sharded gradients (set_grad_shard).
   enum class GradState : uint8_t { Idle, Writing, Ready };
   void* slot_grad_at(size_t offset) const;
-  // The gradient slot holding offset's unit (asserting that it does) and offset's element in the unit.
+  // The gradient slot holding offset's unit (asserting that it does) and offset's element in the slot.
   std::pair<size_t, size_t> slot_place(size_t offset) const;
+  size_t held_slot(int unit) const;  // the gradient slot of `unit`, asserting that it holds it
   bool grads_sharded_ = false;
   ParamRange grad_range_;
   std::vector<int> slot_of_unit_;  // per unit
@@ -294,10 +323,13 @@ class ParamStore {
     uint64_t ticket = 0;
   };
   void* slot_weight_at(size_t offset) const;
+  // Element `offset` (in weight_range()) of the weights this store keeps: its shard under sharded weights.
+  void* own_weight_at(size_t offset) const;
   // upload() of the values of range `w` (values[0] is element w.begin): the weights this store keeps.
   void upload_values(Device& dev, const float* values, ParamRange w) const;
-  // Trainable tensors only: the master weights from / into fp32 host values of the whole layout.
-  void upload_master(Device& dev, const float* host) const;
+  // Trainable tensors only: the master weights (master_range()) from fp32 host values of the layout from
+  // element `first` on, or into those of the whole layout (master weights not sharded).
+  void upload_master(Device& dev, const float* host, size_t first = 0) const;
   void download_master(Device& dev, float* host) const;
   // The compute-type weights from n fp32 values (rounded to nearest), and back (widened).
   void write_weights(Device& dev, const float* values, size_t n) const;
@@ -324,7 +356,7 @@ class ParamStore {
   bool grads_on_host_ = false;    // set_grads_on_host
   std::vector<TrainableRun> runs_;
   std::vector<TensorGrad> tensor_grads_;
-  size_t sink_numel_ = 0, i_sink_ = SIZE_MAX;
+  size_t sink_numel_ = 0, i_sink_ = SIZE_MAX, sink_elem_ = 4;
   char* sink_ = nullptr;
 
   // Quantized storage: the tensors kept in the compute type (dense_ranges), then the quantized matrices.

@@ -93,7 +93,7 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
 }
 
 bool keeps_trainable_only(const EngineOptions& o, const ParamLayout& layout) {
-  if (!o.training || !o.lora.enabled() || o.zero_stage > 0 || !o.trainable_only_store) return false;
+  if (!o.training || !o.lora.enabled() || !o.trainable_only_store) return false;
   for (const ParamTensor& t : layout.tensors())
     if (t.trainable != t.is_adapter()) return false;
   return true;
@@ -129,11 +129,15 @@ static void apply_offload(const EngineOptions& o, Model& model) {
 }
 
 // Data parallelism's settings of the parameter store: the communication type and the ZeRO shards.
+// The shards cut the layout (zero_shard); a store of the trainable tensors only keeps master weights,
+// gradients and optimizer state for each shard's trainable part (ParamStore::optimizer_range).
 static void apply_data_parallel(const EngineOptions& o, Model& model) {
-  if (o.training && o.comm_dtype) model.param_store().set_comm_type(*o.comm_dtype);
+  ParamStore& store = model.param_store();
+  if (o.training && o.comm_dtype) store.set_comm_type(*o.comm_dtype);
   const std::optional<ParamRange> shard = zero_shard(o, model.layout());
   if (!shard) return;
-  model.param_store().set_master_range(*shard);
+  const ParamRange trainable = store.optimizer_range(*shard);
+  store.set_master_range(trainable);
   // Stage 2 keeps the gradients of the shard only, where the model writes its gradients unit by unit;
   // stage 3 the weights too, gathered unit by unit as the model acquires them.
   ANVIL_REQUIRE(o.zero_stage < 3 || model.grads_by_unit(),
@@ -144,9 +148,17 @@ static void apply_data_parallel(const EngineOptions& o, Model& model) {
       "backward_grad_dtype: this model family keeps whole gradients (no unit slots to write {} into); "
       "remove backward_grad_dtype",
       dtype_name(*o.unit_grad_dtype));
-  if (o.zero_stage >= 2 && model.grads_by_unit())
-    model.param_store().set_grad_shard(*shard, o.unit_grad_dtype);
-  if (o.zero_stage >= 3) model.param_store().set_weight_shard(*shard);
+  ANVIL_REQUIRE(!store.trainable_only() || o.zero_stage < 2 || model.grads_by_unit(),
+                "ZeRO stage {} with LoRA: this model family keeps whole gradients; use zero_stage 0 or 1",
+                o.zero_stage);
+  if (o.zero_stage >= 2 && model.grads_by_unit()) store.set_grad_shard(trainable, o.unit_grad_dtype);
+  if (o.zero_stage >= 3) store.set_weight_shard(*shard);
+}
+
+// The optimizer's shard after apply_data_parallel: the master range, in the optimizer layout's numbering.
+static std::optional<ParamRange> optimizer_shard(const EngineOptions& o, Model& model) {
+  if (!zero_shard(o, model.layout())) return std::nullopt;
+  return model.param_store().master_range();
 }
 
 std::optional<ParamRange> zero_shard(const EngineOptions& o, const ParamLayout& layout) {
@@ -264,12 +276,11 @@ MemoryPlan plan_engine_memory(const TransformerConfig& cfg, const EngineOptions&
                                                   ops_precision(o), o.share_grad_memory, o.lora);
   std::unique_ptr<Optimizer> opt;
   apply_parameter_options(o, *model);
-  const std::optional<ParamRange> shard = zero_shard(o, model->layout());
   apply_data_parallel(o, *model);
   apply_offload(o, *model);
   if (o.training && !o.offload_optimizer)  // (offloaded: in host memory, offload::HostOptimizer)
-    opt =
-        make_optimizer(o.optimizer, model->param_store().optimizer_layout(), with_vocab(o.optim, cfg), shard);
+    opt = make_optimizer(o.optimizer, model->param_store().optimizer_layout(), with_vocab(o.optim, cfg),
+                         optimizer_shard(o, *model));
   MemoryPlan plan;
   InputIndices inputs;
   size_t ws = 0, split = 0, scalars = 0, values = 0;
@@ -292,7 +303,7 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
   const std::unique_ptr<Model> model = planned_model(cfg, o);
   return offload::HostOptimizer::plan_host_memory(
       model->param_store().optimizer_layout(), o.optimizer, with_vocab(o.optim, cfg), ops_precision(o),
-      zero_shard(o, model->layout()), o.offload_param, model->param_store().grads_sharded(),
+      optimizer_shard(o, *model), o.offload_param, model->param_store().grads_sharded(),
       o.nvme ? std::optional(o.nvme->sub_group_size) : std::nullopt);
 }
 
@@ -302,7 +313,7 @@ std::optional<offload::PagedOptimizerState::Sizes> nvme_swap_sizes(const Transfo
   const std::unique_ptr<Model> model = planned_model(cfg, o);
   const ParamLayout& layout = model->param_store().optimizer_layout();
   return offload::PagedOptimizerState::sizes(o.optimizer, layout, with_vocab(o.optim, cfg),
-                                             zero_shard(o, model->layout()).value_or(layout.all()),
+                                             optimizer_shard(o, *model).value_or(layout.all()),
                                              o.nvme->sub_group_size);
 }
 
@@ -315,8 +326,8 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   model_ = make_model(cfg, o.batch_size, o.seq_len, o.training, o.checkpointing, ops_precision(o),
                       o.share_grad_memory, o.lora);
   apply_parameter_options(o, *model_);
-  const std::optional<ParamRange> shard = zero_shard(o, model_->layout());
   apply_data_parallel(o, *model_);
+  const std::optional<ParamRange> shard = optimizer_shard(o, *model_);
   apply_offload(o, *model_);
   if (o.training && o.offload_optimizer)
     host_ = std::make_unique<offload::HostOptimizer>(*device_, model_->param_store(), o.optimizer,

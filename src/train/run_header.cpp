@@ -101,13 +101,13 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
           type_name(store.precision().compute));
     else if (store.trainable_only())
       fmt::print(
-          "  frozen base: in the {} weights only (master weights, gradients and optimizer state for the "
+          "  frozen base: in the {} weights only{} (master weights, gradients and optimizer state for the "
           "adapters)\n",
-          type_name(store.precision().compute));
+          type_name(store.precision().compute), store.weights_sharded() ? ", this rank's shard" : "");
     else
       fmt::print(
-          "  frozen base: master weights and gradients planned for every tensor (ZeRO partitions the "
-          "whole layout)\n");
+          "  frozen base: master weights and gradients planned for every tensor (freeze_parameters "
+          "freezes adapters too)\n");
   } else if (e.model().param_store().has_frozen()) {
     const FrozenCount f = count_frozen(layout);
     const size_t all = layout.total_numel();

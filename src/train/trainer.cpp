@@ -221,8 +221,18 @@ void Run::make_engine() {
     static const char* const kept[] = {"", "master weights and optimizer state",
                                        "master weights, optimizer state and reduced gradients",
                                        "weights, master weights, optimizer state and reduced gradients"};
-    fmt::print("  ZeRO stage {}: this rank keeps {} of the {} parameters' {}\n", options.zero_stage,
-               store.master_range().numel(), store.numel(), kept[std::clamp(options.zero_stage, 1, 3)]);
+    if (store.trainable_only())  // LoRA: the frozen base has no master weights, gradients or state
+      fmt::print(
+          "  ZeRO stage {}: this rank keeps {} of the {} trainable parameters' master weights, optimizer "
+          "state{}{}\n",
+          options.zero_stage, store.master_range().numel(), store.optimizer_layout().total_numel(),
+          options.zero_stage >= 2 ? " and reduced gradients" : "",
+          options.zero_stage >= 3 ? fmt::format(", and {} of the {} parameters' weights",
+                                                store.weight_range().numel(), store.numel())
+                                  : "");
+    else
+      fmt::print("  ZeRO stage {}: this rank keeps {} of the {} parameters' {}\n", options.zero_stage,
+                 store.master_range().numel(), store.numel(), kept[std::clamp(options.zero_stage, 1, 3)]);
     zero_sync_ = std::make_unique<dist::ZeroSync>(
         group_->comm(), engine_->device(), store,
         dist::ZeroPartition(store.layout(), env_.world_size, dist::shard_cuts(rc_.optimizer)),
