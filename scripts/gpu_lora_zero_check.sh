@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# On a machine with 2 GPUs: LoRA under ZeRO stages 1-3 (docs/lora.md: the frozen base without master weights,
+# gradients or optimizer state; stage 3 shards its weights). Prints one PASS/FAIL line per check and exits
+# non-zero on any failure:
+#   equal: llama-tiny, LoRA r 8 on every block Linear, bf16, CUDA graphs, 2 GPUs x micro-batch 4, 20 steps:
+#     stages 1-3 give stage 0's loss curve (stage 1 bit for bit, 2-3 within 1e-4 relative) and its base model
+#     bytes; stage 3 with gradient accumulation 2 (micro-batch 2) within 1e-4 of stage 0; stage 3 resumed from
+#     its step-10 checkpoint gives steps 11-20 exactly
+#   size: the Llama-3.1-8B shape, LoRA r 16 on every block Linear, bf16, batch BATCH (default 8) x 2048 per GPU,
+#     on 2 GPUs with stage 0 and stage 3, 12 steps each: the progress lines (tok/s, peak memory) are the log
+# CHECKS="equal" runs those only. Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in
+# $ANVIL_BUILD_DIR (or build/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-runs/gpu_lora_zero_check}
+source scripts/gpu_check_lib.sh  # build, check, failures
+A=$PWD/$build/anvil
+w=$out/work
+rm -rf "$w" && mkdir -p "$w"
+want() { [[ " ${CHECKS:-equal size} " == *" $1 "* ]]; }
+launch2() { "$A" launch --nproc_per_node 2 --master_port 0 "$@"; }
+
+losses_check() {  # python assertion over runs' losses: REF RUN TOLERANCE [SKIP]
+  python3 - "$w" "$@" <<'PY'
+import json, sys
+w, ref, run, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+skip = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+def losses(r):
+    return [j["loss"] for j in map(json.loads, open(f"{w}/{r}/metrics.jsonl")) if "loss" in j and "eval_loss" not in j]
+a, b = losses(ref)[skip:], losses(run)
+assert len(a) == len(b) and a, (ref, run, len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"{run} against {ref}: worst relative difference {worst:.3g} (tolerance {tol:g})")
+assert worst <= tol, (a, b)
+PY
+}
+
+equal() {
+  "$A" prepare-data --input data/shakespeare/shakespeare.txt --output "$w/data" --tokenizer bytes > /dev/null || return 1
+  local common=(--model llama-tiny --train_data "$w/data/train.bin" --device cuda --bf16 --lora_r 8
+    --lora_alpha 16 --lora_target_modules all-linear --max_seq_length 64 --max_steps 20 --learning_rate 1e-2
+    --logging_steps 1 --save_steps 10 --sample_prompt "")
+  for s in 0 1 2 3; do
+    launch2 train "${common[@]}" --per_device_train_batch_size 4 --zero_stage $s --output_dir "$w/stage$s" || return 1
+  done
+  launch2 train "${common[@]}" --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --zero_stage 3 \
+    --output_dir "$w/stage3acc" || return 1
+  launch2 train "${common[@]}" --per_device_train_batch_size 4 --zero_stage 3 \
+    --resume_from_checkpoint "$w/stage3/checkpoint-10" --output_dir "$w/stage3res" || return 1
+  losses_check stage0 stage1 0 || return 1
+  losses_check stage0 stage2 1e-4 || return 1
+  losses_check stage0 stage3 1e-4 || return 1
+  losses_check stage0 stage3acc 1e-4 || return 1
+  losses_check stage3 stage3res 0 10 || return 1
+  for s in 1 2 3; do
+    cmp "$w/stage0/checkpoint-20/model.safetensors" "$w/stage$s/checkpoint-20/model.safetensors" || return 1
+  done
+}
+
+size() {
+  python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from benchlib.shards import write_random_shard
+write_random_shard('$w/tokens.bin', 4_000_000, 128256)" || return 1
+  for s in 0 3; do
+    echo "== stage $s"
+    launch2 train --model llama-8b --train_data "$w/tokens.bin" --device cuda --bf16 --lora_r 16 --lora_alpha 32 \
+      --lora_target_modules all-linear --per_device_train_batch_size "${BATCH:-8}" --max_seq_length 2048 \
+      --max_steps 12 --logging_steps 4 --save_strategy no --sample_prompt "" --zero_stage $s \
+      --output_dir "$w/size$s" 2>&1 | grep -E "ZeRO stage|frozen base|LoRA:|plan|step +[0-9]+/|tok/s|peak|error|Error" || return 1
+  done
+}
+
+want equal && check equal equal
+want size && check size size
+[ -f "$out/size.log" ] && cat "$out/size.log"
+echo "$failures failure(s)"
+exit $((failures > 0))
