@@ -4,11 +4,14 @@
 # non-zero on any failure:
 #   equal: llama-tiny, LoRA r 8 on every block Linear, bf16, CUDA graphs, 2 GPUs x micro-batch 4, 20 steps:
 #     stages 1-3 give stage 0's loss curve (stage 1 bit for bit, 2-3 within 1e-4 relative) and its base model
-#     bytes; stage 3 with gradient accumulation 2 (micro-batch 2) within 1e-4 of stage 0; stage 3 resumed from
+#     bytes; with gradient accumulation 2 (micro-batch 2) stage 3 within 1e-4 of stage 0; stage 3 resumed from
 #     its step-10 checkpoint gives steps 11-20 exactly
 #   size: the Llama-3.1-8B shape, LoRA r 16 on every block Linear, bf16, batch BATCH (default 8) x 2048 per GPU,
 #     on 2 GPUs with stage 0 and stage 3, 12 steps each: the progress lines (tok/s, peak memory) are the log
-# CHECKS="equal" runs those only. Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in
+#   big70 (4 GPUs): a Llama-3-70B shape (80 layers, hidden 8192, 64 heads, 8 KV heads, MLP 28672, vocabulary
+#     128256), LoRA r 16 on every block Linear, bf16, batch 1 x 2048 per GPU, ZeRO-3 on 4 GPUs, 8 steps: its
+#     bf16 weights (141 GB) fit no single GPU; `anvil estimate` for one GPU and the run's progress lines
+# CHECKS="equal" runs those only (default: equal size). Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in
 # $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,14 +46,16 @@ equal() {
   for s in 0 1 2 3; do
     launch2 train "${common[@]}" --per_device_train_batch_size 4 --zero_stage $s --output_dir "$w/stage$s" || return 1
   done
-  launch2 train "${common[@]}" --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --zero_stage 3 \
-    --output_dir "$w/stage3acc" || return 1
+  for s in 0 3; do
+    launch2 train "${common[@]}" --per_device_train_batch_size 2 --gradient_accumulation_steps 2 --zero_stage $s \
+      --output_dir "$w/stage${s}acc" || return 1
+  done
   launch2 train "${common[@]}" --per_device_train_batch_size 4 --zero_stage 3 \
     --resume_from_checkpoint "$w/stage3/checkpoint-10" --output_dir "$w/stage3res" || return 1
   losses_check stage0 stage1 0 || return 1
   losses_check stage0 stage2 1e-4 || return 1
   losses_check stage0 stage3 1e-4 || return 1
-  losses_check stage0 stage3acc 1e-4 || return 1
+  losses_check stage0acc stage3acc 1e-4 || return 1
   losses_check stage3 stage3res 0 10 || return 1
   for s in 1 2 3; do
     cmp "$w/stage0/checkpoint-20/model.safetensors" "$w/stage$s/checkpoint-20/model.safetensors" || return 1
@@ -71,8 +76,35 @@ write_random_shard('$w/tokens.bin', 4_000_000, 128256)" || return 1
   done
 }
 
+big70() {
+  python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from benchlib.shards import write_random_shard
+write_random_shard('$w/tokens.bin', 4_000_000, 128256)" || return 1
+  mkdir -p "$w/llama70"
+  cat > "$w/llama70/config.json" <<J
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+ "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+ "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+ "hidden_act": "silu"}
+J
+  cat > "$w/big70.json" <<J
+{"model": "$w/llama70/config.json",
+ "train_data": "$w/tokens.bin", "device": "cuda", "bf16": true, "lora_r": 16, "lora_alpha": 32,
+ "lora_target_modules": "all-linear", "per_device_train_batch_size": ${BATCH70:-1}, "max_seq_length": 2048,
+ "max_steps": 8, "logging_steps": 2, "save_strategy": "no", "sample_prompt": "", "output_dir": "$w/big70"}
+J
+  echo "== anvil estimate, one GPU"
+  "$A" estimate --config "$w/big70.json" --gpu h200 2>&1 | tail -25
+  echo "== ZeRO-3 on 4 GPUs"
+  /usr/bin/time -v "$A" launch --nproc_per_node 4 --master_port 0 train --config "$w/big70.json" --zero_stage 3 2>&1 \
+    | grep -E "ZeRO stage|frozen base|LoRA:|plan|step +[0-9]+/|tok/s|peak|Maximum resident|Elapsed|rror" || return 1
+}
+
 want equal && check equal equal
 want size && check size size
+want big70 && check big70 big70
 [ -f "$out/size.log" ] && cat "$out/size.log"
+[ -f "$out/big70.log" ] && cat "$out/big70.log"
 echo "$failures failure(s)"
 exit $((failures > 0))
