@@ -52,7 +52,7 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .section = "Model",
      .type = "int",
      .meaning =
-         R"md(LoRA's rank (PEFT's `r`): with `lora_r` > 0 the targeted Linear weights of every block get a trainable low-rank update `s (x A^T) B^T` (A [r, in], B [out, r], s = `lora_alpha / lora_r`), and every other tensor is frozen: without ZeRO it costs its weights only (no master weights, gradients or optimizer state). Checkpoints hold the base model (`model.safetensors`) and the adapters as PEFT writes them (`adapter_model.safetensors`, `adapter_config.json`). Decoder families only. 0: no LoRA. See [lora.md](lora.md).)md",
+         R"md(LoRA's rank (PEFT's `r`): with `lora_r` > 0 the targeted Linear weights of every block get a trainable low-rank update `s (x A^T) B^T` (A [r, in], B [out, r], s = `lora_alpha / lora_r`), and every other tensor is frozen: it costs its weights only (no master weights, gradients or optimizer state; under ZeRO stage 3 each rank keeps its shard of them). Checkpoints hold the base model (`model.safetensors`) and the adapters as PEFT writes them (`adapter_model.safetensors`, `adapter_config.json`). Decoder families only. 0: no LoRA. See [lora.md](lora.md).)md",
      .summary = "LoRA rank (0: off): train low-rank adapters of the targeted Linears only (docs/lora.md)."},
     {.key = "lora_alpha",
      .section = "Model",
@@ -91,7 +91,7 @@ const std::vector<ConfigKeyDoc> kKeys = {
              .section = "Model",
              .type = "string",
              .meaning =
-                 R"md(QLoRA: the frozen base's block Linear weights (q/k/v, attention output, MLP) kept quantized while the LoRA adapters train: `nf4` (bitsandbytes' `load_in_4bit` with `bnb_4bit_quant_type="nf4"`: 4-bit codes, an fp32 absmax per block of 64), `int8` (`load_in_8bit`'s storage: int8 codes, a row-wise absmax), or `none`. Each matrix is dequantized into the compute type (`bnb_4bit_compute_dtype`: `bf16` / `fp16` / fp32 as the run's precision) before each matmul that reads it, forward and backward; the embeddings, norms, biases and LM head stay in the compute type, as transformers keeps them. Needs `lora_r` > 0, `zero_stage` 0 and no `freeze_parameters`; decoder families only. Checkpoints hold the base dequantized (`model.safetensors`; quantizing it again on resume gives the same codes) and the adapters as PEFT writes them. See [lora.md](lora.md#qlora).)md",
+                 R"md(QLoRA: the frozen base's block Linear weights (q/k/v, attention output, MLP) kept quantized while the LoRA adapters train: `nf4` (bitsandbytes' `load_in_4bit` with `bnb_4bit_quant_type="nf4"`: 4-bit codes, an fp32 absmax per block of 64), `int8` (`load_in_8bit`'s storage: int8 codes, a row-wise absmax), or `none`. Each matrix is dequantized into the compute type (`bnb_4bit_compute_dtype`: `bf16` / `fp16` / fp32 as the run's precision) before each matmul that reads it, forward and backward; the embeddings, norms, biases and LM head stay in the compute type, as transformers keeps them. Needs `lora_r` > 0, `zero_stage` 0 (ZeRO does not shard a quantized base yet) and no `freeze_parameters`; decoder families only. Checkpoints hold the base dequantized (`model.safetensors`; quantizing it again on resume gives the same codes) and the adapters as PEFT writes them. See [lora.md](lora.md#qlora).)md",
              .default_text = "`none`",
              .summary = "QLoRA: keep the frozen base's block matrices as nf4 or int8 codes beside the LoRA "
                         "adapters."},
