@@ -195,8 +195,9 @@ Command make_generate(CLI::App& parent) {
   app->add_option("--device", a->device, "auto | cpu | cuda");
   app->add_option("--precision", a->precision, "fp32 | bf16 | fp16 (weights, activations and the KV cache)");
   app->add_option("--quantization", a->quantization,
-                  "none | int8 | nf4: keep the block Linear weights quantized (bitsandbytes' load_in_8bit / "
-                  "load_in_4bit nf4), dequantized to --precision before each matmul");
+                  "none | int8 | nf4 | nf4-dq: keep the block Linear weights quantized (bitsandbytes' "
+                  "load_in_8bit / load_in_4bit nf4; nf4-dq with bnb_4bit_use_double_quant), dequantized to "
+                  "--precision before each matmul");
   app->add_option("--tokenizer", a->tokenizer,
                   "bytes, or a tokenizer.json / vocab.txt (default: the one in the checkpoint, else bytes)");
   return {app, [a] { return run_generate(*a); }};

@@ -234,9 +234,10 @@ Command make_logits(CLI::App& parent) {
          "[batch, num_labels] (BERT)")
       ->required();
   app->add_option("--device", a->device, "auto | cpu | cuda (default cpu)");
-  app->add_option("--quantization", a->quantization,
-                  "none | int8 | nf4: keep a decoder's block Linear weights quantized (bitsandbytes' "
-                  "load_in_8bit / load_in_4bit nf4)");
+  app->add_option(
+      "--quantization", a->quantization,
+      "none | int8 | nf4 | nf4-dq: keep a decoder's block Linear weights quantized (bitsandbytes' "
+      "load_in_8bit / load_in_4bit nf4; nf4-dq with bnb_4bit_use_double_quant)");
   return {app, [a] { return run_logits(*a); }};
 }
 

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "anvil/error.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 
 namespace anvil {
 
@@ -33,6 +36,8 @@ const char* weight_storage_name(WeightStorage s) {
       return "int8";
     case WeightStorage::NF4:
       return "nf4";
+    case WeightStorage::NF4DoubleQuant:
+      return "nf4-dq";
   }
   return "?";
 }
@@ -41,9 +46,11 @@ WeightStorage parse_weight_storage(const std::string& name, const char* what) {
   if (name == "none" || name.empty()) return WeightStorage::Compute;
   if (name == "int8") return WeightStorage::Int8;
   if (name == "nf4") return WeightStorage::NF4;
+  if (name == "nf4-dq") return WeightStorage::NF4DoubleQuant;
   ANVIL_THROW(
-      "{} '{}': give none, int8 (bitsandbytes' load_in_8bit storage: row-wise absmax) or nf4 (load_in_4bit "
-      "with bnb_4bit_quant_type nf4: blocks of {})",
+      "{} '{}': give none, int8 (bitsandbytes' load_in_8bit storage: row-wise absmax), nf4 (load_in_4bit "
+      "with bnb_4bit_quant_type nf4: blocks of {}) or nf4-dq (nf4 with bnb_4bit_use_double_quant: the "
+      "scales quantized too)",
       what, name, kNf4BlockSize);
 }
 
@@ -54,6 +61,8 @@ size_t quantized_code_bytes(WeightStorage s, int64_t rows, int64_t cols) {
       return n;
     case WeightStorage::NF4:
       return (n + 1) / 2;
+    case WeightStorage::NF4DoubleQuant:  // the codes, then one code per block scale
+      return (n + 1) / 2 + (n + kNf4BlockSize - 1) / kNf4BlockSize;
     case WeightStorage::Compute:
       break;
   }
@@ -68,6 +77,10 @@ size_t quantized_scale_count(WeightStorage s, int64_t rows, int64_t cols) {
       return size_t(rows);
     case WeightStorage::NF4:
       return (n + kNf4BlockSize - 1) / kNf4BlockSize;
+    case WeightStorage::NF4DoubleQuant: {  // the offset, then the absmax of each block of scales
+      const size_t blocks = (n + kNf4BlockSize - 1) / kNf4BlockSize;
+      return 1 + (blocks + kNf4ScaleBlock - 1) / kNf4ScaleBlock;
+    }
     case WeightStorage::Compute:
       break;
   }
@@ -83,7 +96,56 @@ double quantized_bits_per_weight(WeightStorage s, int64_t rows, int64_t cols) {
                       n;
 }
 
+std::array<float, 256> dynamic_quant_map(bool is_signed) {
+  // bitsandbytes create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): 7 exponent levels.
+  constexpr int kLevels = 7;
+  std::vector<double> values;
+  for (int k = 0; k < kLevels; ++k) {
+    const int bins = is_signed ? 1 << k : 1 << (k + 1);
+    const double scale = std::pow(10.0, double(k - (kLevels - 1)));
+    for (int j = 0; j < bins; ++j) {
+      // The midpoint of bin j of [0.1, 1] cut into `bins` equal parts.
+      const double lo = 0.1 + 0.9 * double(j) / bins, hi = 0.1 + 0.9 * double(j + 1) / bins;
+      const double mid = 0.5 * (lo + hi);
+      values.push_back(scale * mid);
+      if (is_signed) values.push_back(-scale * mid);
+    }
+  }
+  values.push_back(0.0);
+  values.push_back(1.0);
+  ANVIL_ASSERT(values.size() == 256, "dynamic map of {} values", values.size());
+  std::sort(values.begin(), values.end());
+  std::array<float, 256> map{};
+  for (size_t i = 0; i < 256; ++i) map[i] = float(values[i]);
+  return map;
+}
+
+void quantize_blockwise(const float* x, size_t n, const float* map, size_t block, uint8_t* codes,
+                        float* absmax) {
+  ANVIL_ASSERT(block > 0, "quantize_blockwise: block size 0");
+  for (size_t b0 = 0, b = 0; b0 < n; b0 += block, ++b) {
+    const size_t end = std::min(n, b0 + block);
+    float mx = 0.0f;
+    for (size_t i = b0; i < end; ++i) mx = std::max(mx, std::abs(x[i]));
+    absmax[b] = mx;
+    const float inv = mx > 0.0f ? 1.0f / mx : 0.0f;
+    for (size_t i = b0; i < end; ++i) codes[i] = cpu::quantize_to_map(map, x[i] * inv);
+  }
+}
+
+void dequantize_blockwise(const uint8_t* codes, const float* absmax, size_t n, const float* map, size_t block,
+                          float* x) {
+  ANVIL_ASSERT(block > 0, "dequantize_blockwise: block size 0");
+  for (size_t i = 0; i < n; ++i) x[i] = map[codes[i]] * absmax[i / block];
+}
+
 namespace {
+
+// The signed dynamic map, made once.
+const std::array<float, 256>& signed_map() {
+  static const std::array<float, 256> map = dynamic_quant_map(true);
+  return map;
+}
 
 // The nearest NF4 code of x in [-1, 1] (ties: the lower code).
 uint8_t nf4_code(float x) {
@@ -101,8 +163,9 @@ float absmax(const float* w, size_t n) {
 
 }  // namespace
 
-void quantize_host(WeightStorage s, const float* w, int64_t rows, int64_t cols, uint8_t* codes,
-                   float* scales) {
+// Int8 and NF4 codes with their exact scales.
+static void quantize_codes(WeightStorage s, const float* w, int64_t rows, int64_t cols, uint8_t* codes,
+                           float* scales) {
   ANVIL_ASSERT(rows >= 0 && cols >= 0, "quantize_host: shape [{}, {}]", rows, cols);
   const size_t n = size_t(rows) * size_t(cols);
   if (s == WeightStorage::Int8) {
@@ -134,18 +197,46 @@ void quantize_host(WeightStorage s, const float* w, int64_t rows, int64_t cols, 
   }
 }
 
+void quantize_host(WeightStorage s, const float* w, int64_t rows, int64_t cols, uint8_t* codes,
+                   float* scales) {
+  if (s != WeightStorage::NF4DoubleQuant) {
+    quantize_codes(s, w, rows, cols, codes, scales);
+    return;
+  }
+  // bitsandbytes' compress_statistics: the exact block absmax make the codes; the scales are then stored as
+  // their mean (the offset) and 8-bit codes of what is left around it, blockwise.
+  const size_t n = size_t(rows) * size_t(cols), blocks = (n + kNf4BlockSize - 1) / kNf4BlockSize;
+  std::vector<float> exact(blocks);
+  quantize_codes(WeightStorage::NF4, w, rows, cols, codes, exact.data());
+  const float offset =
+      blocks ? float(std::accumulate(exact.begin(), exact.end(), 0.0) / double(blocks)) : 0.0f;
+  for (float& v : exact) v -= offset;
+  scales[0] = offset;
+  QuantizedMatrix m{s, codes, scales, rows, cols};
+  quantize_blockwise(exact.data(), blocks, signed_map().data(), kNf4ScaleBlock,
+                     const_cast<uint8_t*>(m.scale_codes()), scales + 1);
+}
+
+float nf4_double_quant_scale(const QuantizedMatrix& m, size_t b) {
+  // Rounded after the product and after the sum, as the CUDA kernels do (__fmul_rn, __fadd_rn).
+  const volatile float p = signed_map()[m.scale_codes()[b]] * m.scales[1 + b / kNf4ScaleBlock];
+  return p + m.scales[0];
+}
+
 float dequantized_value(const QuantizedMatrix& m, size_t i) {
   if (m.storage == WeightStorage::Int8) {
     const size_t row = i / size_t(m.cols);
     return float(reinterpret_cast<const int8_t*>(m.codes)[i]) * (m.scales[row] * kInt8Step);
   }
   const uint8_t byte = m.codes[i / 2];
-  return kNf4Code[i % 2 == 0 ? byte >> 4 : byte & 0xF] * m.scales[i / kNf4BlockSize];
+  const size_t b = i / kNf4BlockSize;
+  const float scale = m.storage == WeightStorage::NF4DoubleQuant ? nf4_double_quant_scale(m, b) : m.scales[b];
+  return kNf4Code[i % 2 == 0 ? byte >> 4 : byte & 0xF] * scale;
 }
 
 void dequantize_host(const QuantizedMatrix& m, float* out) {
-  ANVIL_ASSERT(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
-               "dequantize_host: storage {}", weight_storage_name(m.storage));
+  ANVIL_ASSERT(m.storage != WeightStorage::Compute, "dequantize_host: storage {}",
+               weight_storage_name(m.storage));
   const int64_t n = int64_t(m.numel());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = dequantized_value(m, size_t(i));

@@ -18,8 +18,8 @@ bool is_linear_weight(TensorRole r) {
 
 QuantizedWeights::QuantizedWeights(ParamLayout& layout, WeightStorage storage, DType compute)
     : storage_(storage), elem_(dtype_bytes(compute, 1)) {
-  ANVIL_ASSERT(storage == WeightStorage::Int8 || storage == WeightStorage::NF4,
-               "QuantizedWeights: storage {} is not quantized", weight_storage_name(storage));
+  ANVIL_ASSERT(storage != WeightStorage::Compute, "QuantizedWeights: storage {} is not quantized",
+               weight_storage_name(storage));
   const std::vector<ParamTensor>& ts = layout.tensors();
   // A matrix: adjacent tensors of one role in one block (q, k, v: the fused QKV weight).
   for (size_t i = 0; i < ts.size(); ++i) {

@@ -8,49 +8,6 @@
 
 namespace anvil {
 
-std::array<float, 256> dynamic_quant_map(bool is_signed) {
-  // bitsandbytes create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): 7 exponent levels.
-  constexpr int kLevels = 7;
-  std::vector<double> values;
-  for (int k = 0; k < kLevels; ++k) {
-    const int bins = is_signed ? 1 << k : 1 << (k + 1);
-    const double scale = std::pow(10.0, double(k - (kLevels - 1)));
-    for (int j = 0; j < bins; ++j) {
-      // The midpoint of bin j of [0.1, 1] cut into `bins` equal parts.
-      const double lo = 0.1 + 0.9 * double(j) / bins, hi = 0.1 + 0.9 * double(j + 1) / bins;
-      const double mid = 0.5 * (lo + hi);
-      values.push_back(scale * mid);
-      if (is_signed) values.push_back(-scale * mid);
-    }
-  }
-  values.push_back(0.0);
-  values.push_back(1.0);
-  ANVIL_ASSERT(values.size() == 256, "dynamic map of {} values", values.size());
-  std::sort(values.begin(), values.end());
-  std::array<float, 256> map{};
-  for (size_t i = 0; i < 256; ++i) map[i] = float(values[i]);
-  return map;
-}
-
-void quantize_blockwise(const float* x, size_t n, const float* map, size_t block, uint8_t* codes,
-                        float* absmax) {
-  ANVIL_ASSERT(block > 0, "quantize_blockwise: block size 0");
-  for (size_t b0 = 0, b = 0; b0 < n; b0 += block, ++b) {
-    const size_t end = std::min(n, b0 + block);
-    float mx = 0.0f;
-    for (size_t i = b0; i < end; ++i) mx = std::max(mx, std::abs(x[i]));
-    absmax[b] = mx;
-    const float inv = mx > 0.0f ? 1.0f / mx : 0.0f;
-    for (size_t i = b0; i < end; ++i) codes[i] = cpu::quantize_to_map(map, x[i] * inv);
-  }
-}
-
-void dequantize_blockwise(const uint8_t* codes, const float* absmax, size_t n, const float* map, size_t block,
-                          float* x) {
-  ANVIL_ASSERT(block > 0, "dequantize_blockwise: block size 0");
-  for (size_t i = 0; i < n; ++i) x[i] = map[codes[i]] * absmax[i / block];
-}
-
 // --- AdamW8bit ---------------------------------------------------------------------------------------------
 
 size_t AdamW8bit::HostTable::device_bytes() const {

@@ -17,25 +17,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/quantization.hpp"
 #include "optim/optimizer.hpp"
 
 namespace anvil {
 
-// bitsandbytes' dynamic ("dynamic tree") quantisation map, create_dynamic_map(signed, 7, 8): 256 sorted
-// values. For exponent level k = 0..6 the fraction range [0.1, 1] is cut into 2^k (signed: mirrored to the
-// negative side) or 2^(k+1) (unsigned) equal bins, whose midpoints scaled by 10^(k-6) are the values; 0 and 1
-// complete the map. Signed: 127 negative values down to -0.99297, 0, 127 positive values and 1. Unsigned:
-// 0, 254 positive values and 1.
-std::array<float, 256> dynamic_quant_map(bool is_signed);
-
-// Block-wise quantisation with a map (bitsandbytes quantize_blockwise / dequantize_blockwise semantics, the
-// scheme the 8-bit states use): absmax[b] = max |x| over block b of `block` elements, codes[i] = the map
-// value nearest x[i] / absmax (an all-zero block gets absmax 0 and the codes of the value nearest 0).
-// `absmax` has ceil(n / block) entries.
-void quantize_blockwise(const float* x, size_t n, const float* map, size_t block, uint8_t* codes,
-                        float* absmax);
-void dequantize_blockwise(const uint8_t* codes, const float* absmax, size_t n, const float* map, size_t block,
-                          float* x);
+// dynamic_quant_map, quantize_blockwise and dequantize_blockwise: kernels/quantization.hpp.
 
 class AdamW8bit final : public Optimizer {
  public:

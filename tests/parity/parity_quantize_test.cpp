@@ -6,6 +6,7 @@
 // (ANVIL_BENCH_GENERATION) decoding speed at batch 1 of the Llama-3.2-1B shape in bf16, int8 and NF4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -72,12 +73,15 @@ INSTANTIATE_TEST_SUITE_P(Formats, DequantizeParity,
                          ::testing::Values(DequantCase{WeightStorage::NF4, DType::F32},
                                            DequantCase{WeightStorage::NF4, DType::BF16},
                                            DequantCase{WeightStorage::NF4, DType::F16},
+                                           DequantCase{WeightStorage::NF4DoubleQuant, DType::F32},
+                                           DequantCase{WeightStorage::NF4DoubleQuant, DType::BF16},
                                            DequantCase{WeightStorage::Int8, DType::F32},
                                            DequantCase{WeightStorage::Int8, DType::BF16},
                                            DequantCase{WeightStorage::Int8, DType::F16}),
                          [](const auto& info) {
-                           return std::string(weight_storage_name(info.param.storage)) + "_" +
-                                  std::string(dtype_name(info.param.dtype));
+                           std::string storage = weight_storage_name(info.param.storage);
+                           std::replace(storage.begin(), storage.end(), '-', '_');  // (gtest names)
+                           return storage + "_" + std::string(dtype_name(info.param.dtype));
                          });
 
 // quantized_matmul_fwd (the CUDA GEMV on the codes) against the CPU's dequantize + matmul, for 1 to 16
@@ -131,7 +135,7 @@ TEST(QuantizedGenerationParity, GreedyIdsOnCudaEqualTheCpu) {
   std::vector<float> w(ParamLayout::decoder(cfg).total_numel());
   for (float& x : w) x = dist(rng);
   const std::vector<std::vector<int32_t>> prompts = {{5, 17, 3}, {40, 2, 9, 77, 1, 60, 200, 13}};
-  for (WeightStorage s : {WeightStorage::NF4, WeightStorage::Int8})
+  for (WeightStorage s : {WeightStorage::NF4, WeightStorage::NF4DoubleQuant, WeightStorage::Int8})
     EXPECT_EQ(greedy(DeviceKind::CUDA, s, cfg, w, prompts), greedy(DeviceKind::CPU, s, cfg, w, prompts))
         << weight_storage_name(s);
 }

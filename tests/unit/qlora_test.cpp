@@ -99,11 +99,14 @@ TEST_P(QuantizedBase, ComputesWhatTheDequantizedDenseBaseComputes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, QuantizedBase,
-                         ::testing::Combine(::testing::Values(WeightStorage::NF4, WeightStorage::Int8),
+                         ::testing::Combine(::testing::Values(WeightStorage::NF4,
+                                                              WeightStorage::NF4DoubleQuant,
+                                                              WeightStorage::Int8),
                                             ::testing::Values(Precision::FP32, Precision::BF16)),
                          [](const auto& info) {
-                           return std::string(weight_storage_name(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) == Precision::FP32 ? "_fp32" : "_bf16");
+                           std::string storage = weight_storage_name(std::get<0>(info.param));
+                           std::replace(storage.begin(), storage.end(), '-', '_');  // (gtest names)
+                           return storage + (std::get<1>(info.param) == Precision::FP32 ? "_fp32" : "_bf16");
                          });
 
 // The plan: codes and scales instead of the matrices' weights, master weights and gradients of the adapters.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -154,10 +155,51 @@ TEST(QuantFormat, PartialLastBlockOddCountAndZeroBlocks) {
   EXPECT_EQ(dequantize(WeightStorage::Int8, q8, 2, 64)[3], 0.0f);
 }
 
+// Double quantization (bnb_4bit_use_double_quant): the 4-bit codes are NF4's (made from the exact block
+// absmax); the scales come back as offset + map[code] * absmax2, within half the dynamic map's widest gap
+// (0.0071) of each block of 256 scales' absmax2 of the exact ones; about 4.127 bits a weight.
+TEST(QuantFormat, DoubleQuantizedScalesStayWithinTheMapsStep) {
+  const int64_t rows = 96, cols = 640;  // 960 blocks of 64: 3 blocks of 256 scales and a partial one
+  const std::vector<float> w = normal_values(size_t(rows * cols), 0.05f, 8);
+  const Quantized q4 = quantize(WeightStorage::NF4, w, rows, cols);
+  const Quantized dq = quantize(WeightStorage::NF4DoubleQuant, w, rows, cols);
+  const size_t blocks = q4.scales.size();
+  ASSERT_EQ(blocks, 960u);
+  ASSERT_EQ(dq.codes.size(), q4.codes.size() + blocks);
+  ASSERT_EQ(dq.scales.size(), 1u + 4u);
+  EXPECT_TRUE(std::equal(q4.codes.begin(), q4.codes.end(), dq.codes.begin()));
+  double mean = 0;
+  for (float s : q4.scales) mean += s;
+  EXPECT_NEAR(dq.scales[0], mean / double(blocks), 1e-6);
+  const QuantizedMatrix m = dq.view(WeightStorage::NF4DoubleQuant, rows, cols);
+  const std::array<float, 256> map = dynamic_quant_map(true);
+  double worst = 0;
+  for (size_t b = 0; b < blocks; ++b) {
+    const float absmax2 = dq.scales[1 + b / kNf4ScaleBlock];
+    const float got = nf4_double_quant_scale(m, b);
+    EXPECT_EQ(got, map[m.scale_codes()[b]] * absmax2 + dq.scales[0]) << b;
+    EXPECT_LE(std::fabs(got - q4.scales[b]), 0.0071f * absmax2 + 1e-7f) << "block " << b;
+    worst = std::max(worst, double(std::fabs(got - q4.scales[b]) / q4.scales[b]));
+    // Each weight is its code's value times the block's decoded scale.
+    const size_t i = b * kNf4BlockSize + 5;
+    const uint8_t byte = m.codes[i / 2];
+    EXPECT_EQ(dequantized_value(m, i), kNf4Code[byte & 0xF] * got);
+  }
+  EXPECT_LT(worst, 0.05) << "relative error of the worst scale";
+  EXPECT_NEAR(quantized_bits_per_weight(WeightStorage::NF4DoubleQuant, 1024, 1024), 4.127, 1e-3);
+  // Zeros stay zeros.
+  const std::vector<float> z(256, 0.0f);
+  const std::vector<float> dz =
+      dequantize(WeightStorage::NF4DoubleQuant, quantize(WeightStorage::NF4DoubleQuant, z, 4, 64), 4, 64);
+  for (float v : dz) EXPECT_EQ(v, 0.0f);
+}
+
 TEST(QuantFormat, NamesAndErrors) {
   EXPECT_EQ(parse_weight_storage("none", "--quantization"), WeightStorage::Compute);
   EXPECT_EQ(parse_weight_storage("int8", "--quantization"), WeightStorage::Int8);
   EXPECT_EQ(parse_weight_storage("nf4", "--quantization"), WeightStorage::NF4);
+  EXPECT_EQ(parse_weight_storage("nf4-dq", "--quantization"), WeightStorage::NF4DoubleQuant);
+  EXPECT_STREQ(weight_storage_name(WeightStorage::NF4DoubleQuant), "nf4-dq");
   try {
     parse_weight_storage("fp4", "--quantization");
     FAIL() << "fp4 accepted";
@@ -171,7 +213,7 @@ TEST(QuantFormat, NamesAndErrors) {
 TEST(QuantOps, CpuDequantizeRoundsTheFormatsValues) {
   const int64_t rows = 24, cols = 40;
   const std::vector<float> w = normal_values(size_t(rows * cols), 0.1f, 6);
-  for (WeightStorage s : {WeightStorage::Int8, WeightStorage::NF4}) {
+  for (WeightStorage s : {WeightStorage::Int8, WeightStorage::NF4, WeightStorage::NF4DoubleQuant}) {
     const Quantized q = quantize(s, w, rows, cols);
     const std::vector<float> ref = dequantize(s, q, rows, cols);
     for (DType t : {DType::F32, DType::BF16, DType::F16}) {
@@ -206,7 +248,7 @@ TEST(QuantOps, CpuQuantizedMatmulIsDequantizeThenMatmul) {
                            b = normal_values(size_t(rows), 0.5f, 11);
   auto dev = make_device(DeviceKind::CPU);
   auto ops = make_cpu_ops(*dev, {DType::F32, DType::F32});
-  for (WeightStorage s : {WeightStorage::Int8, WeightStorage::NF4}) {
+  for (WeightStorage s : {WeightStorage::Int8, WeightStorage::NF4, WeightStorage::NF4DoubleQuant}) {
     const Quantized q = quantize(s, w, rows, cols);
     const QuantizedMatrix m = q.view(s, rows, cols);
     EXPECT_FALSE(ops->quantized_matmul_preferred(m, 1));
@@ -315,8 +357,11 @@ TEST_P(QuantizedDecoder, LogitsEqualTheDenseModelOfTheDequantizedWeights) {
   EXPECT_EQ(plan_bytes(q.plan, "weights (") + plan_bytes(q.plan, "parameters"), (total - quantized) * elem);
   const size_t codes =
       plan_bytes(q.plan, "quantized weights (" + std::string(weight_storage_name(c.storage)) + " codes");
-  EXPECT_GE(codes, c.storage == WeightStorage::NF4 ? quantized / 2 : quantized);
-  EXPECT_LE(codes, (c.storage == WeightStorage::NF4 ? quantized / 2 : quantized) + 8 * 16 + 256);
+  const size_t want = c.storage == WeightStorage::Int8  ? quantized
+                      : c.storage == WeightStorage::NF4 ? quantized / 2
+                                                        : quantized / 2 + quantized / kNf4BlockSize;
+  EXPECT_GE(codes, want);
+  EXPECT_LE(codes, want + 8 * 16 + 256);
   EXPECT_GT(plan_bytes(q.plan, "dequantized weight"), 0u);
   EXPECT_LT(plan_bytes(q.plan, "quantized weights") + plan_bytes(q.plan, "weights (") +
                 plan_bytes(q.plan, "parameters"),
@@ -327,11 +372,13 @@ INSTANTIATE_TEST_SUITE_P(Cases, QuantizedDecoder,
                          ::testing::Values(QuantCase{"llama", WeightStorage::NF4, Precision::FP32},
                                            QuantCase{"llama", WeightStorage::Int8, Precision::FP32},
                                            QuantCase{"llama", WeightStorage::NF4, Precision::BF16},
+                                           QuantCase{"llama", WeightStorage::NF4DoubleQuant, Precision::BF16},
                                            QuantCase{"gpt2", WeightStorage::NF4, Precision::BF16},
                                            QuantCase{"gpt2", WeightStorage::Int8, Precision::FP16}),
                          [](const auto& info) {
-                           return std::string(info.param.family) + "_" +
-                                  weight_storage_name(info.param.storage) + "_" +
+                           std::string storage = weight_storage_name(info.param.storage);
+                           std::replace(storage.begin(), storage.end(), '-', '_');  // (gtest names)
+                           return std::string(info.param.family) + "_" + storage + "_" +
                                   precision_name(info.param.precision);
                          });
 

@@ -7,8 +7,8 @@
 namespace anvil::cpu {
 
 void dequantize(DType act, void* out, const QuantizedMatrix& m) {
-  ANVIL_REQUIRE(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
-                "dequantize: a {} matrix is not quantized", weight_storage_name(m.storage));
+  ANVIL_REQUIRE(m.storage != WeightStorage::Compute, "dequantize: a {} matrix is not quantized",
+                weight_storage_name(m.storage));
   dispatch_float(act, [&](auto a) {
     constexpr DType A = decltype(a)::value;
     auto* o = static_cast<storage_t<A>*>(out);

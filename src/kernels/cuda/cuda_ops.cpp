@@ -253,14 +253,14 @@ class CudaOps final : public Ops {
     cuda::rope_fwd_at(stream_, act_, qkv, inv_freq, pos, attention_dims(s));
   }
   void dequantize(void* out, const QuantizedMatrix& m) override {
-    ANVIL_REQUIRE(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
-                  "dequantize: a {} matrix is not quantized", weight_storage_name(m.storage));
+    ANVIL_REQUIRE(m.storage != WeightStorage::Compute, "dequantize: a {} matrix is not quantized",
+                  weight_storage_name(m.storage));
     cuda::dequantize(stream_, act_, out, m);
   }
   void quantized_matmul_fwd(void* y, const void* x, const QuantizedMatrix& m, const void* bias,
                             int N) override {
-    ANVIL_REQUIRE(m.storage == WeightStorage::Int8 || m.storage == WeightStorage::NF4,
-                  "quantized_matmul_fwd: a {} matrix is not quantized", weight_storage_name(m.storage));
+    ANVIL_REQUIRE(m.storage != WeightStorage::Compute, "quantized_matmul_fwd: a {} matrix is not quantized",
+                  weight_storage_name(m.storage));
     ANVIL_REQUIRE(cuda::quantized_gemv_supported(m, x),
                   "quantized_matmul_fwd: {} columns (a multiple of {} is needed) or an unaligned input",
                   m.cols, cuda::kQuantizedGemvColumns);

@@ -17,21 +17,47 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The table travels by value with each launch (kernel parameters live in constant memory on every device).
+// The tables travel by value with each launch (kernel parameters live in constant memory on every device).
 struct Nf4Table {
   float v[16];
 };
+struct DynamicMap {  // the signed dynamic map of double-quantized scales
+  float v[256];
+};
 
-template <class T>
+// The scale of NF4 block `b`: stored, or (kDQ) decoded as kernels/quantization.cpp's nf4_double_quant_scale
+// (product and sum each rounded: no FMA).
+template <bool kDQ>
+__device__ __forceinline__ float nf4_scale(const float* scales, const uint8_t* scale_codes, const float* map,
+                                           size_t b) {
+  if constexpr (kDQ)
+    return __fadd_rn(__fmul_rn(map[scale_codes[b]], scales[1 + b / anvil::kNf4ScaleBlock]), scales[0]);
+  else
+    return scales[b];
+}
+
+// Stages the dynamic map in shared memory (kDQ; the block has at least 256 threads).
+template <bool kDQ>
+__device__ __forceinline__ void stage_map(float* shared, const DynamicMap& map) {
+  if constexpr (kDQ) {
+    if (threadIdx.x < 256) shared[threadIdx.x] = map.v[threadIdx.x];
+    __syncthreads();
+  }
+}
+
+template <class T, bool kDQ>
 __global__ void dequantize_nf4_kernel(T* out, const uint8_t* codes, const float* scales, size_t n,
-                                      Nf4Table code) {
+                                      Nf4Table code, DynamicMap dmap) {
+  __shared__ float map[kDQ ? 256 : 1];
+  stage_map<kDQ>(map, dmap);
+  const uint8_t* scale_codes = codes + (n + 1) / 2;
   const size_t bytes = (n + 1) / 2;
   for (size_t b = blockIdx.x * size_t{blockDim.x} + threadIdx.x; b < bytes;
        b += size_t{gridDim.x} * blockDim.x) {
     const uint8_t c = codes[b];
     const size_t i = 2 * b;
     // Both elements of a byte are in one block (blocks hold an even number of elements).
-    const float s = scales[i / anvil::kNf4BlockSize];
+    const float s = nf4_scale<kDQ>(scales, scale_codes, map, i / anvil::kNf4BlockSize);
     out[i] = from_float<T>(code.v[c >> 4] * s);
     if (i + 1 < n) out[i + 1] = from_float<T>(code.v[c & 0xF] * s);
   }
@@ -61,12 +87,15 @@ constexpr int kGemvWarps = 8;             // output features per block of 256 th
 constexpr int kGemvStep = 8 * kWarpSize;  // weights of a row a warp takes per step
 
 // y[r, o] = sum_k x[r, k] W[o, k] (+ bias[o]) for r < rows (<= R), W from codes; K % 64 == 0.
-template <class T, int R, bool kNf4>
+template <class T, int R, bool kNf4, bool kDQ>
 __global__ void quantized_gemv_kernel(T* y, const T* x, const uint8_t* codes, const float* scales,
-                                      const T* bias, int rows, int K, int O, Nf4Table code) {
+                                      const T* bias, int rows, int K, int O, Nf4Table code, DynamicMap dmap) {
   __shared__ float table[16];
+  __shared__ float map[kDQ ? 256 : 1];
   if (kNf4 && threadIdx.x < 16) table[threadIdx.x] = code.v[threadIdx.x];
+  stage_map<kDQ>(map, dmap);
   if (kNf4) __syncthreads();
+  const uint8_t* scale_codes = codes + (static_cast<size_t>(O) * K + 1) / 2;
   const int lane = threadIdx.x % kWarpSize;
   const int o = blockIdx.x * kGemvWarps + threadIdx.x / kWarpSize;
   if (o >= O) return;
@@ -80,7 +109,7 @@ __global__ void quantized_gemv_kernel(T* y, const T* x, const uint8_t* codes, co
     float w[8];
     if constexpr (kNf4) {
       const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + (row0 + k) / 2);
-      const float s = scales[(row0 + k) / anvil::kNf4BlockSize];
+      const float s = nf4_scale<kDQ>(scales, scale_codes, map, (row0 + k) / anvil::kNf4BlockSize);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // byte j holds elements 2j (high nibble) and 2j + 1
         const uint32_t b = (word >> (8 * j)) & 0xFF;
@@ -114,14 +143,14 @@ __global__ void quantized_gemv_kernel(T* y, const T* x, const uint8_t* codes, co
   }
 }
 
-template <class T, bool kNf4>
+template <class T, bool kNf4, bool kDQ>
 void launch_gemv(cudaStream_t stream, T* y, const T* x, const anvil::QuantizedMatrix& m, const T* bias,
-                 int rows, const Nf4Table& table) {
+                 int rows, const Nf4Table& table, const DynamicMap& map) {
   const int K = static_cast<int>(m.cols), O = static_cast<int>(m.rows);
   const dim3 grid((O + kGemvWarps - 1) / kGemvWarps), block(kGemvWarps * kWarpSize);
   auto go = [&](auto r) {
-    quantized_gemv_kernel<T, decltype(r)::value, kNf4>
-        <<<grid, block, 0, stream>>>(y, x, m.codes, m.scales, bias, rows, K, O, table);
+    quantized_gemv_kernel<T, decltype(r)::value, kNf4, kDQ>
+        <<<grid, block, 0, stream>>>(y, x, m.codes, m.scales, bias, rows, K, O, table, map);
   };
   if (rows <= 1)
     go(std::integral_constant<int, 1>{});
@@ -137,6 +166,16 @@ Nf4Table nf4_table() {
   Nf4Table t;
   for (int i = 0; i < 16; ++i) t.v[i] = anvil::kNf4Code[i];
   return t;
+}
+
+const DynamicMap& dynamic_map() {
+  static const DynamicMap m = [] {
+    DynamicMap d;
+    const std::array<float, 256> v = anvil::dynamic_quant_map(true);
+    for (int i = 0; i < 256; ++i) d.v[i] = v[size_t(i)];
+    return d;
+  }();
+  return m;
 }
 
 }  // namespace
@@ -157,10 +196,13 @@ void quantized_gemv(cudaStream_t stream, anvil::DType act, void* y, const void* 
       T* yr = static_cast<T*>(y) + static_cast<size_t>(r0) * m.rows;
       const T* xr = static_cast<const T*>(x) + static_cast<size_t>(r0) * m.cols;
       const int rows = N - r0 < 8 ? N - r0 : 8;
+      const T* b = static_cast<const T*>(bias);
       if (m.storage == anvil::WeightStorage::NF4)
-        launch_gemv<T, true>(stream, yr, xr, m, static_cast<const T*>(bias), rows, table);
+        launch_gemv<T, true, false>(stream, yr, xr, m, b, rows, table, dynamic_map());
+      else if (m.storage == anvil::WeightStorage::NF4DoubleQuant)
+        launch_gemv<T, true, true>(stream, yr, xr, m, b, rows, table, dynamic_map());
       else
-        launch_gemv<T, false>(stream, yr, xr, m, static_cast<const T*>(bias), rows, table);
+        launch_gemv<T, false, false>(stream, yr, xr, m, b, rows, table, dynamic_map());
     }
   });
   ANVIL_CUDA_CHECK(cudaGetLastError());
@@ -173,8 +215,11 @@ void dequantize(cudaStream_t stream, anvil::DType act, void* out, const anvil::Q
   dispatch_float(act, [&](auto t) {
     using T = decltype(t);
     if (m.storage == anvil::WeightStorage::NF4) {
-      dequantize_nf4_kernel<T><<<grid_for((n + 1) / 2, kThreads), kThreads, 0, stream>>>(
-          static_cast<T*>(out), m.codes, m.scales, n, table);
+      dequantize_nf4_kernel<T, false><<<grid_for((n + 1) / 2, kThreads), kThreads, 0, stream>>>(
+          static_cast<T*>(out), m.codes, m.scales, n, table, dynamic_map());
+    } else if (m.storage == anvil::WeightStorage::NF4DoubleQuant) {
+      dequantize_nf4_kernel<T, true><<<grid_for((n + 1) / 2, kThreads), kThreads, 0, stream>>>(
+          static_cast<T*>(out), m.codes, m.scales, n, table, dynamic_map());
     } else {
       // (CudaOps::dequantize checked the storage.)
       dequantize_int8_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
