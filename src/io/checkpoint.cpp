@@ -11,6 +11,7 @@
 #include "io/hf_weights.hpp"
 #include "io/optimizer_state.hpp"
 #include "io/peft_adapter.hpp"
+#include "io/quantized_base.hpp"
 #include "io/safetensors.hpp"
 
 namespace anvil::io {
@@ -170,6 +171,8 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev, con
       merge_peft_adapter(adapter, layout, host.data());
   }
   model.upload_weights(dev, host.data());
+  // A QLoRA base whose dequantized values do not restore its codes (nf4-dq): as the checkpoint held it.
+  load_quantized_base(dir, model, dev);
 }
 
 void save_model(const std::string& dir, const Model& model, Device& dev, DType dtype) {
@@ -218,6 +221,7 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
                      Device* optimizer_dev) {
   AtomicDirectory out(dir);
   save_model(out.path(), model, dev);
+  save_quantized_base(out.path(), model, dev);
   save_optimizer(out.file("optimizer.safetensors"), opt, optimizer_dev ? *optimizer_dev : dev);
   write_text_file_synced(out.file("trainer_state.json"), state.dump(2) + "\n");
   for (const auto& [source, name] : tokenizer_side_files(tokenizer_file))

@@ -49,6 +49,8 @@ class Model {
   virtual const ParamLayout& layout() const = 0;
   // The store of the model's parameters (its per-unit hooks are where data parallelism and ZeRO attach).
   virtual ParamStore& param_store() = 0;
+  // Read-only (through a Model; a derived class's own param_store() hides it).
+  const ParamStore& param_store() const { return const_cast<Model*>(this)->param_store(); }
   virtual OpsPrecision precision() const = 0;
   virtual int max_batch() const = 0;
   virtual int max_seq() const = 0;

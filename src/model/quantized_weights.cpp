@@ -112,6 +112,16 @@ void QuantizedWeights::upload(Device& dev, const float* host) const {
   }
 }
 
+void QuantizedWeights::download_raw(Device& dev, uint8_t* codes, float* scales) const {
+  dev.copy_to_host(codes, codes_, code_bytes_);
+  dev.copy_to_host(scales, scales_, scale_count_ * sizeof(float));
+}
+
+void QuantizedWeights::upload_raw(Device& dev, const uint8_t* codes, const float* scales) const {
+  dev.copy_to_device(codes_, codes, code_bytes_);
+  dev.copy_to_device(scales_, scales, scale_count_ * sizeof(float));
+}
+
 void QuantizedWeights::download(Device& dev, float* host) const {
   std::vector<uint8_t> codes;
   std::vector<float> scales;

@@ -47,6 +47,15 @@ class QuantizedWeights {
   void upload(Device& dev, const float* host) const;
   // Writes the matrices' dequantized values into `host` (the whole layout); the rest is left as it is.
   void download(Device& dev, float* host) const;
+  // Whether quantizing the dequantized values again gives these codes and scales (int8, nf4), so that a
+  // checkpoint's dequantized weights restore them; nf4-dq's scales, quantized again, move.
+  bool requantizes_exactly() const { return storage_ != WeightStorage::NF4DoubleQuant; }
+  // The codes and scales as they are held (code_bytes() and scale_count() long), out and back in: what
+  // restores a base that does not requantize exactly.
+  size_t code_bytes() const { return code_bytes_; }
+  size_t scale_count() const { return scale_count_; }
+  void download_raw(Device& dev, uint8_t* codes, float* scales) const;
+  void upload_raw(Device& dev, const uint8_t* codes, const float* scales) const;
 
   // The quantized matrix whose first element is layout element `offset` (a Linear's weight), or nullptr when
   // that element is stored dense. Device memory once bound.

@@ -2,9 +2,12 @@
 // codes (quantization). A quantized base computes what a dense base holding its dequantized values computes
 // (logits, loss, every adapter gradient); training learns, leaves the codes as they were and resumes
 // exactly; two processes equal one; bad settings are refused with messages that name them.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,6 +24,8 @@
 
 namespace anvil {
 namespace {
+
+namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr int kB = 2, kT = 24;
@@ -132,10 +137,18 @@ TrainConfig qlora_run(const test::ByteCorpus& c, const std::string& out, int ste
   return test::lora_run(c, out, steps, j.dump());
 }
 
-TEST(QLoraTrain, LearnsKeepsTheCodesResumesExactly) {
+class QLoraStorage : public ::testing::TestWithParam<std::string> {};
+
+// nf4 and nf4-dq. nf4's codes come back from the checkpoint's dequantized base; nf4-dq's decoded scales
+// would quantize into other ones, so its checkpoint holds the codes and scales too
+// (quantized_base.safetensors).
+TEST_P(QLoraStorage, LearnsKeepsTheCodesResumesExactly) {
   test::ByteCorpus c;
   const std::string dir = c.dir / "run";
-  const TrainConfig cfg = qlora_run(c, dir, 30, R"({"save_steps": 20})");
+  const std::string storage = GetParam();
+  const std::string q = fmt::format(R"({{"quantization": "{}"}})", storage);
+  const TrainConfig cfg =
+      qlora_run(c, dir, 30, fmt::format(R"({{"save_steps": 20, "quantization": "{}"}})", storage));
   test::quietly([&] { return train(cfg); });
   const std::vector<double> losses = test::metrics_losses(dir + "/metrics.jsonl");
   ASSERT_EQ(losses.size(), 30u);
@@ -156,15 +169,48 @@ TEST(QLoraTrain, LearnsKeepsTheCodesResumesExactly) {
     EXPECT_TRUE(std::equal(v.begin(), v.end(), w0.begin() + long(t.offset))) << t.name << " moved";
   }
   EXPECT_TRUE(io::has_peft_adapter(ckpt));
+  EXPECT_EQ(fs::exists(ckpt + "/quantized_base.safetensors"), storage == "nf4-dq");
 
-  // Resume quantizes the saved (dequantized) base again into the same codes: 20 + 10 steps equal 30.
-  TrainConfig resumed = qlora_run(c, c.dir / "resumed", 30);
+  // Resume quantizes the saved (dequantized) base again into the same codes (nf4-dq: reads them): 20 + 10
+  // steps equal 30.
+  TrainConfig resumed = qlora_run(c, c.dir / "resumed", 30, q);
   resumed.resume_from_checkpoint = ckpt;
   test::quietly([&] { return train(resumed); });
   const std::vector<double> r = test::metrics_losses(c.dir / "resumed/metrics.jsonl");
   ASSERT_EQ(r.size(), 10u);
   for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(r[i], losses[20 + i]) << "step " << 21 + i;
+  if (storage != "nf4-dq") return;
+
+  // Without the file the base is quantized again from its dequantized values: the scales move, and so the
+  // run (what the file is for). A file of another shape is refused, naming it and what to do.
+  const std::string bare = c.dir / "bare";
+  fs::copy(ckpt, bare, fs::copy_options::recursive);
+  fs::remove(bare + "/quantized_base.safetensors");
+  TrainConfig requantized = qlora_run(c, c.dir / "requantized", 30, q);
+  requantized.resume_from_checkpoint = bare;
+  test::quietly([&] { return train(requantized); });
+  EXPECT_NE(test::metrics_losses(c.dir / "requantized/metrics.jsonl"), r);
+  io::SafeTensorsWriter w;
+  w.set_metadata("storage", "nf4-dq");
+  const std::vector<int8_t> codes(10);
+  const std::vector<float> scales(3);
+  w.add("codes", DType::I8, {10}, codes.data());
+  w.add("scales", DType::F32, {3}, scales.data());
+  w.write(bare + "/quantized_base.safetensors");
+  TrainConfig bad = qlora_run(c, c.dir / "bad", 30, q);
+  bad.resume_from_checkpoint = bare;
+  try {
+    test::quietly([&] { return train(bad); });
+    FAIL() << "a quantized base of another shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantized_base.safetensors: 10 code bytes"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("delete the file"), std::string::npos) << e.what();
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Storage, QLoraStorage, ::testing::Values("nf4", "nf4-dq"),
+                         [](const auto& info) { return info.param == "nf4" ? "nf4" : "nf4_dq"; });
 
 // Data parallelism over two Gloo processes: every process keeps the quantized base, only the adapters'
 // gradients are reduced; the loss curve is one process's with the same global batch.
