@@ -25,7 +25,9 @@ loaded in bf16 (as PEFT users load a base), adapters in fp32 (PEFT's autocast_ad
 fused AdamW over the adapters; results go to decoder_speed_lora<R>_*. With --quantization nf4 too, QLoRA: Anvil
 `--quantization nf4` against the same PEFT model whose decoder-layer Linears are bitsandbytes' Linear4bit
 (nf4, double quantization, bf16 compute: what from_pretrained with that BitsAndBytesConfig builds; the base
-made in bf16 on the GPU and quantized there); results go to decoder_speed_qlora<R>_nf4_*.
+made in bf16 on the GPU and quantized there); results go to decoder_speed_qlora<R>_nf4_*. --quantization nf4-dq
+runs Anvil with double quantization too (`--quantization nf4-dq`), the reference unchanged (it always double
+quantizes): the same storage on both sides; results go to decoder_speed_qlora<R>_nf4-dq_*.
 
 Each system runs each micro-batch it tries in a fresh process (--batches, largest first: the per-model
 defaults bracket the earlier best batches). `--search largest` (default) keeps the largest that fits, which
@@ -345,11 +347,11 @@ def main():
     ap.add_argument("--lora", type=int, default=0,
                     help="LoRA fine-tuning of this rank on every block Linear (lora_alpha 2 r): Anvil's --lora_r "
                          "against PEFT's LoraConfig on a bf16 base; 0: full training")
-    ap.add_argument("--quantization", default="", choices=("", "nf4"),
-                    help="with --lora: QLoRA, the base's block matrices in nf4 (Anvil --quantization nf4; the "
-                         "reference: bitsandbytes' Linear4bit, as transformers loads a load_in_4bit model; "
-                         "the bitsandbytes package must be importable); results go to "
-                         "decoder_speed_qlora<R>_nf4_*")
+    ap.add_argument("--quantization", default="", choices=("", "nf4", "nf4-dq"),
+                    help="with --lora: QLoRA, the base's block matrices in nf4 or nf4-dq (Anvil --quantization; "
+                         "the reference: bitsandbytes' Linear4bit with double quantization, as transformers "
+                         "loads a load_in_4bit model; the bitsandbytes package must be importable); results go "
+                         "to decoder_speed_qlora<R>_<quantization>_*")
     ap.add_argument("--steps", type=int, default=15, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     ap.add_argument("--peak_flops", type=float, default=H100_BF16_PEAK)

@@ -152,7 +152,9 @@ def quantize_linears(model, kind, compute_dtype):
     import bitsandbytes as bnb
     import torch
 
-    assert kind == "nf4", f"quantization {kind}: the reference quantizes nf4 only"
+    # (It always double quantizes, as QLoRA recipes do: Anvil's nf4-dq is the same storage, its nf4 keeps the
+    # fp32 absmax.)
+    assert kind in ("nf4", "nf4-dq"), f"quantization {kind}: the reference quantizes nf4 only"
     for layer in model.model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name, lin in list(parent.named_children()):

@@ -9,6 +9,9 @@ BitsAndBytesConfig:
        bitsandbytes dequantizes each weight (blocks of 64, absmax scales) and multiplies in fp32, as Anvil does,
        so the same codes and scales give logits equal to fp32 GEMM rounding. Check: relative max difference
        < 1e-3, while NF4's own error (either side against the unquantized model) is far larger, and printed.
+  nf4-dq  the same with bnb_4bit_use_double_quant=True: the block absmax quantized again (their mean, 8-bit
+       codes of the dynamic map in blocks of 256); the same check (< 1e-3; the mean may round differently
+       in its last bit).
   int8 load_in_8bit runs LLM.int8 matmuls (int8 activations, outlier columns in 16 bits), not a dequantized
        matmul, so the two differ by activation quantization: printed, checked only to be of the size of the
        int8 error itself (< 3x Anvil's own distance from the unquantized model, or 5e-2).
@@ -55,10 +58,10 @@ def main():
 
     def hf(quant):
         kw = {}
-        if quant == "nf4":
+        if quant in ("nf4", "nf4-dq"):
             kw["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                            bnb_4bit_compute_dtype=torch.float32,
-                                                           bnb_4bit_use_double_quant=False)
+                                                           bnb_4bit_use_double_quant=quant == "nf4-dq")
         elif quant == "int8":
             kw["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
         m = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, device_map="cuda", **kw).eval()
@@ -71,6 +74,9 @@ def main():
     rows["anvil nf4 vs transformers+bitsandbytes nf4"] = rel(a4, h4)
     rows["anvil nf4 vs unquantized (NF4's error)"] = rel(a4, ref)
     rows["bitsandbytes nf4 vs unquantized (NF4's error)"] = rel(h4, ref)
+    ad, hd = anvil("nf4-dq"), hf("nf4-dq")
+    rows["anvil nf4-dq vs transformers+bitsandbytes nf4 double quant"] = rel(ad, hd)
+    rows["anvil nf4-dq vs anvil nf4 (double quantization's error)"] = rel(ad, a4)
     a8, h8 = anvil("int8"), hf("int8")
     rows["anvil int8 vs transformers+bitsandbytes int8 (LLM.int8 matmul)"] = rel(a8, h8)
     rows["anvil int8 vs unquantized (int8's error)"] = rel(a8, ref)
@@ -80,10 +86,12 @@ def main():
     ok = rows["anvil none vs transformers fp32"] < 1e-4
     ok &= rows["anvil nf4 vs transformers+bitsandbytes nf4"] < 1e-3
     ok &= rows["anvil nf4 vs unquantized (NF4's error)"] > 10 * rows["anvil nf4 vs transformers+bitsandbytes nf4"]
+    ok &= rows["anvil nf4-dq vs transformers+bitsandbytes nf4 double quant"] < 1e-3
+    ok &= rows["anvil nf4-dq vs anvil nf4 (double quantization's error)"] > 0
     ok &= rows["anvil int8 vs transformers+bitsandbytes int8 (LLM.int8 matmul)"] < max(
         3 * rows["anvil int8 vs unquantized (int8's error)"], 5e-2)
     print(json.dumps(rows))
-    print("PASS" if ok else "FAIL", "anvil int8/nf4 against bitsandbytes")
+    print("PASS" if ok else "FAIL", "anvil int8/nf4/nf4-dq against bitsandbytes")
     return 0 if ok else 1
 
 
