@@ -10,17 +10,21 @@
 #     graph) resumed from its step-5 checkpoint gives the uninterrupted run's losses for steps 6-8 exactly
 #   qlora_resume: the same with --quantization nf4 (QLoRA; no dropout): the resumed run quantizes the
 #     checkpoint's dequantized base into the same codes
+#   qlora_dq_resume: the same with --quantization nf4-dq (double quantization): the resumed run reads the
+#     checkpoint's codes and scales (quantized_base.safetensors)
 #   peft_loads_anvil: an Anvil LoRA checkpoint trained on CUDA (bf16, a random transformers Llama as its base) loads with
 #     PeftModel.from_pretrained, whose logits equal `anvil logits` on the checkpoint (the adapter merged)
-# Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
+# CHECKS="parity qlora_dq_resume" runs those only. Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else
+# the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-runs/gpu_lora_check}
 source scripts/gpu_check_lib.sh  # build, check, failures
-check parity "$build/anvil_parity_tests" --gtest_filter='*GemmParity*:*LoraModelParity*'
+want() { [[ -z "${CHECKS:-}" || " $CHECKS " == *" $1 "* ]]; }
+want parity && check parity "$build/anvil_parity_tests" --gtest_filter='*GemmParity*:*LoraModelParity*'
 mkdir -p "$out/golden"
 cp -r tests/golden/llama_tiny tests/golden/gpt2_tiny "$out/golden/"
-check golden python3 tests/golden/make_lora_golden.py "$out/golden"
+want golden && check golden python3 tests/golden/make_lora_golden.py "$out/golden"
 peft_loads_anvil() {
   local w=$out/peft_check
   rm -rf "$w" && mkdir -p "$w"
@@ -70,9 +74,9 @@ print("full", full, "resumed", resumed)
 assert len(full) == 8 and resumed == full[5:], (full, resumed)
 PY
 }
-check dropout_resume resume_check dropout_resume --lora_dropout 0.1
-check qlora_resume resume_check qlora_resume --quantization nf4
-check peft_loads_anvil peft_loads_anvil
-grep '"check"' "$out/peft_loads_anvil.log"
+want dropout_resume && check dropout_resume resume_check dropout_resume --lora_dropout 0.1
+want qlora_resume && check qlora_resume resume_check qlora_resume --quantization nf4
+want qlora_dq_resume && check qlora_dq_resume resume_check qlora_dq_resume --quantization nf4-dq
+want peft_loads_anvil && check peft_loads_anvil peft_loads_anvil && grep '"check"' "$out/peft_loads_anvil.log"
 echo "$failures failure(s)"
 exit $((failures > 0))
