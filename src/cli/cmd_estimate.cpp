@@ -246,7 +246,7 @@ std::vector<MemoryEstimate> stage_estimates(const TrainConfig& cfg, const Transf
   std::vector<MemoryEstimate> out;
   // Optimizer offload with several processes runs under a ZeRO stage only (each rank offloads its shard).
   const bool offload_job = cfg.offload_optimizer != "none" && dist::read_dist_env().world_size > 1;
-  for (int stage = offload_job ? 1 : 0; stage <= max_zero_stage(model); ++stage) {
+  for (int stage = offload_job ? 1 : 0; stage <= max_zero_stage(model, cfg); ++stage) {
     TrainConfig c = cfg;
     c.zero_stage = stage;
     out.push_back(estimate_memory(model, c, t.kind, t.overhead));

@@ -30,7 +30,7 @@ void quantize_model(Model& model, WeightStorage s) {
   ANVIL_REQUIRE(
       !model.param_store().training() || model.param_store().trainable_only(),
       "quantized weights ({}) are for inference (anvil generate, anvil logits) or the frozen base of "
-      "LoRA adapters (QLoRA: lora_r > 0, zero_stage 0, every adapter training); train the model "
+      "LoRA adapters (QLoRA: lora_r > 0, zero_stage 0-2, every adapter training); train the model "
       "itself in bf16 instead",
       name);
   model.param_store().quantize(s);

@@ -621,15 +621,13 @@ void ParamStore::write_weights(Device& dev, const float* values, size_t n) const
 }
 
 void ParamStore::download(Device& dev, float* host) const {
+  if (trainable_ && (master_sharded() || weights_sharded_)) {  // ZeRO: a collective
+    ANVIL_ASSERT(gather_, "download: the store is sharded and no gather is set");
+    gather_(dev, host);
+    return;
+  }
   if (quant_) {
-    std::vector<float> dense(quant_->dense_numel());
-    read_weights(dev, dense.data(), dense.size());
-    size_t at = 0;
-    for (const ParamRange& r : quant_->dense_ranges()) {
-      std::copy_n(dense.data() + at, r.numel(), host + r.begin);
-      at += r.numel();
-    }
-    quant_->download(dev, host);
+    read_own_weights(dev, host);
     if (trainable_) download_master(dev, host);
     return;
   }
@@ -637,11 +635,6 @@ void ParamStore::download(Device& dev, float* host) const {
   if (master_on_host_ && !master_sharded()) {
     ANVIL_ASSERT(host_master_, "download: the master weights' host memory is not bound (bind_host_master)");
     std::copy_n(host_master_, n, host);
-    return;
-  }
-  if (trainable_ && (master_sharded() || weights_sharded_)) {  // ZeRO: a collective
-    ANVIL_ASSERT(gather_, "download: the store is sharded and no gather is set");
-    gather_(dev, host);
     return;
   }
   if (trainable_) {  // the frozen tensors as the weights hold them, the trainable ones from the master
@@ -668,8 +661,19 @@ void ParamStore::download(Device& dev, float* host) const {
 }
 
 void ParamStore::read_own_weights(Device& dev, float* values) const {
-  ANVIL_ASSERT(!quant_, "read_own_weights: the store is quantized");
-  read_weights(dev, values, weight_range_.numel());
+  if (!quant_) {
+    read_weights(dev, values, weight_range_.numel());
+    return;
+  }
+  // The dense tensors into their places, the quantized matrices dequantized.
+  std::vector<float> dense(quant_->dense_numel());
+  read_weights(dev, dense.data(), dense.size());
+  size_t at = 0;
+  for (const ParamRange& r : quant_->dense_ranges()) {
+    std::copy_n(dense.data() + at, r.numel(), values + r.begin);
+    at += r.numel();
+  }
+  quant_->download(dev, values);
 }
 
 void ParamStore::read_weights(Device& dev, float* values, size_t n) const {

@@ -185,8 +185,9 @@ class ParamStore {
   // step, so that what the kernels add into it stays finite.
   void clear_grad_sink(Device& dev) const;
 
-  // Quantized storage (before plan_memory; one process; a store without training, or one that keeps its
-  // trainable tensors only and whose block Linear weights are frozen: QLoRA): keeps the Linear weights of
+  // Quantized storage (before plan_memory and the ZeRO shards, whose weights stay whole: stages 1-2; a store
+  // without training, or one that keeps its trainable tensors only and whose block Linear weights are frozen:
+  // QLoRA): keeps the Linear weights of
   // the blocks as `s` (Int8 or NF4; model/quantized_weights.hpp) and the rest in the compute type. Views of
   // the quantized tensors are taken with linear_weight only.
   void quantize(WeightStorage s);
@@ -245,7 +246,8 @@ class ParamStore {
   // Sets the weights from fp32 host values in the flat layout: the master weights (where kept: master_range)
   // and their round-to-nearest compute-type copy.
   void upload(Device& dev, const float* host) const;
-  // The compute-type weights this store keeps (weight_range(); not quantized), widened into `values`.
+  // The compute-type weights this store keeps (weight_range()), widened into `values` (quantized matrices:
+  // their dequantized values).
   void read_own_weights(Device& dev, float* values) const;
   // The weights as fp32 host values in the flat layout: the master weights, or the compute-type weights
   // widened when there are none; sharded master weights through the gather (see set_master_gather).

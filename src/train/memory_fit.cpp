@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dist/dist_env.hpp"
+#include "kernels/quantization.hpp"
 #include "train/resolved_config.hpp"
 
 namespace anvil {
@@ -178,8 +179,9 @@ double relative_time_per_token(const TransformerConfig& m, int seq_len, const Me
          (s.offload >= 1 && s.zero_stage >= 2 ? kOffloadGradsTimeFactor : 1.0);
 }
 
-int max_zero_stage(const TransformerConfig& model) {
-  return model.is_bert() ? 2 : 3;
+int max_zero_stage(const TransformerConfig& model, const TrainConfig& cfg) {
+  const bool quantized = parse_weight_storage(cfg.quantization, "quantization") != WeightStorage::Compute;
+  return model.is_bert() || quantized ? 2 : 3;
 }
 
 // --- estimates -----------------------------------------------------------------------------------
@@ -292,7 +294,7 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   // `anvil estimate --sweep` shows what each would take.
   std::vector<int> stages = {configured.zero_stage};
   if (dist::read_dist_env().world_size > 1)
-    for (int stage = 0; stage <= max_zero_stage(model); ++stage)
+    for (int stage = 0; stage <= max_zero_stage(model, cfg); ++stage)
       if (stage != configured.zero_stage && (stage > 0 || cfg.offload_optimizer == "none"))
         stages.push_back(stage);  // (offload with several processes needs a stage: each rank its shard)
   // Offload (full training, where the config allows it: no LoRA, no stochastic rounding): 1 the optimizer;
@@ -303,7 +305,7 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
   // One process offloads its gradients too under stage 2 (decoders: gradients by unit), a stage it runs for
   // that alone.
   const bool offload_grads_alone =
-      !many && can_offload && configured.zero_stage < 2 && max_zero_stage(model) >= 3;
+      !many && can_offload && configured.zero_stage < 2 && max_zero_stage(model, cfg) >= 3;
   if (offload_grads_alone) stages.push_back(2);
   for (const CheckpointPolicy& policy : candidate_policies(configured.checkpointing))
     for (Precision precision : precisions)
@@ -316,7 +318,7 @@ std::vector<MemoryEstimate> cheapest_fitting(const TransformerConfig& model, con
             s.precision = precision;
             s.zero_stage = stage;
             if (offload != configured.offload) {
-              if (!can_offload || (offload == 2 && max_zero_stage(model) < 3)) break;
+              if (!can_offload || (offload == 2 && max_zero_stage(model, cfg) < 3)) break;
               if (offload == 2) {
                 if (stage != configured.zero_stage) break;
                 s.zero_stage = 3;

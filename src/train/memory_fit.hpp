@@ -64,8 +64,9 @@ constexpr double kOffloadTimeFactor[3] = {1.0, 4.0, 4.3};
 // during backward (Llama-1B: 1% slower than the optimizer's offload alone; the 8B shape: as fast;
 // docs/memory.md). Enough to rank it after the optimizer's offload alone where both fit.
 constexpr double kOffloadGradsTimeFactor = 1.02;
-// The ZeRO stages a model runs: 0-3 for decoders, 0-2 for BERT (whose weights stay whole).
-int max_zero_stage(const TransformerConfig& model);
+// The ZeRO stages a run of `cfg` takes: 0-3 for decoders, 0-2 for BERT (whose weights stay whole) and for a
+// quantized base (QLoRA: kept whole on every process).
+int max_zero_stage(const TransformerConfig& model, const TrainConfig& cfg);
 double relative_time_per_token(const TransformerConfig& model, int seq_len, const MemoryScenario& s);
 
 // Per-device bytes of a run by category. Every figure but `overhead` is the arena's: each buffer

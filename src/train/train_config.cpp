@@ -647,9 +647,10 @@ void TrainConfig::validate(const std::string& s) const {
                   "{}: a quantized base trains through LoRA adapters only (QLoRA): set lora_r (e.g. 16), or "
                   "quantization none to train the model itself",
                   blame({"quantization", "lora_r"}));
-    ANVIL_REQUIRE(zero_stage == 0,
-                  "{}: QLoRA runs without ZeRO (every process keeps the quantized base whole; only the "
-                  "adapters' gradients are reduced): set zero_stage 0",
+    ANVIL_REQUIRE(zero_stage <= 2,
+                  "{}: QLoRA keeps the quantized base whole on every process (stages 1-2 shard the adapters' "
+                  "state); stage 3 would shard the base, which this version does not do for a quantized one: "
+                  "set zero_stage 2",
                   blame({"quantization", "zero_stage"}));
     ANVIL_REQUIRE(freeze_parameters.empty(),
                   "{}: under QLoRA every adapter trains and the base is frozen already; remove "

@@ -6,6 +6,7 @@
 
 #include "io/atomic_dir.hpp"
 #include "io/checkpoint.hpp"
+#include "io/quantized_base.hpp"
 
 namespace anvil {
 namespace fs = std::filesystem;
@@ -39,6 +40,7 @@ void save_zero_checkpoint(const std::string& dir, Engine& e, dist::ProcessGroup&
   // The model files. Gathering the master weights is a collective, so the other ranks download them too.
   if (rank == 0) {
     io::save_model(temp, e.model(), e.device());
+    io::save_quantized_base(temp, e.model(), e.device());  // (every rank holds the same codes)
   } else {
     std::vector<float> unused(e.model().layout().total_numel());
     e.model().download_weights(e.device(), unused.data());

@@ -19,6 +19,7 @@
 #include "dist/launcher.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/device.hpp"
+#include "safetensors_util.hpp"
 #include "test_util.hpp"
 
 namespace anvil {
@@ -75,30 +76,12 @@ std::vector<double> losses_of(const std::string& metrics_path) {
   return test::metrics_losses(metrics_path);
 }
 
-// Largest |a - b| / max |a| over the tensors of two checkpoints' weights.
 double weights_rel_diff(const std::string& a_path, const std::string& b_path) {
-  io::SafeTensorsReader a(a_path), b(b_path);
-  double worst = 0;
-  for (const io::SafeTensorInfo& t : a.tensors()) {
-    const io::SafeTensorInfo& u = b.at(t.name);
-    EXPECT_EQ(t.nbytes, u.nbytes) << t.name;
-    EXPECT_EQ(t.dtype, DType::F32) << t.name;
-    std::vector<float> x(size_t(t.numel())), y(size_t(t.numel()));
-    std::memcpy(x.data(), a.data(t), t.nbytes);
-    std::memcpy(y.data(), b.data(u), u.nbytes);
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      diff = std::max(diff, double(std::fabs(x[i] - y[i])));
-      scale = std::max(scale, double(std::fabs(x[i])));
-    }
-    if (scale > 0) worst = std::max(worst, diff / scale);
-  }
-  return worst;
+  return test::max_rel_diff(a_path, b_path);
 }
 
 test::CommandResult launch(int ranks, const std::string& config, const std::string& flags = "") {
-  return test::run_anvil(
-      fmt::format("launch --nproc_per_node {} --master_port 0 train --config {} {}", ranks, config, flags));
+  return test::launch_anvil(ranks, config, flags);
 }
 
 class DataParallel : public ::testing::TestWithParam<int> {

@@ -16,6 +16,7 @@
 #include "dist/communicator.hpp"
 #include "io/peft_adapter.hpp"
 #include "io/safetensors.hpp"
+#include "safetensors_util.hpp"
 #include "test_util.hpp"
 #include "train/engine.hpp"
 
@@ -47,32 +48,6 @@ std::string write_config(const test::ByteCorpus& c, const std::string& name, con
   const std::string path = c.dir / (name + ".json");
   test::write_file(path, j.dump());
   return path;
-}
-
-test::CommandResult launch(int ranks, const std::string& config, const std::string& flags = "") {
-  return test::run_anvil(
-      fmt::format("launch --nproc_per_node {} --master_port 0 train --config {} {}", ranks, config, flags));
-}
-
-// Largest |a - b| / max |a| over the tensors of two safetensors files holding the same fp32 tensors.
-double rel_diff(const std::string& a_path, const std::string& b_path) {
-  io::SafeTensorsReader a(a_path), b(b_path);
-  EXPECT_EQ(a.tensors().size(), b.tensors().size());
-  double worst = 0;
-  for (const io::SafeTensorInfo& t : a.tensors()) {
-    const io::SafeTensorInfo& u = b.at(t.name);
-    EXPECT_EQ(t.nbytes, u.nbytes) << t.name;
-    std::vector<float> x(size_t(t.numel())), y(size_t(t.numel()));
-    std::memcpy(x.data(), a.data(t), t.nbytes);
-    std::memcpy(y.data(), b.data(u), u.nbytes);
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      diff = std::max(diff, double(std::fabs(x[i] - y[i])));
-      scale = std::max(scale, double(std::fabs(x[i])));
-    }
-    if (scale > 0) worst = std::max(worst, diff / scale);
-  }
-  return worst;
 }
 
 bool same_bytes(const std::string& a_path, const std::string& b_path) {
@@ -184,7 +159,8 @@ TEST_P(LoraZeroStages, EqualStageZero) {
   for (int stage : {0, 1, 2, 3}) {
     json j = base;
     j["zero_stage"] = stage;
-    const test::CommandResult r = launch(z.ranks, write_config(c, fmt::format("stage{}", stage), j));
+    const test::CommandResult r =
+        test::launch_anvil(z.ranks, write_config(c, fmt::format("stage{}", stage), j));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     if (stage > 0)
       EXPECT_NE(r.output.find(fmt::format("ZeRO stage {}: this rank keeps", stage)), std::string::npos)
@@ -207,8 +183,8 @@ TEST_P(LoraZeroStages, EqualStageZero) {
     }
     const std::string ckpt = run + "/checkpoint-8";
     ASSERT_TRUE(io::has_peft_adapter(ckpt));
-    const double rel = rel_diff(c.dir / "stage0/checkpoint-8/adapter_model.safetensors",
-                                ckpt + "/adapter_model.safetensors");
+    const double rel = test::max_rel_diff(c.dir / "stage0/checkpoint-8/adapter_model.safetensors",
+                                          ckpt + "/adapter_model.safetensors");
     if (stage == 1)
       EXPECT_EQ(rel, 0.0);
     else
@@ -237,7 +213,7 @@ TEST(LoraZeroResume, AnyWorldSizeAndStage) {
   if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
   test::ByteCorpus c;
   const std::string cfg = write_config(c, "full", {{"zero_stage", 3}, {"max_steps", 12}, {"save_steps", 6}});
-  const test::CommandResult full = launch(2, cfg);
+  const test::CommandResult full = test::launch_anvil(2, cfg);
   ASSERT_EQ(full.exit_code, 0) << full.output;
   EXPECT_NE(full.output.find("frozen base: in the fp32 weights only, this rank's shard"), std::string::npos)
       << full.output;

@@ -213,14 +213,17 @@ INSTANTIATE_TEST_SUITE_P(Storage, QLoraStorage, ::testing::Values("nf4", "nf4-dq
                          [](const auto& info) { return info.param == "nf4" ? "nf4" : "nf4_dq"; });
 
 // Data parallelism over two Gloo processes: every process keeps the quantized base, only the adapters'
-// gradients are reduced; the loss curve is one process's with the same global batch.
+// gradients are reduced; the loss curve is one process's with the same global batch, and so is ZeRO-1's and
+// ZeRO-2's (the adapters' state sharded). An nf4-dq ZeRO-2 checkpoint holds the quantized base and resumes
+// exactly.
 TEST(QLoraTrain, TwoProcessesEqualOne) {
   if (!dist::gloo_compiled()) GTEST_SKIP() << "built without Gloo";
   test::ByteCorpus c;
   std::vector<std::vector<double>> curves;
-  for (const std::string name : {"one", "two"}) {
+  for (const std::string name : {"one", "two", "stage1", "stage2"}) {
     json j = json::parse(qlora_run(c, c.dir / name, 6).to_json().dump());
     j["per_device_train_batch_size"] = name == "one" ? 4 : 2;
+    j["zero_stage"] = name == "stage1" ? 1 : name == "stage2" ? 2 : 0;
     test::write_file(c.dir / (name + ".json"), j.dump());
     const std::string cmd = name == "one" ? "train --config " + c.dir / (name + ".json")
                                           : "launch --nproc_per_node 2 --master_port 0 train --config " +
@@ -230,16 +233,33 @@ TEST(QLoraTrain, TwoProcessesEqualOne) {
     curves.push_back(test::metrics_losses(c.dir / (name + "/metrics.jsonl")));
   }
   ASSERT_EQ(curves[0].size(), 6u);
-  ASSERT_EQ(curves[1].size(), 6u);
-  for (size_t i = 0; i < 6; ++i)
-    EXPECT_NEAR(curves[1][i], curves[0][i], 1e-5 * curves[0][i]) << "step " << i + 1;
+  for (size_t run = 1; run < curves.size(); ++run) {
+    ASSERT_EQ(curves[run].size(), 6u) << run;
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(curves[run][i], curves[0][i], 1e-5 * curves[0][i]) << "run " << run << ", step " << i + 1;
+  }
+  json j = json::parse(
+      qlora_run(c, c.dir / "dq", 6, R"({"quantization": "nf4-dq", "save_steps": 3})").to_json().dump());
+  j.update({{"per_device_train_batch_size", 2}, {"zero_stage", 2}});
+  test::write_file(c.dir / "dq.json", j.dump());
+  const std::string launch = "launch --nproc_per_node 2 --master_port 0 train --config " + c.dir / "dq.json";
+  test::CommandResult r = test::run_anvil(launch);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(c.dir / "dq/checkpoint-3/quantized_base.safetensors"));
+  r = test::run_anvil(launch + " --output_dir " + (c.dir / "dq_resumed") + " --resume_from_checkpoint " +
+                      (c.dir / "dq/checkpoint-3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> full = test::metrics_losses(c.dir / "dq/metrics.jsonl");
+  ASSERT_EQ(full.size(), 6u);
+  EXPECT_EQ(test::metrics_losses(c.dir / "dq_resumed/metrics.jsonl"),
+            std::vector<double>(full.begin() + 3, full.end()));
 }
 
 TEST(QLoraTrain, Errors) {
   test::ByteCorpus c;
   const std::string dir = c.dir / "e";
   test::expect_error([&] { qlora_run(c, dir, 1, R"({"lora_r": 0})"); }, {"quantization", "lora_r", "QLoRA"});
-  test::expect_error([&] { qlora_run(c, dir, 1, R"({"zero_stage": 2})"); }, {"zero_stage 0", "QLoRA"});
+  test::expect_error([&] { qlora_run(c, dir, 1, R"({"zero_stage": 3})"); }, {"set zero_stage 2", "QLoRA"});
   test::expect_error([&] { qlora_run(c, dir, 1, R"({"freeze_parameters": "model.norm.weight"})"); },
                      {"freeze_parameters"});
   test::expect_error([&] { qlora_run(c, dir, 1, R"({"quantization": "fp4"})"); },

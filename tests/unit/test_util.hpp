@@ -65,6 +65,12 @@ inline CommandResult run_anvil(const std::string& args) {
   return run_shell(std::string(ANVIL_BINARY) + " " + args);
 }
 
+// `anvil launch` of `ranks` CPU processes (a free port) training `config`, with more flags.
+inline CommandResult launch_anvil(int ranks, const std::string& config, const std::string& flags = "") {
+  return run_anvil("launch --nproc_per_node " + std::to_string(ranks) + " --master_port 0 train --config " +
+                   config + (flags.empty() ? "" : " " + flags));
+}
+
 inline void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;
