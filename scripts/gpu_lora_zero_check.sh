@@ -10,6 +10,8 @@
 #     resumed from its step-10 checkpoint gives steps 11-20 exactly
 #   size: the Llama-3.1-8B shape, LoRA r 16 on every block Linear, bf16, batch BATCH (default 8) x 2048 per GPU,
 #     on 2 GPUs with stage 0 and stage 3, 12 steps each: the progress lines (tok/s, peak memory) are the log
+#   qlora: the equal check's llama-tiny as QLoRA with nf4-dq, stages 0 and 2 on 2 GPUs: stage 2 gives stage 0's
+#     losses exactly; resumed from its step-10 checkpoint (which holds quantized_base.safetensors) exactly
 #   big70 (4 GPUs): a Llama-3-70B shape (80 layers, hidden 8192, 64 heads, 8 KV heads, MLP 28672, vocabulary
 #     128256), LoRA r 16 on every block Linear, bf16, batch 1 x 2048 per GPU, ZeRO-3 on 4 GPUs, 8 steps: its
 #     bf16 weights (141 GB) fit no single GPU; `anvil estimate` for one GPU and the run's progress lines
@@ -81,6 +83,18 @@ write_random_shard('$w/tokens.bin', 4_000_000, 128256)" || return 1
   done
 }
 
+qlora() {
+  [ -d "$w/data" ] || "$A" prepare-data --input data/shakespeare/shakespeare.txt --output "$w/data" --tokenizer bytes > /dev/null || return 1
+  local common=(--model llama-tiny --train_data "$w/data/train.bin" --device cuda --bf16 --lora_r 8
+    --lora_alpha 16 --lora_target_modules all-linear --quantization nf4-dq --max_seq_length 64 --max_steps 20
+    --learning_rate 1e-2 --logging_steps 1 --save_steps 10 --sample_prompt "" --per_device_train_batch_size 4)
+  for s in 0 2; do launch2 train "${common[@]}" --zero_stage $s --output_dir "$w/q$s" || return 1; done
+  launch2 train "${common[@]}" --zero_stage 2 --resume_from_checkpoint "$w/q2/checkpoint-10" --output_dir "$w/q2res" || return 1
+  ls "$w/q2/checkpoint-10/quantized_base.safetensors" || return 1
+  losses_check q0 q2 0 || return 1
+  losses_check q2 q2res 0 10 || return 1
+}
+
 big70() {
   python3 -c "
 import sys; sys.path.insert(0, 'bench')
@@ -108,6 +122,7 @@ J
 
 want equal && check equal equal
 want size && check size size
+want qlora && check qlora qlora
 want big70 && check big70 big70
 [ -f "$out/size.log" ] && cat "$out/size.log"
 [ -f "$out/big70.log" ] && cat "$out/big70.log"
