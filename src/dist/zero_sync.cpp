@@ -15,6 +15,9 @@ ZeroSync::ZeroSync(Communicator& comm, Device& dev, ParamStore& store, const Zer
       store_(store),
       weight_partition_(partition),
       partition_(partition.mapped([&store](size_t c) { return store.optimizer_index(c); })),
+      // Each rank casts its shard's trainable elements into its part of the weights.
+      gather_runs_(store.trainable_only() ? store.trainable_runs()
+                                          : std::vector<ParamRange>{store.layout().all()}),
       stage_(stage),
       gather_bucket_elems_(std::max<size_t>(1, gather_bucket_elems)) {
   ANVIL_REQUIRE(stage >= 1 && stage <= 3, "ZeRO stage {}: this synchroniser runs stages 1 to 3", stage);
@@ -69,11 +72,7 @@ void ZeroSync::reduce_norm(double* sum_squares) {
 void ZeroSync::gather_weights() {
   if (stage_ >= 3) return;
   const DType t = store_.precision().compute;
-  // Each rank cast its shard's trainable elements into its part of the weights: the runs of trainable
-  // elements (every element, without a store of the trainable tensors only) go to every rank.
-  const std::vector<ParamRange> runs =
-      store_.trainable_only() ? store_.trainable_runs() : std::vector<ParamRange>{store_.layout().all()};
-  for (const ParamRange& run : runs)
+  for (const ParamRange& run : gather_runs_)
     for (size_t b = run.begin; b < run.end; b += gather_bucket_elems_) {
       const size_t e = std::min(run.end, b + gather_bucket_elems_);
       comm_.all_gather_v(store_.weight_at(b), weight_partition_.counts_in(b, e), t);
@@ -150,7 +149,7 @@ void ZeroSync::gather_trainable_only(Device& dev, float* host) {
                    dev.copy_to_host(packed.data() + b, staging, (e - b) * sizeof(float));
                  });
   size_t at = 0;
-  for (const ParamRange& r : store_.trainable_runs()) {
+  for (const ParamRange& r : gather_runs_) {  // (the trainable runs, in order)
     std::copy_n(packed.data() + at, r.numel(), host + r.begin);
     at += r.numel();
   }

@@ -23,6 +23,7 @@
 #pragma once
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "dist/communicator.hpp"
 #include "dist/zero_partition.hpp"
@@ -80,6 +81,9 @@ class ZeroSync final : public WeightGatherer {
   ParamStore& store_;
   const ZeroPartition weight_partition_;
   const ZeroPartition partition_;
+  // What gather_weights all-gathers after a step of stage 1-2: the runs of trainable elements (a store of the
+  // trainable tensors only), else the whole layout.
+  const std::vector<ParamRange> gather_runs_;
   const int stage_;
   const size_t gather_bucket_elems_;
 };
