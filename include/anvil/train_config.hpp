@@ -104,10 +104,12 @@ struct TrainConfig {
   int64_t sub_group_size = 1000000000;
   int64_t aio_block_size = 1048576;
   int aio_threads = 8;
-  // Where each rank's shard of the compute-type weights lives under ZeRO stage 3: "none" (the device) or
-  // "cpu" (pinned host memory, copied in as each unit is gathered: DeepSpeed's offload_param). Needs
-  // offload_optimizer cpu; with one process it runs stage 3 on that one rank.
+  // Where each rank's shard of the compute-type weights lives under ZeRO stage 3: "none" (the device),
+  // "cpu" (pinned host memory, copied in as each unit is gathered: DeepSpeed's offload_param) or "nvme" (a
+  // swap file in offload_nvme_path, paged through offload_param_buffer_count pinned buffers). Needs
+  // offload_optimizer cpu or nvme; with one process it runs stage 3 on that one rank.
   std::string offload_param = "none";
+  int offload_param_buffer_count = 5;
   // ZeRO stages 1-2: elements per all-gather of the updated weights (DeepSpeed's allgather_bucket_size).
   int64_t zero_allgather_bucket_size = 500000000;
   // The optimizer (docs/optimizers.md): HF `optim` names adamw_torch_fused (default; also adamw_torch,

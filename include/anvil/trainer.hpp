@@ -26,6 +26,10 @@ struct TrainSummary {
   // NVMe offload: rank 0's bytes read from and written to the swap file, and the seconds its I/O threads
   // spent doing so (the update's seconds above include them, less what overlapped the CPU's work; -1: none).
   double nvme_read_gib = -1, nvme_read_seconds = -1, nvme_write_gib = -1, nvme_write_seconds = -1;
+  // Parameter offload to NVMe: the same for the weights' swap file, and the pieces the gathers were served
+  // and how many of them the read-ahead had not read in (-1: none).
+  double weights_read_gib = -1, weights_read_seconds = -1, weights_write_gib = -1, weights_write_seconds = -1;
+  int64_t weight_pieces_served = -1, weight_pieces_on_demand = -1;
   size_t peak_memory_bytes = 0;     // the arena (planned) plus, on CUDA, what the driver reports in use
   size_t planned_memory_bytes = 0;  // the memory plan's total (the arena)
   size_t allocator_peak_bytes = 0;  // the most device memory the device's allocator held at once

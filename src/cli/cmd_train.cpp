@@ -41,6 +41,15 @@ void print_summary(const TrainSummary& s) {
         s.nvme_read_gib, s.nvme_read_seconds, rate(s.nvme_read_gib, s.nvme_read_seconds), s.nvme_write_gib,
         s.nvme_write_seconds, rate(s.nvme_write_gib, s.nvme_write_seconds));
   }
+  if (s.weights_read_gib >= 0) {
+    const auto rate = [](double gib, double seconds) { return seconds > 0 ? gib / seconds : 0.0; };
+    fmt::print(
+        "  NVMe weights (rank 0): read {:.2f} GiB in {:.3f} s ({:.2f} GiB/s), wrote {:.2f} GiB in {:.3f} s "
+        "({:.2f} GiB/s); {} pieces gathered, {} of them not read ahead\n",
+        s.weights_read_gib, s.weights_read_seconds, rate(s.weights_read_gib, s.weights_read_seconds),
+        s.weights_write_gib, s.weights_write_seconds, rate(s.weights_write_gib, s.weights_write_seconds),
+        s.weight_pieces_served, s.weight_pieces_on_demand);
+  }
   if (s.eval_loss >= 0) fmt::print("  eval_loss: {:.4f}\n", s.eval_loss);
   if (s.eval_accuracy >= 0) fmt::print("  eval_accuracy: {:.4f}\n", s.eval_accuracy);
   fmt::print("  {} memory occupied: {:.0f} MiB.\n", s.device.rfind("cpu", 0) == 0 ? "CPU arena" : "GPU",

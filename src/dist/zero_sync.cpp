@@ -50,14 +50,20 @@ uint64_t ZeroSync::gather(int unit, void* slot) {
   const DType t = store_.precision().compute;
   const size_t lo = std::max(u.offset, mine.begin), hi = std::min(u.offset + u.numel, mine.end);
   // The copy is queued on compute, so the collective (queued after it) sends it. Parameter offload: from
-  // pinned host memory (a graph replaying the gather copies what the host holds then).
+  // pinned host memory (a graph replaying the gather copies what the host holds then); to NVMe: from the
+  // piece paged in (no graphs: the host reads the file as the step is queued).
   if (lo < hi) {
     void* dst = static_cast<char*>(slot) + dtype_bytes(t, lo - u.offset);
-    const void* src = static_cast<const char*>(store_.weights()) + dtype_bytes(t, lo - mine.begin);
-    if (store_.weights_on_host())
-      dev_.upload_on_compute(dst, src, dtype_bytes(t, hi - lo));
-    else
-      dev_.copy_on_device(dst, src, dtype_bytes(t, hi - lo));
+    if (WeightPages* pages = store_.weight_pages()) {  // parameter offload to NVMe: paged in
+      dev_.upload_on_compute(dst, pages->piece(unit), dtype_bytes(t, hi - lo));
+      pages->queued(unit);
+    } else {
+      const void* src = static_cast<const char*>(store_.weights()) + dtype_bytes(t, lo - mine.begin);
+      if (store_.weights_on_host())
+        dev_.upload_on_compute(dst, src, dtype_bytes(t, hi - lo));
+      else
+        dev_.copy_on_device(dst, src, dtype_bytes(t, hi - lo));
+    }
   }
   comm_.all_gather_v(slot, weight_partition_.counts_in(u.offset, u.offset + u.numel), t);
   return comm_.mark();

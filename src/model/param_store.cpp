@@ -219,6 +219,14 @@ void ParamStore::bind_host_weights(void* host) {
   host_weights_ = weights_ = host;
 }
 
+void ParamStore::bind_weight_pages(WeightPages* pages) {
+  ANVIL_ASSERT(weights_on_host_ && pages && pages->numel() == weight_range_.numel(),
+               "bind_weight_pages: after set_weights_on_host, with pages of the shard's {} elements",
+               weight_range_.numel());
+  pages_ = pages;
+  host_weights_ = weights_ = nullptr;
+}
+
 void ParamStore::bind_host_master(float* host) {
   ANVIL_ASSERT(master_on_host_ && host, "bind_host_master: after set_master_on_host, with host memory");
   host_master_ = master_ = host;
@@ -590,6 +598,11 @@ void ParamStore::download_master(Device& dev, float* host) const {
 }
 
 void ParamStore::write_weights(Device& dev, const float* values, size_t n) const {
+  if (pages_) {  // parameter offload to NVMe: the swap file holds them
+    ANVIL_ASSERT(n == pages_->numel(), "upload: {} weights for pages of {}", n, pages_->numel());
+    pages_->write(values);
+    return;
+  }
   if (weights_on_host_) {  // parameter offload: the host holds them
     ANVIL_ASSERT(host_weights_, "upload: the weights' host memory is not bound (bind_host_weights)");
     if (precision_.compute == DType::F32) {
@@ -677,6 +690,11 @@ void ParamStore::read_own_weights(Device& dev, float* values) const {
 }
 
 void ParamStore::read_weights(Device& dev, float* values, size_t n) const {
+  if (pages_) {  // parameter offload to NVMe: the swap file holds them
+    ANVIL_ASSERT(n == pages_->numel(), "download: {} weights from pages of {}", n, pages_->numel());
+    pages_->read(values);
+    return;
+  }
   if (weights_on_host_) {  // parameter offload: the host holds them
     const bool bf16 = precision_.compute == DType::BF16, f32 = precision_.compute == DType::F32;
     const auto* in = static_cast<const uint16_t*>(weights_);

@@ -25,6 +25,7 @@
 #include "model/linear.hpp"
 #include "model/param_layout.hpp"
 #include "model/quantized_weights.hpp"
+#include "model/weight_pages.hpp"
 #include "runtime/arena.hpp"
 
 namespace anvil {
@@ -167,6 +168,11 @@ class ParamStore {
   void set_weights_on_host();
   void bind_host_weights(void* host);
   bool weights_on_host() const { return weights_on_host_; }
+  // Parameter offload to NVMe: instead of bind_host_weights, the shard lives in `pages` (not owned; its
+  // numel() is the shard's), reached unit by unit: weights() is null, the gathers read pages->piece(unit),
+  // upload and download go through pages->write / read.
+  void bind_weight_pages(WeightPages* pages);
+  WeightPages* weight_pages() const { return pages_; }
   // Gradient offload (before plan_memory; after set_grad_shard and set_master_on_host): the reduced
   // gradients of the shard (grads(), reduced_grad_at) live in pinned host memory, outside the device plan,
   // as DeepSpeed's ZeRO-Offload keeps its gradient partition; bind_host_grads gives it (grad_range().numel()
@@ -355,6 +361,7 @@ class ParamStore {
   float* host_master_ = nullptr;  // bind_host_master
   bool weights_on_host_ = false;  // set_weights_on_host
   void* host_weights_ = nullptr;  // bind_host_weights
+  WeightPages* pages_ = nullptr;   // bind_weight_pages
   bool grads_on_host_ = false;    // set_grads_on_host
   std::vector<TrainableRun> runs_;
   std::vector<TensorGrad> tensor_grads_;

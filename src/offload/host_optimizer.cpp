@@ -34,7 +34,8 @@ const char* kSwapBuffersName = "optimizer state swap buffers (NVMe offload: up t
 MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerKind kind,
                                            const OptimizerHyper& h, OpsPrecision kept,
                                            std::optional<ParamRange> shard, bool weights_on_host,
-                                           bool grads_on_host, std::optional<size_t> nvme_sub_group_size) {
+                                           bool grads_on_host, std::optional<size_t> nvme_sub_group_size,
+                                           std::optional<PagedWeights::Sizes> weight_pages) {
   MemoryPlan plan;
   const std::unique_ptr<Optimizer> opt = make_optimizer(kind, layout, h, shard);
   plan_master_and_state(plan, *opt, !nvme_sub_group_size);
@@ -45,7 +46,10 @@ MemoryPlan HostOptimizer::plan_host_memory(const ParamLayout& layout, OptimizerK
   const size_t n = opt->numel();
   plan.add(grads_on_host ? "gradients (offloaded, pinned)" : "gradients (host staging, pinned)",
            MemoryCategory::Gradients, dtype_bytes(kept.grad, n));
-  if (weights_on_host)
+  if (weight_pages)
+    plan.add(fmt::format("weights (offload_param nvme, {} buffers)", weight_pages->buffers),
+             MemoryCategory::Weights, weight_pages->buffers * (weight_pages->buffer_bytes + kSwapAlign));
+  else if (weights_on_host)
     plan.add("weights (offload_param, pinned)", MemoryCategory::Weights, dtype_bytes(kept.compute, n));
   else if (kept.compute != DType::F32)
     plan.add("weights (host staging, pinned)", MemoryCategory::Weights, dtype_bytes(kept.compute, n));
@@ -72,11 +76,13 @@ HostOptimizer::HostOptimizer(Device& dev, ParamStore& store, OptimizerKind kind,
   ops_ = make_cpu_ops(*host_, kept);
   const size_t n = opt_->numel();
   grads_host_.emplace(dev, dtype_bytes(kept.grad, n));
-  // Parameter offload: this buffer is the store's weights (the gathers read it); else a staging copy.
-  if (kept.compute != DType::F32 || store.weights_on_host())
+  // Parameter offload: this buffer is the store's weights (the gathers read it); else a staging copy. To
+  // NVMe: the store's pages hold them.
+  const bool paged_weights = store.weight_pages() != nullptr;
+  if (!paged_weights && (kept.compute != DType::F32 || store.weights_on_host()))
     weights_host_.emplace(dev, dtype_bytes(kept.compute, n));
   store.bind_host_master(arena_->get<float>(i_master_));
-  if (store.weights_on_host()) store.bind_host_weights(weights_host_->get());
+  if (store.weights_on_host() && !paged_weights) store.bind_host_weights(weights_host_->get());
   if (store.grads_on_host()) store.bind_host_grads(grads_host_->get());
 }
 
@@ -121,6 +127,11 @@ void HostOptimizer::step(float lr, int64_t step, const float* grad_scale_device)
   }
   seconds_.update += seconds_since(t);
   t = Clock::now();
+  if (WeightPages* pages = store_.weight_pages()) {  // parameter offload to NVMe: into the swap file
+    pages->write(store_.master());
+    seconds_.weights_up += seconds_since(t);
+    return;
+  }
   if (store_.weights_on_host()) {  // parameter offload: the weights are host memory; nothing to copy
     if (kept_.compute == DType::F32)
       std::copy_n(store_.master(), n, static_cast<float*>(store_.weights()));

@@ -16,6 +16,9 @@
 // (PagedOptimizerState), read and written sub-group by sub-group during the update; the master weights and
 // the gradients stay in host memory.
 //
+// Parameter offload to NVMe (ParamStore::weight_pages): the update is written through the store's pages
+// into their swap file (offload::PagedWeights::write), rounded there.
+//
 // A step: backward and the gradient norm (with the clip factor) run on the device as always; then step()
 // copies the gradients (the shard's, reduced) into a pinned host buffer, reads the clip x unscale factor,
 // updates the master weights on the host, rounds them into the compute type there (fp32: as they are) and
@@ -30,6 +33,7 @@
 #include "kernels/ops.hpp"
 #include "model/param_store.hpp"
 #include "offload/paged_state.hpp"
+#include "offload/paged_weights.hpp"
 #include "optim/optimizer.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/device.hpp"
@@ -82,10 +86,12 @@ class HostOptimizer {
   // compute type whatever it is; `grads_on_host` (gradient offload): the gradients' copy is the store's
   // gradients (the same bytes either way).
   // `nvme_sub_group_size` (NVMe offload): the state is the two swap buffers of sub-groups of that size.
+  // `weight_pages` (parameter offload to NVMe): the weights are those pinned buffers, not the shard.
   static MemoryPlan plan_host_memory(const ParamLayout& layout, OptimizerKind kind, const OptimizerHyper& h,
                                      OpsPrecision kept, std::optional<ParamRange> shard = std::nullopt,
                                      bool weights_on_host = false, bool grads_on_host = false,
-                                     std::optional<size_t> nvme_sub_group_size = std::nullopt);
+                                     std::optional<size_t> nvme_sub_group_size = std::nullopt,
+                                     std::optional<PagedWeights::Sizes> weight_pages = std::nullopt);
 
  private:
   Device& dev_;

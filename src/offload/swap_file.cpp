@@ -38,15 +38,15 @@ AlignedBuffer::~AlignedBuffer() {
 }
 
 SwapFile::SwapFile(const std::string& dir, const std::string& name, size_t bytes, size_t block_bytes,
-                   int threads, bool try_direct)
+                   int threads, bool try_direct, const std::string& what)
     : dir_(dir), bytes_(swap_aligned(bytes)), block_(swap_aligned(std::max<size_t>(block_bytes, 1))) {
   namespace fs = std::filesystem;
   ANVIL_REQUIRE(threads >= 1, "NVMe swap file: {} I/O threads", threads);
   std::error_code ec;
   ANVIL_REQUIRE(fs::is_directory(dir, ec),
-                "offload_nvme_path '{}' is not a directory: create it (on the NVMe drive the optimizer state "
-                "should live on) or set offload_nvme_path to one",
-                dir);
+                "offload_nvme_path '{}' is not a directory: create it (on the NVMe drive {} should live "
+                "on) or set offload_nvme_path to one",
+                dir, what);
   const std::string path = (fs::path(dir) / name).string();
   const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
   fd_ = try_direct ? ::open(path.c_str(), flags | O_DIRECT, 0600) : -1;
@@ -66,10 +66,10 @@ SwapFile::SwapFile(const std::string& dir, const std::string& name, size_t bytes
       const size_t free_bytes = ::statvfs(dir.c_str(), &s) == 0 ? size_t(s.f_bavail) * s.f_frsize : 0;
       ::close(fd_);
       ANVIL_THROW(
-          "offload_nvme_path '{}': cannot reserve {} for the optimizer state's swap file ({}; {} free "
-          "there): "
-          "free space, choose another offload_nvme_path, or lower the state (e.g. --optim adamw_8bit)",
-          dir, gib(bytes_), std::strerror(rc), gib(free_bytes));
+          "offload_nvme_path '{}': cannot reserve {} for the swap file of {} ({}; {} free there): free "
+          "space, choose another offload_nvme_path, or lower what it holds (e.g. --optim adamw_8bit for "
+          "the optimizer state)",
+          dir, gib(bytes_), what, std::strerror(rc), gib(free_bytes));
     }
   }
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { worker(); });

@@ -47,9 +47,10 @@ class SwapFile {
  public:
   // A file of `bytes` (rounded up to kSwapAlign) in directory `dir`, named after `name` while it is being
   // created. Throws, naming the directory, when it does not exist, is not writable or lacks the space.
-  // `try_direct` false: buffered I/O even where direct I/O would work (tests of that path).
+  // `try_direct` false: buffered I/O even where direct I/O would work (tests of that path). `what` names
+  // the contents in those errors.
   SwapFile(const std::string& dir, const std::string& name, size_t bytes, size_t block_bytes, int threads,
-           bool try_direct = true);
+           bool try_direct = true, const std::string& what = "the optimizer state");
   ~SwapFile();
   SwapFile(const SwapFile&) = delete;
   SwapFile& operator=(const SwapFile&) = delete;

@@ -82,4 +82,17 @@ double Device::time_mark_ms(int i) {
   return std::chrono::duration<double, std::milli>(host_marks_[size_t(i)] - host_marks_[0]).count();
 }
 
+
+namespace {
+class PassedFence final : public Device::Fence {
+ public:
+  void record() override {}
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<Device::Fence> Device::make_fence() {
+  return std::make_unique<PassedFence>();
+}
+
 }  // namespace anvil

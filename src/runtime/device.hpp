@@ -74,6 +74,17 @@ class Device {
 
   virtual void synchronize() = 0;  // wait for all queued work
 
+  // A point in the compute stream: record() marks the work queued so far, wait() blocks the host until that
+  // work has run (a pinned buffer that a queued upload_on_compute reads may then be refilled). A fence never
+  // recorded is passed. The CPU backend runs its work as it is queued: its fences are always passed.
+  class Fence {
+   public:
+    virtual ~Fence() = default;
+    virtual void record() = 0;
+    virtual void wait() = 0;
+  };
+  virtual std::unique_ptr<Fence> make_fence();
+
   // Bytes of device memory in use as the driver sees it (0 on the CPU). On CUDA this counts every
   // process on the GPU.
   virtual size_t driver_used_bytes() const = 0;

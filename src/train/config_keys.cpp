@@ -552,16 +552,24 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .section = "Distributed",
      .type = "string",
      .meaning =
-         R"md(Parameter offload (DeepSpeed's `zero_optimization.offload_param.device`; ZeRO-Infinity's CPU part): `cpu` keeps each rank's ZeRO stage 3 shard of the compute-type weights in pinned host memory; each unit (embedding, block, final) is copied in from there as it is gathered, in forward and in backward, and the offloaded optimizer writes the updated shard there directly (nothing copied back). Needs zero_stage 3 and offload_optimizer cpu or nvme; with one process it runs stage 3 on that one rank (the gathers are copies). The GPU then holds the gathered units' slots, the gradients of the shard and the activations. `none` (default): the shard on the device. `nvme` is not supported yet (`cpu` combines with `offload_optimizer nvme`). See docs/memory.md.)md",
+         R"md(Parameter offload (DeepSpeed's `zero_optimization.offload_param.device`; ZeRO-Infinity's CPU part): `cpu` keeps each rank's ZeRO stage 3 shard of the compute-type weights in pinned host memory; each unit (embedding, block, final) is copied in from there as it is gathered, in forward and in backward, and the offloaded optimizer writes the updated shard there directly (nothing copied back). Needs zero_stage 3 and offload_optimizer cpu or nvme; with one process it runs stage 3 on that one rank (the gathers are copies). The GPU then holds the gathered units' slots, the gradients of the shard and the activations. `none` (default): the shard on the device. `nvme` (ZeRO-Infinity's NVMe part for the weights): as `cpu`, but the shard lives in a swap file in `offload_nvme_path` (2 bytes a parameter in bf16), paged into `offload_param_buffer_count` pinned host buffers (each the size of the largest unit's piece) as the units are gathered; the units after the one gathered are read ahead in the order the previous step gathered them, and the update is written back to the file after each step. Host memory then holds those buffers instead of the shard; CUDA graphs are off (the host reads the file as the step is queued). Combines with `offload_optimizer cpu` or `nvme`. See docs/memory.md.)md",
      .default_text = "`none`",
-     .summary = "cpu: ZeRO-3 weight shard in host memory, copied in unit by unit (ZeRO-Infinity)."},
+     .summary = "cpu: ZeRO-3 weight shard in host memory, copied in unit by unit (ZeRO-Infinity); nvme: in a "
+                "swap file."},
+    {.key = "offload_param_buffer_count",
+     .section = "Distributed",
+     .type = "int",
+     .meaning =
+         R"md(Parameter offload to NVMe (`offload_param nvme`): pinned host buffers the weight shard is paged through (DeepSpeed's `offload_param.buffer_count`; default 5, at least 2). Each holds one unit's piece of the shard (the largest unit's size: the embedding, or a block); one is copied to the GPU while the others are read ahead. More buffers read further ahead at the cost of host memory.)md",
+     .default_text = "5",
+     .summary = "offload_param nvme: pinned buffers the weight shard is paged through (DeepSpeed buffer_count)."},
             {.key = "offload_nvme_path",
      .section = "Distributed",
      .type = "string",
      .meaning =
-         R"md(NVMe offload (`offload_optimizer nvme`): the directory of the optimizer state's swap file (DeepSpeed's `offload_optimizer.nvme_path`), on a fast local drive. Each process creates one file there of its shard's state (AdamW fp32: 8 bytes a parameter), removes its name at once (nothing is left behind, even after a crash) and reserves its space at start: a drive without room fails then, naming the bytes needed and free. Direct I/O (O_DIRECT) keeps the file out of the page cache; on a filesystem that refuses it (tmpfs) the I/O is buffered and the run header says so. Default: none (required with `offload_optimizer nvme`).)md",
+         R"md(NVMe offload (`offload_optimizer nvme`, `offload_param nvme`): the directory of the swap files (DeepSpeed's `offload_optimizer.nvme_path` and `offload_param.nvme_path`), on a fast local drive. Each process creates one file there of its shard's optimizer state (AdamW fp32: 8 bytes a parameter) and one of its shard's weights (bf16: 2 bytes a parameter), removes its name at once (nothing is left behind, even after a crash) and reserves its space at start: a drive without room fails then, naming the bytes needed and free. Direct I/O (O_DIRECT) keeps the file out of the page cache; on a filesystem that refuses it (tmpfs) the I/O is buffered and the run header says so. Default: none (required with `offload_optimizer nvme` or `offload_param nvme`).)md",
      .default_text = "none",
-     .summary = "NVMe offload: directory of the optimizer state's swap file (DeepSpeed nvme_path)."},
+     .summary = "NVMe offload: directory of the swap files (DeepSpeed nvme_path)."},
     {.key = "sub_group_size",
      .section = "Distributed",
      .type = "int",

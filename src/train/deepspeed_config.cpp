@@ -207,7 +207,8 @@ void Applier::optimizer(const json& v) {
 // ordering). Stage 3's sizes are accepted with what Anvil does instead (deepspeed_resolution says it): one
 // unit (a block) is gathered ahead, at most the first and last units and two others are gathered at once
 // (planned memory), every unit is partitioned, and checkpoints always hold the whole model. Offload maps to
-// offload_optimizer (cpu, nvme with its nvme_path) / offload_param (cpu; nvme is refused), sub_group_size
+// offload_optimizer / offload_param (cpu, nvme with their nvme_path, one directory for both; offload_param's
+// buffer_count), sub_group_size
 // and the aio block (here or at the top level) to the NVMe keys.
 void Applier::zero(const json& v) {
   int stage = 0;
@@ -234,6 +235,7 @@ void Applier::zero(const json& v) {
   if (v.is_boolean() || v.contains("stage"))
     fill("zero_optimization.stage", v.is_boolean() ? v : v["stage"], "zero_stage", c_.zero_stage, stage);
   if (!v.is_object()) return;
+  std::string nvme_path_from, nvme_path;  // the block whose nvme_path set offload_nvme_path, and that path
   for (const char* block : {"offload_optimizer", "offload_param"}) {
     if (!v.contains(block)) continue;
     const json& o = v[block];
@@ -250,13 +252,10 @@ void Applier::zero(const json& v) {
     const std::string key = name + ".device";
     const std::string device = o.contains("device") ? string(key, o["device"]) : "none";
     const json raw = o.contains("device") ? o["device"] : json("none");
-    ANVIL_REQUIRE(device == "none" || device == "cpu" || (optimizer && device == "nvme"),
-                  "{}: DeepSpeed key '{}' is \"{}\": {}; set it to \"cpu\" or \"none\", or remove '{}'", src_,
-                  key, device,
-                  device == "nvme" ? "NVMe offload of the parameters is not supported yet (offload_optimizer "
-                                     "nvme is; offload_param cpu combines with it)"
-                                   : "the devices are none, cpu and nvme",
-                  name);
+    ANVIL_REQUIRE(device == "none" || device == "cpu" || device == "nvme",
+                  "{}: DeepSpeed key '{}' is \"{}\": the devices are none, cpu and nvme; set it to one of "
+                  "them, or remove '{}'",
+                  src_, key, device, name);
     if (o.contains("ratio") && !is_auto(o["ratio"]))
       ANVIL_REQUIRE(number(name + ".ratio", o["ratio"]) == 1.0,
                     "{}: DeepSpeed key '{}.ratio' is {}: partial optimizer offload (a share of the update on "
@@ -266,19 +265,29 @@ void Applier::zero(const json& v) {
       if (o.contains(flag) && !is_auto(o[flag])) boolean(name + "." + flag, o[flag]);
     for (const char* size : {"buffer_count", "buffer_size", "max_in_cpu"})
       if (o.contains(size) && !is_auto(o[size])) number(name + "." + size, o[size]);
-    if (!optimizer) {
+    if (optimizer) {
+      fill(key, raw, "offload_optimizer", c_.offload_optimizer, device);
+    } else {
       fill(key, raw, "offload_param", c_.offload_param, device);
-      continue;
+      if (o.contains("buffer_count") && !is_auto(o["buffer_count"]))
+        fill(name + ".buffer_count", o["buffer_count"], "offload_param_buffer_count",
+             c_.offload_param_buffer_count, int(number(name + ".buffer_count", o["buffer_count"])));
     }
-    fill(key, raw, "offload_optimizer", c_.offload_optimizer, device);
     if (device != "nvme") continue;
     ANVIL_REQUIRE(
         o.contains("nvme_path"),
         "{}: DeepSpeed key '{}' is \"nvme\" but '{}.nvme_path' is missing: set it to a directory on "
         "the NVMe drive",
         src_, key, name);
-    fill(name + ".nvme_path", o["nvme_path"], "offload_nvme_path", c_.offload_nvme_path,
-         string(name + ".nvme_path", o["nvme_path"]));
+    const std::string path = string(name + ".nvme_path", o["nvme_path"]);
+    // One directory holds both swap files (offload_nvme_path).
+    ANVIL_REQUIRE(nvme_path_from.empty() || path == nvme_path,
+                  "{}: DeepSpeed keys '{}' (\"{}\") and '{}.nvme_path' (\"{}\") differ: Anvil keeps the "
+                  "optimizer state's and the weights' swap files in one directory (offload_nvme_path); give "
+                  "both the same nvme_path",
+                  src_, nvme_path_from, nvme_path, name, path);
+    fill(name + ".nvme_path", o["nvme_path"], "offload_nvme_path", c_.offload_nvme_path, path);
+    nvme_path_from = name + ".nvme_path", nvme_path = path;
   }
   if (v.contains("sub_group_size") && !is_auto(v["sub_group_size"])) {
     const json& g = v["sub_group_size"];
@@ -522,16 +531,15 @@ std::vector<std::string> deepspeed_resolution(const json& ds, const TrainConfig&
       {"zero_optimization.aio.block_size", {"aio_block_size"}},
       {"zero_optimization.aio.thread_count", {"aio_threads"}},
       {"zero_optimization.aio.queue_depth", {"aio_threads"}},
-      {"zero_optimization.offload_param.pin_memory", {}, "the weight shard is always pinned"},
-      {"zero_optimization.offload_param.buffer_count",
-       {},
-       "offload_param cpu copies each unit as it is gathered"},
+      {"zero_optimization.offload_param.pin_memory", {}, "the weight shard or its buffers are always pinned"},
+      {"zero_optimization.offload_param.nvme_path", {"offload_nvme_path"}},
+      {"zero_optimization.offload_param.buffer_count", {"offload_param_buffer_count"}},
       {"zero_optimization.offload_param.buffer_size",
        {},
-       "offload_param cpu copies each unit as it is gathered"},
+       "each buffer holds one unit's piece of the shard (nvme), or the whole shard is in host memory (cpu)"},
       {"zero_optimization.offload_param.max_in_cpu",
        {},
-       "offload_param cpu keeps the whole shard in host memory"},
+       "nvme keeps only the buffers in host memory; cpu the whole shard"},
       {"zero_optimization.stage3_max_live_parameters",
        {},
        "stage 3 gathers at most the first and last units and two blocks at once, planned in memory"},

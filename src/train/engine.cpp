@@ -65,11 +65,13 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   // ZeRO: the launcher's world (anvil estimate --num_gpus plans one). The plan is the largest shard's, so
   // that every rank fits the same configuration; the trainer then binds its own rank's shard.
   const dist::DistEnv env = dist::read_dist_env();
-  o.offload_param = cfg.offload_param == "cpu";
+  o.offload_param = cfg.offload_param != "none";
   o.offload_optimizer = cfg.offload_optimizer != "none";
-  if (cfg.offload_optimizer == "nvme")
-    o.nvme = offload::NvmeOptions{cfg.offload_nvme_path, size_t(cfg.sub_group_size),
-                                  size_t(cfg.aio_block_size), cfg.aio_threads};
+  const offload::NvmeOptions nvme{cfg.offload_nvme_path, size_t(cfg.sub_group_size), size_t(cfg.aio_block_size),
+                                  cfg.aio_threads};
+  if (cfg.offload_optimizer == "nvme") o.nvme = nvme;
+  if (cfg.offload_param == "nvme") o.param_nvme = nvme;
+  o.param_nvme_buffers = cfg.offload_param_buffer_count;
   // (Offload runs stages 2 and 3 with one process too, the shard the whole buffer: stage 2 for its
   // gradients in host memory, stage 3 for the weights' gathers from there.)
   if (cfg.zero_stage > 0 &&
@@ -123,7 +125,8 @@ static void apply_offload(const EngineOptions& o, Model& model) {
   if (store.grads_sharded()) store.set_grads_on_host();
   if (o.offload_param) {
     ANVIL_REQUIRE(model.param_store().weights_sharded(),
-                  "offload_param cpu: the weights are not sharded (ZeRO stage 3 with a decoder model)");
+                  "offload_param {}: the weights are not sharded (ZeRO stage 3 with a decoder model)",
+                  o.param_nvme ? "nvme" : "cpu");
     model.param_store().set_weights_on_host();
   }
 }
@@ -304,7 +307,16 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
   return offload::HostOptimizer::plan_host_memory(
       model->param_store().optimizer_layout(), o.optimizer, with_vocab(o.optim, cfg), ops_precision(o),
       optimizer_shard(o, *model), o.offload_param, model->param_store().grads_sharded(),
-      o.nvme ? std::optional(o.nvme->sub_group_size) : std::nullopt);
+      o.nvme ? std::optional(o.nvme->sub_group_size) : std::nullopt, weight_pages_sizes(cfg, o));
+}
+
+std::optional<offload::PagedWeights::Sizes> weight_pages_sizes(const TransformerConfig& cfg,
+                                                               const EngineOptions& o) {
+  if (!o.training || !o.offload_param || !o.param_nvme) return std::nullopt;
+  const std::unique_ptr<Model> model = planned_model(cfg, o);
+  const ParamStore& store = model->param_store();
+  return offload::PagedWeights::sizes(store.layout(), store.weight_range(), store.precision().compute,
+                                      o.param_nvme_buffers);
 }
 
 std::optional<offload::PagedOptimizerState::Sizes> nvme_swap_sizes(const TransformerConfig& cfg,
@@ -329,6 +341,13 @@ Engine::Engine(const TransformerConfig& cfg, const EngineOptions& o, std::unique
   apply_data_parallel(o, *model_);
   const std::optional<ParamRange> shard = optimizer_shard(o, *model_);
   apply_offload(o, *model_);
+  if (o.training && o.offload_param && o.param_nvme) {
+    ParamStore& store = model_->param_store();
+    weight_pages_ = std::make_unique<offload::PagedWeights>(*device_, store.layout(), store.weight_range(),
+                                                            store.precision().compute, *o.param_nvme,
+                                                            o.param_nvme_buffers);
+    store.bind_weight_pages(weight_pages_.get());
+  }
   if (o.training && o.offload_optimizer)
     host_ = std::make_unique<offload::HostOptimizer>(*device_, model_->param_store(), o.optimizer,
                                                      with_vocab(o.optim, cfg), ops_precision(o), o.nvme);

@@ -81,6 +81,10 @@ struct EngineOptions {
   // NVMe offload (offload_optimizer nvme): with optimizer offload, the optimizer state in a swap file
   // (offload::PagedOptimizerState) instead of host memory.
   std::optional<offload::NvmeOptions> nvme;
+  // Parameter offload to NVMe (offload_param nvme; with offload_param): the weight shard in a swap file
+  // (offload::PagedWeights) paged through `param_nvme_buffers` pinned buffers, instead of host memory.
+  std::optional<offload::NvmeOptions> param_nvme;
+  int param_nvme_buffers = offload::PagedWeights::kDefaultBuffers;
 };
 
 // The shard of the flat buffer this engine's optimizer and master weights cover under ZeRO (nullopt: the
@@ -117,6 +121,9 @@ std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, cons
 // NVMe offload: the swap file and sub-groups of the largest shard; none without it.
 std::optional<offload::PagedOptimizerState::Sizes> nvme_swap_sizes(const TransformerConfig& cfg,
                                                                    const EngineOptions& o);
+// Parameter offload to NVMe: the weights' swap file and buffers of the largest shard; none without it.
+std::optional<offload::PagedWeights::Sizes> weight_pages_sizes(const TransformerConfig& cfg,
+                                                               const EngineOptions& o);
 
 // The scalars of one training step, kept in device memory so that the step needs no host read before its
 // end (the trainer reads the whole struct once, after the step's final synchronisation). Filled by the
@@ -168,6 +175,8 @@ class Engine {
   }
   // The host optimizer (offload_optimizer), or null.
   offload::HostOptimizer* host_optimizer() { return host_.get(); }
+  // The weights paged from NVMe (offload_param nvme), or null.
+  const offload::PagedWeights* weight_pages() const { return weight_pages_.get(); }
   bool training() const { return optimizer_ != nullptr || host_ != nullptr; }
   const MemoryPlan& plan() const { return arena_->plan(); }
   // The input buffers of `slot` (see above); targets() is GPT-2's, lengths() and labels() BERT's.
@@ -198,6 +207,7 @@ class Engine {
  private:
   std::unique_ptr<Device> device_;
   std::unique_ptr<Ops> ops_, update_ops_;
+  std::unique_ptr<offload::PagedWeights> weight_pages_;  // offload_param nvme: the store's weights
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<offload::HostOptimizer> host_;

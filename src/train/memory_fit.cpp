@@ -105,7 +105,7 @@ MemoryScenario scenario_of(const TrainConfig& cfg) {
   s.precision = rc.precision;
   s.optimizer = rc.optimizer;
   s.zero_stage = cfg.zero_stage;
-  s.offload = cfg.offload_param == "cpu" ? 2 : cfg.offload_optimizer != "none" ? 1 : 0;
+  s.offload = cfg.offload_param != "none" ? 2 : cfg.offload_optimizer != "none" ? 1 : 0;
   return s;
 }
 
@@ -115,10 +115,10 @@ TrainConfig with_scenario(TrainConfig cfg, const MemoryScenario& s) {
   cfg.gradient_accumulation_steps = s.accumulation;
   cfg.zero_stage = s.zero_stage;
   // (NVMe offload stays where it was asked for: the same host memory for the master weights, less for the
-  // state.)
+  // state and the weights.)
   cfg.offload_optimizer = s.offload == 0 ? "none" : cfg.offload_optimizer == "nvme" ? "nvme" : "cpu";
-  if (s.offload == 0) cfg.offload_nvme_path.clear();
-  cfg.offload_param = s.offload == 2 ? "cpu" : "none";
+  cfg.offload_param = s.offload < 2 ? "none" : cfg.offload_param == "nvme" ? "nvme" : "cpu";
+  if (cfg.offload_optimizer != "nvme" && cfg.offload_param != "nvme") cfg.offload_nvme_path.clear();
   cfg.gradient_checkpointing = s.checkpointing.mode != CheckpointMode::None;
   if (cfg.gradient_checkpointing) {
     cfg.gradient_checkpointing_mode = checkpoint_mode_name(s.checkpointing.mode);

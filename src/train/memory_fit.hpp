@@ -24,7 +24,7 @@ struct MemoryScenario {
   OptimizerKind optimizer = OptimizerKind::AdamW;
   int zero_stage = 0;  // zero_stage (it changes memory with several processes only)
   // Offload to the host: 0 none, 1 the optimizer (offload_optimizer cpu), 2 the optimizer and ZeRO-3's weight
-  // shard (offload_param cpu; zero_stage 3, with one process too).
+  // shard (offload_param cpu, or nvme where the run asked for it; zero_stage 3, with one process too).
   int offload = 0;
 
   int64_t effective_batch() const { return int64_t(micro_batch) * accumulation; }

@@ -47,6 +47,9 @@ void print_cuda_paths(const RunHeader& h, Engine& e) {
              cuda_attention_path(e.ops().precision().compute, m.head_size(), attention_dropout));
   fmt::print("  cuda graphs: {}\n",
              !h.cfg.cuda_graphs ? "off (--cuda_graphs false)"
+             : e.weight_pages()
+                 ? "off (offload_param nvme: the host reads the weights from their swap file as the step is "
+                   "queued)"
              : e.host_optimizer()
                  ? "on (micro-batches and the gradient norm replayed as graphs; the offloaded update runs on "
                    "the host)"
@@ -137,6 +140,13 @@ void print_run_header(const RunHeader& h, const Task& task, Engine& e) {
   else
     fmt::print("  optimizer: {} ({} of state)\n", optimizer_name(e.optimizer().kind()),
                format_bytes(e.optimizer().state_bytes()));
+  if (const offload::PagedWeights* pages = e.weight_pages())
+    fmt::print(
+        "  weights: offloaded (offload_param nvme): this rank's shard in a {} swap file in {} ({}), paged "
+        "through {} pinned buffers of {}, read ahead in the order of the gathers\n",
+        format_bytes(pages->size().file_bytes), pages->file().dir(),
+        pages->file().direct() ? "direct I/O" : "buffered I/O: the filesystem refuses O_DIRECT",
+        pages->size().buffers, format_bytes(pages->size().buffer_bytes));
   if (e.optimizer().kind() == OptimizerKind::Adafactor && cfg.adafactor_relative_step)
     fmt::print(
         "  adafactor_relative_step: Adafactor sets its own step size (HF semantics); the lr column shows the "

@@ -42,6 +42,14 @@ TrainSummary summarize_run(const RunRecord& r, const TrainConfig& cfg, const Tas
       s.nvme_write_gib = double(t.write_bytes) / kGiB, s.nvme_write_seconds = t.write_seconds;
     }
   }
+  if (const offload::PagedWeights* pages = e.weight_pages()) {
+    const offload::SwapFile::Totals t = pages->file().totals();
+    constexpr double kGiB = double(size_t(1) << 30);
+    s.weights_read_gib = double(t.read_bytes) / kGiB, s.weights_read_seconds = t.read_seconds;
+    s.weights_write_gib = double(t.write_bytes) / kGiB, s.weights_write_seconds = t.write_seconds;
+    s.weight_pieces_served = int64_t(pages->counts().served);
+    s.weight_pieces_on_demand = int64_t(pages->counts().read_on_demand);
+  }
   s.device = e.device().name();
   s.last_checkpoint = r.last_checkpoint;
   s.cuda_graphs_recorded = r.graphs_recorded;
@@ -77,6 +85,13 @@ json summary_json(const TrainSummary& s, const RunRecord& r, const Task& task, E
                                                    {"write_gib", s.nvme_write_gib},
                                                    {"write_seconds", s.nvme_write_seconds}}
                                             : json(nullptr)},
+      {"offload_param_nvme", s.weights_read_gib >= 0 ? json{{"read_gib", s.weights_read_gib},
+                                                            {"read_seconds", s.weights_read_seconds},
+                                                            {"write_gib", s.weights_write_gib},
+                                                            {"write_seconds", s.weights_write_seconds},
+                                                            {"pieces_served", s.weight_pieces_served},
+                                                            {"pieces_read_on_demand", s.weight_pieces_on_demand}}
+                                                     : json(nullptr)},
       {"planned_memory_bytes", e.plan().total_bytes()},
       {"planned_memory_by_category", by_category},
       // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's

@@ -271,6 +271,7 @@ const std::map<std::string, Setter>& setters() {
     int_field("zero_stage", &TrainConfig::zero_stage);
     str_field("offload_optimizer", &TrainConfig::offload_optimizer);
     str_field("offload_param", &TrainConfig::offload_param);
+    int_field("offload_param_buffer_count", &TrainConfig::offload_param_buffer_count);
     str_field("offload_nvme_path", &TrainConfig::offload_nvme_path);
     int_field("sub_group_size", &TrainConfig::sub_group_size);
     int_field("aio_block_size", &TrainConfig::aio_block_size);
@@ -659,12 +660,15 @@ void TrainConfig::validate(const std::string& s) const {
   }
   ANVIL_REQUIRE(offload_optimizer == "none" || offload_optimizer == "cpu" || offload_optimizer == "nvme",
                 "{} must be none, cpu or nvme, got '{}'", subject("offload_optimizer"), offload_optimizer);
-  if (offload_optimizer == "nvme") {
-    ANVIL_REQUIRE(
-        !offload_nvme_path.empty(),
-        "{}: offload_optimizer nvme keeps the optimizer state in a swap file: set offload_nvme_path "
-        "to a directory on the NVMe drive (DeepSpeed's offload_optimizer.nvme_path)",
-        blame({"offload_optimizer", "offload_nvme_path"}));
+  const bool nvme = offload_optimizer == "nvme" || offload_param == "nvme";
+  if (nvme) {
+    ANVIL_REQUIRE(!offload_nvme_path.empty(),
+                  "{}: {} nvme keeps {} in a swap file: set offload_nvme_path to a directory on the NVMe "
+                  "drive (DeepSpeed's {}.nvme_path)",
+                  blame({offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param", "offload_nvme_path"}),
+                  offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param",
+                  offload_optimizer == "nvme" ? "the optimizer state" : "the weights",
+                  offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param");
     ANVIL_REQUIRE(sub_group_size >= 1,
                   "{} must be >= 1 (elements of the parameters per swapped sub-group), got {}",
                   subject("sub_group_size"), sub_group_size);
@@ -674,10 +678,12 @@ void TrainConfig::validate(const std::string& s) const {
     ANVIL_REQUIRE(aio_threads >= 1 && aio_threads <= 256, "{} must be 1..256, got {}", subject("aio_threads"),
                   aio_threads);
   }
-  ANVIL_REQUIRE(offload_nvme_path.empty() || offload_optimizer == "nvme",
-                "{}: offload_nvme_path is where offload_optimizer nvme keeps the optimizer state, but "
-                "offload_optimizer is '{}': set offload_optimizer nvme, or remove offload_nvme_path",
-                blame({"offload_nvme_path", "offload_optimizer"}), offload_optimizer);
+  ANVIL_REQUIRE(offload_nvme_path.empty() || nvme,
+                "{}: offload_nvme_path is where offload_optimizer nvme and offload_param nvme keep their swap "
+                "files, but offload_optimizer is '{}' and offload_param '{}': set either to nvme, or remove "
+                "offload_nvme_path",
+                blame({"offload_nvme_path", "offload_optimizer", "offload_param"}), offload_optimizer,
+                offload_param);
   if (offload_optimizer != "none") {
     ANVIL_REQUIRE(lora_r == 0,
                   "{}: LoRA keeps master weights and optimizer state for the adapters only (a few MB); "
@@ -687,21 +693,23 @@ void TrainConfig::validate(const std::string& s) const {
                   "{}: the host update rounds the master weights to nearest; remove stochastic_rounding",
                   blame({"offload_optimizer", "stochastic_rounding"}));
   }
-  ANVIL_REQUIRE(offload_param == "none" || offload_param == "cpu",
-                "{} must be none or cpu, got '{}' (nvme is not supported for the weights yet: offload_param "
-                "cpu keeps the weight shard in host memory, and combines with offload_optimizer nvme)",
-                subject("offload_param"), offload_param);
-  if (offload_param == "cpu") {
+  ANVIL_REQUIRE(offload_param == "none" || offload_param == "cpu" || offload_param == "nvme",
+                "{} must be none, cpu or nvme, got '{}'", subject("offload_param"), offload_param);
+  if (offload_param != "none") {
     ANVIL_REQUIRE(zero_stage == 3,
-                  "{}: offload_param cpu keeps each rank's shard of the weights on the host, and only ZeRO "
+                  "{}: offload_param {} keeps each rank's shard of the weights off the device, and only ZeRO "
                   "stage 3 shards the weights: set zero_stage 3 (with one process too)",
-                  blame({"offload_param", "zero_stage"}));
+                  blame({"offload_param", "zero_stage"}), offload_param);
     ANVIL_REQUIRE(
         offload_optimizer != "none",
-        "{}: with offload_param cpu the weights on the host are updated there by the offloaded "
+        "{}: with offload_param {} the weights off the device are updated there by the offloaded "
         "optimizer: set offload_optimizer cpu too (or nvme; DeepSpeed's ZeRO-Infinity offloads both)",
-        blame({"offload_param", "offload_optimizer"}));
+        blame({"offload_param", "offload_optimizer"}), offload_param);
   }
+  ANVIL_REQUIRE(offload_param_buffer_count >= 2 && offload_param_buffer_count <= 1024,
+                "{} must be 2..1024 (pinned buffers the weight shard is paged through: one copied to the GPU "
+                "while the next is read), got {}",
+                subject("offload_param_buffer_count"), offload_param_buffer_count);
   ANVIL_REQUIRE(grad_accum_dtype == "fp32" || grad_accum_dtype == "bf16" || grad_accum_dtype == "fp16",
                 "{} must be fp32, bf16 or fp16, got '{}'", subject("grad_accum_dtype"), grad_accum_dtype);
   ANVIL_REQUIRE(communication_data_type.empty() || communication_data_type == "fp32" ||
@@ -820,6 +828,7 @@ json TrainConfig::to_json() const {
           {"zero_stage", zero_stage},
           {"offload_optimizer", offload_optimizer},
           {"offload_param", offload_param},
+          {"offload_param_buffer_count", offload_param_buffer_count},
           {"offload_nvme_path", offload_nvme_path},
           {"sub_group_size", sub_group_size},
           {"aio_block_size", aio_block_size},

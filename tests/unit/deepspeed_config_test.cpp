@@ -273,8 +273,7 @@ TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
   EXPECT_EQ(both.offload_param, "cpu");
   EXPECT_EQ(both.offload_optimizer, "cpu");
   // NVMe: the optimizer's state goes to nvme_path (sub_group_size and aio, at the top level or inside
-  // zero_optimization as the HF guide's example has it, set the sub-groups and the I/O); the parameters'
-  // NVMe offload is refused.
+  // zero_optimization as the HF guide's example has it, set the sub-groups and the I/O).
   const TrainConfig nvme = apply({{"zero_optimization",
                                    {{"stage", 3},
                                     {"sub_group_size", 2e7},
@@ -299,9 +298,33 @@ TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
   expect_error(
       {{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}},
       {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"", "nvme_path' is missing"});
-  expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}}}}}},
-               {"'zero_optimization.offload_param.device' is \"nvme\"",
-                "NVMe offload of the parameters is not supported yet"});
+  // The parameters on NVMe (the HF guide's ZeRO-3 NVMe example): the same directory, buffer_count its own.
+  const TrainConfig params = apply({{"zero_optimization",
+                                     {{"stage", 3},
+                                      {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/local_nvme"}}},
+                                      {"offload_param",
+                                       {{"device", "nvme"},
+                                        {"nvme_path", "/local_nvme"},
+                                        {"pin_memory", true},
+                                        {"buffer_count", 7},
+                                        {"buffer_size", 1e8},
+                                        {"max_in_cpu", 1e9}}}}}});
+  EXPECT_EQ(params.offload_param, "nvme");
+  EXPECT_EQ(params.offload_nvme_path, "/local_nvme");
+  EXPECT_EQ(params.offload_param_buffer_count, 7);
+  EXPECT_EQ(apply({{"zero_optimization",
+                    {{"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}, {"buffer_count", "auto"}}}}}})
+                .offload_param_buffer_count,
+            5);
+  expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}}}}}},
+               {"'zero_optimization.offload_param.device' is \"nvme\"", "nvme_path' is missing"});
+  expect_error({{"zero_optimization",
+                 {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/a"}}},
+                  {"offload_param", {{"device", "nvme"}, {"nvme_path", "/b"}}}}}},
+               {"'zero_optimization.offload_optimizer.nvme_path' (\"/a\")",
+                "'zero_optimization.offload_param.nvme_path' (\"/b\") differ", "one directory"});
+  expect_error({{"zero_optimization", {{"offload_param", {{"device", "disk"}}}}}},
+               {"'zero_optimization.offload_param.device' is \"disk\"", "none, cpu and nvme"});
   expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.3}}}}}},
                {"ratio' is 0.3", "partial optimizer offload"});
   expect_error({{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"nvme_pth", "/x"}}}}}},

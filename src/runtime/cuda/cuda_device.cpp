@@ -156,6 +156,19 @@ class CudaDevice final : public Device {
     ANVIL_CUDA_CHECK(cudaStreamSynchronize(compute_.get()));
   }
 
+  // An event on the compute stream (no timing).
+  class EventFence final : public Fence {
+   public:
+    explicit EventFence(cudaStream_t stream) : stream_(stream), event_(make_event()) {}
+    void record() override { ANVIL_CUDA_CHECK(cudaEventRecord(event_.get(), stream_)); }
+    void wait() override { ANVIL_CUDA_CHECK(cudaEventSynchronize(event_.get())); }
+
+   private:
+    cudaStream_t stream_;
+    EventHandle event_;
+  };
+  std::unique_ptr<Fence> make_fence() override { return std::make_unique<EventFence>(compute_.get()); }
+
  protected:
   void* device_alloc(size_t bytes) override {
     void* p = nullptr;
