@@ -33,6 +33,12 @@
 #     (2e8-parameter sub-groups): tokens/s, the swap file's GiB/s, the process's peak host memory (RSS)
 #   bignvme: the Llama-3.1-8B shape, fp32 AdamW, batch 1 x 2048 with checkpointing, ZeRO-3 with offload_param
 #     cpu and offload_optimizer nvme (sub-groups of 2e8), 3 steps: step time and peak host memory (RSS)
+#   paramnvme: offload_param nvme (the ZeRO-3 weight shard in a swap file in $w/swap, 3 buffers) with
+#     offload_optimizer cpu: the losses of offload_param cpu exactly, on one GPU and (2 GPUs) on two; resumed
+#     from its step-10 checkpoint, steps 11-20 exactly; the swap directory empty after the runs
+#   paramnvmespeed: the Llama-3.2-1B shape, bf16, batch 4 x 2048, ZeRO-3 with offload_optimizer cpu, the
+#     weights on the host (offload_param cpu) against on NVMe: tokens/s, the weights' GiB/s, the pieces not
+#     read ahead, peak host memory (RSS)
 # CHECKS="equal resume" runs those only (resume needs equal's run). Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -209,6 +215,32 @@ bignvme() {
   df -h "$w/swap" | tail -1
   peak_rss "$build/anvil" train "${flags[@]}" --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 \
     --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/bignvme"
+}
+paramnvme() {
+  mkdir -p "$w/swap"
+  local z=(--zero_stage 3 --offload_optimizer cpu)
+  local n=(--offload_param nvme --offload_nvme_path "$w/swap" --offload_param_buffer_count 3)
+  "$build/anvil" train "${common[@]}" "${z[@]}" --offload_param cpu --output_dir "$w/pc1" > /dev/null || return 1
+  "$build/anvil" train "${common[@]}" "${z[@]}" "${n[@]}" --output_dir "$w/pn1" | grep -E "weights: offloaded|cuda graphs|NVMe weights|step +20/" || return 1
+  diff <(losses "$w/pc1") <(losses "$w/pn1") && echo "offload_param nvme: the 20 losses of offload_param cpu exactly" || return 1
+  "$build/anvil" train "${common[@]}" "${z[@]}" "${n[@]}" --resume_from_checkpoint "$w/pn1/checkpoint-10" \
+    --output_dir "$w/pn1resumed" > /dev/null || return 1
+  diff <(losses "$w/pn1" | tail -10) <(losses "$w/pn1resumed") && echo "resumed: steps 11-20 equal" || return 1
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    "$build/anvil" launch --nproc_per_node 2 train "${common[@]}" "${z[@]}" --offload_param cpu --output_dir "$w/pc2" > /dev/null || return 1
+    "$build/anvil" launch --nproc_per_node 2 train "${common[@]}" "${z[@]}" "${n[@]}" --output_dir "$w/pn2" | grep -E "NVMe weights" || return 1
+    diff <(losses "$w/pc2") <(losses "$w/pn2") && echo "2 GPUs: the 20 losses of offload_param cpu exactly" || return 1
+  fi
+  [ -z "$(ls -A "$w/swap")" ] && echo "swap directory empty after the runs"
+}
+paramnvmespeed() {
+  random_tokens; mkdir -p "$w/swap"
+  local flags=(--model llama-1b --bf16 --per_device_train_batch_size 4 --max_seq_length 2048 --device cuda
+    --train_data "$w/tokens_128256.bin" --max_steps 6 --logging_steps 1 --learning_rate 1e-5 --save_strategy no
+    --sample_prompt "" --zero_stage 3 --offload_optimizer cpu)
+  local show="step +[56]/|Tokens|offload|NVMe|weights: offloaded|memory occupied|peak host"
+  echo "== ZeRO-3, offload_optimizer cpu, offload_param cpu"; peak_rss "$build/anvil" train "${flags[@]}" --offload_param cpu --output_dir "$w/ps0" | grep -E "$show" || return 1
+  echo "== ZeRO-3, offload_optimizer cpu, offload_param nvme"; peak_rss "$build/anvil" train "${flags[@]}" --offload_param nvme --offload_nvme_path "$w/swap" --output_dir "$w/ps1" | grep -E "$show" || return 1
 }
 for c in ${CHECKS:-equal resume big}; do check "$c" "$c"; done  # CHECKS="big": some of them
 [ -f "$out/big.log" ] && tail -25 "$out/big.log"

@@ -62,6 +62,28 @@ TEST_F(CudaDeviceTest, AsyncCopiesOrderBeforeCompute) {
   dev_->synchronize();
 }
 
+// A fence recorded after an upload from pinned memory: once waited for, the host may refill the buffer (the
+// paged weights' contract, offload/paged_weights.hpp). Long compute is queued before the upload so that the
+// fence is not passed at once.
+TEST_F(CudaDeviceTest, FenceReleasesAnUploadsHostBuffer) {
+  const size_t n = 1 << 24;
+  PinnedBuffer pinned(*dev_, n * sizeof(float));
+  auto* p = static_cast<float*>(pinned.get());
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>(i % 977);
+  DeviceBuffer busy(*dev_, n * sizeof(float)), dst(*dev_, n * sizeof(float));
+  std::unique_ptr<Device::Fence> fence = dev_->make_fence();
+  fence->wait();  // never recorded: passed
+  for (int r = 0; r < 20; ++r) dev_->fill_zero(busy.get(), n * sizeof(float));
+  dev_->upload_on_compute(dst.get(), p, n * sizeof(float));
+  fence->record();
+  fence->wait();
+  std::memset(p, 0, n * sizeof(float));
+  std::vector<float> back(n);
+  dev_->copy_to_host(back.data(), dst.get(), n * sizeof(float));
+  for (size_t i = 0; i < n; ++i)
+    if (back[i] != static_cast<float>(i % 977)) FAIL() << "mismatch at " << i << ": " << back[i];
+}
+
 TEST_F(CudaDeviceTest, RejectsBadOrdinalsAndForeignDevices) {
   EXPECT_THROW(make_cuda_device(1 << 20), Error);
   auto cpu = make_cpu_device();
