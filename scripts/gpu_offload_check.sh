@@ -39,6 +39,8 @@
 #   paramnvmespeed: the Llama-3.2-1B shape, bf16, batch 4 x 2048, ZeRO-3 with offload_optimizer cpu, the
 #     weights on the host (offload_param cpu) against on NVMe: tokens/s, the weights' GiB/s, the pieces not
 #     read ahead, peak host memory (RSS)
+#   bigparamnvme: the Llama-3.1-8B shape as in bignvme with the weights on NVMe too (offload_param nvme: the HF
+#     guide's ZeRO-3 NVMe configuration), 3 steps: step time, the files' traffic, peak host memory (RSS)
 # CHECKS="equal resume" runs those only (resume needs equal's run). Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -241,6 +243,16 @@ paramnvmespeed() {
   local show="step +[56]/|Tokens|offload|NVMe|weights: offloaded|memory occupied|peak host"
   echo "== ZeRO-3, offload_optimizer cpu, offload_param cpu"; peak_rss "$build/anvil" train "${flags[@]}" --offload_param cpu --output_dir "$w/ps0" | grep -E "$show" || return 1
   echo "== ZeRO-3, offload_optimizer cpu, offload_param nvme"; peak_rss "$build/anvil" train "${flags[@]}" --offload_param nvme --offload_nvme_path "$w/swap" --output_dir "$w/ps1" | grep -E "$show" || return 1
+}
+bigparamnvme() {
+  random_tokens; mkdir -p "$w/swap"
+  local flags=(--model llama-8b --bf16 --per_device_train_batch_size 1 --max_seq_length 2048
+    --gradient_checkpointing true --zero_stage 3 --offload_param nvme --offload_optimizer nvme
+    --offload_nvme_path "$w/swap" --sub_group_size 200000000)
+  "$build/anvil" estimate "${flags[@]}" --gpu h100 | grep -E "^  total|fit|host|offload|swap|NVMe"
+  df -h "$w/swap" | tail -1
+  peak_rss "$build/anvil" train "${flags[@]}" --device cuda --train_data "$w/tokens_128256.bin" --max_steps 3 \
+    --logging_steps 1 --learning_rate 1e-5 --save_strategy no --sample_prompt "" --output_dir "$w/bigparamnvme"
 }
 for c in ${CHECKS:-equal resume big}; do check "$c" "$c"; done  # CHECKS="big": some of them
 [ -f "$out/big.log" ] && tail -25 "$out/big.log"
