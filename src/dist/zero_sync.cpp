@@ -119,25 +119,26 @@ void ZeroSync::gather_master(Device& dev, float* host) {
   }
   if (store_.precision().compute == DType::F32 && !store_.weights_sharded()) {
     // the weights are the master weights, whole on every rank
-    dev.copy_to_host(host, store_.weights(), store_.numel() * sizeof(float));
+    if (host) dev.copy_to_host(host, store_.weights(), store_.numel() * sizeof(float));
     return;
   }
   // (Optimizer offload: the shard's master weights are in host memory.)
   gather_through(dev, partition_, DType::F32, store_.master(), store_.master_on_host(),
                  store_.gradient_scratch(), [&](size_t b, size_t e, const void* staging) {
-                   dev.copy_to_host(host + b, staging, (e - b) * sizeof(float));
+                   if (host) dev.copy_to_host(host + b, staging, (e - b) * sizeof(float));
                  });
 }
 
 void ZeroSync::gather_trainable_only(Device& dev, float* host) {
   // Every tensor as the compute-type weights hold it (stage 3: every rank's shard, through the weight slots).
   if (!store_.weights_sharded()) {
-    store_.read_own_weights(dev, host);
+    if (host) store_.read_own_weights(dev, host);
   } else {
     const DType t = store_.precision().compute;
     std::vector<uint16_t> half;
     gather_through(dev, weight_partition_, t, store_.weights(), store_.weights_on_host(),
                    store_.weight_scratch(), [&](size_t b, size_t e, const void* staging) {
+                     if (!host) return;
                      if (t == DType::F32) {
                        dev.copy_to_host(host + b, staging, (e - b) * sizeof(float));
                        return;
@@ -149,11 +150,12 @@ void ZeroSync::gather_trainable_only(Device& dev, float* host) {
                    });
   }
   // The trainable tensors from the master weights, packed in the optimizer layout, into their places.
-  std::vector<float> packed(store_.optimizer_layout().total_numel());
+  std::vector<float> packed(host ? store_.optimizer_layout().total_numel() : 0);
   gather_through(dev, partition_, DType::F32, store_.master(), false, store_.gradient_scratch(),
                  [&](size_t b, size_t e, const void* staging) {
-                   dev.copy_to_host(packed.data() + b, staging, (e - b) * sizeof(float));
+                   if (host) dev.copy_to_host(packed.data() + b, staging, (e - b) * sizeof(float));
                  });
+  if (!host) return;
   size_t at = 0;
   for (const ParamRange& r : gather_runs_) {  // (the trainable runs, in order)
     std::copy_n(packed.data() + at, r.numel(), host + r.begin);

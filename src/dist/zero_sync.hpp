@@ -64,7 +64,8 @@ class ZeroSync final : public WeightGatherer {
   // The whole fp32 master weights on the host, on every rank (a collective; between steps). Moves them
   // through the gradient memory (unused between steps: ParamStore::gradient_scratch) in chunks. A store of
   // the trainable tensors only: the frozen tensors as the weights hold them (stage 3: gathered through the
-  // weight slots), the trainable ones from the master weights.
+  // weight slots), the trainable ones from the master weights. `host` null: this rank takes part only
+  // (ParamStore::join_download).
   void gather_master(Device& dev, float* host);
 
  private:

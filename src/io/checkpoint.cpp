@@ -57,7 +57,7 @@ const char* hf_dtype_name(DType dtype) {
 // a conversion never silently writes inf; NaN and infinities are kept as they are.
 void add_weight(SafeTensorsWriter& w, const std::string& path, const std::string& name,
                 std::vector<int64_t> shape, const float* src, DType dtype) {
-  if (dtype == DType::F32) return w.add(name, DType::F32, std::move(shape), src);
+  if (dtype == DType::F32) return w.add(name, DType::F32, std::move(shape), src);  // (a copy: see add_view)
   size_t n = 1;
   for (int64_t d : shape) n *= size_t(d);
   std::vector<uint16_t> half(n);
@@ -95,7 +95,10 @@ void write_hf_model(const std::string& dir, const Model& model, Device& dev, DTy
         for (int64_t c = 0; c < cols; ++c) transposed[size_t(c * rows + r)] = src[r * cols + c];
       src = transposed.data();
     }
-    add_weight(w, path, t.name, t.hf_shape(), src, dtype);  // add() copies: `transposed` may be reused
+    if (dtype == DType::F32 && !t.hf_transposed)  // (no copy of the model beside `host`, valid until write)
+      w.add_view(t.name, DType::F32, t.hf_shape(), src);
+    else
+      add_weight(w, path, t.name, t.hf_shape(), src, dtype);  // add() copies: `transposed` may be reused
   }
   w.write(path);
   write_peft_adapter(dir, layout, host.data());

@@ -633,8 +633,22 @@ void ParamStore::write_weights(Device& dev, const float* values, size_t n) const
   }
 }
 
+bool ParamStore::download_gathers() const {
+  // (download's branches, in its order)
+  if (trainable_) return master_sharded() || weights_sharded_;
+  if (quant_ || (master_on_host_ && !master_sharded())) return false;
+  if (precision_.compute == DType::F32 && !weights_sharded_) return false;
+  return master_ && master_sharded();
+}
+
+void ParamStore::join_download(Device& dev) const {
+  if (!download_gathers()) return;
+  ANVIL_ASSERT(gather_, "download: the store is sharded and no gather is set");
+  gather_(dev, nullptr);
+}
+
 void ParamStore::download(Device& dev, float* host) const {
-  if (trainable_ && (master_sharded() || weights_sharded_)) {  // ZeRO: a collective
+  if (download_gathers()) {  // ZeRO: a collective
     ANVIL_ASSERT(gather_, "download: the store is sharded and no gather is set");
     gather_(dev, host);
     return;
@@ -645,7 +659,7 @@ void ParamStore::download(Device& dev, float* host) const {
     return;
   }
   const size_t n = numel();
-  if (master_on_host_ && !master_sharded()) {
+  if (master_on_host_) {
     ANVIL_ASSERT(host_master_, "download: the master weights' host memory is not bound (bind_host_master)");
     std::copy_n(host_master_, n, host);
     return;
@@ -661,11 +675,6 @@ void ParamStore::download(Device& dev, float* host) const {
     return;
   }
   ANVIL_ASSERT(master_ || !weights_sharded_, "download: sharded weights without master weights");
-  if (master_ && master_sharded()) {
-    ANVIL_ASSERT(gather_, "download: the master weights are sharded and no gather is set");
-    gather_(dev, host);
-    return;
-  }
   if (master_) {
     dev.copy_to_host(host, master_, n * sizeof(float));
     return;

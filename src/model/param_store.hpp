@@ -258,6 +258,9 @@ class ParamStore {
   // The weights as fp32 host values in the flat layout: the master weights, or the compute-type weights
   // widened when there are none; sharded master weights through the gather (see set_master_gather).
   void download(Device& dev, float* host) const;
+  // On a rank that does not need the values (a ZeRO checkpoint's other ranks): takes part in what download()
+  // does collectively, without host memory for the model; nothing where download() is local.
+  void join_download(Device& dev) const;
   // The layout's initialisation for a seed (deterministic; tensors in layout order; computed in parallel,
   // only the shard with sharded weights), uploaded.
   void init(uint64_t seed, const ParamInit& how, Device& dev) const;
@@ -340,6 +343,8 @@ class ParamStore {
   void upload_master(Device& dev, const float* host, size_t first = 0) const;
   void download_master(Device& dev, float* host) const;
   // The compute-type weights from n fp32 values (rounded to nearest), and back (widened).
+  // Whether download() gathers through set_master_gather (a collective) rather than reading locally.
+  bool download_gathers() const;
   void write_weights(Device& dev, const float* values, size_t n) const;
   void read_weights(Device& dev, float* values, size_t n) const;
   // Trainable tensors only (keep_trainable_only): the trainable part's layout; the runs of trainable

@@ -37,13 +37,13 @@ void save_zero_checkpoint(const std::string& dir, Engine& e, dist::ProcessGroup&
     fs::create_directories(fs::path(temp) / "zero");
   }
   temp = group.exchange("checkpoint " + dir, temp)[0];
-  // The model files. Gathering the master weights is a collective, so the other ranks download them too.
+  // The model files. Gathering the master weights is a collective, so the other ranks take part too (without
+  // host memory for the model).
   if (rank == 0) {
     io::save_model(temp, e.model(), e.device());
     io::save_quantized_base(temp, e.model(), e.device());  // (every rank holds the same codes)
   } else {
-    std::vector<float> unused(e.model().layout().total_numel());
-    e.model().download_weights(e.device(), unused.data());
+    e.model().param_store().join_download(e.device());
   }
   io::save_optimizer_shard(io::optimizer_shard_path(temp, rank, world), e.optimizer_state(false),
                            e.optimizer_device(), slices, rank, world);

@@ -312,7 +312,7 @@ TEST(NvmeOffloadErrors, SayWhatToDo) {
       [&] {
         run_config(c, out, {{"offload_optimizer", "cpu"}, {"offload_nvme_path", "/tmp"}});
       },
-      {"offload_nvme_path", "set offload_optimizer nvme"});
+      {"offload_nvme_path", "set either to nvme"});
   test::expect_error(
       [&] {
         json j = nvme(c.dir.str());
