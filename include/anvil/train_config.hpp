@@ -137,6 +137,9 @@ struct TrainConfig {
   // HF save_total_limit: keep at most this many checkpoint-N directories (the newest), deleting older
   // ones after each save; 0 keeps all.
   int64_t save_total_limit = 0;
+  // LoRA whose base came from a model directory: false (default) writes checkpoints that refer to that base
+  // (the adapter, base_model.json) as PEFT saves adapters; true copies the base into every checkpoint.
+  bool save_base_model = false;
   int64_t logging_steps = 1;
   int64_t save_steps = 0;  // 0: save only at the end
   // "steps": checkpoints every save_steps and at the end; "no": none (HF's save_strategy="no").

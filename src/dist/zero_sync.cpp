@@ -36,11 +36,14 @@ ZeroSync::ZeroSync(Communicator& comm, Device& dev, ParamStore& store, const Zer
                 store.weight_range().begin, store.weight_range().end, comm.rank(),
                 weight_partition_.shard(comm.rank()).begin, weight_partition_.shard(comm.rank()).end);
   store_.set_master_gather([this](Device& dev, float* host) { gather_master(dev, host); });
+  if (store_.trainable_only())
+    store_.set_trainable_gather([this](Device& dev, float* packed) { gather_trainable(dev, packed); });
   if (stage_ >= 3) store_.set_weight_gatherer(this);
 }
 
 ZeroSync::~ZeroSync() {
   store_.set_master_gather(nullptr);
+  store_.set_trainable_gather(nullptr);
   if (stage_ >= 3) store_.set_weight_gatherer(nullptr);
 }
 
@@ -151,16 +154,20 @@ void ZeroSync::gather_trainable_only(Device& dev, float* host) {
   }
   // The trainable tensors from the master weights, packed in the optimizer layout, into their places.
   std::vector<float> packed(host ? store_.optimizer_layout().total_numel() : 0);
-  gather_through(dev, partition_, DType::F32, store_.master(), false, store_.gradient_scratch(),
-                 [&](size_t b, size_t e, const void* staging) {
-                   if (host) dev.copy_to_host(packed.data() + b, staging, (e - b) * sizeof(float));
-                 });
+  gather_trainable(dev, host ? packed.data() : nullptr);
   if (!host) return;
   size_t at = 0;
   for (const ParamRange& r : gather_runs_) {  // (the trainable runs, in order)
     std::copy_n(packed.data() + at, r.numel(), host + r.begin);
     at += r.numel();
   }
+}
+
+void ZeroSync::gather_trainable(Device& dev, float* packed) {
+  gather_through(dev, partition_, DType::F32, store_.master(), false, store_.gradient_scratch(),
+                 [&](size_t b, size_t e, const void* staging) {
+                   if (packed) dev.copy_to_host(packed + b, staging, (e - b) * sizeof(float));
+                 });
 }
 
 }  // namespace anvil::dist

@@ -67,6 +67,9 @@ class ZeroSync final : public WeightGatherer {
   // weight slots), the trainable ones from the master weights. `host` null: this rank takes part only
   // (ParamStore::join_download).
   void gather_master(Device& dev, float* host);
+  // The trainable tensors' master weights of a store of the trainable tensors only, packed in its optimizer
+  // layout (ParamStore::download_trainable; `packed` null: this rank takes part only).
+  void gather_trainable(Device& dev, float* packed);
 
  private:
   // All-gathers `n` elements of `type`, of which this rank holds [mine.begin, mine.end) at `own` (device

@@ -8,6 +8,7 @@
 
 #include "core/half.hpp"
 #include "io/atomic_dir.hpp"
+#include "io/base_reference.hpp"
 #include "io/hf_weights.hpp"
 #include "io/optimizer_state.hpp"
 #include "io/peft_adapter.hpp"
@@ -74,6 +75,15 @@ void add_weight(SafeTensorsWriter& w, const std::string& path, const std::string
   w.add(name, dtype, std::move(shape), half.data());
 }
 
+// config.json, its "dtype" field saying `dtype_field` (as transformers 5 writes it; transformers 4's
+// "torch_dtype" is dropped).
+void write_hf_config(const std::string& dir, const Model& model, const char* dtype_field) {
+  json config = model.config().to_hf_json();
+  config.erase("torch_dtype");
+  config["dtype"] = dtype_field;
+  write_text_file_synced(dir + "/config.json", config.dump(2) + "\n");
+}
+
 // model.safetensors (every tensor of the layout, Hugging Face names and shapes, as `dtype`) and config.json
 // (its "dtype" field saying `dtype`, as transformers 5 writes it; transformers 4's "torch_dtype" is dropped).
 void write_hf_model(const std::string& dir, const Model& model, Device& dev, DType dtype) {
@@ -102,10 +112,7 @@ void write_hf_model(const std::string& dir, const Model& model, Device& dev, DTy
   }
   w.write(path);
   write_peft_adapter(dir, layout, host.data());
-  json config = model.config().to_hf_json();
-  config.erase("torch_dtype");
-  config["dtype"] = dtype_field;
-  write_text_file_synced(dir + "/config.json", config.dump(2) + "\n");
+  write_hf_config(dir, model, dtype_field);
 }
 
 }  // namespace
@@ -124,7 +131,9 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev, con
                   kAdapterConfigFile, adapter_dir);
   }
   const std::string adapter = !adapter_dir.empty() ? adapter_dir : has_peft_adapter(dir) ? dir : "";
-  const WeightFiles files(dir);
+  // A LoRA checkpoint that refers to its base (base_model.json): the base's weights from there.
+  const std::optional<std::string> base = referenced_base(dir);
+  const WeightFiles files(base.value_or(dir));
   const ParamLayout& layout = model.layout();
   const TransformerConfig& cfg = model.config();
   std::vector<float> host(layout.total_numel(), 0.0f);
@@ -219,12 +228,37 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
   }
 }
 
+void save_checkpoint_model(const std::string& dir, const Model& model, Device& dev, const BaseReference* base) {
+  if (!base) {
+    save_model(dir, model, dev);
+    save_quantized_base(dir, model, dev);
+    return;
+  }
+  // The adapter alone: the frozen base is the referenced directory's (a QLoRA base re-quantizes from it to
+  // the codes the run started with).
+  const ParamStore& store = model.param_store();
+  ANVIL_ASSERT(store.trainable_only(), "a checkpoint that refers to its base keeps the trainable tensors only");
+  std::vector<float> packed(store.optimizer_layout().total_numel());
+  store.download_trainable(dev, packed.data());
+  write_peft_adapter(
+      dir, model.layout(),
+      [&](const ParamTensor& t) { return packed.data() + store.optimizer_index(t.offset); }, base->dir);
+  write_hf_config(dir, model, hf_dtype_name(DType::F32));
+  write_base_reference(dir, *base);
+}
+
+void join_checkpoint_model(const Model& model, Device& dev, const BaseReference* base) {
+  if (base)
+    model.param_store().download_trainable(dev, nullptr);
+  else
+    model.param_store().join_download(dev);
+}
+
 void save_checkpoint(const std::string& dir, const Model& model, const OptimizerStateParts& opt,
                      const json& state, const std::string& tokenizer_file, Device& dev,
-                     Device* optimizer_dev) {
+                     Device* optimizer_dev, const BaseReference* base) {
   AtomicDirectory out(dir);
-  save_model(out.path(), model, dev);
-  save_quantized_base(out.path(), model, dev);
+  save_checkpoint_model(out.path(), model, dev, base);
   save_optimizer(out.file("optimizer.safetensors"), opt, optimizer_dev ? *optimizer_dev : dev);
   write_text_file_synced(out.file("trainer_state.json"), state.dump(2) + "\n");
   for (const auto& [source, name] : tokenizer_side_files(tokenizer_file))

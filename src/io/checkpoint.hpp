@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/base_reference.hpp"
 #include "io/bert_checkpoint.hpp"
 #include "io/trainer_state.hpp"
 #include "model/decoder.hpp"
@@ -62,9 +63,17 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev);
 // "" for none) is copied in under its Hugging Face name with the files beside it that belong to it
 // (tokenizer_side_files), so the checkpoint is self-contained. The optimizer's state is read through
 // `optimizer_dev` (its host device under optimizer offload), else through `dev`.
+// `base` (a LoRA run whose base is unchanged and came from that directory; io/base_reference.hpp): the
+// checkpoint refers to the base instead of holding it (save_checkpoint_model).
 void save_checkpoint(const std::string& dir, const Model& model, const OptimizerStateParts& opt,
                      const nlohmann::json& state, const std::string& tokenizer_file, Device& dev,
-                     Device* optimizer_dev = nullptr);
+                     Device* optimizer_dev = nullptr, const BaseReference* base = nullptr);
+// A checkpoint's model files: the model (save_model, fp32) and a QLoRA base that does not re-quantize exactly
+// (save_quantized_base); or, with `base`, config.json, the adapter (from the trainable tensors alone:
+// ParamStore::download_trainable, whose adapter_config.json names the base) and base_model.json. Under ZeRO
+// a collective: the other ranks call join_checkpoint_model at the same time.
+void save_checkpoint_model(const std::string& dir, const Model& model, Device& dev, const BaseReference* base);
+void join_checkpoint_model(const Model& model, Device& dev, const BaseReference* base);
 
 // The tokenizer file a model directory carries (tokenizer.json, else vocab.txt), or "".
 std::string find_tokenizer_file(const std::string& dir);

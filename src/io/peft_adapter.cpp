@@ -56,20 +56,27 @@ std::string adapter_base_model(const std::string& dir) {
   try {
     const json j = json::parse(read_text_file(dir + "/" + kAdapterConfigFile));
     if (j.is_object() && j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
-      return "'" + j["base_model_name_or_path"].get<std::string>() + "'";
+      return fmt::format("'{}'", j["base_model_name_or_path"].get<std::string>());
   } catch (const json::exception&) {
   }
   return "not named";
 }
 
 void write_peft_adapter(const std::string& dir, const ParamLayout& layout, const float* host) {
+  write_peft_adapter(
+      dir, layout, [host](const ParamTensor& t) { return host + t.offset; }, "");
+}
+
+void write_peft_adapter(const std::string& dir, const ParamLayout& layout,
+                        const std::function<const float*(const ParamTensor&)>& values_of,
+                        const std::string& base_model) {
   if (!layout.lora().enabled()) return;
   SafeTensorsWriter w;
   w.set_metadata("format", "pt");
   for (const ParamTensor& t : layout.tensors())
-    if (t.is_adapter()) w.add(t.name, DType::F32, t.hf_shape(), host + t.offset);
+    if (t.is_adapter()) w.add_view(t.name, DType::F32, t.hf_shape(), values_of(t));
   w.write(dir + "/" + kAdapterWeightsFile);
-  nlohmann::json config = peft_adapter_config(layout.lora(), layout.lora_modules(), "");
+  nlohmann::json config = peft_adapter_config(layout.lora(), layout.lora_modules(), base_model);
   // GPT-2's Conv1D weights are stored [in, out]: PEFT calls that fan_in_fan_out (it sets it itself, warning,
   // when a config says otherwise). The factors' shapes do not depend on it.
   for (const ParamTensor& t : layout.tensors())

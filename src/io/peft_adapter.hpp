@@ -8,6 +8,7 @@
 // generate, logits, convert, init_from), they are merged into its weights: W += s B A, PEFT's
 // merge_and_unload.
 #pragma once
+#include <functional>
 #include <string>
 
 #include "model/param_layout.hpp"
@@ -25,6 +26,11 @@ std::string adapter_base_model(const std::string& dir);
 // Writes the adapter tensors of `layout` (read from `host`, fp32 in the flat layout) and the adapter config
 // into `dir`; nothing when the layout has no adapters.
 void write_peft_adapter(const std::string& dir, const ParamLayout& layout, const float* host);
+// The same with each adapter tensor's fp32 values from `values_of` (a checkpoint of the trainable tensors
+// alone), and `base_model` as adapter_config.json's base_model_name_or_path ("" for none).
+void write_peft_adapter(const std::string& dir, const ParamLayout& layout,
+                        const std::function<const float*(const ParamTensor&)>& values_of,
+                        const std::string& base_model);
 
 // Reads the adapter of `dir` into `host` (fp32, flat layout of `layout`, which has adapters): the config must
 // agree with the layout's (rank, alpha, rsLoRA, the adapted modules), every adapter tensor must be there with

@@ -647,6 +647,16 @@ void ParamStore::join_download(Device& dev) const {
   gather_(dev, nullptr);
 }
 
+void ParamStore::download_trainable(Device& dev, float* packed) const {
+  ANVIL_ASSERT(trainable_, "download_trainable: a store of the trainable tensors only");
+  if (master_sharded()) {
+    ANVIL_ASSERT(trainable_gather_, "download_trainable: the store is sharded and no gather is set");
+    trainable_gather_(dev, packed);
+    return;
+  }
+  if (packed) dev.copy_to_host(packed, master_, master_range_.numel() * sizeof(float));
+}
+
 void ParamStore::download(Device& dev, float* host) const {
   if (download_gathers()) {  // ZeRO: a collective
     ANVIL_ASSERT(gather_, "download: the store is sharded and no gather is set");

@@ -67,6 +67,10 @@ class ParamStore {
   // Sharded 16-bit master weights: how download() obtains the other ranks' master weights (a collective:
   // every rank must download at the same time). Without it, download() of a sharded store throws.
   void set_master_gather(std::function<void(Device&, float* host)> gather) { gather_ = std::move(gather); }
+  // The same for download_trainable of a sharded store of the trainable tensors only.
+  void set_trainable_gather(std::function<void(Device&, float* packed)> gather) {
+    trainable_gather_ = std::move(gather);
+  }
 
   // ZeRO stage 2 (before plan_memory; only for a model whose gradient writes all follow begin_grads): the
   // gradients kept from backward to the optimizer cover `r` only (this rank's reduced shard: grads(),
@@ -261,6 +265,10 @@ class ParamStore {
   // On a rank that does not need the values (a ZeRO checkpoint's other ranks): takes part in what download()
   // does collectively, without host memory for the model; nothing where download() is local.
   void join_download(Device& dev) const;
+  // A store of the trainable tensors only (keep_trainable_only): their fp32 values (the master weights),
+  // packed in optimizer_layout()'s numbering (its total_numel() floats), without the frozen tensors. Sharded:
+  // a collective through set_trainable_gather; `packed` null on a rank that takes part only.
+  void download_trainable(Device& dev, float* packed) const;
   // The layout's initialisation for a seed (deterministic; tensors in layout order; computed in parallel,
   // only the shard with sharded weights), uploaded.
   void init(uint64_t seed, const ParamInit& how, Device& dev) const;
@@ -291,7 +299,7 @@ class ParamStore {
   std::vector<ParamRange> frozen_;  // layout_.frozen_ranges(), kept by freeze()
   ParamRange master_range_;
   ParamRange weight_range_;
-  std::function<void(Device&, float*)> gather_;
+  std::function<void(Device&, float*)> gather_, trainable_gather_;
   OpsPrecision precision_;
   bool training_;
   size_t weight_elem_, grad_elem_;

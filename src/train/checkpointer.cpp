@@ -17,7 +17,8 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, const ResolvedTrainConfig& rc
       dir_(dir),
       group_(group),
       zero_(zero),
-      tokenizer_file_(std::move(tokenizer_file)) {
+      tokenizer_file_(std::move(tokenizer_file)),
+      base_(enabled_ ? checkpoint_base(cfg, e) : std::nullopt) {
   ANVIL_ASSERT(!zero || group, "a ZeRO checkpointer needs the process group");
   if (zero) slices_ = zero_state_slices(e.optimizer(), zero->partition(), group->comm().rank());
 }
@@ -43,19 +44,33 @@ void Checkpointer::save(const TrainingState& s) {
   const std::string dir =
       (std::filesystem::path(cfg_.output_dir) / ("checkpoint-" + std::to_string(s.step))).string();
   if (zero_) {
-    save_zero_checkpoint(dir, e_, *group_, slices_, state, tokenizer_file_);
+    save_zero_checkpoint(dir, e_, *group_, slices_, state, tokenizer_file_, base_ ? &*base_ : nullptr);
     if (!dir_) {  // rank 0 reports and rotates
       last_ = dir;
       return;
     }
   } else {
     io::save_checkpoint(dir, e_.model(), e_.optimizer_state(false), state, tokenizer_file_, e_.device(),
-                        &e_.optimizer_device());
+                        &e_.optimizer_device(), base_ ? &*base_ : nullptr);
   }
-  fmt::print("saved checkpoint {}\n", dir);
+  if (base_)
+    fmt::print("saved checkpoint {} (the adapter; its base: {})\n", dir, base_->dir);
+  else
+    fmt::print("saved checkpoint {}\n", dir);
   for (const std::string& old : dir_->rotate_checkpoints(dir))
     fmt::print("deleted checkpoint {} (save_total_limit {})\n", old, cfg_.save_total_limit);
   last_ = dir;
+}
+
+std::optional<io::BaseReference> checkpoint_base(const TrainConfig& cfg, Engine& e) {
+  const Model& m = e.model();
+  if (cfg.save_base_model || !m.layout().lora().enabled() || !m.param_store().trainable_only())
+    return std::nullopt;
+  const std::string& from = !cfg.resume_from_checkpoint.empty() ? cfg.resume_from_checkpoint : cfg.init_from;
+  if (from.empty()) return std::nullopt;  // a random base
+  if (const std::optional<std::string> base = io::referenced_base(from)) return io::describe_base(*base);
+  if (std::filesystem::exists(std::filesystem::path(from) / "trainer_state.json")) return std::nullopt;
+  return io::describe_base(from);
 }
 
 }  // namespace anvil

@@ -3,12 +3,14 @@
 // uninterrupted run, and the rotation of old ones (save_total_limit).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "anvil/train_config.hpp"
 #include "data/prefetch_ring.hpp"
 #include "dist/process_group.hpp"
 #include "dist/zero_sync.hpp"
+#include "io/base_reference.hpp"
 #include "io/optimizer_state.hpp"
 #include "precision/loss_scaler.hpp"
 #include "train/engine.hpp"
@@ -54,7 +56,14 @@ class Checkpointer {
   const dist::ZeroSync* zero_;
   io::StateSlices slices_;  // ZeRO: this rank's slices of the optimizer state
   const std::string tokenizer_file_;
+  const std::optional<io::BaseReference> base_;  // checkpoint_base
   std::string last_;
 };
+
+// The base a LoRA run's checkpoints refer to instead of holding it (io/base_reference.hpp), or none: the run
+// trains its adapters alone (a store of the trainable tensors only), save_base_model is off, and its base came
+// from a model directory (model_name_or_path), or from the base the checkpoint it starts from refers to. A
+// base that is a checkpoint itself (a random start, saved) is copied: rotation could delete it.
+std::optional<io::BaseReference> checkpoint_base(const TrainConfig& cfg, Engine& e);
 
 }  // namespace anvil

@@ -335,6 +335,13 @@ const std::vector<ConfigKeyDoc> kKeys = {
      .meaning =
          R"md(Keep at most this many `checkpoint-<step>` directories, the newest, deleting older ones after each save (Hugging Face's `save_total_limit`); 0 keeps all.)md",
      .default_text = "0 (keep all)"},
+    {.key = "save_base_model",
+     .section = "Run",
+     .type = "bool",
+     .meaning =
+         R"md(LoRA and QLoRA runs whose base model came from a directory (`model_name_or_path`, or the base a resumed checkpoint refers to): `false` (default) writes checkpoints that hold the adapter (PEFT's files, `adapter_config.json` naming the base in `base_model_name_or_path`), the optimizer and trainer state, and `base_model.json`, which records the base directory and a fingerprint of its weight files, instead of a copy of the base: a few MB instead of 4 bytes a parameter, as PEFT saves adapters. Resuming, `generate`, `logits` and `convert` read the base from there and refuse one that is missing or changed. `true`: every checkpoint also holds the base (`model.safetensors` in fp32), self-contained. A base drawn at random (no directory) is always saved. See docs/lora.md.)md",
+     .default_text = "false",
+     .summary = "LoRA: checkpoints refer to the base model's directory (false) or copy it (true)."},
     {.key = "save_strategy",
      .section = "Run",
      .type = "string",

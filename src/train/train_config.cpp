@@ -302,6 +302,7 @@ const std::map<std::string, Setter>& setters() {
     str_field("output_dir", &TrainConfig::output_dir);
     bool_field("overwrite_output_dir", &TrainConfig::overwrite_output_dir);
     int_field("save_total_limit", &TrainConfig::save_total_limit);
+    bool_field("save_base_model", &TrainConfig::save_base_model);
     int_field("logging_steps", &TrainConfig::logging_steps);
     int_field("save_steps", &TrainConfig::save_steps);
     str_field("save_strategy", &TrainConfig::save_strategy);
@@ -855,6 +856,7 @@ json TrainConfig::to_json() const {
           {"output_dir", output_dir},
           {"overwrite_output_dir", overwrite_output_dir},
           {"save_total_limit", save_total_limit},
+          {"save_base_model", save_base_model},
           {"logging_steps", logging_steps},
           {"save_steps", save_steps},
           {"save_strategy", save_strategy},

@@ -26,7 +26,7 @@ io::StateSlices zero_state_slices(const Optimizer& mine, const dist::ZeroPartiti
 
 void save_zero_checkpoint(const std::string& dir, Engine& e, dist::ProcessGroup& group,
                           const io::StateSlices& slices, const nlohmann::json& state,
-                          const std::string& tokenizer_file) {
+                          const std::string& tokenizer_file, const io::BaseReference* base) {
   dist::Communicator& comm = group.comm();
   const int rank = comm.rank(), world = comm.world_size();
   std::optional<io::AtomicDirectory> out;
@@ -39,12 +39,11 @@ void save_zero_checkpoint(const std::string& dir, Engine& e, dist::ProcessGroup&
   temp = group.exchange("checkpoint " + dir, temp)[0];
   // The model files. Gathering the master weights is a collective, so the other ranks take part too (without
   // host memory for the model).
-  if (rank == 0) {
-    io::save_model(temp, e.model(), e.device());
-    io::save_quantized_base(temp, e.model(), e.device());  // (every rank holds the same codes)
-  } else {
-    e.model().param_store().join_download(e.device());
-  }
+  // (A QLoRA base: every rank holds the same codes.)
+  if (rank == 0)
+    io::save_checkpoint_model(temp, e.model(), e.device(), base);
+  else
+    io::join_checkpoint_model(e.model(), e.device(), base);
   io::save_optimizer_shard(io::optimizer_shard_path(temp, rank, world), e.optimizer_state(false),
                            e.optimizer_device(), slices, rank, world);
   comm.barrier();  // every rank's file is written and synced before the directory appears

@@ -10,6 +10,7 @@
 
 #include "dist/process_group.hpp"
 #include "dist/zero_partition.hpp"
+#include "io/base_reference.hpp"
 #include "io/optimizer_state.hpp"
 #include "train/engine.hpp"
 
@@ -20,9 +21,9 @@ namespace anvil {
 io::StateSlices zero_state_slices(const Optimizer& mine, const dist::ZeroPartition& p, int rank);
 
 // Writes checkpoint directory `dir` (a collective: every rank calls it with the same `dir`). `state` is
-// trainer_state.json's content, `tokenizer_file` as io::save_checkpoint.
+// trainer_state.json's content, `tokenizer_file` and `base` as io::save_checkpoint.
 void save_zero_checkpoint(const std::string& dir, Engine& e, dist::ProcessGroup& group,
                           const io::StateSlices& slices, const nlohmann::json& state,
-                          const std::string& tokenizer_file);
+                          const std::string& tokenizer_file, const io::BaseReference* base = nullptr);
 
 }  // namespace anvil
