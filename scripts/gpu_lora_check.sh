@@ -13,7 +13,9 @@
 #   qlora_dq_resume: the same with --quantization nf4-dq (double quantization): the resumed run reads the
 #     checkpoint's codes and scales (quantized_base.safetensors)
 #   peft_loads_anvil: an Anvil LoRA checkpoint trained on CUDA (bf16, a random transformers Llama as its base) loads with
-#     PeftModel.from_pretrained, whose logits equal `anvil logits` on the checkpoint (the adapter merged)
+#     PEFT, whose logits equal `anvil logits` on the checkpoint (the adapter merged): the checkpoint that refers to
+#     its base with AutoPeftModelForCausalLM (the base from base_model_name_or_path), and the same run with
+#     --save_base_model true with PeftModel.from_pretrained on the base it holds
 # CHECKS="parity qlora_dq_resume" runs those only. Uses .devcarry/ when present (scripts/pack_for_gpu.sh), else
 # the build in $ANVIL_BUILD_DIR (or build/).
 set -uo pipefail
@@ -50,7 +52,15 @@ PY
     --output_dir "$w/run" || return 1
   "$build/anvil" logits --checkpoint "$w/run/checkpoint-40" --input_ids "$w/ids.safetensors" \
     --output "$w/logits.safetensors" || return 1
-  python3 tests/golden/make_lora_golden.py --check "$w/run/checkpoint-40" "$w/logits.safetensors" "$w/ids.safetensors"
+  [ -f "$w/run/checkpoint-40/base_model.json" ] && [ ! -f "$w/run/checkpoint-40/model.safetensors" ] || return 1
+  python3 tests/golden/make_lora_golden.py --check "$w/run/checkpoint-40" "$w/logits.safetensors" "$w/ids.safetensors" || return 1
+  "$build/anvil" train --init_from "$w/base" --train_data "$w/tokens.bin" --device cuda --bf16 \
+    --lora_r 8 --lora_alpha 16 --lora_target_modules all-linear --per_device_train_batch_size 8 \
+    --max_seq_length 32 --max_steps 40 --learning_rate 1e-2 --save_steps 40 --sample_prompt "" \
+    --save_base_model true --output_dir "$w/copy" > /dev/null || return 1
+  "$build/anvil" logits --checkpoint "$w/copy/checkpoint-40" --input_ids "$w/ids.safetensors" \
+    --output "$w/logits_copy.safetensors" || return 1
+  python3 tests/golden/make_lora_golden.py --check "$w/copy/checkpoint-40" "$w/logits_copy.safetensors" "$w/ids.safetensors"
 }
 resume_check() {  # NAME FLAGS...: a run of 8 steps against one resumed from its step-5 checkpoint
   local w=$out/$1

@@ -3,7 +3,8 @@
 // adapter_config.json (peft/lora_config.hpp). What PeftModel.from_pretrained(base, dir) loads, and what
 // PEFT's save_pretrained writes.
 //
-// A checkpoint of a LoRA run holds the base model (model.safetensors, unchanged) and these two files. Read
+// A checkpoint of a LoRA run holds these two files and the base model (model.safetensors, unchanged), or a
+// reference to the base's directory (io/base_reference.hpp). Read
 // into a model with the same adapters, they set its adapters; read into a model without adapters (anvil
 // generate, logits, convert, init_from), they are merged into its weights: W += s B A, PEFT's
 // merge_and_unload.

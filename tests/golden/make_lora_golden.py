@@ -100,11 +100,18 @@ def make_fixture(root: Path, name: str, seed: int) -> dict:
 
 
 def check_anvil_checkpoint(ckpt: Path, logits_file: Path, input_ids_file: Path) -> None:
-    """An Anvil LoRA checkpoint loads in PEFT (base from the checkpoint, adapter beside it), and PEFT's logits equal
-    `anvil logits` on the same checkpoint (which merges the adapter)."""
+    """An Anvil LoRA checkpoint loads in PEFT, and PEFT's logits equal `anvil logits` on the same checkpoint (which
+    merges the adapter). A checkpoint that refers to its base (base_model.json) loads as PEFT loads a saved adapter,
+    AutoPeftModelForCausalLM reading the base from adapter_config.json's base_model_name_or_path; one that holds its
+    base loads it from the checkpoint, the adapter beside it."""
     from safetensors.torch import load_file
-    base = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager", torch_dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, ckpt).float().eval()
+    if (ckpt / "base_model.json").exists():
+        from peft import AutoPeftModelForCausalLM
+        model = AutoPeftModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager",
+                                                         torch_dtype=torch.float32).float().eval()
+    else:
+        base = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager", torch_dtype=torch.float32)
+        model = PeftModel.from_pretrained(base, ckpt).float().eval()
     ids = load_file(str(input_ids_file))["input_ids"].long()
     with torch.no_grad():
         got = model(input_ids=ids, use_cache=False).logits
@@ -113,7 +120,8 @@ def check_anvil_checkpoint(ckpt: Path, logits_file: Path, input_ids_file: Path) 
     want = load_file(str(logits_file))["logits"].reshape(got.shape)
     err = float((got - want).abs().max() / want.abs().max())
     moved = float((plain - got).abs().max())
-    print(json.dumps({"check": str(ckpt), "rel_error": err, "adapter_effect": moved}))
+    print(json.dumps({"check": str(ckpt), "refers_to_base": (ckpt / "base_model.json").exists(), "rel_error": err,
+                      "adapter_effect": moved}))
     assert moved > 1e-3, "the adapter does not change PEFT's logits: the check would not see it"
     assert err < 1e-4, err
 
