@@ -536,7 +536,8 @@ int run_estimate(const TrainConfig& cfg, const TransformerConfig& model, const T
           cfg.offload_nvme_path, format_bytes(swap->file_bytes), swap->groups);
     if (const auto pages = weight_pages_sizes(model, training_engine_options(cfg, t.kind)))
       fmt::print(
-          "NVMe swap file per process (offload_nvme_path {}): {} of weights, paged through {} buffers of {}\n",
+          "NVMe swap file per process (offload_nvme_path {}): {} of weights, paged through {} buffers of "
+          "{}\n",
           cfg.offload_nvme_path, format_bytes(pages->file_bytes), pages->buffers,
           format_bytes(pages->buffer_bytes));
   }

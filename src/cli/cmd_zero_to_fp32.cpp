@@ -62,10 +62,11 @@ int run_zero_to_fp32(const ZeroToFp32Args& a) {
   const TransformerConfig cfg = io::read_model_config(a.checkpoint);
   const ParamLayout layout = cfg.is_bert() ? ParamLayout::bert(cfg) : ParamLayout::decoder(cfg);
   const std::string weights = (fs::path(a.checkpoint) / "model.safetensors").string();
-  ANVIL_REQUIRE(!io::refers_to_base(a.checkpoint),
-                "zero-to-fp32: {} is a LoRA checkpoint that refers to its base model ({}) instead of holding it: "
-                "`anvil convert --input {} --output {}` writes the base with the adapter merged",
-                a.checkpoint, io::kBaseReferenceFile, a.checkpoint, a.output);
+  ANVIL_REQUIRE(
+      !io::refers_to_base(a.checkpoint),
+      "zero-to-fp32: {} is a LoRA checkpoint that refers to its base model ({}) instead of holding it: "
+      "`anvil convert --input {} --output {}` writes the base with the adapter merged",
+      a.checkpoint, io::kBaseReferenceFile, a.checkpoint, a.output);
   ANVIL_REQUIRE(fs::exists(weights), "zero-to-fp32: {} is missing", weights);
   const io::SafeTensorsReader in(weights);
   io::SafeTensorsWriter w;

@@ -90,10 +90,11 @@ std::optional<std::string> referenced_base(const std::string& dir) {
   } catch (const json::exception& e) {
     ANVIL_THROW("{}: not a base model reference ({})", path, e.what());
   }
-  ANVIL_REQUIRE(fs::is_directory(want.dir),
-                "{}: the base model '{}' this checkpoint's adapter was trained on is gone: put it back there, "
-                "or give its directory as the model and this checkpoint as the adapter (--adapter {})",
-                path, want.dir, dir);
+  ANVIL_REQUIRE(
+      fs::is_directory(want.dir),
+      "{}: the base model '{}' this checkpoint's adapter was trained on is gone: put it back there, "
+      "or give its directory as the model and this checkpoint as the adapter (--adapter {})",
+      path, want.dir, dir);
   BaseReference have;
   try {
     have = describe_base(want.dir);

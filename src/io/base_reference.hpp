@@ -1,11 +1,11 @@
 // A LoRA checkpoint that refers to its frozen base model instead of copying it (save_base_model false;
 // docs/lora.md): the checkpoint holds config.json, the adapter (PEFT's files, whose adapter_config.json names
-// the base in base_model_name_or_path, as PEFT saves it), the optimizer and trainer state, and base_model.json:
-// the base directory's absolute path and a fingerprint of its weight files (their names, sizes and
-// safetensors headers). Every reader of the checkpoint (resume, generate, logits, convert, init_from) reads the
-// base from there, and refuses a base that is missing or whose files differ from the fingerprint: a
-// different model, or one rewritten in another dtype or shape, is caught; values edited in place, keeping the
-// headers, are not.
+// the base in base_model_name_or_path, as PEFT saves it), the optimizer and trainer state, and
+// base_model.json: the base directory's absolute path and a fingerprint of its weight files (their names,
+// sizes and safetensors headers). Every reader of the checkpoint (resume, generate, logits, convert,
+// init_from) reads the base from there, and refuses a base that is missing or whose files differ from the
+// fingerprint: a different model, or one rewritten in another dtype or shape, is caught; values edited in
+// place, keeping the headers, are not.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -1,7 +1,9 @@
 #include "io/checkpoint.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -136,12 +138,33 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev, con
   const WeightFiles files(base.value_or(dir));
   const ParamLayout& layout = model.layout();
   const TransformerConfig& cfg = model.config();
-  std::vector<float> host(layout.total_numel(), 0.0f);
-  // With adapters, those the directory lacks keep the values they have (a fresh LoRA on a base model).
   const bool adapters = layout.lora().enabled();
-  if (adapters) model.download_weights(dev, host.data());
+  // ZeRO-3 keeps each rank's shard of the weights: a rank reads its window of the model only (a 70B base is
+  // 283 GB in fp32). (A merged adapter and a quantized base need the whole model.)
+  const ParamStore& store = model.param_store();
+  const bool windowed =
+      store.weights_sharded() && !store.quantized() && (adapters ? store.trainable_only() : adapter.empty());
+  const ParamRange window = windowed ? store.weight_range() : layout.all();
+  std::vector<float> host(window.numel(), 0.0f);
+  // The adapter tensors' part of the window (fp32 values in the flat layout from `values_of(t)`).
+  const auto put_adapters = [&](const std::function<const float*(const ParamTensor&)>& values_of) {
+    for (const ParamTensor& t : layout.tensors()) {
+      if (!t.is_adapter()) continue;
+      const size_t lo = std::max(t.offset, window.begin), hi = std::min(t.offset + t.numel(), window.end);
+      if (lo < hi) std::copy_n(values_of(t) + (lo - t.offset), hi - lo, host.data() + (lo - window.begin));
+    }
+  };
+  // With adapters, those the directory lacks keep the values they have (a fresh LoRA on a base model).
+  std::vector<float> packed;  // (windowed: the trainable tensors, in the optimizer layout)
+  if (adapters && windowed) {
+    packed.resize(store.optimizer_layout().total_numel());
+    store.download_trainable(dev, packed.data());  // (a collective)
+    put_adapters([&](const ParamTensor& t) { return packed.data() + store.optimizer_index(t.offset); });
+  } else if (adapters) {
+    model.download_weights(dev, host.data());
+  }
   std::vector<const ParamTensor*> found(layout.tensors().size(), nullptr);
-  std::vector<float> tmp;
+  std::vector<float> tmp, transposed;
   for (const auto& [name, _] : files.names()) {
     const ParamTensor* t = layout.find_hf(name);
     if (!t) {
@@ -161,26 +184,40 @@ void load_model_weights(const std::string& dir, Decoder& model, Device& dev, con
     ANVIL_REQUIRE(info->shape == want,
                   "{}: tensor '{}' has shape {} but the model config (config.json) needs {}", path, name,
                   shape_string(info->shape), shape_string(want));
-    float* dst = host.data() + t->offset;
+    found[index] = t;
+    // The file's elements (the first hf rows of a padded tensor) that fall in the window.
+    const size_t n = size_t(info->numel());
+    const size_t lo = std::max(t->offset, window.begin), hi = std::min(t->offset + n, window.end);
+    if (lo >= hi) continue;
+    float* dst = host.data() + (lo - window.begin);
     if (t->hf_transposed) {
-      tmp.resize(size_t(info->numel()));
+      tmp.resize(n);
+      transposed.resize(n);
       tensor_to_f32(*info, reader->data(*info), tmp.data(), path);
       const int64_t rows = t->shape[0], cols = t->shape[1];  // Anvil [out, in]; file [in, out]
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = tmp[size_t(c * rows + r)];
+        for (int64_t c = 0; c < cols; ++c) transposed[size_t(r * cols + c)] = tmp[size_t(c * rows + r)];
+      std::copy_n(transposed.data() + (lo - t->offset), hi - lo, dst);
     } else {
-      tensor_to_f32(*info, reader->data(*info), dst, path);
+      tensor_to_f32(*info, reader->data(*info), dst, path, lo - t->offset, hi - lo);
     }
-    found[index] = t;
   }
   for (size_t i = 0; i < found.size(); ++i)
     ANVIL_REQUIRE(found[i] || layout.tensors()[i].is_adapter(),
                   "{}: tensor '{}' is missing from the model weights", dir, layout.tensors()[i].name);
-  if (!adapter.empty()) {
+  if (!adapter.empty() && adapters && windowed) {
+    read_peft_adapter(adapter, layout,
+                      [&](const ParamTensor& t) { return packed.data() + store.optimizer_index(t.offset); });
+    put_adapters([&](const ParamTensor& t) { return packed.data() + store.optimizer_index(t.offset); });
+  } else if (!adapter.empty()) {
     if (adapters)
       read_peft_adapter(adapter, layout, host.data());
     else
       merge_peft_adapter(adapter, layout, host.data());
+  }
+  if (windowed) {
+    store.upload_own(dev, host.data());
+    return;
   }
   model.upload_weights(dev, host.data());
   // A QLoRA base whose dequantized values do not restore its codes (nf4-dq): as the checkpoint held it.
@@ -228,7 +265,8 @@ void load_optimizer(const std::string& path, Optimizer& opt, Device& dev) {
   }
 }
 
-void save_checkpoint_model(const std::string& dir, const Model& model, Device& dev, const BaseReference* base) {
+void save_checkpoint_model(const std::string& dir, const Model& model, Device& dev,
+                           const BaseReference* base) {
   if (!base) {
     save_model(dir, model, dev);
     save_quantized_base(dir, model, dev);
@@ -237,7 +275,8 @@ void save_checkpoint_model(const std::string& dir, const Model& model, Device& d
   // The adapter alone: the frozen base is the referenced directory's (a QLoRA base re-quantizes from it to
   // the codes the run started with).
   const ParamStore& store = model.param_store();
-  ANVIL_ASSERT(store.trainable_only(), "a checkpoint that refers to its base keeps the trainable tensors only");
+  ANVIL_ASSERT(store.trainable_only(),
+               "a checkpoint that refers to its base keeps the trainable tensors only");
   std::vector<float> packed(store.optimizer_layout().total_numel());
   store.download_trainable(dev, packed.data());
   write_peft_adapter(
@@ -255,8 +294,8 @@ void join_checkpoint_model(const Model& model, Device& dev, const BaseReference*
 }
 
 void save_checkpoint(const std::string& dir, const Model& model, const OptimizerStateParts& opt,
-                     const json& state, const std::string& tokenizer_file, Device& dev,
-                     Device* optimizer_dev, const BaseReference* base) {
+                     const json& state, const std::string& tokenizer_file, Device& dev, Device* optimizer_dev,
+                     const BaseReference* base) {
   AtomicDirectory out(dir);
   save_checkpoint_model(out.path(), model, dev, base);
   save_optimizer(out.file("optimizer.safetensors"), opt, optimizer_dev ? *optimizer_dev : dev);

@@ -72,7 +72,8 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
 // (save_quantized_base); or, with `base`, config.json, the adapter (from the trainable tensors alone:
 // ParamStore::download_trainable, whose adapter_config.json names the base) and base_model.json. Under ZeRO
 // a collective: the other ranks call join_checkpoint_model at the same time.
-void save_checkpoint_model(const std::string& dir, const Model& model, Device& dev, const BaseReference* base);
+void save_checkpoint_model(const std::string& dir, const Model& model, Device& dev,
+                           const BaseReference* base);
 void join_checkpoint_model(const Model& model, Device& dev, const BaseReference* base);
 
 // The tokenizer file a model directory carries (tokenizer.json, else vocab.txt), or "".

@@ -84,19 +84,26 @@ std::pair<const SafeTensorsReader*, const SafeTensorInfo*> WeightFiles::find(con
 }
 
 void tensor_to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path) {
-  const size_t n = size_t(info.numel());
+  tensor_to_f32(info, src, dst, path, 0, size_t(info.numel()));
+}
+
+void tensor_to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path,
+                   size_t first, size_t count) {
+  ANVIL_ASSERT(first + count <= size_t(info.numel()), "elements [{}, {}) of tensor '{}' of {}", first,
+               first + count, info.name, info.numel());
+  const size_t n = count;
   switch (info.dtype) {
     case DType::F32:
-      std::memcpy(dst, src, n * 4);
+      std::memcpy(dst, static_cast<const char*>(src) + first * 4, n * 4);
       return;
     case DType::BF16:
       for (size_t i = 0; i < n; ++i) {
-        const uint32_t bits = uint32_t(static_cast<const uint16_t*>(src)[i]) << 16;
+        const uint32_t bits = uint32_t(static_cast<const uint16_t*>(src)[first + i]) << 16;
         std::memcpy(dst + i, &bits, 4);
       }
       return;
     case DType::F16:
-      for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(static_cast<const uint16_t*>(src)[i]);
+      for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(static_cast<const uint16_t*>(src)[first + i]);
       return;
     default:
       ANVIL_THROW("{}: tensor '{}' has dtype {}; only F32, F16 and BF16 weights can be loaded", path,

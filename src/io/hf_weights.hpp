@@ -22,7 +22,8 @@ class WeightFiles {
   explicit WeightFiles(const std::string& dir);
 
   // The tensor and the file holding it, or {nullptr, nullptr}. A tensor stored in a dtype Anvil cannot hold
-  // (SafeTensorsReader::unsupported(), e.g. an int64 position_ids buffer) is an error naming it and its dtype.
+  // (SafeTensorsReader::unsupported(), e.g. an int64 position_ids buffer) is an error naming it and its
+  // dtype.
   std::pair<const SafeTensorsReader*, const SafeTensorInfo*> find(const std::string& name) const;
   // Every tensor of the files (those of unsupported dtypes too), with the index of the file holding it.
   const std::map<std::string, size_t>& names() const { return where_; }
@@ -36,6 +37,9 @@ class WeightFiles {
 // Widens a stored F32 / F16 / BF16 tensor (`src`, possibly unaligned) into dst[0, numel); any other dtype is
 // an error naming `path` and the tensor.
 void tensor_to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path);
+// The same for elements [first, first + count) of the tensor only, into dst[0, count).
+void tensor_to_f32(const SafeTensorInfo& info, const void* src, float* dst, const std::string& path,
+                   size_t first, size_t count);
 
 // "[a, b, c]"
 std::string shape_string(const std::vector<int64_t>& shape);

@@ -86,6 +86,11 @@ void write_peft_adapter(const std::string& dir, const ParamLayout& layout,
 }
 
 void read_peft_adapter(const std::string& dir, const ParamLayout& layout, float* host) {
+  read_peft_adapter(dir, layout, [host](const ParamTensor& t) { return host + t.offset; });
+}
+
+void read_peft_adapter(const std::string& dir, const ParamLayout& layout,
+                       const std::function<float*(const ParamTensor&)>& dest_of) {
   const std::string config_path = dir + "/" + kAdapterConfigFile;
   const LoraConfig file = read_adapter_config(dir);
   const LoraConfig& run = layout.lora();
@@ -106,7 +111,7 @@ void read_peft_adapter(const std::string& dir, const ParamLayout& layout, float*
                   path, info.name, fmt::join(layout.lora_modules(), ", "));
     ANVIL_REQUIRE(info.shape == t->hf_shape(), "{}: tensor '{}' has shape {} but this run needs {}", path,
                   info.name, shape_string(info.shape), shape_string(t->hf_shape()));
-    tensor_to_f32(info, reader.data(info), host + t->offset, path);
+    tensor_to_f32(info, reader.data(info), dest_of(*t), path);
     seen.insert(info.name);
   }
   for (const ParamTensor& t : layout.tensors())

@@ -37,6 +37,9 @@ void write_peft_adapter(const std::string& dir, const ParamLayout& layout,
 // agree with the layout's (rank, alpha, rsLoRA, the adapted modules), every adapter tensor must be there with
 // its shape, and nothing else; errors name the file and what differs.
 void read_peft_adapter(const std::string& dir, const ParamLayout& layout, float* host);
+// The same, each adapter tensor into `dest_of(t)` (its numel floats).
+void read_peft_adapter(const std::string& dir, const ParamLayout& layout,
+                       const std::function<float*(const ParamTensor&)>& dest_of);
 
 // Merges the adapter of `dir` into the weights in `host` (fp32, flat layout of `layout`, which has no
 // adapters): W += s B A for every adapted module. A module the model lacks, a missing factor, or a shape that

@@ -557,6 +557,11 @@ void ParamStore::upload(Device& dev, const float* host) const {
   upload_values(dev, host + weight_range_.begin, weight_range_);
 }
 
+void ParamStore::upload_own(Device& dev, const float* values) const {
+  ANVIL_ASSERT(!quant_, "upload_own: a quantized store uploads the whole model");
+  upload_values(dev, values, weight_range_);
+}
+
 void ParamStore::upload_values(Device& dev, const float* values, ParamRange w) const {
   ANVIL_ASSERT(w == weight_range_, "upload of [{}, {}): the store keeps weights [{}, {})", w.begin, w.end,
                weight_range_.begin, weight_range_.end);

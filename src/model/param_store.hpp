@@ -256,6 +256,9 @@ class ParamStore {
   // Sets the weights from fp32 host values in the flat layout: the master weights (where kept: master_range)
   // and their round-to-nearest compute-type copy.
   void upload(Device& dev, const float* host) const;
+  // The same from the values of weight_range() alone (`values[i]` is element weight_range().begin + i): what
+  // a rank of a sharded store reads of a model, without the rest (not for quantized stores).
+  void upload_own(Device& dev, const float* values) const;
   // The compute-type weights this store keeps (weight_range()), widened into `values` (quantized matrices:
   // their dequantized values).
   void read_own_weights(Device& dev, float* values) const;
@@ -374,7 +377,7 @@ class ParamStore {
   float* host_master_ = nullptr;  // bind_host_master
   bool weights_on_host_ = false;  // set_weights_on_host
   void* host_weights_ = nullptr;  // bind_host_weights
-  WeightPages* pages_ = nullptr;   // bind_weight_pages
+  WeightPages* pages_ = nullptr;  // bind_weight_pages
   bool grads_on_host_ = false;    // set_grads_on_host
   std::vector<TrainableRun> runs_;
   std::vector<TensorGrad> tensor_grads_;

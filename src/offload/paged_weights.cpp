@@ -30,10 +30,12 @@ std::vector<PagedWeights::Piece> PagedWeights::make_pieces(const ParamLayout& la
   return pieces;
 }
 
-PagedWeights::Sizes PagedWeights::sizes(const ParamLayout& layout, ParamRange shard, DType type, int buffers) {
+PagedWeights::Sizes PagedWeights::sizes(const ParamLayout& layout, ParamRange shard, DType type,
+                                        int buffers) {
   Sizes s;
   const std::vector<Piece> pieces = make_pieces(layout, shard, type, s);
-  const auto touched = size_t(std::count_if(pieces.begin(), pieces.end(), [](const Piece& p) { return p.numel; }));
+  const auto touched =
+      size_t(std::count_if(pieces.begin(), pieces.end(), [](const Piece& p) { return p.numel; }));
   s.buffers = std::min(size_t(std::max(buffers, 0)), touched);
   return s;
 }
@@ -55,9 +57,9 @@ PagedWeights::PagedWeights(Device& dev, const ParamLayout& layout, ParamRange sh
     b.data = static_cast<char*>(b.memory->get()) + (swap_aligned(at) - at);
     b.fence = dev.make_fence();
   }
-  file_ = std::make_unique<SwapFile>(opts.path, fmt::format("anvil-weights-{}.swap", ::getpid()),
-                                     sizes_.file_bytes, opts.block_bytes, opts.io_threads, true,
-                                     "the weights");
+  file_ =
+      std::make_unique<SwapFile>(opts.path, fmt::format("anvil-weights-{}.swap", ::getpid()),
+                                 sizes_.file_bytes, opts.block_bytes, opts.io_threads, true, "the weights");
 }
 
 PagedWeights::~PagedWeights() {
@@ -174,7 +176,7 @@ void PagedWeights::write(const float* values) {
     const Piece& p = pieces_[u];
     if (p.numel == 0) continue;
     Buffer& b = buffers_[k++ % buffers_.size()];
-    file_->wait(b.ticket);  // its previous write is out
+    file_->wait(b.ticket);                                           // its previous write is out
     cpu::cast_weights(type_, b.data, values + p.first, p.numel, 0);  // to nearest, as the optimizer casts
     const size_t bytes = dtype_bytes(type_, p.numel);
     std::memset(b.data + bytes, 0, p.bytes - bytes);

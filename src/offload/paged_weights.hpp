@@ -63,7 +63,7 @@ class PagedWeights final : public WeightPages {
 
  private:
   struct Piece {
-    size_t first = 0, numel = 0;  // elements, from the shard's beginning
+    size_t first = 0, numel = 0;   // elements, from the shard's beginning
     size_t offset = 0, bytes = 0;  // the region in the file (bytes: page-aligned)
   };
   struct Buffer {

@@ -82,7 +82,6 @@ double Device::time_mark_ms(int i) {
   return std::chrono::duration<double, std::milli>(host_marks_[size_t(i)] - host_marks_[0]).count();
 }
 
-
 namespace {
 class PassedFence final : public Device::Fence {
  public:

@@ -61,9 +61,9 @@ class Checkpointer {
 };
 
 // The base a LoRA run's checkpoints refer to instead of holding it (io/base_reference.hpp), or none: the run
-// trains its adapters alone (a store of the trainable tensors only), save_base_model is off, and its base came
-// from a model directory (model_name_or_path), or from the base the checkpoint it starts from refers to. A
-// base that is a checkpoint itself (a random start, saved) is copied: rotation could delete it.
+// trains its adapters alone (a store of the trainable tensors only), save_base_model is off, and its base
+// came from a model directory (model_name_or_path), or from the base the checkpoint it starts from refers to.
+// A base that is a checkpoint itself (a random start, saved) is copied: rotation could delete it.
 std::optional<io::BaseReference> checkpoint_base(const TrainConfig& cfg, Engine& e);
 
 }  // namespace anvil

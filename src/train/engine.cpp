@@ -67,8 +67,8 @@ EngineOptions training_engine_options(const TrainConfig& cfg, DeviceKind device)
   const dist::DistEnv env = dist::read_dist_env();
   o.offload_param = cfg.offload_param != "none";
   o.offload_optimizer = cfg.offload_optimizer != "none";
-  const offload::NvmeOptions nvme{cfg.offload_nvme_path, size_t(cfg.sub_group_size), size_t(cfg.aio_block_size),
-                                  cfg.aio_threads};
+  const offload::NvmeOptions nvme{cfg.offload_nvme_path, size_t(cfg.sub_group_size),
+                                  size_t(cfg.aio_block_size), cfg.aio_threads};
   if (cfg.offload_optimizer == "nvme") o.nvme = nvme;
   if (cfg.offload_param == "nvme") o.param_nvme = nvme;
   o.param_nvme_buffers = cfg.offload_param_buffer_count;

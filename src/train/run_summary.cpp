@@ -85,13 +85,14 @@ json summary_json(const TrainSummary& s, const RunRecord& r, const Task& task, E
                                                    {"write_gib", s.nvme_write_gib},
                                                    {"write_seconds", s.nvme_write_seconds}}
                                             : json(nullptr)},
-      {"offload_param_nvme", s.weights_read_gib >= 0 ? json{{"read_gib", s.weights_read_gib},
-                                                            {"read_seconds", s.weights_read_seconds},
-                                                            {"write_gib", s.weights_write_gib},
-                                                            {"write_seconds", s.weights_write_seconds},
-                                                            {"pieces_served", s.weight_pieces_served},
-                                                            {"pieces_read_on_demand", s.weight_pieces_on_demand}}
-                                                     : json(nullptr)},
+      {"offload_param_nvme", s.weights_read_gib >= 0
+                                 ? json{{"read_gib", s.weights_read_gib},
+                                        {"read_seconds", s.weights_read_seconds},
+                                        {"write_gib", s.weights_write_gib},
+                                        {"write_seconds", s.weights_write_seconds},
+                                        {"pieces_served", s.weight_pieces_served},
+                                        {"pieces_read_on_demand", s.weight_pieces_on_demand}}
+                                 : json(nullptr)},
       {"planned_memory_bytes", e.plan().total_bytes()},
       {"planned_memory_by_category", by_category},
       // Memory accounting (docs/memory.md): the allocator's peak vs the plan, the runtime's

@@ -663,13 +663,14 @@ void TrainConfig::validate(const std::string& s) const {
                 "{} must be none, cpu or nvme, got '{}'", subject("offload_optimizer"), offload_optimizer);
   const bool nvme = offload_optimizer == "nvme" || offload_param == "nvme";
   if (nvme) {
-    ANVIL_REQUIRE(!offload_nvme_path.empty(),
-                  "{}: {} nvme keeps {} in a swap file: set offload_nvme_path to a directory on the NVMe "
-                  "drive (DeepSpeed's {}.nvme_path)",
-                  blame({offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param", "offload_nvme_path"}),
-                  offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param",
-                  offload_optimizer == "nvme" ? "the optimizer state" : "the weights",
-                  offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param");
+    ANVIL_REQUIRE(
+        !offload_nvme_path.empty(),
+        "{}: {} nvme keeps {} in a swap file: set offload_nvme_path to a directory on the NVMe "
+        "drive (DeepSpeed's {}.nvme_path)",
+        blame({offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param", "offload_nvme_path"}),
+        offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param",
+        offload_optimizer == "nvme" ? "the optimizer state" : "the weights",
+        offload_optimizer == "nvme" ? "offload_optimizer" : "offload_param");
     ANVIL_REQUIRE(sub_group_size >= 1,
                   "{} must be >= 1 (elements of the parameters per swapped sub-group), got {}",
                   subject("sub_group_size"), sub_group_size);
@@ -679,12 +680,12 @@ void TrainConfig::validate(const std::string& s) const {
     ANVIL_REQUIRE(aio_threads >= 1 && aio_threads <= 256, "{} must be 1..256, got {}", subject("aio_threads"),
                   aio_threads);
   }
-  ANVIL_REQUIRE(offload_nvme_path.empty() || nvme,
-                "{}: offload_nvme_path is where offload_optimizer nvme and offload_param nvme keep their swap "
-                "files, but offload_optimizer is '{}' and offload_param '{}': set either to nvme, or remove "
-                "offload_nvme_path",
-                blame({"offload_nvme_path", "offload_optimizer", "offload_param"}), offload_optimizer,
-                offload_param);
+  ANVIL_REQUIRE(
+      offload_nvme_path.empty() || nvme,
+      "{}: offload_nvme_path is where offload_optimizer nvme and offload_param nvme keep their swap "
+      "files, but offload_optimizer is '{}' and offload_param '{}': set either to nvme, or remove "
+      "offload_nvme_path",
+      blame({"offload_nvme_path", "offload_optimizer", "offload_param"}), offload_optimizer, offload_param);
   if (offload_optimizer != "none") {
     ANVIL_REQUIRE(lora_r == 0,
                   "{}: LoRA keeps master weights and optimizer state for the adapters only (a few MB); "

@@ -299,23 +299,25 @@ TEST(DeepSpeedConfig, ZeroStageZeroKeys) {
       {{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}},
       {"ds.json", "'zero_optimization.offload_optimizer.device' is \"nvme\"", "nvme_path' is missing"});
   // The parameters on NVMe (the HF guide's ZeRO-3 NVMe example): the same directory, buffer_count its own.
-  const TrainConfig params = apply({{"zero_optimization",
-                                     {{"stage", 3},
-                                      {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/local_nvme"}}},
-                                      {"offload_param",
-                                       {{"device", "nvme"},
-                                        {"nvme_path", "/local_nvme"},
-                                        {"pin_memory", true},
-                                        {"buffer_count", 7},
-                                        {"buffer_size", 1e8},
-                                        {"max_in_cpu", 1e9}}}}}});
+  const TrainConfig params =
+      apply({{"zero_optimization",
+              {{"stage", 3},
+               {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/local_nvme"}}},
+               {"offload_param",
+                {{"device", "nvme"},
+                 {"nvme_path", "/local_nvme"},
+                 {"pin_memory", true},
+                 {"buffer_count", 7},
+                 {"buffer_size", 1e8},
+                 {"max_in_cpu", 1e9}}}}}});
   EXPECT_EQ(params.offload_param, "nvme");
   EXPECT_EQ(params.offload_nvme_path, "/local_nvme");
   EXPECT_EQ(params.offload_param_buffer_count, 7);
-  EXPECT_EQ(apply({{"zero_optimization",
-                    {{"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}, {"buffer_count", "auto"}}}}}})
-                .offload_param_buffer_count,
-            5);
+  EXPECT_EQ(
+      apply({{"zero_optimization",
+              {{"offload_param", {{"device", "nvme"}, {"nvme_path", "/x"}, {"buffer_count", "auto"}}}}}})
+          .offload_param_buffer_count,
+      5);
   expect_error({{"zero_optimization", {{"offload_param", {{"device", "nvme"}}}}}},
                {"'zero_optimization.offload_param.device' is \"nvme\"", "nvme_path' is missing"});
   expect_error({{"zero_optimization",

@@ -1,8 +1,8 @@
 // LoRA checkpoints that refer to their base (save_base_model false; io/base_reference.hpp): a run from a base
 // directory writes the adapter, base_model.json and config.json, not the base; the run, its resume, and what
 // `convert` and `logits` make of its checkpoints equal those of the run that copies the base
-// (save_base_model true); ZeRO-3 on two ranks and QLoRA (nf4-dq, whose codes re-quantize from the base) resume
-// from them exactly; a base that changed or went is refused, naming it and what to do.
+// (save_base_model true); ZeRO-3 on two ranks and QLoRA (nf4-dq, whose codes re-quantize from the base)
+// resume from them exactly; a base that changed or went is refused, naming it and what to do.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -40,16 +40,21 @@ json run_json(const test::ByteCorpus& c, const std::string& name, const json& ex
   return j;
 }
 
-TrainConfig run_config(const test::ByteCorpus& c, const std::string& name, const json& extra = json::object()) {
+TrainConfig run_config(const test::ByteCorpus& c, const std::string& name,
+                       const json& extra = json::object()) {
   return TrainConfig::from_json(run_json(c, name, extra), "test");
 }
 
 // c.dir/base: a llama-tiny model directory (model.safetensors, config.json), not a checkpoint.
 void make_base(const test::ByteCorpus& c) {
-  const json j = {{"model", "llama-tiny"},         {"train_data", c.dir / "data/train.bin"},
-                  {"per_device_train_batch_size", 2}, {"max_seq_length", 32},
-                  {"max_steps", 1},                  {"device", "cpu"},
-                  {"dataloader_pin_memory", false},  {"output_dir", c.dir / "pretrain"}};
+  const json j = {{"model", "llama-tiny"},
+                  {"train_data", c.dir / "data/train.bin"},
+                  {"per_device_train_batch_size", 2},
+                  {"max_seq_length", 32},
+                  {"max_steps", 1},
+                  {"device", "cpu"},
+                  {"dataloader_pin_memory", false},
+                  {"output_dir", c.dir / "pretrain"}};
   test::quietly([&] { return train(TrainConfig::from_json(j, "test")); });
   fs::create_directories(c.dir / "base");
   for (const char* f : {"model.safetensors", "config.json"})
@@ -69,7 +74,8 @@ void expect_refers_to_base(const test::ByteCorpus& c, const fs::path& ckpt) {
   for (const char* f : {"config.json", "adapter_model.safetensors", "adapter_config.json", "base_model.json"})
     EXPECT_TRUE(fs::exists(ckpt / f)) << ckpt << " lacks " << f;
   const json adapter = json::parse(test::read_file(ckpt / "adapter_config.json"));
-  EXPECT_EQ(adapter.value("base_model_name_or_path", ""), fs::absolute(c.dir / "base").lexically_normal().string());
+  EXPECT_EQ(adapter.value("base_model_name_or_path", ""),
+            fs::absolute(c.dir / "base").lexically_normal().string());
   EXPECT_EQ(io::referenced_base(ckpt.string()), fs::absolute(c.dir / "base").lexically_normal().string());
 }
 
@@ -81,7 +87,8 @@ TEST(LoraBaseReference, CheckpointsReferToTheBaseAndReadAsTheCopy) {
   const std::string out = testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("(the adapter; its base: "), std::string::npos) << out;
   test::quietly([&] { return train(run_config(c, "copy", {{"save_base_model", true}})); });
-  for (const char* step : {"checkpoint-3", "checkpoint-6"}) expect_refers_to_base(c, c.dir / ("ref/" + std::string(step)));
+  for (const char* step : {"checkpoint-3", "checkpoint-6"})
+    expect_refers_to_base(c, c.dir / ("ref/" + std::string(step)));
   EXPECT_TRUE(fs::exists(c.dir / "copy/checkpoint-6/model.safetensors"));
   EXPECT_FALSE(fs::exists(c.dir / "copy/checkpoint-6/base_model.json"));
   EXPECT_LT(4 * dir_bytes(c.dir / "ref/checkpoint-6"), dir_bytes(c.dir / "copy/checkpoint-6"));
@@ -102,8 +109,9 @@ TEST(LoraBaseReference, CheckpointsReferToTheBaseAndReadAsTheCopy) {
 
   // convert merges the adapter into the referred base as into the copy; logits read it the same way.
   for (const char* run : {"ref", "copy"}) {
-    const test::CommandResult m = test::run_anvil("convert --input " + c.dir / (std::string(run) + "/checkpoint-6") +
-                                                  " --output " + c.dir / (std::string("merged_") + run));
+    const test::CommandResult m =
+        test::run_anvil("convert --input " + c.dir / (std::string(run) + "/checkpoint-6") + " --output " +
+                        c.dir / (std::string("merged_") + run));
     ASSERT_EQ(m.exit_code, 0) << m.output;
   }
   EXPECT_EQ(test::read_file(c.dir / "merged_ref/model.safetensors"),
@@ -141,14 +149,15 @@ TEST(LoraBaseReference, AChangedOrMissingBaseIsRefused) {
   fs::rename(c.dir / "base", c.dir / "base_fp32");
   fs::rename(c.dir / "base_bf16", c.dir / "base");
   const json resumed = {{"resume_from_checkpoint", ckpt}, {"max_steps", 6}};
-  test::expect_error([&] { test::quietly([&] { return train(run_config(c, "again", resumed)); }); },
-                     {"base_model.json", "is not the one this checkpoint's adapter was trained on", "--adapter"});
+  test::expect_error(
+      [&] { test::quietly([&] { return train(run_config(c, "again", resumed)); }); },
+      {"base_model.json", "is not the one this checkpoint's adapter was trained on", "--adapter"});
   // Gone: refused the same way; the adapter still reads with the base given beside it.
   fs::remove_all(c.dir / "base");
   test::expect_error([&] { test::quietly([&] { return train(run_config(c, "again", resumed)); }); },
                      {"base_model.json", "is gone", "--adapter " + ckpt});
-  const test::CommandResult m = test::run_anvil("convert --input " + c.dir / "base_fp32" + " --adapter " + ckpt +
-                                                " --output " + c.dir / "merged");
+  const test::CommandResult m = test::run_anvil("convert --input " + c.dir / "base_fp32" + " --adapter " +
+                                                ckpt + " --output " + c.dir / "merged");
   EXPECT_EQ(m.exit_code, 0) << m.output;
 }
 
@@ -183,7 +192,8 @@ TEST(LoraBaseReference, ZeroThreeOnTwoRanksResumesExactly) {
   const test::CommandResult a = launch("z", {{"zero_stage", 3}});
   ASSERT_EQ(a.exit_code, 0) << a.output;
   expect_refers_to_base(c, c.dir / "z/checkpoint-3");
-  const test::CommandResult b = launch("zr", {{"zero_stage", 3}, {"resume_from_checkpoint", c.dir / "z/checkpoint-3"}});
+  const test::CommandResult b =
+      launch("zr", {{"zero_stage", 3}, {"resume_from_checkpoint", c.dir / "z/checkpoint-3"}});
   ASSERT_EQ(b.exit_code, 0) << b.output;
   const std::vector<double> x = test::metrics_losses(c.dir / "z/metrics.jsonl"),
                             y = test::metrics_losses(c.dir / "zr/metrics.jsonl");

@@ -196,7 +196,8 @@ TEST(ParamNvmeZero, TwoRanksEqualTheShardInHostMemory) {
   EXPECT_NE(b.output.find("weights: offloaded (offload_param nvme)"), std::string::npos) << b.output;
   EXPECT_NE(b.output.find("NVMe weights (rank 0)"), std::string::npos) << b.output;
   EXPECT_TRUE(fs::is_empty(c.dir / "swap"));
-  EXPECT_EQ(test::metrics_losses(c.dir / "host/metrics.jsonl"), test::metrics_losses(c.dir / "nvme/metrics.jsonl"));
+  EXPECT_EQ(test::metrics_losses(c.dir / "host/metrics.jsonl"),
+            test::metrics_losses(c.dir / "nvme/metrics.jsonl"));
   for (const std::string f : {"model.safetensors", "zero/optimizer-rank-00000-of-00002.safetensors",
                               "zero/optimizer-rank-00001-of-00002.safetensors"})
     EXPECT_TRUE(test::read_file(c.dir / ("host/checkpoint-6/" + f)) ==
@@ -228,15 +229,17 @@ TEST(ParamNvmePlan, HostHoldsTheBuffersNotTheShard) {
   EXPECT_GE(pages->file_bytes, model_bytes);
   EXPECT_LT(buffers, model_bytes);
   const test::CommandResult r = test::run_anvil(
-      "estimate --model llama-tiny --device cpu --bf16 --zero_stage 3 --offload_optimizer cpu --offload_param "
+      "estimate --model llama-tiny --device cpu --bf16 --zero_stage 3 --offload_optimizer cpu "
+      "--offload_param "
       "nvme --offload_nvme_path " +
       c.dir.str());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* needle : {"weights (offload_param nvme, 5 buffers)", "of weights, paged through 5 buffers"})
+  for (const char* needle :
+       {"weights (offload_param nvme, 5 buffers)", "of weights, paged through 5 buffers"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
-  const test::CommandResult ds =
-      test::run_anvil("estimate --model llama-tiny --device cpu --per_device_train_batch_size 2 --deepspeed " +
-                      std::string(ANVIL_SOURCE_DIR) + "/examples/deepspeed_zero3_nvme.json");
+  const test::CommandResult ds = test::run_anvil(
+      "estimate --model llama-tiny --device cpu --per_device_train_batch_size 2 --deepspeed " +
+      std::string(ANVIL_SOURCE_DIR) + "/examples/deepspeed_zero3_nvme.json");
   ASSERT_EQ(ds.exit_code, 0) << ds.output;
   EXPECT_NE(ds.output.find("weights (offload_param nvme, 5 buffers)"), std::string::npos) << ds.output;
 }

@@ -376,8 +376,11 @@ TEST(OffloadErrors, SayWhatToDo) {
         run_config(c, out, {{"offload_param", "cpu"}, {"zero_stage", 3}});
       },
       {"offload_param", "set offload_optimizer cpu too"});
-  test::expect_error([&] { run_config(c, out, {{"offload_param", "disk"}}); },
-                     {"offload_param", "none, cpu or nvme", "'disk'"});
+  test::expect_error(
+      [&] {
+        run_config(c, out, {{"offload_param", "disk"}});
+      },
+      {"offload_param", "none, cpu or nvme", "'disk'"});
   // Several processes without a ZeRO stage: every rank would hold the whole model on its host.
   if (dist::gloo_compiled()) {
     const test::CommandResult r =
