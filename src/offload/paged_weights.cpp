@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "anvil/error.hpp"
 #include "core/half.hpp"
@@ -63,9 +64,16 @@ PagedWeights::PagedWeights(Device& dev, const ParamLayout& layout, ParamRange sh
 }
 
 PagedWeights::~PagedWeights() {
-  // The device may still copy from the buffers: let it finish before they go.
-  for (Buffer& b : buffers_)
-    if (b.fenced) b.fence->wait();
+  // The device may still copy from the buffers: let it finish before they go (a device already failed has
+  // reported that elsewhere; a destructor must not throw).
+  for (Buffer& b : buffers_) {
+    if (!b.fenced) continue;
+    try {
+      b.fence->wait();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "paged weights: waiting for the device's last copy failed: {}\n", e.what());
+    }
+  }
 }
 
 PagedWeights::Buffer* PagedWeights::holding(int unit) {
