@@ -120,10 +120,43 @@ J
     | grep -E "ZeRO stage|frozen base|LoRA:|plan|step +[0-9]+/|tok/s|peak|Maximum resident|Elapsed|rror" || return 1
 }
 
+# load8: a Llama-3.1-8B-shape base directory (random, bf16, made by transformers on the GPU), LoRA r 16 with ZeRO-3
+# on 2 GPUs from it, 4 steps, a checkpoint at step 2 and a resume from it: each process's peak host memory
+# (each rank reads its window of the base: about 15 GiB of fp32 values, not 30), the checkpoint's size (the
+# adapter and a reference to the base), and the resumed steps equal to the run's.
+load8() {
+  python3 -c "
+import sys; sys.path.insert(0, 'bench')
+from benchlib.shards import write_random_shard
+write_random_shard('$w/tokens.bin', 400_000, 128256)" || return 1
+  python3 - "$w/base8" <<'PY' || return 1
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+                  tie_word_embeddings=False)
+with torch.device("cuda"):
+    m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+m.save_pretrained(sys.argv[1])
+PY
+  du -sh "$w/base8"
+  local common=(--model_name_or_path "$w/base8" --train_data "$w/tokens.bin" --device cuda --bf16 --lora_r 16
+    --lora_alpha 32 --lora_target_modules all-linear --per_device_train_batch_size 2 --max_seq_length 2048
+    --max_steps 4 --logging_steps 1 --save_steps 2 --sample_prompt "" --zero_stage 3)
+  /usr/bin/time -v "$A" launch --nproc_per_node 2 --master_port 0 train "${common[@]}" --output_dir "$w/l8" 2>&1 \
+    | grep -E "step +[0-9]+/|saved checkpoint|Maximum resident|Elapsed|rror" || return 1
+  du -sh "$w/l8/checkpoint-2"; ls "$w/l8/checkpoint-2"
+  /usr/bin/time -v "$A" launch --nproc_per_node 2 --master_port 0 train "${common[@]}" \
+    --resume_from_checkpoint "$w/l8/checkpoint-2" --output_dir "$w/l8res" 2>&1 \
+    | grep -E "step +[0-9]+/|saved checkpoint|Maximum resident|Elapsed|rror" || return 1
+  losses_check l8 l8res 0 2 || return 1
+}
+
 want equal && check equal equal
 want size && check size size
 want qlora && check qlora qlora
 want big70 && check big70 big70
+want load8 && check load8 load8
 [ -f "$out/size.log" ] && cat "$out/size.log"
 [ -f "$out/big70.log" ] && cat "$out/big70.log"
 echo "$failures failure(s)"
