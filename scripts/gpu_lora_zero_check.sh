@@ -123,7 +123,8 @@ J
 # load8: a Llama-3.1-8B-shape base directory (random, bf16, made by transformers on the GPU), LoRA r 16 with ZeRO-3
 # on 2 GPUs from it, 4 steps, a checkpoint at step 2 and a resume from it: each process's peak host memory
 # (each rank reads its window of the base: about 15 GiB of fp32 values, not 30), the checkpoint's size (the
-# adapter and a reference to the base), and the resumed steps equal to the run's.
+# adapter and a reference to the base); the resumed run's first step equals the run's step 3 exactly, the
+# next within 1e-3; the same run again (l8b) against the first, to show how far two runs of this shape differ.
 load8() {
   python3 -c "
 import sys; sys.path.insert(0, 'bench')
@@ -149,7 +150,11 @@ PY
   /usr/bin/time -v "$A" launch --nproc_per_node 2 --master_port 0 train "${common[@]}" \
     --resume_from_checkpoint "$w/l8/checkpoint-2" --output_dir "$w/l8res" 2>&1 \
     | grep -E "step +[0-9]+/|saved checkpoint|Maximum resident|Elapsed|rror" || return 1
-  losses_check l8 l8res 0 2 || return 1
+  "$A" launch --nproc_per_node 2 --master_port 0 train "${common[@]}" --save_strategy no --output_dir "$w/l8b" \
+    > /dev/null 2>&1 || return 1
+  losses_check l8 l8b 1 || return 1
+  losses_check l8 l8res 0 2 1 || return 1
+  losses_check l8 l8res 1e-3 2 || return 1
 }
 
 want equal && check equal equal
