@@ -301,22 +301,28 @@ static std::unique_ptr<Model> planned_model(const TransformerConfig& cfg, const 
   return model;
 }
 
+// Parameter offload to NVMe: the pages of a planned model's weight shard.
+static std::optional<offload::PagedWeights::Sizes> weight_pages_of(const Model& model,
+                                                                   const EngineOptions& o) {
+  if (!o.training || !o.offload_param || !o.param_nvme) return std::nullopt;
+  const ParamStore& store = model.param_store();
+  return offload::PagedWeights::sizes(store.layout(), store.weight_range(), store.precision().compute,
+                                      o.param_nvme_buffers);
+}
+
 std::optional<MemoryPlan> host_optimizer_plan(const TransformerConfig& cfg, const EngineOptions& o) {
   if (!o.training || !o.offload_optimizer) return std::nullopt;
   const std::unique_ptr<Model> model = planned_model(cfg, o);
   return offload::HostOptimizer::plan_host_memory(
       model->param_store().optimizer_layout(), o.optimizer, with_vocab(o.optim, cfg), ops_precision(o),
       optimizer_shard(o, *model), o.offload_param, model->param_store().grads_sharded(),
-      o.nvme ? std::optional(o.nvme->sub_group_size) : std::nullopt, weight_pages_sizes(cfg, o));
+      o.nvme ? std::optional(o.nvme->sub_group_size) : std::nullopt, weight_pages_of(*model, o));
 }
 
 std::optional<offload::PagedWeights::Sizes> weight_pages_sizes(const TransformerConfig& cfg,
                                                                const EngineOptions& o) {
   if (!o.training || !o.offload_param || !o.param_nvme) return std::nullopt;
-  const std::unique_ptr<Model> model = planned_model(cfg, o);
-  const ParamStore& store = model->param_store();
-  return offload::PagedWeights::sizes(store.layout(), store.weight_range(), store.precision().compute,
-                                      o.param_nvme_buffers);
+  return weight_pages_of(*planned_model(cfg, o), o);
 }
 
 std::optional<offload::PagedOptimizerState::Sizes> nvme_swap_sizes(const TransformerConfig& cfg,

@@ -177,10 +177,8 @@ TEST(ParamNvmeZero, TwoRanksEqualTheShardInHostMemory) {
   test::ByteCorpus c;
   fs::create_directories(c.dir / "swap");
   const auto launch = [&](const std::string& name, const json& extra) {
-    json j = run_config(c, c.dir / name, extra).to_json();
-    test::write_file(c.dir / (name + ".json"), j.dump());
-    return test::run_anvil("launch --nproc_per_node 2 --master_port 0 train --config " +
-                           c.dir / (name + ".json"));
+    test::write_file(c.dir / (name + ".json"), run_config(c, c.dir / name, extra).to_json().dump());
+    return test::launch_anvil(2, c.dir / (name + ".json"));
   };
   json host = {{"zero_stage", 3},
                {"bf16", true},
